@@ -1,0 +1,29 @@
+# The two commands:  make demo   (built-in dataset end to end)   and   make test
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+DEMO_DIR ?= data/demo
+RECORDS ?= records/demo
+DEMO_SIZE ?= 64
+
+.PHONY: setup demo test clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: requirements.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt
+	touch $@
+
+demo: setup
+	$(PY) -m tfpipe.demo $(DEMO_DIR)
+	$(PY) -m tfpipe.write --csv $(DEMO_DIR)/train.csv --images $(DEMO_DIR)/images --out $(RECORDS)/train \
+		--image-size $(DEMO_SIZE) --folds 5 --overwrite
+	$(PY) -m tfpipe.write --csv $(DEMO_DIR)/test.csv --images $(DEMO_DIR)/images --out $(RECORDS)/test \
+		--split test --image-size $(DEMO_SIZE) --overwrite
+
+test: setup
+	$(PY) -m pytest -q
+
+clean:
+	rm -rf $(DEMO_DIR) $(RECORDS)

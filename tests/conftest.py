@@ -1,0 +1,77 @@
+"""Shared helpers: synthetic images and CSVs made on the fly."""
+import io
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+
+import cv2  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+from PIL import Image  # noqa: E402
+
+
+def gradient_image(height, width, seed=0):
+    """An RGB uint8 image with structure (so JPEG and resizing do real work)."""
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:height, 0:width]
+    img = np.stack([x * 255 // max(width - 1, 1), y * 255 // max(height - 1, 1),
+                    np.full_like(x, rng.integers(0, 256))], axis=-1)
+    return img.astype(np.uint8)
+
+
+def save(path, kind="jpeg", size=(48, 64), seed=0, orientation=None):
+    """Writes a test image of a given kind; ``size`` is (height, width) of the stored pixels."""
+    rgb = gradient_image(*size, seed=seed)
+    pil = Image.fromarray(rgb)
+    if kind == "jpeg":
+        exif = Image.Exif()
+        if orientation:
+            exif[0x0112] = orientation
+        pil.save(path, "JPEG", quality=95, exif=exif)
+    elif kind == "gray":
+        pil.convert("L").save(path, "JPEG", quality=95)
+    elif kind == "cmyk":
+        pil.convert("CMYK").save(path, "JPEG", quality=95)
+    elif kind == "png":
+        pil.save(path, "PNG")
+    elif kind == "rgba":
+        rgba = np.dstack([rgb, np.full(size, 128, np.uint8)])
+        Image.fromarray(rgba, "RGBA").save(path, "PNG")
+    elif kind == "palette":
+        pil.convert("P", palette=Image.Palette.ADAPTIVE, colors=16).save(path, "PNG")
+    elif kind == "png16":
+        cv2.imwrite(str(path), (rgb[:, :, ::-1].astype(np.uint16) * 257))
+    else:
+        raise ValueError(kind)
+    return path
+
+
+def write_csv(path, header, rows):
+    import csv
+
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(header)
+        w.writerows(rows)
+    return path
+
+
+@pytest.fixture
+def labeled_folder(tmp_path):
+    """A small multi-label dataset: 12 JPEGs, ids without extension, some empty label lists."""
+    images = tmp_path / "images"
+    images.mkdir()
+    labels = ["cat dog", "", "dog", "bird", "cat", "", "bird cat dog", "dog", "cat", "bird", "", "dog cat"]
+    rows = []
+    for i, lab in enumerate(labels):
+        save(images / f"img{i:02d}.jpg", size=(40 + i, 56), seed=i)
+        rows.append((f"img{i:02d}", lab))
+    csv_path = write_csv(tmp_path / "train.csv", ["image", "labels"], rows)
+    return {"images": str(images), "csv": str(csv_path), "rows": rows, "root": tmp_path}
+
+
+def jpeg_bytes(rgb, quality=95):
+    buf = io.BytesIO()
+    Image.fromarray(rgb).save(buf, "JPEG", quality=quality)
+    return buf.getvalue()

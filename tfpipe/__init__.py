@@ -1,0 +1,28 @@
+"""tfpipe: fast, correct TFRecord pipelines for image classification on TPUs and GPUs.
+
+Public API (heavy imports are deferred until used):
+
+- ``write_shards(out, Source(...), ...)``: images + CSV -> sharded TFRecords (``tfpipe.write``).
+- ``Source``, ``ImageSpec``, ``LabelFormat``: what to read and how to store it.
+- ``TfpipeError``: the one exception type for problems in user input.
+"""
+__version__ = "0.1.0"
+
+_LAZY = {
+    "write_shards": "tfpipe.write",
+    "Source": "tfpipe.write",
+    "ImageSpec": "tfpipe.images",
+    "LabelFormat": "tfpipe.sources",
+    "TfpipeError": "tfpipe.errors",
+}
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'tfpipe' has no attribute {name!r}")
+
+
+__all__ = sorted(_LAZY)

@@ -1,0 +1,23 @@
+"""One exception type for problems the user can fix, and the CLI edge that prints it."""
+import sys
+
+
+class TfpipeError(Exception):
+    """Bad input or configuration: shown to the user as one line, no traceback."""
+
+
+def run_cli(prog, fn, *args):
+    """Runs ``fn(*args)`` for an entry point and returns its exit code.
+
+    A ``TfpipeError`` becomes ``prog: error: message`` on stderr and exit code 2;
+    Ctrl-C becomes exit code 130. Anything else is a bug and keeps its traceback.
+    """
+    try:
+        fn(*args)
+    except TfpipeError as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
+    return 0

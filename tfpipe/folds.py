@@ -1,0 +1,38 @@
+"""Multi-label stratified K-fold assignment (iterative stratification)."""
+import numpy as np
+
+from tfpipe.errors import TfpipeError
+
+
+def multi_hot(targets, num_classes):
+    """[N, C] 0/1 matrix from lists of class indices."""
+    y = np.zeros((len(targets), num_classes), np.int8)
+    for row, t in enumerate(targets):
+        y[row, t] = 1
+    return y
+
+
+def assign_folds(targets, num_classes, k, seed=0):
+    """Gives every record a fold in [0, k) so each fold has a similar label mix.
+
+    Uses ``iterstrat.MultilabelStratifiedKFold`` (Sechidis et al. 2011), which
+    balances every label's frequency across folds; records with an empty
+    label list are balanced as if "no label" were one more class.
+
+    Returns:
+      A list of fold numbers, one per record, in input order.
+    """
+    from iterstrat.ml_stratifiers import MultilabelStratifiedKFold
+
+    n = len(targets)
+    if k < 2:
+        raise TfpipeError(f"--folds must be at least 2 (got {k})")
+    if k > n:
+        raise TfpipeError(f"--folds {k} is more than the {n} images")
+    y = multi_hot(targets, num_classes)
+    y = np.concatenate([y, (y.sum(axis=1, keepdims=True) == 0)], axis=1)  # stratify "no label" like a class
+    folds = np.zeros(n, np.int64)
+    splitter = MultilabelStratifiedKFold(n_splits=k, shuffle=True, random_state=seed)
+    for fold, (_, val) in enumerate(splitter.split(np.zeros((n, 1)), y)):
+        folds[val] = fold
+    return folds.tolist()

@@ -1,0 +1,195 @@
+"""Image read -> decode -> orient -> resize -> encode, with OpenCV and Pillow.
+
+Runs in the writer's DataLoader workers, so nothing here imports TensorFlow.
+Pillow reads only the header (format, mode, size, EXIF orientation) to decide
+what to do; OpenCV does the decoding (with DCT-domain downscaling through
+``IMREAD_REDUCED_COLOR_{2,4,8}`` when the target is much smaller), resizing
+and encoding.
+"""
+import dataclasses
+import io
+
+import cv2
+import numpy as np
+from PIL import Image
+
+from tfpipe.errors import TfpipeError
+
+Image.MAX_IMAGE_PIXELS = None  # we only read headers with Pillow; size policy is ours
+FITS = ("stretch", "crop", "pad")
+FORMATS = ("jpeg", "png")
+EXIF_ORIENTATION = 0x0112
+PAD_VALUE = 0  # colour of the bars added by fit="pad"
+ALPHA_BACKGROUND = 255  # transparent pixels are composited over white
+_REDUCED = {1: cv2.IMREAD_COLOR, 2: cv2.IMREAD_REDUCED_COLOR_2, 4: cv2.IMREAD_REDUCED_COLOR_4,
+            8: cv2.IMREAD_REDUCED_COLOR_8}
+
+
+@dataclasses.dataclass(frozen=True)
+class ImageSpec:
+    """How stored images are made.
+
+    Attributes:
+      size: side of the square output in pixels, or None to keep the source size
+        (JPEG sources that need no conversion are then copied byte for byte).
+      fit: how a non-square source becomes square: "stretch" (resize both sides,
+        keeps everything in view), "crop" (shorter side to ``size``, centre crop)
+        or "pad" (longer side to ``size``, pad the rest).
+      format: "jpeg" or "png".
+      quality: JPEG quality, 1-100.
+    """
+
+    size: int | None = None
+    fit: str = "stretch"
+    format: str = "jpeg"
+    quality: int = 95
+
+
+def read_header(data, name):
+    """Returns (format, mode, (width, height), orientation) from the file header."""
+    try:
+        with Image.open(io.BytesIO(data)) as im:
+            orientation = im.getexif().get(EXIF_ORIENTATION, 1) if im.format in ("JPEG", "PNG", "WEBP", "TIFF") else 1
+            return im.format, im.mode, im.size, orientation if orientation in range(1, 9) else 1
+    except Exception as e:  # Pillow raises many types for unreadable data
+        raise TfpipeError(f"{name}: not a readable image ({type(e).__name__}: {e})") from None
+
+
+def jpeg_is_complete(data):
+    """True when the JPEG has an end-of-image marker after its last scan.
+
+    Truncated downloads are the common corruption; they lack that marker.
+    (Inside entropy-coded data 0xFF is always stuffed, so the markers cannot
+    appear by accident.)
+    """
+    return data[:2] == b"\xff\xd8" and data.rfind(b"\xff\xd9") > data.rfind(b"\xff\xda") > 0
+
+
+def can_pass_through(fmt, mode, orientation, spec):
+    """Whether the source bytes can be stored as they are."""
+    return spec.size is None and spec.format == "jpeg" and fmt == "JPEG" and mode == "RGB" and orientation == 1
+
+
+def reduction_factor(width, height, spec):
+    """Largest k in (1, 2, 4, 8) such that decoding at 1/k still covers the target."""
+    if spec.size is None:
+        return 1
+    side = max(width, height) if spec.fit == "pad" else min(width, height)
+    k = 8
+    while k > 1 and side // k < spec.size:
+        k //= 2
+    return k
+
+
+def orient(img, orientation):
+    """Applies an EXIF orientation (1-8) to a decoded HxWxC array."""
+    ops = {
+        2: lambda a: a[:, ::-1],
+        3: lambda a: a[::-1, ::-1],
+        4: lambda a: a[::-1],
+        5: lambda a: a.transpose(1, 0, 2),
+        6: lambda a: a.transpose(1, 0, 2)[:, ::-1],
+        7: lambda a: a.transpose(1, 0, 2)[::-1, ::-1],
+        8: lambda a: a.transpose(1, 0, 2)[::-1],
+    }
+    return np.ascontiguousarray(ops[orientation](img)) if orientation in ops else img
+
+
+def to_bgr8(img):
+    """Converts any decoded array (gray, gray+alpha, BGR, BGRA; 8 or 16 bit) to 3-channel uint8 BGR."""
+    if img.dtype == np.uint16:
+        img = (img >> 8).astype(np.uint8)
+    elif img.dtype != np.uint8:
+        img = cv2.normalize(img, None, 0, 255, cv2.NORM_MINMAX).astype(np.uint8)
+    if img.ndim == 2:
+        img = img[:, :, None]
+    channels = img.shape[2]
+    if channels in (2, 4):  # composite the alpha channel over a plain background
+        alpha = img[:, :, -1:].astype(np.float32) / 255.0
+        colour = img[:, :, :-1].astype(np.float32)
+        img = (colour * alpha + ALPHA_BACKGROUND * (1.0 - alpha) + 0.5).astype(np.uint8)
+        channels -= 1
+    if channels == 1:
+        img = cv2.cvtColor(img, cv2.COLOR_GRAY2BGR)
+    return img
+
+
+def decode(data, fmt, size, orientation, spec, name):
+    """Decodes to uint8 BGR, upright, using reduced decoding where it is free."""
+    if fmt == "JPEG":
+        k = reduction_factor(*size, spec)
+        img = cv2.imdecode(np.frombuffer(data, np.uint8), _REDUCED[k] | cv2.IMREAD_IGNORE_ORIENTATION)
+    else:  # keep alpha and 16-bit depth so that to_bgr8 converts them deliberately
+        img = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED)
+        if img is None:  # formats OpenCV reads only through the colour path (e.g. some GIFs)
+            img = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR | cv2.IMREAD_IGNORE_ORIENTATION)
+    if img is None or img.size == 0:
+        raise TfpipeError(f"{name}: image data is corrupt or truncated (could not decode)")
+    return orient(to_bgr8(img), orientation)
+
+
+def fit_to_square(img, spec):
+    """Resizes an upright BGR image to ``spec.size`` square, per ``spec.fit``."""
+    h, w = img.shape[:2]
+    s = spec.size
+    if spec.fit == "stretch":
+        return _resize(img, s, s)
+    if spec.fit == "crop":
+        scale = s / min(h, w)
+        nh, nw = max(s, round(h * scale)), max(s, round(w * scale))
+        img = _resize(img, nw, nh)
+        top, left = (nh - s) // 2, (nw - s) // 2
+        return img[top:top + s, left:left + s]
+    scale = s / max(h, w)
+    nh, nw = max(1, round(h * scale)), max(1, round(w * scale))
+    img = _resize(img, nw, nh)
+    top, left = (s - nh) // 2, (s - nw) // 2
+    return cv2.copyMakeBorder(img, top, s - nh - top, left, s - nw - left, cv2.BORDER_CONSTANT,
+                              value=(PAD_VALUE,) * 3)
+
+
+def _resize(img, width, height):
+    h, w = img.shape[:2]
+    if (w, h) == (width, height):
+        return img
+    # INTER_AREA is the right filter for shrinking; it is blurry when enlarging.
+    interp = cv2.INTER_AREA if width < w and height < h else cv2.INTER_CUBIC
+    return cv2.resize(img, (width, height), interpolation=interp)
+
+
+def encode(img, spec):
+    """Encodes a BGR image as JPEG or PNG bytes."""
+    if spec.format == "png":
+        ok, buf = cv2.imencode(".png", img)
+    else:
+        ok, buf = cv2.imencode(".jpg", img, [cv2.IMWRITE_JPEG_QUALITY, spec.quality])
+    if not ok:
+        raise RuntimeError(f"OpenCV failed to encode a {img.shape} image")
+    return buf.tobytes()
+
+
+def prepare_image(data, spec, name):
+    """Turns a source file's bytes into stored bytes.
+
+    Args:
+      data: the file's bytes.
+      spec: an ``ImageSpec``.
+      name: how to call the file in error messages.
+
+    Returns:
+      (encoded bytes, height, width, passed_through).
+
+    Raises:
+      TfpipeError: the data is not a readable, complete image.
+    """
+    fmt, mode, size, orientation = read_header(data, name)
+    if size[0] == 0 or size[1] == 0:
+        raise TfpipeError(f"{name}: image has zero size {size[0]}x{size[1]}")
+    if fmt == "JPEG" and not jpeg_is_complete(data):
+        raise TfpipeError(f"{name}: JPEG data is truncated (no end-of-image marker)")
+    if can_pass_through(fmt, mode, orientation, spec):
+        return data, size[1], size[0], True
+    img = decode(data, fmt, size, orientation, spec, name)
+    if spec.size is not None:
+        img = fit_to_square(img, spec)
+    return encode(img, spec), img.shape[0], img.shape[1], False

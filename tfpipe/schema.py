@@ -1,0 +1,132 @@
+"""The record schema: defined once, used by the writer and the reader.
+
+Every record is a ``tf.train.Example`` with the features in ``FEATURES``.
+The writer serializes it with ``encode_example`` using protobuf classes that
+are wire-identical to TensorFlow's ``example.proto`` but live in a private
+descriptor pool, so DataLoader workers never import TensorFlow (forking or
+importing TensorFlow in workers is slow and can hang). The reader turns the
+same table into ``tf.io.parse_example`` specs with ``feature_spec``.
+"""
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+SCHEMA_VERSION = 1
+
+IMAGE = "image"  # bytes: encoded JPEG (or PNG), 3-channel RGB
+TARGET = "target"  # int64 list: class indices, variable length, empty allowed
+IMAGE_NAME = "image_name"  # bytes: the source CSV's id, utf-8
+HEIGHT = "height"  # int64: height of the stored image
+WIDTH = "width"  # int64: width of the stored image
+
+# key -> (type, "scalar" | "list"); the order is the order in each record.
+FEATURES = {
+    IMAGE: ("bytes", "scalar"),
+    TARGET: ("int64", "list"),
+    IMAGE_NAME: ("bytes", "scalar"),
+    HEIGHT: ("int64", "scalar"),
+    WIDTH: ("int64", "scalar"),
+}
+
+
+def _example_classes():
+    """Builds Example/Features/Feature message classes matching example.proto.
+
+    Field numbers and types are those of tensorflow/core/example/*.proto; the
+    package name differs so both can be loaded in one process.
+    """
+    f = descriptor_pb2.FileDescriptorProto(name="tfpipe_example.proto", package="tfpipe", syntax="proto3")
+    T = descriptor_pb2.FieldDescriptorProto
+    rep, opt = T.LABEL_REPEATED, T.LABEL_OPTIONAL
+
+    def message(name, fields, nested=()):
+        m = f.message_type.add(name=name)
+        for fname, number, ftype, label, type_name in fields:
+            m.field.add(name=fname, number=number, type=ftype, label=label, type_name=type_name)
+        for n in nested:
+            m.nested_type.add().CopyFrom(n)
+        return m
+
+    message("BytesList", [("value", 1, T.TYPE_BYTES, rep, None)])
+    message("FloatList", [("value", 1, T.TYPE_FLOAT, rep, None)])
+    message("Int64List", [("value", 1, T.TYPE_INT64, rep, None)])
+    message("Feature", [("bytes_list", 1, T.TYPE_MESSAGE, opt, ".tfpipe.BytesList"),
+                        ("float_list", 2, T.TYPE_MESSAGE, opt, ".tfpipe.FloatList"),
+                        ("int64_list", 3, T.TYPE_MESSAGE, opt, ".tfpipe.Int64List")])
+    m = f.message_type[-1]
+    m.oneof_decl.add(name="kind")
+    for field in m.field:
+        field.oneof_index = 0
+    entry = descriptor_pb2.DescriptorProto(name="FeatureEntry")
+    entry.field.add(name="key", number=1, type=T.TYPE_STRING, label=opt)
+    entry.field.add(name="value", number=2, type=T.TYPE_MESSAGE, label=opt, type_name=".tfpipe.Feature")
+    entry.options.map_entry = True
+    message("Features", [("feature", 1, T.TYPE_MESSAGE, rep, ".tfpipe.Features.FeatureEntry")], [entry])
+    message("Example", [("features", 1, T.TYPE_MESSAGE, opt, ".tfpipe.Features")])
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(f)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName("tfpipe.Example"))
+
+
+Example = _example_classes()
+
+
+def encode_example(values):
+    """Serializes one record.
+
+    Args:
+      values: dict from feature key (see ``FEATURES``) to a value: ``bytes`` or
+        ``str`` for bytes features, ``int`` for int64 scalars, a sequence of
+        ints for int64 lists. Keys that are absent are left out of the record
+        (for example ``target`` in unlabeled test records).
+
+    Returns:
+      The serialized ``tf.train.Example`` as bytes (deterministic).
+    """
+    example = Example()
+    for key, (dtype, _) in FEATURES.items():
+        if key not in values:
+            continue
+        value = values[key]
+        feature = example.features.feature[key]
+        if dtype == "bytes":
+            feature.bytes_list.value.append(value.encode("utf-8") if isinstance(value, str) else value)
+        elif isinstance(value, int):
+            feature.int64_list.value.append(value)
+        else:
+            feature.int64_list.value.extend(int(v) for v in value)
+    return example.SerializeToString(deterministic=True)
+
+
+def decode_example(data):
+    """Parses a serialized record into a dict (no TensorFlow; for tools and tests)."""
+    example = Example.FromString(data)
+    out = {}
+    for key, feature in example.features.feature.items():
+        kind = feature.WhichOneof("kind")
+        values = list(getattr(feature, kind).value) if kind else []
+        scalar = FEATURES.get(key, (None, "list"))[1] == "scalar"
+        out[key] = values[0] if scalar and len(values) == 1 else values
+    return out
+
+
+def feature_spec():
+    """The ``tf.io.parse_example`` spec for our records.
+
+    ``target`` is a ``FixedLenSequenceFeature`` with ``allow_missing=True``:
+    a variable-length list per record, padded with -1 when batched, and
+    absent (unlabeled) records parse as an empty list.
+    """
+    import tensorflow as tf  # defer: the writer's workers must not import it
+
+    dtypes = {"bytes": tf.string, "int64": tf.int64}
+    spec = {}
+    for key, (dtype, shape) in FEATURES.items():
+        if shape == "list":
+            spec[key] = tf.io.FixedLenSequenceFeature([], dtypes[dtype], allow_missing=True, default_value=-1)
+        else:
+            spec[key] = tf.io.FixedLenFeature([], dtypes[dtype])
+    return spec
+
+
+def describe():
+    """The schema as plain data, for the manifest."""
+    return {"version": SCHEMA_VERSION, "features": {k: {"type": t, "shape": s} for k, (t, s) in FEATURES.items()}}

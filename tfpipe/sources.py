@@ -1,0 +1,183 @@
+"""Where images and labels come from: a Kaggle-style CSV or a folder per class.
+
+Each source becomes a list of ``Item``s in input order plus the class names.
+Everything here runs in the main process before any image is touched, so a
+missing column, a missing file or an unknown label is reported before work
+starts.
+"""
+import dataclasses
+import os
+
+import pandas as pd
+
+from tfpipe.errors import TfpipeError
+
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")  # tried, in order, for ids without extension
+FOLDER_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".gif")
+
+
+@dataclasses.dataclass(frozen=True)
+class Item:
+    """One image to write: its path, its id (stored as ``image_name``) and label names."""
+
+    path: str
+    name: str
+    labels: tuple = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class LabelFormat:
+    """How labels are laid out in the CSV.
+
+    Exactly one of: ``labels_col`` (a separated list per row, the default),
+    ``label_cols`` (one-hot columns) or ``class_col`` (one class per row).
+    """
+
+    labels_col: str = "labels"
+    sep: str = " "
+    label_cols: tuple = ()
+    class_col: str | None = None
+
+    @property
+    def single_label(self):
+        return self.class_col is not None
+
+
+def read_csv(csv_path, *, image_col="image", label_format=LabelFormat(), labeled=True):
+    """Reads a CSV into (row number, image id, label names) triples.
+
+    Args:
+      csv_path: the CSV file.
+      image_col: column holding the image file name or id.
+      label_format: a ``LabelFormat``.
+      labeled: False for unlabeled (test) data: label columns are not read.
+
+    Returns:
+      A list of (row, id, tuple of label names); ``row`` counts data rows from 1.
+    """
+    try:
+        df = pd.read_csv(csv_path, dtype=str, keep_default_na=False, skipinitialspace=False)
+    except FileNotFoundError:
+        raise TfpipeError(f"{csv_path}: CSV file not found") from None
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
+        raise TfpipeError(f"{csv_path}: cannot parse CSV ({str(e).splitlines()[0]})") from None
+    _require_columns(df, [image_col], csv_path)
+    ids = [v.strip() for v in df[image_col]]
+    if not labeled:
+        return [(i + 1, name, ()) for i, name in enumerate(ids)]
+    return [(i + 1, name, labels) for i, (name, labels) in enumerate(zip(ids, _labels(df, label_format, csv_path)))]
+
+
+def _require_columns(df, columns, csv_path):
+    missing = [c for c in columns if c not in df.columns]
+    if missing:
+        raise TfpipeError(f"{csv_path}: column {missing[0]!r} not found (columns: {', '.join(df.columns)})")
+
+
+def _labels(df, fmt, csv_path):
+    if fmt.label_cols:
+        return _one_hot_labels(df, fmt.label_cols, csv_path)
+    if fmt.class_col is not None:
+        _require_columns(df, [fmt.class_col], csv_path)
+        out = []
+        for row, value in enumerate(df[fmt.class_col], start=1):
+            if not value.strip():
+                raise TfpipeError(f"{csv_path}: row {row}: empty class in column {fmt.class_col!r}")
+            out.append((value.strip(),))
+        return out
+    if fmt.labels_col not in df.columns:
+        raise TfpipeError(f"{csv_path}: column {fmt.labels_col!r} not found (columns: {', '.join(df.columns)}); "
+                          "name the labels with --labels-col, --label-cols or --class-col")
+    sep = fmt.sep or None
+    return [tuple(dict.fromkeys(t.strip() for t in cell.split(sep) if t.strip())) for cell in df[fmt.labels_col]]
+
+
+def _one_hot_labels(df, label_cols, csv_path):
+    _require_columns(df, label_cols, csv_path)
+    out = []
+    for row, values in enumerate(df[list(label_cols)].itertuples(index=False), start=1):
+        labels = []
+        for col, value in zip(label_cols, values):
+            try:
+                flag = float(value)
+            except ValueError:
+                flag = None
+            if flag not in (0.0, 1.0):
+                raise TfpipeError(f"{csv_path}: row {row}: column {col!r} holds {value!r}, expected 0 or 1")
+            if flag == 1.0:
+                labels.append(col)
+        out.append(tuple(labels))
+    return out
+
+
+def resolve_images(rows, images_dir, csv_path):
+    """Maps each CSV id to a file in ``images_dir``.
+
+    An id may be a relative file name or a name without extension, in which
+    case .jpg, .jpeg and .png are tried. The folder is listed once, so this is
+    fast for large datasets.
+
+    Returns:
+      (items, missing): ``Item``s for the rows found, and (row, id) of those not found.
+    """
+    if not os.path.isdir(images_dir):
+        raise TfpipeError(f"{images_dir}: images folder not found")
+    listing = set(os.listdir(images_dir))
+    items, missing = [], []
+    for row, name, labels in rows:
+        path = _find_image(name, images_dir, listing)
+        if path is None:
+            missing.append((row, name))
+        else:
+            items.append(Item(path, name, labels))
+    return items, missing
+
+
+def _find_image(name, images_dir, listing):
+    candidates = [name] + [name + ext for ext in IMAGE_EXTENSIONS + tuple(e.upper() for e in IMAGE_EXTENSIONS)]
+    for candidate in candidates:
+        path = os.path.join(images_dir, candidate)
+        if candidate in listing or ("/" in candidate and os.path.isfile(path)):  # ids may hold a sub-folder
+            return path
+    return None
+
+
+def read_folder_tree(root):
+    """Reads a folder-per-class tree: ``root/CLASS/*.jpg``; ids are ``CLASS/file``."""
+    if not os.path.isdir(root):
+        raise TfpipeError(f"{root}: images folder not found")
+    items = []
+    for cls in sorted(d.name for d in os.scandir(root) if d.is_dir() and not d.name.startswith(".")):
+        for f in sorted(os.listdir(os.path.join(root, cls))):
+            if f.lower().endswith(FOLDER_EXTENSIONS):
+                items.append(Item(os.path.join(root, cls, f), f"{cls}/{f}", (cls,)))
+    if not items:
+        raise TfpipeError(f"{root}: no class folders with images found (expected {root}/CLASS/*.jpg)")
+    return items
+
+
+def class_names(items, classes=None):
+    """The class list: ``classes`` if given (checked), else sorted unique labels.
+
+    Labels that are all integers sort numerically, so class "10" has index 10
+    when the labels are 0..N.
+    """
+    seen = dict.fromkeys(label for item in items for label in item.labels)
+    if classes is None:
+        names = list(seen)
+        numeric = all(n.lstrip("-").isdigit() for n in names)
+        return sorted(names, key=int) if numeric and names else sorted(names)
+    if len(set(classes)) != len(classes):
+        raise TfpipeError(f"--classes lists a class twice: {', '.join(classes)}")
+    known = set(classes)
+    for item in items:
+        for label in item.labels:
+            if label not in known:
+                raise TfpipeError(f"unknown label {label!r} for image {item.name!r} (not in --classes)")
+    return list(classes)
+
+
+def targets(items, classes):
+    """Sorted class indices for every item."""
+    index = {name: i for i, name in enumerate(classes)}
+    return [sorted(index[label] for label in item.labels) for item in items]

@@ -1,0 +1,305 @@
+"""Write a Kaggle-style image folder + CSV as sharded TFRecords.
+
+    python -m tfpipe.write --csv data/demo/train.csv --images data/demo/images \
+        --out records/demo/train --image-size 128 --folds 5
+
+Steps: read the source (CSV or folder-per-class) -> fix the classes -> assign
+folds -> plan shards -> decode/resize/encode/serialize in a torch DataLoader
+-> write shards in input order under staging names -> rename them into place
+and write ``manifest.json``. See ``python -m tfpipe.write --help``.
+"""
+import argparse
+import dataclasses
+import os
+import sys
+import time
+
+from tfpipe import __version__, schema
+from tfpipe.errors import TfpipeError, run_cli
+from tfpipe.images import FITS, FORMATS, ImageSpec, prepare_image
+from tfpipe.shards import (MANIFEST, StagedShards, existing_shards, num_shards, plan)
+from tfpipe.sources import LabelFormat, class_names, read_csv, read_folder_tree, resolve_images, targets
+
+LOADER_BATCH = 16  # images per DataLoader batch: amortises inter-process overhead
+EST_BYTES_PER_PIXEL = {"jpeg": 0.5, "png": 2.0}  # for shard planning before any image is encoded
+MAX_LISTED_SKIPS = 5  # how many skipped files the summary line names
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+    """What to read. ``csv=None`` reads ``images`` as a folder per class (or, for an
+    unlabeled split, a flat folder of images)."""
+
+    images: str
+    csv: str | None = None
+    image_col: str = "image"
+    label_format: LabelFormat = LabelFormat()
+    labeled: bool = True
+
+
+def collect_items(source, skip_bad):
+    """Returns (items, skipped) for a ``Source``; missing images are errors unless skipped."""
+    if source.csv is None:
+        if source.labeled:
+            return read_folder_tree(source.images), []
+        rows = [(i + 1, f, ()) for i, f in enumerate(sorted(os.listdir(source.images)))
+                if not f.startswith(".") and os.path.isfile(os.path.join(source.images, f))]
+        csv_name = source.images
+    else:
+        rows = read_csv(source.csv, image_col=source.image_col, label_format=source.label_format,
+                        labeled=source.labeled)
+        csv_name = source.csv
+    items, missing = resolve_images(rows, source.images, csv_name)
+    if missing and not skip_bad:
+        row, name = missing[0]
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise TfpipeError(f"{csv_name}: row {row}: image {name!r} not found in {source.images}{more}")
+    skipped = [{"image": name, "reason": "file not found"} for _, name in missing]
+    if not items:
+        raise TfpipeError(f"{csv_name}: no images to write")
+    return items, skipped
+
+
+class EncodeDataset:
+    """Map-style dataset for the DataLoader: index -> (index, record bytes, error).
+
+    Runs in worker processes: file read, decode, resize, encode, serialize.
+    Errors in user data come back as values, so the main process applies the
+    error policy (stop, or skip and report) in input order.
+    """
+
+    def __init__(self, items, item_targets, spec):
+        self.items, self.targets, self.spec = items, item_targets, spec
+
+    def __len__(self):
+        return len(self.items)
+
+    def __getitem__(self, i):
+        item = self.items[i]
+        try:
+            with open(item.path, "rb") as f:
+                data = f.read()
+            image, height, width, _ = prepare_image(data, self.spec, item.path)
+        except TfpipeError as e:
+            return i, None, str(e)
+        except OSError as e:
+            return i, None, f"{item.path}: cannot read ({e.strerror or e})"
+        values = {schema.IMAGE: image, schema.IMAGE_NAME: item.name, schema.HEIGHT: height, schema.WIDTH: width}
+        if self.targets is not None:
+            values[schema.TARGET] = self.targets[i]
+        return i, schema.encode_example(values), None
+
+
+def _keep_batch(batch):
+    return batch  # a list of (index, record, error); no tensors involved
+
+
+def _worker_init(_):
+    import cv2
+
+    cv2.setNumThreads(1)  # one process per core already; OpenCV threads would oversubscribe
+
+
+def start_encoding(dataset, num_workers, start_method):
+    """Starts DataLoader workers and returns an iterator of batches in input order.
+
+    Each batch is a list of (index, record, error). The workers start (and
+    begin encoding) at once, so their start-up overlaps the main process's own
+    (importing TensorFlow for the output files). ``start_method="auto"`` forks
+    while TensorFlow is not yet imported here (fast: nothing to re-import) and
+    otherwise spawns, because a fork of a process where TensorFlow runs threads
+    can hang (e.g. in a notebook that already trained a model).
+    """
+    from torch.utils.data import DataLoader
+
+    if start_method == "auto":
+        start_method = "spawn" if "tensorflow" in sys.modules else "fork"
+
+    loader = DataLoader(dataset, batch_size=LOADER_BATCH, shuffle=False, num_workers=num_workers,
+                        collate_fn=_keep_batch, worker_init_fn=_worker_init if num_workers else None,
+                        multiprocessing_context=start_method if num_workers else None,
+                        prefetch_factor=4 if num_workers else None)
+    return iter(loader)
+
+
+def estimate_bytes(items, spec):
+    if spec.size is None:
+        return sum(os.path.getsize(item.path) for item in items)
+    return int(len(items) * spec.size * spec.size * EST_BYTES_PER_PIXEL[spec.format])
+
+
+def write_shards(out, source, *, spec=ImageSpec(), classes=None, split="train", shards=None, folds=None,
+                 seed=0, skip_bad=False, overwrite=False, num_workers=None, start_method="auto",
+                 progress=True):
+    """Writes a source as sharded TFRecords plus ``manifest.json`` into ``out``.
+
+    Example::
+
+        from tfpipe.write import Source, write_shards
+        manifest = write_shards("records/train", Source("images", csv="train.csv"), folds=5)
+
+    Args:
+      out: output folder, local or ``gs://``.
+      source: a ``Source``.
+      spec: an ``ImageSpec`` (size, fit, format, quality).
+      classes: class names in index order, or None for sorted unique labels.
+      split: name prefix of the shards; a split written with an unlabeled
+        ``Source`` has no ``target`` feature.
+      shards: number of shards (default: a multiple of 8 giving ~150 MB shards).
+      folds: K for stratified K-fold assignment; shards never mix folds.
+      seed: seed of the fold assignment.
+      skip_bad: skip unreadable or missing images (listed in the manifest) instead of stopping.
+      overwrite: replace shards already in ``out``.
+      num_workers: DataLoader workers (default: CPU count; 0 runs in this process).
+      start_method: "auto" (fork unless TensorFlow is already imported, else
+        spawn), or a multiprocessing start method.
+      progress: show a tqdm progress bar.
+
+    Returns:
+      The manifest (a dict).
+    """
+    from tqdm import tqdm
+
+    started = time.perf_counter()
+    items, skipped = collect_items(source, skip_bad)
+    labeled = source.labeled
+    names = class_names(items, classes) if labeled else list(classes or [])
+    item_targets = targets(items, names) if labeled else None
+    fold_of = _folds(item_targets, len(names), folds, seed) if folds else [0] * len(items)
+    order = sorted(range(len(items)), key=lambda i: fold_of[i])  # stable: input order within a fold
+    items = [items[i] for i in order]
+    item_targets = [item_targets[i] for i in order] if labeled else None
+    fold_sizes = [fold_of.count(f) for f in range(folds or 1)]
+    shard_plan = plan(fold_sizes, num_shards(len(items), estimate_bytes(items, spec), shards))
+    shard_of = [s["index"] for s in shard_plan for _ in range(s["size"])]
+
+    workers = os.cpu_count() if num_workers is None else num_workers
+    batches = start_encoding(EncodeDataset(items, item_targets, spec), workers, start_method)
+    _check_output(out, overwrite)
+    with StagedShards(out, split, shard_plan) as staged:
+        with tqdm(total=len(items), unit="img", disable=not progress, desc=f"write {split}") as bar:
+            for batch in batches:
+                for i, record, error in batch:
+                    if error is not None:
+                        if not skip_bad:
+                            raise TfpipeError(error)
+                        skipped.append({"image": items[i].name, "reason": error})
+                        continue
+                    staged.write(shard_of[i], record)
+                bar.update(len(batch))
+        if sum(staged.counts) == 0:
+            raise TfpipeError(f"every image was skipped; nothing written to {out}")
+        manifest = staged.commit(_manifest(split, labeled, names, source, spec, folds, seed, staged, skipped),
+                                 overwrite=overwrite)
+    _summary(manifest, out, time.perf_counter() - started)
+    return manifest
+
+
+def _folds(item_targets, num_classes, k, seed):
+    from tfpipe.folds import assign_folds
+
+    if item_targets is None:
+        raise TfpipeError("--folds needs labels; an unlabeled split cannot be stratified")
+    return assign_folds(item_targets, num_classes, k, seed)
+
+
+def _check_output(out, overwrite):
+    if existing_shards(out) and not overwrite:
+        raise TfpipeError(f"{out} already holds shards; pass --overwrite to replace them")
+
+
+def _manifest(split, labeled, names, source, spec, folds, seed, staged, skipped):
+    return {
+        "tfpipe_version": __version__,
+        "schema": schema.describe(),
+        "split": split,
+        "labeled": labeled,
+        "single_label": source.label_format.single_label,
+        "classes": names,
+        "num_classes": len(names),
+        "num_examples": sum(staged.counts),
+        "image": dataclasses.asdict(spec),
+        "folds": folds,
+        "seed": seed,
+        "skipped": skipped,
+    }
+
+
+def _summary(manifest, out, seconds):
+    n = manifest["num_examples"]
+    from tfpipe.shards import _gfile
+
+    gfile = _gfile()
+    size = sum(gfile.stat(f"{out}/{s['file']}").length for s in manifest["shards"])
+    print(f"wrote {n} images in {len(manifest['shards'])} shards, {size / 1e6:.1f} MB, "
+          f"{seconds:.1f} s, {n / seconds:.0f} images/s -> {out}")
+    if manifest["skipped"]:
+        listed = ", ".join(s["image"] for s in manifest["skipped"][:MAX_LISTED_SKIPS])
+        more = f" and {len(manifest['skipped']) - MAX_LISTED_SKIPS} more" if len(
+            manifest["skipped"]) > MAX_LISTED_SKIPS else ""
+        print(f"skipped {len(manifest['skipped'])} images: {listed}{more} (reasons in {out}/{MANIFEST})")
+
+
+def build_parser():
+    p = argparse.ArgumentParser(prog="python -m tfpipe.write", description=__doc__.split("\n\n")[0])
+    src = p.add_argument_group("source")
+    src.add_argument("--csv", help="Kaggle-style CSV; without it --images is a folder per class")
+    src.add_argument("--images", required=True, help="folder holding the images")
+    src.add_argument("--image-col", default="image", help="CSV column with the file name or id (default: image)")
+    src.add_argument("--labels-col", default="labels", help="CSV column with a separated label list (default: labels)")
+    src.add_argument("--sep", default=" ", help="separator of --labels-col (default: space)")
+    src.add_argument("--label-cols", help="one-hot label columns, comma-separated (e.g. healthy,rust,scab)")
+    src.add_argument("--class-col", help="CSV column with a single class per row (single-label data)")
+    src.add_argument("--classes", help="class names in index order, comma-separated (default: sorted labels)")
+    src.add_argument("--split", default="train", help="shard name prefix; 'test' writes unlabeled records")
+    img = p.add_argument_group("images")
+    img.add_argument("--image-size", type=int, help="resize to S x S (default: keep size, copy JPEGs as they are)")
+    img.add_argument("--fit", choices=FITS, default="stretch",
+                     help="non-square images: stretch (default, nothing cut off), crop (centre) or pad")
+    img.add_argument("--format", choices=FORMATS, default="jpeg", help="stored encoding (default: jpeg)")
+    img.add_argument("--quality", type=int, default=95, help="JPEG quality (default: 95)")
+    out = p.add_argument_group("output")
+    out.add_argument("--out", required=True, help="output folder (local or gs://)")
+    out.add_argument("--shards", type=int, help="number of shards (default: multiple of 8, ~150 MB each)")
+    out.add_argument("--folds", type=int, help="assign K stratified folds; shards never mix folds")
+    out.add_argument("--seed", type=int, default=0, help="seed of the fold assignment (default: 0)")
+    out.add_argument("--skip-bad", action="store_true", help="skip unreadable/missing images and list them")
+    out.add_argument("--overwrite", action="store_true", help="replace shards already in --out")
+    run = p.add_argument_group("run")
+    run.add_argument("--workers", type=int, help="DataLoader workers (default: CPU count; 0 = in-process)")
+    run.add_argument("--start-method", choices=("auto", "spawn", "forkserver", "fork"), default="auto",
+                     help="how workers start (default: auto = fork unless TensorFlow is already loaded)")
+    run.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+def _csv_list(value):
+    return tuple(v.strip() for v in value.split(",") if v.strip()) if value else ()
+
+
+def run(args):
+    """Turns parsed arguments into a ``write_shards`` call."""
+    if args.image_size is not None and args.image_size < 1:
+        raise TfpipeError(f"--image-size must be positive (got {args.image_size})")
+    if not 1 <= args.quality <= 100:
+        raise TfpipeError(f"--quality must be in 1..100 (got {args.quality})")
+    if args.label_cols and args.class_col:
+        raise TfpipeError("--label-cols and --class-col are two label layouts; give one")
+    label_format = LabelFormat(labels_col=args.labels_col, sep=args.sep, label_cols=_csv_list(args.label_cols),
+                               class_col=args.class_col)
+    source = Source(images=args.images, csv=args.csv, image_col=args.image_col, label_format=label_format,
+                    labeled=args.split != "test")
+    spec = ImageSpec(size=args.image_size, fit=args.fit, format=args.format, quality=args.quality)
+    classes = list(_csv_list(args.classes)) or (list(label_format.label_cols) or None)
+    write_shards(args.out, source, spec=spec, classes=classes, split=args.split, shards=args.shards,
+                 folds=args.folds, seed=args.seed, skip_bad=args.skip_bad, overwrite=args.overwrite,
+                 num_workers=args.workers, start_method=args.start_method, progress=not args.no_progress)
+
+
+def main(argv=None):
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    return run_cli("tfpipe.write", run, build_parser().parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
