@@ -5,6 +5,13 @@ import os
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
+import tensorflow as tf  # noqa: E402
+
+# Eight virtual CPU devices for the whole session (a dry run of a TPU v3-8's cores); this must
+# happen before TensorFlow initialises its devices, hence here.
+tf.config.set_logical_device_configuration(tf.config.list_physical_devices("CPU")[0],
+                                           [tf.config.LogicalDeviceConfiguration()] * 8)
+
 import cv2  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
@@ -75,3 +82,29 @@ def jpeg_bytes(rgb, quality=95):
     buf = io.BytesIO()
     Image.fromarray(rgb).save(buf, "JPEG", quality=quality)
     return buf.getvalue()
+
+
+@pytest.fixture(scope="session")
+def shard_dir(tmp_path_factory):
+    """40 labeled images (labels cycle through 5 patterns, one empty) written as 32 px shards, 4 folds.
+
+    Returns (folder, {image_name: label list}, names in written order).
+    """
+    from tfpipe.write import Source, write_shards
+
+    root = tmp_path_factory.mktemp("shards")
+    images = root / "images"
+    images.mkdir()
+    patterns = ["a", "b c", "", "c", "a b c"]
+    rows = []
+    for i in range(40):
+        save(images / f"im{i:02d}.jpg", size=(24 + i % 7, 40), seed=i)
+        rows.append((f"im{i:02d}", patterns[i % 5]))
+    csv_path = write_csv(root / "train.csv", ["image", "labels"], rows)
+    out = str(root / "records")
+    from tfpipe.images import ImageSpec
+
+    manifest = write_shards(out, Source(str(images), csv=str(csv_path)), spec=ImageSpec(size=32), folds=4,
+                            shards=8, num_workers=0, progress=False)
+    labels = {name: lab.split() for name, lab in rows}
+    return out, labels, manifest

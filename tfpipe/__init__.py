@@ -4,6 +4,10 @@ Public API (heavy imports are deferred until used):
 
 - ``write_shards(out, Source(...), ...)``: images + CSV -> sharded TFRecords (``tfpipe.write``).
 - ``Source``, ``ImageSpec``, ``LabelFormat``: what to read and how to store it.
+- ``make_dataset(source, batch_size, ...)``: shards -> ``(images, targets)`` batches (``tfpipe.read``).
+- ``Augment``: which training augmentations ``make_dataset`` applies.
+- ``fold_split``, ``count_examples``, ``image_names``: folds, sizes and row ids of shard folders.
+- ``inspect_shards(path, ...)``: schema, counts, labels, contact sheet, ``verify`` (``tfpipe.inspect``).
 - ``TfpipeError``: the one exception type for problems in user input.
 """
 __version__ = "0.1.0"
@@ -14,6 +18,12 @@ _LAZY = {
     "ImageSpec": "tfpipe.images",
     "LabelFormat": "tfpipe.sources",
     "TfpipeError": "tfpipe.errors",
+    "make_dataset": "tfpipe.read",
+    "fold_split": "tfpipe.read",
+    "count_examples": "tfpipe.read",
+    "image_names": "tfpipe.read",
+    "Augment": "tfpipe.augment",
+    "inspect_shards": "tfpipe.inspect",
 }
 
 

@@ -108,22 +108,28 @@ def decode_example(data):
     return out
 
 
-def feature_spec():
-    """The ``tf.io.parse_example`` spec for our records.
+def feature_spec(keys=tuple(FEATURES)):
+    """The ``tf.io.parse_example`` spec for our records (or a subset of keys).
 
     ``target`` is a ``FixedLenSequenceFeature`` with ``allow_missing=True``:
     a variable-length list per record, padded with -1 when batched, and
-    absent (unlabeled) records parse as an empty list.
+    absent (unlabeled) records parse as an empty list. Only ``image`` is
+    required; other scalars get a default, so records from other writers
+    that lack them still parse.
     """
     import tensorflow as tf  # defer: the writer's workers must not import it
 
     dtypes = {"bytes": tf.string, "int64": tf.int64}
+    defaults = {"bytes": "", "int64": -1}
     spec = {}
-    for key, (dtype, shape) in FEATURES.items():
+    for key in keys:
+        dtype, shape = FEATURES[key]
         if shape == "list":
             spec[key] = tf.io.FixedLenSequenceFeature([], dtypes[dtype], allow_missing=True, default_value=-1)
-        else:
+        elif key == IMAGE:
             spec[key] = tf.io.FixedLenFeature([], dtypes[dtype])
+        else:
+            spec[key] = tf.io.FixedLenFeature([], dtypes[dtype], default_value=defaults[dtype])
     return spec
 
 

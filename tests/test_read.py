@@ -1,0 +1,180 @@
+"""The reader against the writer: exact rows, order, folds, shapes, distribution, caching."""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tfpipe import read
+from tfpipe.augment import NO_AUGMENT, Augment
+from tfpipe.errors import TfpipeError
+
+CLASSES = ["a", "b", "c"]
+
+
+def written_names(manifest):
+    import glob
+    import os
+
+    from tfpipe import schema
+
+    names = []
+    for s in sorted(manifest["shards"], key=lambda s: s["file"]):
+        path = glob.glob(os.path.join(manifest["_dir"], s["file"]))[0]
+        names += [schema.decode_example(r.numpy())["image_name"].decode() for r in tf.data.TFRecordDataset(path)]
+    return names
+
+
+@pytest.fixture(scope="module")
+def shards(shard_dir):
+    out, labels, manifest = shard_dir
+    manifest = dict(manifest, _dir=out)
+    return out, labels, written_names(manifest)
+
+
+def multi_hot(labels):
+    return [1.0 if c in labels else 0.0 for c in CLASSES]
+
+
+def test_evaluation_round_trip_exact_rows_in_written_order(shards):
+    out, labels, order = shards
+    rows, names = [], []
+    for images, targets, ids in read.make_dataset(out, 16, with_ids=True):
+        assert images.dtype == tf.uint8 and images.shape[1:] == (32, 32, 3)
+        rows += targets.numpy().tolist()
+        names += [n.decode() for n in ids.numpy()]
+    assert names == order  # shards sorted by name, then record order
+    assert rows == [multi_hot(labels[n]) for n in names]
+    assert sum(1 for r in rows if not any(r)) == 8  # empty label lists are all-zero rows
+
+
+def test_last_partial_batch_is_kept_unless_dropped(shards):
+    out = shards[0]
+    assert [int(x.shape[0]) for x, _ in read.make_dataset(out, 16)] == [16, 16, 8]
+    assert [int(x.shape[0]) for x, _ in read.make_dataset(out, 16, drop_remainder=True)] == [16, 16]
+
+
+def test_image_names_companion_matches_batches(shards):
+    out, _, order = shards
+    assert read.image_names(out) == order
+    assert read.count_examples(out) == 40
+
+
+@pytest.mark.parametrize("augment, cache", [
+    (Augment(mixup=0.4, cutmix=1.0, erasing=2), True),
+    (Augment(crop="resized", crop_scale=(0.3, 1.0)), False),  # decode_and_crop_jpeg path
+    (Augment(crop="resized"), True),  # crop of cached pixels
+])
+def test_training_shapes_are_static_and_dtypes_right(shards, augment, cache):
+    ds = read.make_dataset(shards[0], 8, training=True, augment=augment, cache=cache)
+    images_spec, targets_spec = ds.element_spec
+    assert images_spec.shape == (8, 32, 32, 3) and images_spec.dtype == tf.uint8
+    assert targets_spec.shape == (8, 3) and targets_spec.dtype == tf.float32
+    for images, targets in ds.take(6):  # repeats past one epoch (40 records = 5 batches)
+        assert images.shape == (8, 32, 32, 3)
+        t = targets.numpy()
+        assert np.all((t >= 0) & (t <= 1))
+
+
+@pytest.mark.parametrize("cache", [True, False])
+def test_training_epoch_sees_every_record_once(shards, cache):
+    out, labels, _ = shards
+    ds = read.make_dataset(out, 1, training=True, with_ids=True, augment=NO_AUGMENT, cache=cache, seed=3)
+    first_epoch = [(ids.numpy()[0].decode(), t.numpy()[0].tolist()) for _, t, ids in ds.take(40)]
+    assert sorted(n for n, _ in first_epoch) == sorted(labels)
+    assert all(t == multi_hot(labels[n]) for n, t in first_epoch)
+    assert [n for n, _ in first_epoch] != sorted(labels)  # shuffled
+
+
+def test_seeded_training_is_reproducible(shards):
+    def first_batches(seed):
+        ds = read.make_dataset(shards[0], 8, training=True, seed=seed, augment=Augment(erasing=1, mixup=0.2))
+        return [(x.numpy(), y.numpy()) for x, y in ds.take(3)]
+
+    a, b, c = first_batches(7), first_batches(7), first_batches(8)
+    assert all(np.array_equal(x1, x2) and np.array_equal(y1, y2) for (x1, y1), (x2, y2) in zip(a, b))
+    assert not all(np.array_equal(x1, x2) for (x1, _), (x2, _) in zip(a, c))
+
+
+def test_folds_select_disjoint_shards_covering_everything(shards):
+    out, labels, _ = shards
+    train_folds, val_folds = read.fold_split(out, 2)
+    assert train_folds == [0, 1, 3] and val_folds == [2]
+    val = read.image_names(out, folds=val_folds)
+    train = read.image_names(out, folds=train_folds)
+    assert not set(val) & set(train) and sorted(val + train) == sorted(labels)
+    assert read.count_examples(out, val_folds) == len(val)
+    with pytest.raises(TfpipeError, match="fold 9"):
+        read.fold_split(out, 9)
+
+
+def test_resize_in_pipeline_and_cache_give_same_pixels(shards):
+    out = shards[0]
+    plain = np.concatenate([x.numpy() for x, _ in read.make_dataset(out, 16, image_size=24, cache=False)])
+    cached_ds = read.make_dataset(out, 16, image_size=24, cache=True)
+    first = np.concatenate([x.numpy() for x, _ in cached_ds])
+    second = np.concatenate([x.numpy() for x, _ in cached_ds])  # served from the cache
+    assert plain.shape == (40, 24, 24, 3)
+    assert np.array_equal(plain, first) and np.array_equal(first, second)
+
+
+def test_single_label_modes(shards):
+    out, labels, order = shards
+    _, ids = next(iter(read.make_dataset(out, 40, label_mode="class_id")))
+    expected = [CLASSES.index(labels[n][0]) if labels[n] else -1 for n in order]
+    assert ids.dtype == tf.int32 and ids.numpy().tolist() == expected
+    _, one_hot = next(iter(read.make_dataset(out, 40, label_mode="one_hot")))
+    assert one_hot.numpy().argmax(1).tolist() == [max(e, 0) for e in expected]
+
+
+def test_distributed_on_eight_virtual_replicas_covers_each_record_once(shards):
+    out, labels, _ = shards
+    strategy = tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(8)])
+    global_batch = 8 * 3  # 40 records: the last global batch is partial
+
+    def dataset_fn(ctx):
+        return read.make_dataset(out, ctx.get_per_replica_batch_size(global_batch), with_ids=True, input_context=ctx)
+
+    seen = []
+    for _, _, ids in strategy.distribute_datasets_from_function(dataset_fn):
+        for local in strategy.experimental_local_results(ids):
+            seen += [n.decode() for n in local.numpy()]
+    assert sorted(seen) == sorted(labels)
+
+
+@pytest.mark.parametrize("pipelines", [3, 16])  # fewer and more input pipelines than the 8 files
+@pytest.mark.parametrize("training", [False, True])
+def test_input_pipelines_read_disjoint_complete_parts(shards, pipelines, training):
+    out, labels, _ = shards
+    parts = []
+    for i in range(pipelines):
+        ctx = tf.distribute.InputContext(num_input_pipelines=pipelines, input_pipeline_id=i,
+                                         num_replicas_in_sync=pipelines)
+        files, by_record = read.shard_for_input(read.resolve(out).files, ctx)
+        assert by_record == (pipelines > 8)
+        ds = read.make_dataset(out, 1, training=training, with_ids=True, input_context=ctx, augment=NO_AUGMENT)
+        n = sum(1 for _ in tf.data.TFRecordDataset(files).shard(pipelines, i)) if by_record else read.count_examples(
+            files)
+        parts.append([ids.numpy()[0].decode() for _, _, ids in ds.take(n)])
+    flat = [n for part in parts for n in part]
+    assert len(flat) == len(set(flat)) == 40 and set(flat) == set(labels)
+
+
+def test_foreign_files_need_classes_and_size(shards):
+    out = shards[0]
+    pattern = out + "/*.tfrec"
+    with pytest.raises(TfpipeError, match="num_classes"):
+        read.make_dataset(pattern, 4, image_size=32)
+    with pytest.raises(TfpipeError, match="image_size"):
+        read.make_dataset(pattern, 4, num_classes=3)
+    images, _ = next(iter(read.make_dataset(pattern, 4, image_size=32, num_classes=3)))
+    assert images.shape == (4, 32, 32, 3)
+
+
+def test_reads_from_ram_filesystem(shards):
+    out = shards[0]
+    remote = "ram://bucket/read-test"
+    tf.io.gfile.makedirs(remote)
+    for name in tf.io.gfile.listdir(out):
+        tf.io.gfile.copy(f"{out}/{name}", f"{remote}/{name}", overwrite=True)
+    assert read.image_names(remote) == read.image_names(out)
+    x, _ = next(iter(read.make_dataset(remote, 4, training=True)))
+    assert x.shape == (4, 32, 32, 3)

@@ -1,0 +1,316 @@
+"""The reader: ``make_dataset`` turns shards into TPU-ready ``(images, targets)`` batches.
+
+Evaluation (``training=False``) keeps the written order: shards sorted by name,
+records in file order. Training shuffles files and records, interleaves reads
+across shards, augments, repeats, and drops the last partial batch so every
+shape is static (TPUs need that). Both parse a whole batch of records in one
+vectorised ``tf.io.parse_example`` call; images stay uint8 until they reach
+the model (normalising there moves 4x fewer bytes to the accelerator).
+"""
+import dataclasses
+import posixpath
+import re
+
+import tensorflow as tf
+
+from tfpipe import augment as aug_lib
+from tfpipe import schema
+from tfpipe.errors import TfpipeError
+from tfpipe.shards import MANIFEST, SHARD_SUFFIX, read_manifest
+
+AUTOTUNE = tf.data.AUTOTUNE
+READ_BUFFER = 8 * 2**20  # bytes of read-ahead per file: large sequential reads suit buckets
+CYCLE_LENGTH = 16  # shards read at once in training: enough to mix, few enough to keep buffers small
+PARSE_BATCH = 256  # records parsed per vectorised call in training, before per-image augmentation
+SHUFFLE_BUFFER = 2048  # records; on top of the shuffled file order
+CACHE_BUDGET = 2 * 2**30  # bytes of decoded images that cache="auto" may keep in memory
+LABEL_MODES = ("multi_hot", "one_hot", "class_id")
+_COUNT_IN_NAME = re.compile(r"-(\d+)\.tfrec$")
+
+
+@dataclasses.dataclass(frozen=True)
+class Shards:
+    """Resolved input: files in read order, and what the manifest says about them (if there is one)."""
+
+    files: tuple
+    manifest: dict | None = None
+
+    @property
+    def num_examples(self):
+        """Records in ``files``: from the manifest, else from the counts in the names (None if unknown)."""
+        counts = {s["file"]: s["count"] for s in (self.manifest or {}).get("shards", [])}
+        total = 0
+        for f in self.files:
+            name = posixpath.basename(f)
+            match = _COUNT_IN_NAME.search(name)
+            if name not in counts and not match:
+                return None
+            total += counts.get(name) or int(match.group(1))
+        return total
+
+    @property
+    def image_size(self):
+        return ((self.manifest or {}).get("image") or {}).get("size")
+
+    @property
+    def image_format(self):
+        return ((self.manifest or {}).get("image") or {}).get("format")
+
+    @property
+    def num_classes(self):
+        return (self.manifest or {}).get("num_classes")
+
+
+def resolve(source, folds=None):
+    """Finds the shard files of ``source``: a folder with a manifest, a glob pattern, or a list of files.
+
+    Args:
+      source: folder written by ``tfpipe.write`` (local or ``gs://``), glob pattern, or list of paths.
+      folds: fold numbers to keep (needs a manifest written with ``--folds``); None keeps all.
+
+    Returns:
+      ``Shards`` with files sorted by name (the written order).
+    """
+    if isinstance(source, (list, tuple)):
+        files, manifest = sorted(source), None
+    elif tf.io.gfile.isdir(source):
+        manifest = read_manifest(source)
+        files = sorted(posixpath.join(source, s["file"]) for s in manifest["shards"]
+                       if folds is None or s["fold"] in set(folds))
+    else:
+        files, manifest = sorted(tf.io.gfile.glob(source)), None
+    if folds is not None and (manifest is None or not manifest.get("folds")):
+        raise TfpipeError(f"{source}: folds were asked for, but these shards were written without --folds")
+    if folds is not None and manifest and any(f not in range(manifest["folds"]) for f in folds):
+        raise TfpipeError(f"{source}: folds {list(folds)} outside 0..{manifest['folds'] - 1}")
+    if not files:
+        raise TfpipeError(f"{source}: no shard files found")
+    return Shards(tuple(files), manifest)
+
+
+def fold_split(source, fold):
+    """(training folds, validation folds) for validating on ``fold`` of a folded shard folder."""
+    manifest = read_manifest(source)
+    k = manifest.get("folds")
+    if not k:
+        raise TfpipeError(f"{source}: written without --folds; cannot pick validation fold {fold}")
+    if fold not in range(k):
+        raise TfpipeError(f"{source}: fold {fold} outside 0..{k - 1}")
+    return [f for f in range(k) if f != fold], [fold]
+
+
+def targets_from_indices(indices, num_classes, label_mode):
+    """[B, L] class indices padded with -1 -> [B, C] multi-hot / one-hot float32, or [B] int32 class ids."""
+    if label_mode == "multi_hot":
+        return tf.minimum(tf.reduce_sum(tf.one_hot(indices, num_classes), axis=1), 1.0)
+    first = tf.pad(indices, [[0, 0], [0, 1]], constant_values=-1)[:, 0]  # -1 when the list is empty
+    if label_mode == "one_hot":
+        return tf.one_hot(first, num_classes)
+    return tf.cast(first, tf.int32)
+
+
+def make_parse(num_classes, label_mode):
+    spec = schema.feature_spec((schema.IMAGE, schema.TARGET, schema.IMAGE_NAME))
+
+    def parse(serialized):
+        f = tf.io.parse_example(serialized, spec)
+        return {"image": f[schema.IMAGE], "target": targets_from_indices(f[schema.TARGET], num_classes, label_mode),
+                "image_name": f[schema.IMAGE_NAME]}
+
+    return parse
+
+
+def decode(data, image_format):
+    """Encoded bytes -> uint8 [H, W, 3]."""
+    if image_format == "jpeg":
+        return tf.io.decode_jpeg(data, channels=3)
+    if image_format == "png":
+        return tf.io.decode_png(data, channels=3)
+    return tf.io.decode_image(data, channels=3, expand_animations=False)  # records from other writers
+
+
+def make_decode(size, stored_size, image_format):
+    """Bytes -> uint8 [size, size, 3], resizing only when the stored size differs."""
+
+    def decode_one(data):
+        image = decode(data, image_format)
+        if stored_size != size:
+            image = aug_lib.resize(image, size, tf.uint8)
+        return tf.ensure_shape(image, [size, size, 3])
+
+    return decode_one
+
+
+def shard_for_input(files, input_context):
+    """Splits work between input pipelines (hosts) of a distribution strategy.
+
+    Returns (files for this pipeline, whether records must be sharded instead):
+    whole files when there are at least as many files as pipelines, else every
+    pipeline reads all files and keeps every n-th record, so no record is
+    duplicated or dropped.
+    """
+    if input_context is None or input_context.num_input_pipelines == 1:
+        return list(files), False
+    n, i = input_context.num_input_pipelines, input_context.input_pipeline_id
+    if len(files) >= n:
+        return list(files[i::n]), False
+    return list(files), True
+
+
+def use_cache(cache, shards, size, budget):
+    if cache != "auto":
+        return bool(cache)
+    n = shards.num_examples
+    return n is not None and n * size * size * 3 <= budget
+
+
+def make_dataset(source, batch_size, *, image_size=None, training=False, folds=None, num_classes=None,
+                 label_mode="multi_hot", drop_remainder=None, with_ids=False, augment=None,
+                 shuffle_buffer=SHUFFLE_BUFFER, cache="auto", cache_budget=CACHE_BUDGET, seed=None,
+                 deterministic=None, input_context=None):
+    """Builds a ``tf.data.Dataset`` of ``(images, targets)`` batches from shards.
+
+    Example::
+
+        ds = tfpipe.make_dataset("records/demo/train", 64, training=True, folds=[0, 1, 2, 3])
+        images, targets = next(iter(ds))  # uint8 [64, S, S, 3], float32 [64, C]
+
+    With a distribution strategy, build it per input pipeline::
+
+        ds = strategy.distribute_datasets_from_function(lambda ctx: tfpipe.make_dataset(
+            src, ctx.get_per_replica_batch_size(global_batch), training=True, input_context=ctx))
+
+    Args:
+      source: folder written by ``tfpipe.write``, glob pattern or list of files (local or ``gs://``).
+      batch_size: images per batch (per replica, under a strategy).
+      image_size: output side; default the stored size. A different size is resized in the pipeline.
+      training: shuffle, augment, repeat forever and drop the last partial batch.
+      folds: fold numbers to read (e.g. all but the validation fold); None reads everything.
+      num_classes: needed only for shards without a manifest.
+      label_mode: "multi_hot" (default; float32 [B, C], an empty list is a zero row),
+        "one_hot" or "class_id" (int32 [B], -1 for no label) for single-label data.
+      drop_remainder: default True in training, False otherwise.
+      with_ids: also yield each row's ``image_name`` (string [B]), as a third element.
+      augment: an ``Augment``; default ``Augment()`` in training; ignored otherwise.
+      shuffle_buffer: records in the shuffle buffer (training).
+      cache: keep decoded images in memory after the first pass: True, False or
+        "auto" (when they fit in ``cache_budget`` bytes).
+      cache_budget: bytes for ``cache="auto"``.
+      seed: seed for file order, shuffling and augmentation (training).
+      deterministic: fix the element order in training (slower); default: only
+        when ``seed`` is given.
+      input_context: a ``tf.distribute.InputContext`` (from ``distribute_datasets_from_function``).
+
+    Returns:
+      A dataset of ``(images uint8 [B, S, S, 3], targets)`` (plus ``image_names`` with ``with_ids``).
+    """
+    if label_mode not in LABEL_MODES:
+        raise TfpipeError(f"label_mode must be one of {', '.join(LABEL_MODES)} (got {label_mode!r})")
+    shards = resolve(source, folds)
+    size = image_size or shards.image_size
+    if not size:
+        raise TfpipeError(f"{source}: stored images have no fixed size; pass image_size")
+    classes = num_classes or shards.num_classes
+    if not classes:
+        raise TfpipeError(f"{source}: no {MANIFEST} to read the classes from; pass num_classes")
+    files, shard_records = shard_for_input(shards.files, input_context)
+    cached = use_cache(cache, shards, size, cache_budget)
+    parse = make_parse(classes, label_mode)
+    decode_one = make_decode(size, shards.image_size, shards.image_format)
+    if training:
+        ds = _training_pipeline(files, batch_size, size, parse, decode_one, shards.image_format, cached,
+                                augment or aug_lib.Augment(), shuffle_buffer, seed,
+                                deterministic if deterministic is not None else seed is not None,
+                                drop_remainder if drop_remainder is not None else True,
+                                shard_records, input_context)
+    else:
+        ds = _evaluation_pipeline(files, batch_size, size, parse, decode_one, cached, bool(drop_remainder),
+                                  shard_records, input_context)
+    ds = ds.map(lambda b: (b["image"], b["target"], b["image_name"]) if with_ids else (b["image"], b["target"]))
+    return ds.prefetch(AUTOTUNE)  # last: overlap the input pipeline with the training step
+
+
+def _evaluation_pipeline(files, batch_size, size, parse, decode_one, cached, drop_remainder, shard_records, ctx):
+    ds = tf.data.TFRecordDataset(files, buffer_size=READ_BUFFER)  # one file after another: the written order
+    if shard_records:
+        ds = ds.shard(ctx.num_input_pipelines, ctx.input_pipeline_id)
+    ds = ds.batch(batch_size, drop_remainder=drop_remainder)
+    ds = ds.map(parse, num_parallel_calls=AUTOTUNE)  # one vectorised parse per batch
+
+    def decode_batch(b):
+        images = tf.map_fn(decode_one, b["image"], fn_output_signature=tf.TensorSpec([size, size, 3], tf.uint8))
+        return dict(b, image=images)
+
+    ds = ds.map(decode_batch, num_parallel_calls=AUTOTUNE)  # batches decode in parallel, order kept
+    if cached:
+        ds = ds.cache()  # the next pass (e.g. validation after every epoch) skips reading and decoding
+    return ds
+
+
+def _training_pipeline(files, batch_size, size, parse, decode_one, image_format, cached, augment, shuffle_buffer,
+                       seed, deterministic, drop_remainder, shard_records, ctx):
+    crop_on_decode = augment.crop == "resized" and image_format == "jpeg" and not cached
+    geometric, photometric = aug_lib.image_ops(augment, size, crop_done=crop_on_decode)
+    mix = aug_lib.batch_mix(augment)
+    if shard_records:  # several pipelines share files: read in a fixed order, then keep every n-th record
+        ds = tf.data.TFRecordDataset(files, buffer_size=READ_BUFFER)
+        ds = ds.shard(ctx.num_input_pipelines, ctx.input_pipeline_id)
+    else:
+        ds = tf.data.Dataset.from_tensor_slices(files)
+        ds = ds.shuffle(len(files), seed=seed)  # a new file order every epoch
+        ds = ds.interleave(lambda f: tf.data.TFRecordDataset(f, buffer_size=READ_BUFFER),
+                           cycle_length=min(len(files), CYCLE_LENGTH), num_parallel_calls=AUTOTUNE,
+                           deterministic=deterministic)
+    ds = ds.batch(PARSE_BATCH)
+    ds = ds.map(parse, num_parallel_calls=AUTOTUNE, deterministic=deterministic)
+    ds = ds.unbatch()
+    if cached:
+        ds = ds.map(lambda e: dict(e, image=decode_one(e["image"])), num_parallel_calls=AUTOTUNE,
+                    deterministic=deterministic)
+        ds = ds.cache()  # decode once: later epochs start from pixels in memory
+    ds = ds.shuffle(shuffle_buffer, seed=seed)  # before decoding (when not cached): a buffer of small JPEGs
+    ds = ds.repeat()
+    ds = tf.data.Dataset.zip((ds, tf.data.Dataset.random(seed=seed).batch(2)))  # a stateless seed per image
+
+    def augment_one(e, s):
+        seeds = tf.random.experimental.stateless_split(s, 2)
+        if crop_on_decode:  # random resized crop while decoding: only the window's pixels are decoded
+            image = _crop_decode(e["image"], size, augment, seeds[0])
+        else:
+            image = e["image"] if cached else decode_one(e["image"])
+        image = aug_lib.augment_image(image, seeds[1], geometric, photometric)
+        return dict(e, image=tf.ensure_shape(image, [size, size, 3]))
+
+    ds = ds.map(augment_one, num_parallel_calls=AUTOTUNE, deterministic=deterministic)
+    ds = ds.batch(batch_size, drop_remainder=drop_remainder)  # static shapes for the TPU
+    if mix is not None:  # MixUp / CutMix pair images within a batch
+        ds = tf.data.Dataset.zip((ds, tf.data.Dataset.random(seed=None if seed is None else seed + 1).batch(2)))
+        ds = ds.map(lambda b, s: dict(b, **dict(zip(("image", "target"), mix(b["image"], b["target"], s)))),
+                    num_parallel_calls=AUTOTUNE, deterministic=deterministic)
+    return ds
+
+
+def _crop_decode(data, size, augment, seed):
+    """A random resized crop of a JPEG, decoding only the window (``decode_and_crop_jpeg``)."""
+    begin, crop = aug_lib.crop_window(tf.io.extract_jpeg_shape(data), augment.crop_scale, augment.crop_ratio, seed)
+    window = tf.stack([begin[0], begin[1], crop[0], crop[1]])
+    return aug_lib.resize(tf.io.decode_and_crop_jpeg(data, window, channels=3), size, tf.uint8)
+
+
+def count_examples(source, folds=None):
+    """Number of records in ``source`` (from the manifest or the counts in shard names)."""
+    n = resolve(source, folds).num_examples
+    if n is None:
+        raise TfpipeError(f"{source}: record count unknown (no manifest and no count in the file names)")
+    return n
+
+
+def image_names(source, folds=None):
+    """The ``image_name`` of every record in written order (the row order of evaluation batches)."""
+    spec = schema.feature_spec((schema.IMAGE_NAME,))
+    ds = tf.data.TFRecordDataset(list(resolve(source, folds).files), buffer_size=READ_BUFFER).batch(1024)
+    ds = ds.map(lambda s: tf.io.parse_example(s, spec)[schema.IMAGE_NAME], num_parallel_calls=AUTOTUNE)
+    return [n.decode("utf-8") for batch in ds.as_numpy_iterator() for n in batch]
+
+
+__all__ = ["make_dataset", "resolve", "fold_split", "count_examples", "image_names", "Shards", "SHARD_SUFFIX"]
