@@ -167,7 +167,7 @@ def use_cache(cache, shards, size, budget):
 def make_dataset(source, batch_size, *, image_size=None, training=False, folds=None, num_classes=None,
                  label_mode="multi_hot", drop_remainder=None, with_ids=False, augment=None,
                  shuffle_buffer=SHUFFLE_BUFFER, cache="auto", cache_budget=CACHE_BUDGET, seed=None,
-                 deterministic=None, input_context=None):
+                 deterministic=None, input_context=None, pad_batches=False):
     """Builds a ``tf.data.Dataset`` of ``(images, targets)`` batches from shards.
 
     Example::
@@ -200,9 +200,15 @@ def make_dataset(source, batch_size, *, image_size=None, training=False, folds=N
       deterministic: fix the element order in training (slower); default: only
         when ``seed`` is given.
       input_context: a ``tf.distribute.InputContext`` (from ``distribute_datasets_from_function``).
+      pad_batches: evaluation only: pad the last partial batch with blank rows and
+        yield ``(images, targets, weights)`` with weight 0 on the padding, and add
+        blank batches until every replica of this pipeline gets one on the last
+        step. Every shape is then static (TPUs need that) and weighted metrics
+        still count every real record exactly once.
 
     Returns:
-      A dataset of ``(images uint8 [B, S, S, 3], targets)`` (plus ``image_names`` with ``with_ids``).
+      A dataset of ``(images uint8 [B, S, S, 3], targets)`` (plus ``weights`` with
+      ``pad_batches``, then ``image_names`` with ``with_ids``).
     """
     if label_mode not in LABEL_MODES:
         raise TfpipeError(f"label_mode must be one of {', '.join(LABEL_MODES)} (got {label_mode!r})")
@@ -226,8 +232,44 @@ def make_dataset(source, batch_size, *, image_size=None, training=False, folds=N
     else:
         ds = _evaluation_pipeline(files, batch_size, size, parse, decode_one, cached, bool(drop_remainder),
                                   shard_records, input_context)
-    ds = ds.map(lambda b: (b["image"], b["target"], b["image_name"]) if with_ids else (b["image"], b["target"]))
+        if pad_batches:
+            local = _local_count(shards, files, shard_records, input_context)
+            per_pipeline = 1 if input_context is None else max(
+                1, input_context.num_replicas_in_sync // input_context.num_input_pipelines)
+            ds = _pad_batches(ds, batch_size, local, per_pipeline)
+    keys = ("image", "target") + (("weight",) if pad_batches and not training else ()) + (
+        ("image_name",) if with_ids else ())
+    ds = ds.map(lambda b: tuple(b[k] for k in keys))
     return ds.prefetch(AUTOTUNE)  # last: overlap the input pipeline with the training step
+
+
+def _local_count(shards, files, shard_records, ctx):
+    """Records this input pipeline reads."""
+    total = Shards(tuple(files), shards.manifest).num_examples if not shard_records else shards.num_examples
+    if total is None:
+        raise TfpipeError("pad_batches needs record counts (a manifest or counts in the shard names)")
+    if shard_records:
+        return len(range(ctx.input_pipeline_id, total, ctx.num_input_pipelines))
+    return total
+
+
+def _pad_batches(ds, batch_size, count, multiple):
+    """Pads the last batch to ``batch_size`` (weight 0) and appends blank batches up to a multiple."""
+    spec = ds.element_spec
+
+    def pad(b):
+        n = tf.shape(b["image"])[0]
+        padded = {k: tf.pad(v, [[0, batch_size - n]] + [[0, 0]] * (len(spec[k].shape) - 1)) for k, v in b.items()}
+        padded["weight"] = tf.sequence_mask(n, batch_size, dtype=tf.float32)
+        return {k: tf.ensure_shape(v, [batch_size] + v.shape[1:]) for k, v in padded.items()}
+
+    ds = ds.map(pad, num_parallel_calls=AUTOTUNE)
+    batches = -(-count // batch_size)
+    blanks = (-batches) % multiple if batches else multiple
+    if blanks:
+        blank = {k: tf.zeros([batch_size] + s.shape[1:], s.dtype) for k, s in ds.element_spec.items()}
+        ds = ds.concatenate(tf.data.Dataset.from_tensors(blank).repeat(blanks))
+    return ds
 
 
 def _evaluation_pipeline(files, batch_size, size, parse, decode_one, cached, drop_remainder, shard_records, ctx):

@@ -1,0 +1,329 @@
+"""Train an image classifier on tfpipe shards, on TPU, GPUs, CPU or N virtual CPU replicas.
+
+    python -m train.fit --records records/demo/train --strategy cpu --replicas 8 \
+        --steps-per-execution 8 --out runs/demo
+
+On a Kaggle TPU v3-8: ``--strategy tpu`` (the same command otherwise). Steps:
+resolve the strategy -> split train/validation by fold -> build distributed
+datasets -> build and compile the model inside ``strategy.scope()`` ->
+(optionally) train the head with the backbone frozen -> fine-tune everything
+-> save ``model.keras``, ``history.csv``, ``metrics.json``.
+"""
+import argparse
+import dataclasses
+import json
+import math
+import os
+import statistics
+import sys
+import time
+
+import train  # noqa: F401  (selects tf-keras before TensorFlow is imported)
+import tensorflow as tf
+import tf_keras as keras
+
+import tfpipe
+from tfpipe.augment import NO_AUGMENT, Augment
+from tfpipe.errors import TfpipeError, run_cli
+from tfpipe.shards import read_manifest
+from train.models import MODELS, build_model
+from train.schedules import SCHEDULES, make_schedule, scaled_lr
+from train.strategy import STRATEGIES, default_precision, resolve_strategy
+
+STATE = "state.json"  # which phases are finished, for --resume
+
+
+@dataclasses.dataclass
+class FitConfig:
+    """Everything ``fit`` needs; the command line maps one flag to each field."""
+
+    records: str = "records/demo/train"
+    out: str = "runs/demo"
+    strategy: str = "auto"
+    replicas: int | None = None
+    model: str = "efficientnet-b0"
+    weights: str = "none"
+    image_size: int | None = None
+    batch_size: int = 16
+    epochs: int = 10
+    steps_per_execution: int = 8
+    lr: float = 2e-4
+    schedule: str = "cosine"
+    warmup_epochs: float = 1.0
+    optimizer: str = "adam"
+    weight_decay: float = 0.0
+    label_smoothing: float = 0.0
+    fold: int | None = 0
+    val_fraction: float = 0.2
+    burn_epochs: int = 0
+    burn_lr: float | None = None
+    precision: str | None = None
+    augment: Augment = Augment()
+    threshold: float = 0.5
+    single_label: bool | None = None
+    seed: int | None = None
+    resume: bool = False
+    verbose: int = 2
+
+
+def split_sources(records, fold, val_fraction):
+    """(train source, train folds, val source, val folds): by fold when the shards have folds, else
+    the last shards (about ``val_fraction`` of them) are held out."""
+    manifest = read_manifest(records)
+    if manifest.get("folds") and fold is not None:
+        train_folds, val_folds = tfpipe.fold_split(records, fold)
+        return records, train_folds, records, val_folds
+    files = sorted(f"{records}/{s['file']}" for s in manifest["shards"])
+    if len(files) < 2:
+        raise TfpipeError(f"{records}: one shard cannot be split for validation; write with --folds or more --shards")
+    n_val = min(len(files) - 1, max(1, round(val_fraction * len(files))))
+    return files[:-n_val], None, files[-n_val:], None
+
+
+def build_datasets(cfg, strategy, manifest, image_size):
+    """Distributed training and validation datasets, and their sizes."""
+    train_src, train_folds, val_src, val_folds = split_sources(cfg.records, cfg.fold, cfg.val_fraction)
+    n_train, n_val = tfpipe.count_examples(train_src, train_folds), tfpipe.count_examples(val_src, val_folds)
+    global_batch = cfg.batch_size * strategy.num_replicas_in_sync
+    common = {"image_size": image_size, "num_classes": manifest["num_classes"],
+              "label_mode": "one_hot" if cfg.single_label else "multi_hot"}
+
+    def train_fn(ctx):
+        return tfpipe.make_dataset(train_src, ctx.get_per_replica_batch_size(global_batch), training=True,
+                                   folds=train_folds, augment=cfg.augment, seed=cfg.seed, input_context=ctx, **common)
+
+    def val_fn(ctx):  # padded to static shapes; weight 0 on padding keeps the metrics exact
+        return tfpipe.make_dataset(val_src, ctx.get_per_replica_batch_size(global_batch), folds=val_folds,
+                                   pad_batches=True, input_context=ctx, **common)
+
+    train_ds = strategy.distribute_datasets_from_function(train_fn)
+    val_ds = strategy.distribute_datasets_from_function(val_fn)
+    return train_ds, val_ds, n_train, n_val, global_batch
+
+
+def make_metrics(num_classes, single_label, threshold):
+    if single_label:
+        return [keras.metrics.CategoricalAccuracy(name="accuracy"),
+                keras.metrics.AUC(name="auc", multi_label=True, num_labels=num_classes)]
+    return [keras.metrics.AUC(name="auc", multi_label=True, num_labels=num_classes),  # macro over classes
+            keras.metrics.F1Score(name="f1", average="macro", threshold=threshold),
+            keras.metrics.BinaryAccuracy(name="accuracy", threshold=threshold)]
+
+
+def make_optimizer(name, lr, weight_decay):
+    if name == "adam":
+        return keras.optimizers.Adam(lr)
+    if name == "adamw":
+        return keras.optimizers.AdamW(lr, weight_decay=weight_decay)
+    if name == "sgd":
+        return keras.optimizers.SGD(lr, momentum=0.9, nesterov=True)
+    raise TfpipeError(f"unknown optimizer {name!r}: use adam, adamw or sgd")
+
+
+def compile_model(model, cfg, lr, num_classes):
+    loss = (keras.losses.CategoricalCrossentropy(label_smoothing=cfg.label_smoothing) if cfg.single_label
+            else keras.losses.BinaryCrossentropy(label_smoothing=cfg.label_smoothing))
+    model.compile(optimizer=make_optimizer(cfg.optimizer, lr, cfg.weight_decay), loss=loss,
+                  metrics=make_metrics(num_classes, cfg.single_label, cfg.threshold),
+                  weighted_metrics=[], steps_per_execution=cfg.steps_per_execution)
+
+
+class Throughput(keras.callbacks.Callback):
+    """Training images/s per epoch, timed from epoch start to the start of validation."""
+
+    def __init__(self, images_per_epoch):
+        super().__init__()
+        self.images_per_epoch, self.rates, self._start = images_per_epoch, [], None
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._start = time.perf_counter()
+
+    def on_test_begin(self, logs=None):
+        if self._start is not None:
+            self.rates.append(self.images_per_epoch / (time.perf_counter() - self._start))
+            self._start = None
+
+
+class LogLearningRate(keras.callbacks.Callback):
+    """Adds the learning rate at the end of each epoch to the logs (so history.csv has it)."""
+
+    def on_epoch_end(self, epoch, logs=None):
+        lr = self.model.optimizer.learning_rate
+        value = lr(self.model.optimizer.iterations) if callable(lr) else lr
+        logs["lr"] = float(tf.keras.backend.get_value(value) if not isinstance(value, float) else value)
+
+
+def run_phase(model, cfg, name, lr_schedule, epochs, initial_epoch, data, num_classes, throughput):
+    """Compiles and fits one phase, backed up every epoch so ``--resume`` continues it."""
+    train_ds, val_ds, steps, val_steps = data
+    compile_model(model, cfg, lr_schedule, num_classes)
+    callbacks = [
+        keras.callbacks.BackupAndRestore(f"{cfg.out}/backup/{name}", save_freq="epoch"),
+        throughput,
+        LogLearningRate(),
+        keras.callbacks.CSVLogger(f"{cfg.out}/history.csv", append=True),
+        keras.callbacks.TensorBoard(f"{cfg.out}/logs", update_freq="epoch", profile_batch=0),
+        keras.callbacks.ModelCheckpoint(f"{cfg.out}/checkpoints/best", monitor="val_auc", mode="max",
+                                        save_best_only=True, save_weights_only=True),
+    ]
+    model.fit(train_ds, epochs=initial_epoch + epochs, initial_epoch=initial_epoch, steps_per_epoch=steps,
+              validation_data=val_ds, validation_steps=val_steps, callbacks=callbacks, verbose=cfg.verbose)
+
+
+def set_trainable(backbone, trainable):
+    backbone.trainable = trainable  # a frozen backbone also runs its BatchNorm layers in inference mode
+
+
+def read_state(out):
+    path = f"{out}/{STATE}"
+    return json.loads(tf.io.gfile.GFile(path).read()) if tf.io.gfile.exists(path) else {}
+
+
+def write_state(out, state):
+    with tf.io.gfile.GFile(f"{out}/{STATE}.tmp", "w") as f:
+        f.write(json.dumps(state))
+    tf.io.gfile.rename(f"{out}/{STATE}.tmp", f"{out}/{STATE}", overwrite=True)
+
+
+def check_out(cfg):
+    started = tf.io.gfile.exists(f"{cfg.out}/{STATE}") or tf.io.gfile.exists(f"{cfg.out}/history.csv")
+    if started and not cfg.resume:
+        raise TfpipeError(f"{cfg.out} already holds a run; pass --resume to continue it or choose another --out")
+    tf.io.gfile.makedirs(cfg.out)
+
+
+def summarise(cfg, kind, strategy, global_batch, steps, n_train, n_val, image_size, precision, model, seconds,
+              throughput):
+    """metrics.json: the run's configuration, speed and validation scores (from history.csv)."""
+    import pandas as pd
+
+    with tf.io.gfile.GFile(f"{cfg.out}/history.csv") as f:
+        history = pd.read_csv(f)
+    val_cols = [c for c in history.columns if c.startswith("val_")]
+    best = history.loc[history["val_auc"].idxmax()] if "val_auc" in history else history.iloc[-1]
+    rates = throughput.rates[1:] or throughput.rates  # the first epoch includes tracing and compilation
+    return {
+        "strategy": kind, "strategy_class": type(strategy).__name__, "replicas": strategy.num_replicas_in_sync,
+        "steps_per_execution": cfg.steps_per_execution, "per_replica_batch_size": cfg.batch_size,
+        "global_batch_size": global_batch, "base_lr": cfg.lr, "scaled_lr": scaled_lr(cfg.lr, strategy.num_replicas_in_sync),
+        "schedule": cfg.schedule, "model": cfg.model, "image_size": image_size, "precision": precision,
+        "epochs": int(len(history)), "burn_epochs": cfg.burn_epochs, "steps_per_epoch": steps,
+        "optimizer_steps": int(model.optimizer.iterations.numpy()), "train_examples": n_train,
+        "val_examples": n_val, "fold": cfg.fold, "images_per_sec": round(statistics.median(rates), 1) if rates else None,
+        "seconds": round(seconds, 1),
+        "final": {c: float(history[c].iloc[-1]) for c in val_cols},
+        "best": dict({c: float(best[c]) for c in val_cols}, epoch=int(best["epoch"]) + 1),
+    }
+
+
+def fit(cfg):
+    """Trains per ``cfg`` (a ``FitConfig``); returns the metrics dict also written to ``metrics.json``.
+
+    Example (a notebook on a TPU, or anywhere with ``strategy="cpu", replicas=8``)::
+
+        from train.fit import FitConfig, fit
+        metrics = fit(FitConfig(records="gs://bucket/train", out="gs://bucket/runs/b0", strategy="tpu"))
+    """
+    started = time.perf_counter()
+    strategy, kind = resolve_strategy(cfg.strategy, cfg.replicas)
+    manifest = read_manifest(cfg.records)
+    cfg.single_label = manifest.get("single_label", False) if cfg.single_label is None else cfg.single_label
+    image_size = cfg.image_size or manifest["image"]["size"]
+    if not image_size:
+        raise TfpipeError(f"{cfg.records}: images were stored without a fixed size; pass --image-size")
+    check_out(cfg)
+    precision = cfg.precision or default_precision(kind)
+    keras.mixed_precision.set_global_policy(precision)
+    train_ds, val_ds, n_train, n_val, global_batch = build_datasets(cfg, strategy, manifest, image_size)
+    steps = max(1, n_train // global_batch)
+    val_steps = math.ceil(n_val / global_batch)
+    data = (train_ds, val_ds, steps, val_steps)
+    replicas = strategy.num_replicas_in_sync
+    num_classes = manifest["num_classes"]
+    throughput = Throughput(steps * global_batch)
+    with strategy.scope():
+        model, backbone = build_model(cfg.model, num_classes, image_size,
+                                      weights=None if cfg.weights == "none" else cfg.weights,
+                                      multi_label=not cfg.single_label)
+        state = read_state(cfg.out) if cfg.resume else {}
+        if cfg.burn_epochs and not state.get("burn_done"):
+            set_trainable(backbone, False)
+            run_phase(model, cfg, "burn", scaled_lr(cfg.burn_lr or cfg.lr, replicas), cfg.burn_epochs, 0, data,
+                      num_classes, throughput)
+            model.save_weights(f"{cfg.out}/checkpoints/burn-done")
+            write_state(cfg.out, dict(state, burn_done=True))
+        elif cfg.burn_epochs:
+            model.load_weights(f"{cfg.out}/checkpoints/burn-done")
+        set_trainable(backbone, True)
+        schedule = make_schedule(cfg.schedule, scaled_lr(cfg.lr, replicas), steps, cfg.epochs, cfg.warmup_epochs)
+        run_phase(model, cfg, "fine-tune", schedule, cfg.epochs, cfg.burn_epochs, data, num_classes, throughput)
+    model.save(f"{cfg.out}/model.keras")
+    write_state(cfg.out, dict(read_state(cfg.out), burn_done=bool(cfg.burn_epochs), finished=True))
+    metrics = summarise(cfg, kind, strategy, global_batch, steps, n_train, n_val, image_size, precision, model,
+                        time.perf_counter() - started, throughput)
+    with tf.io.gfile.GFile(f"{cfg.out}/metrics.json", "w") as f:
+        f.write(json.dumps(metrics, indent=1) + "\n")
+    return metrics
+
+
+def build_parser():
+    d = FitConfig()
+    p = argparse.ArgumentParser(prog="python -m train.fit", description=__doc__.split("\n\n")[0])
+    p.add_argument("--records", default=d.records, help=f"shard folder from tfpipe.write (default: {d.records})")
+    p.add_argument("--out", default=d.out, help=f"run folder (default: {d.out})")
+    p.add_argument("--strategy", choices=STRATEGIES, default=d.strategy, help="auto: TPU, then GPUs, then CPU")
+    p.add_argument("--replicas", type=int, help="with --strategy cpu: N virtual CPU replicas (dry-run a TPU: 8)")
+    p.add_argument("--model", choices=sorted(MODELS), default=d.model)
+    p.add_argument("--weights", default=d.weights, help="none, imagenet (downloads) or a weights file")
+    p.add_argument("--image-size", type=int, help="input side (default: the stored size)")
+    p.add_argument("--batch-size", type=int, default=d.batch_size, help="per replica")
+    p.add_argument("--epochs", type=int, default=d.epochs, help="fine-tuning epochs (after --burn-epochs)")
+    p.add_argument("--steps-per-execution", type=int, default=d.steps_per_execution,
+                   help="training steps per compiled call (fewer host round trips)")
+    p.add_argument("--lr", type=float, default=d.lr, help="base LR for ONE replica; scaled by the replica count")
+    p.add_argument("--schedule", choices=SCHEDULES, default=d.schedule)
+    p.add_argument("--warmup-epochs", type=float, default=d.warmup_epochs)
+    p.add_argument("--optimizer", choices=("adam", "adamw", "sgd"), default=d.optimizer)
+    p.add_argument("--weight-decay", type=float, default=d.weight_decay)
+    p.add_argument("--label-smoothing", type=float, default=d.label_smoothing)
+    p.add_argument("--fold", type=int, default=d.fold, help="validation fold (shards written with --folds)")
+    p.add_argument("--val-fraction", type=float, default=d.val_fraction, help="held-out shards without folds")
+    p.add_argument("--burn-epochs", type=int, default=0, help="epochs training the head with the backbone frozen")
+    p.add_argument("--burn-lr", type=float, help="base LR of the burn-in (default: --lr)")
+    p.add_argument("--precision", choices=("float32", "mixed_float16", "mixed_bfloat16"),
+                   help="default: bfloat16 on TPU, float16 on GPU, float32 on CPU")
+    p.add_argument("--single-label", action="store_true", default=None, help="softmax (default: from the manifest)")
+    p.add_argument("--threshold", type=float, default=d.threshold, help="for F1 and accuracy of multi-label outputs")
+    p.add_argument("--no-augment", action="store_true")
+    p.add_argument("--crop", choices=("pad", "resized", "none"), default="pad")
+    p.add_argument("--erasing", type=int, default=0, help="random-erasing rectangles per image")
+    p.add_argument("--mixup", type=float, default=0.0, help="MixUp alpha (0 = off)")
+    p.add_argument("--cutmix", type=float, default=0.0, help="CutMix alpha (0 = off)")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--resume", action="store_true", help="continue the run in --out from its last epoch")
+    p.add_argument("--verbose", type=int, default=d.verbose, choices=(0, 1, 2))
+    return p
+
+
+def config_from_args(args):
+    augment = NO_AUGMENT if args.no_augment else Augment(crop=None if args.crop == "none" else args.crop,
+                                                         erasing=args.erasing, mixup=args.mixup, cutmix=args.cutmix)
+    fields = {f.name for f in dataclasses.fields(FitConfig)} - {"augment"}
+    return FitConfig(augment=augment, **{k: v for k, v in vars(args).items() if k in fields})
+
+
+def run(args):
+    cfg = config_from_args(args)
+    m = fit(cfg)
+    print(f"validation AUC {m['final'].get('val_auc', float('nan')):.4f} (best {m['best'].get('val_auc', float('nan')):.4f}"
+          f" at epoch {m['best']['epoch']}), {m['epochs']} epochs, {m['optimizer_steps']} steps, "
+          f"{m['replicas']} replicas x {m['per_replica_batch_size']} = {m['global_batch_size']} per step, "
+          f"steps_per_execution {m['steps_per_execution']}, {m['images_per_sec']} images/s -> {cfg.out}")
+
+
+def main(argv=None):
+    return run_cli("train.fit", run, build_parser().parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

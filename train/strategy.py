@@ -1,0 +1,79 @@
+"""Resolve a strategy name to a ``tf.distribute.Strategy``: auto, tpu, gpu or cpu (with N virtual replicas)."""
+import glob
+import os
+
+import tensorflow as tf
+
+from tfpipe.errors import TfpipeError
+
+STRATEGIES = ("auto", "tpu", "gpu", "cpu")
+TPU_HINTS = ("TPU_NAME", "COLAB_TPU_ADDR", "TPU_ACCELERATOR_TYPE", "KAGGLE_TPU")  # env vars set next to a TPU
+
+
+def tpu_present():
+    """A cheap look for a TPU (environment or TPU VM device files) that starts nothing."""
+    return any(os.environ.get(k) for k in TPU_HINTS) or bool(glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"))
+
+
+def connect_tpu():
+    """Finds, connects to and initialises the TPU; returns a ``TPUStrategy``.
+
+    Tries the address from the environment (Kaggle, Colab, ``TPU_NAME``) and
+    then ``tpu="local"`` (a TPU VM).
+    """
+    errors = []
+    for kwargs in ({}, {"tpu": "local"}):
+        try:
+            resolver = tf.distribute.cluster_resolver.TPUClusterResolver(**kwargs)
+            tf.config.experimental_connect_to_cluster(resolver)
+            tf.tpu.experimental.initialize_tpu_system(resolver)
+            return tf.distribute.TPUStrategy(resolver)
+        except (ValueError, tf.errors.OpError, RuntimeError) as e:
+            errors.append(str(e).splitlines()[0][:120])
+    raise TfpipeError(f"no TPU found (tried TPU_NAME/Colab/Kaggle address, then a local TPU VM: {errors[-1]})")
+
+
+def ensure_virtual_cpus(n):
+    """Makes ``n`` logical CPU devices exist (must run before TensorFlow initialises its devices)."""
+    cpus = tf.config.list_physical_devices("CPU")
+    try:
+        tf.config.set_logical_device_configuration(cpus[0], [tf.config.LogicalDeviceConfiguration()] * n)
+    except RuntimeError:  # already initialised: fine if it already has enough devices
+        have = len(tf.config.list_logical_devices("CPU"))
+        if have < n:
+            raise TfpipeError(f"TensorFlow already started with {have} CPU device(s); "
+                              f"run in a fresh process to use {n} replicas") from None
+    return [d.name for d in tf.config.list_logical_devices("CPU")[:n]]
+
+
+def resolve_strategy(name="auto", replicas=None):
+    """Returns (strategy, kind) for a strategy name.
+
+    One device (a CPU or a single GPU) gets the default strategy, which Keras
+    callbacks such as BackupAndRestore support (OneDeviceStrategy they do not).
+
+    Args:
+      name: "tpu", "gpu" (MirroredStrategy over all GPUs, or one GPU), "cpu",
+        or "auto" (TPU, then GPUs, then CPU).
+      replicas: with "cpu", the number of virtual CPU replicas (a dry run of
+        an 8-core TPU: ``replicas=8``); None or 1 is a single CPU device.
+    """
+    if name not in STRATEGIES:
+        raise TfpipeError(f"unknown strategy {name!r}: use one of {', '.join(STRATEGIES)}")
+    if name == "tpu" or (name == "auto" and tpu_present()):
+        return connect_tpu(), "tpu"
+    if replicas and replicas > 1 and name in ("cpu", "auto"):
+        return tf.distribute.MirroredStrategy(ensure_virtual_cpus(replicas)), "cpu"
+    gpus = tf.config.list_physical_devices("GPU")
+    if name == "gpu" and not gpus:
+        raise TfpipeError("no GPU found (tf.config.list_physical_devices('GPU') is empty)")
+    if gpus and name in ("gpu", "auto"):
+        if len(gpus) > 1:
+            return tf.distribute.MirroredStrategy(), "gpu"
+        return tf.distribute.get_strategy(), "gpu"  # the default strategy places work on the one GPU
+    return tf.distribute.get_strategy(), "cpu"
+
+
+def default_precision(kind):
+    """bfloat16 on TPU, float16 on GPU, float32 on CPU (the Keras mixed-precision policy names)."""
+    return {"tpu": "mixed_bfloat16", "gpu": "mixed_float16"}.get(kind, "float32")
