@@ -5,6 +5,7 @@ PY := $(VENV)/bin/python
 DEMO_DIR ?= data/demo
 RECORDS ?= records/demo
 DEMO_SIZE ?= 64
+RUN ?= runs/demo
 
 .PHONY: setup demo test clean
 
@@ -21,9 +22,13 @@ demo: setup
 		--image-size $(DEMO_SIZE) --folds 5 --overwrite
 	$(PY) -m tfpipe.write --csv $(DEMO_DIR)/test.csv --images $(DEMO_DIR)/images --out $(RECORDS)/test \
 		--split test --image-size $(DEMO_SIZE) --overwrite
+	$(PY) -m tfpipe.inspect $(RECORDS)/train --sheet $(RECORDS)/contact_sheet.png
+	rm -rf $(RUN)
+	$(PY) -m train.fit --records $(RECORDS)/train --out $(RUN) --strategy cpu --replicas 8 \
+		--steps-per-execution 5 --model small-cnn --batch-size 8 --epochs 12 --lr 2.5e-4
 
 test: setup
 	$(PY) -m pytest -q
 
 clean:
-	rm -rf $(DEMO_DIR) $(RECORDS)
+	rm -rf $(DEMO_DIR) $(RECORDS) $(RUN)

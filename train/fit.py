@@ -64,6 +64,7 @@ class FitConfig:
     seed: int | None = None
     resume: bool = False
     verbose: int = 2
+    callbacks: tuple = ()  # extra Keras callbacks (from Python), run after the built-in ones
 
 
 def split_sources(records, fold, val_fraction):
@@ -145,12 +146,10 @@ class Throughput(keras.callbacks.Callback):
 
 
 class LogLearningRate(keras.callbacks.Callback):
-    """Adds the learning rate at the end of each epoch to the logs (so history.csv has it)."""
+    """Adds to the logs (so to history.csv) the learning rate the epoch's last step used."""
 
     def on_epoch_end(self, epoch, logs=None):
-        lr = self.model.optimizer.learning_rate
-        value = lr(self.model.optimizer.iterations) if callable(lr) else lr
-        logs["lr"] = float(tf.keras.backend.get_value(value) if not isinstance(value, float) else value)
+        logs["lr"] = float(keras.backend.get_value(self.model.optimizer.learning_rate))
 
 
 def run_phase(model, cfg, name, lr_schedule, epochs, initial_epoch, data, num_classes, throughput):
@@ -165,6 +164,7 @@ def run_phase(model, cfg, name, lr_schedule, epochs, initial_epoch, data, num_cl
         keras.callbacks.TensorBoard(f"{cfg.out}/logs", update_freq="epoch", profile_batch=0),
         keras.callbacks.ModelCheckpoint(f"{cfg.out}/checkpoints/best", monitor="val_auc", mode="max",
                                         save_best_only=True, save_weights_only=True),
+        *cfg.callbacks,
     ]
     model.fit(train_ds, epochs=initial_epoch + epochs, initial_epoch=initial_epoch, steps_per_epoch=steps,
               validation_data=val_ds, validation_steps=val_steps, callbacks=callbacks, verbose=cfg.verbose)
@@ -308,7 +308,7 @@ def build_parser():
 def config_from_args(args):
     augment = NO_AUGMENT if args.no_augment else Augment(crop=None if args.crop == "none" else args.crop,
                                                          erasing=args.erasing, mixup=args.mixup, cutmix=args.cutmix)
-    fields = {f.name for f in dataclasses.fields(FitConfig)} - {"augment"}
+    fields = {f.name for f in dataclasses.fields(FitConfig)} - {"augment", "callbacks"}
     return FitConfig(augment=augment, **{k: v for k, v in vars(args).items() if k in fields})
 
 

@@ -63,7 +63,10 @@ def resolve_strategy(name="auto", replicas=None):
     if name == "tpu" or (name == "auto" and tpu_present()):
         return connect_tpu(), "tpu"
     if replicas and replicas > 1 and name in ("cpu", "auto"):
-        return tf.distribute.MirroredStrategy(ensure_virtual_cpus(replicas)), "cpu"
+        # Reduce on one device rather than with collective ops: the replicas share one memory anyway, and
+        # collectives' instance keys collide once a process has built several models (tensorflow#62790).
+        return tf.distribute.MirroredStrategy(ensure_virtual_cpus(replicas),
+                                              cross_device_ops=tf.distribute.ReductionToOneDevice()), "cpu"
     gpus = tf.config.list_physical_devices("GPU")
     if name == "gpu" and not gpus:
         raise TfpipeError("no GPU found (tf.config.list_physical_devices('GPU') is empty)")

@@ -1,0 +1,185 @@
+"""Training: 8 virtual replicas with steps_per_execution, models, burn-in, resume, strategies, schedules."""
+import csv
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tf_keras as keras
+
+from tfpipe.augment import NO_AUGMENT
+from tfpipe.errors import TfpipeError
+from train import schedules
+from train.fit import FitConfig, compile_model, fit, set_trainable
+from train.models import MODELS, build_model
+from train.strategy import resolve_strategy
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def tiny_config(shard_dir, out, **overrides):
+    """32 px, small-cnn, per-replica batch 1 on 8 replicas: 30 training records -> 3 steps an epoch."""
+    cfg = dict(records=shard_dir[0], out=str(out), strategy="cpu", replicas=8, model="small-cnn", batch_size=1,
+               epochs=2, steps_per_execution=3, lr=1e-3, augment=NO_AUGMENT, verbose=0, seed=1)
+    cfg.update(overrides)
+    return FitConfig(**cfg)
+
+
+def history(out):
+    with open(os.path.join(out, "history.csv")) as f:
+        return list(csv.DictReader(f))
+
+
+def test_eight_virtual_replicas_with_steps_per_execution(shard_dir, tmp_path):
+    cfg = tiny_config(shard_dir, tmp_path / "run", schedule="cosine", warmup_epochs=1)
+    m = fit(cfg)
+    saved = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert saved == json.loads(json.dumps(m))
+    assert m["replicas"] == 8 and m["steps_per_execution"] == 3 and m["global_batch_size"] == 8
+    assert m["strategy_class"] == "MirroredStrategy" and m["precision"] == "float32"
+    assert m["train_examples"] + m["val_examples"] == 40 and m["steps_per_epoch"] == m["train_examples"] // 8
+    assert m["optimizer_steps"] == 2 * m["steps_per_epoch"]  # every step ran, K at a time
+    assert m["scaled_lr"] == pytest.approx(8e-3)
+    assert 0.0 <= m["final"]["val_auc"] <= 1.0 and m["images_per_sec"] > 0
+    rows = history(tmp_path / "run")
+    assert [int(r["epoch"]) for r in rows] == [0, 1]
+    # The per-step schedule ran inside the compiled K-step loop: the logged LR is the one the last step
+    # of each epoch used (step 2, then 5), not the LR of the first step of each execution.
+    schedule = schedules.make_schedule("cosine", 8e-3, m["steps_per_epoch"], 2, 1)
+    for epoch, row in enumerate(rows):
+        last_step = (epoch + 1) * m["steps_per_epoch"] - 1
+        assert float(row["lr"]) == pytest.approx(float(schedule(last_step)), rel=1e-5)
+    for name in ("model.keras", "history.csv", "checkpoints", "logs"):
+        assert (tmp_path / "run" / name).exists()
+    reloaded = keras.models.load_model(tmp_path / "run" / "model.keras")
+    assert reloaded.input.dtype == tf.uint8
+
+
+def test_existing_run_is_refused_without_resume(shard_dir, tmp_path):
+    cfg = tiny_config(shard_dir, tmp_path / "run", epochs=1, replicas=None, batch_size=8)  # default strategy
+    assert fit(cfg)["strategy_class"] == "_DefaultDistributionStrategy"
+    with pytest.raises(TfpipeError, match="--resume"):
+        fit(tiny_config(shard_dir, tmp_path / "run", epochs=1))
+
+
+class Crash(Exception):
+    pass
+
+
+class CrashInEpoch(keras.callbacks.Callback):
+    """Raises in the middle of a given epoch, as a preempted TPU session would stop."""
+
+    def __init__(self, epoch):
+        super().__init__()
+        self.crash_epoch, self.epoch = epoch, None
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.epoch == self.crash_epoch:
+            raise Crash()
+
+
+def test_resume_continues_where_it_stopped(shard_dir, tmp_path):
+    out = tmp_path / "run"
+    with pytest.raises(Crash):
+        fit(tiny_config(shard_dir, out, epochs=4, replicas=2, steps_per_execution=1, callbacks=(CrashInEpoch(2),)))
+    assert [int(r["epoch"]) for r in history(out)] == [0, 1]
+    m = fit(tiny_config(shard_dir, out, epochs=4, replicas=2, steps_per_execution=1, resume=True))
+    assert [int(r["epoch"]) for r in history(out)] == [0, 1, 2, 3]
+    assert m["optimizer_steps"] == 4 * m["steps_per_epoch"]  # the interrupted epoch was redone, not added
+
+
+def test_burn_in_freezes_the_backbone_for_real():
+    model, backbone = build_model("small-cnn", 3, 32)
+    set_trainable(backbone, False)
+    compile_model(model, FitConfig(steps_per_execution=2), 1e-2, 3)
+    before = [w.numpy().copy() for w in backbone.weights]  # includes BatchNorm moving statistics
+    head_before = model.get_layer("classifier").get_weights()[0].copy()
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 256, (16, 32, 32, 3)).astype(np.uint8)
+    y = (rng.random((16, 3)) < 0.5).astype(np.float32)
+    model.fit(x, y, batch_size=4, epochs=2, verbose=0)
+    assert all(np.array_equal(a, w.numpy()) for a, w in zip(before, backbone.weights))
+    assert not np.array_equal(head_before, model.get_layer("classifier").get_weights()[0])
+    set_trainable(backbone, True)
+    compile_model(model, FitConfig(steps_per_execution=2), 1e-2, 3)
+    model.fit(x, y, batch_size=4, epochs=1, verbose=0)
+    assert not all(np.array_equal(a, w.numpy()) for a, w in zip(before, backbone.weights))
+
+
+def test_burn_then_fine_tune_phases_in_fit(shard_dir, tmp_path):
+    m = fit(tiny_config(shard_dir, tmp_path / "run", burn_epochs=1, epochs=1, burn_lr=1e-2, replicas=2))
+    assert m["epochs"] == 2 and m["burn_epochs"] == 1
+    assert m["optimizer_steps"] == m["steps_per_epoch"]  # a fresh optimizer for fine-tuning
+    assert [int(r["epoch"]) for r in history(tmp_path / "run")] == [0, 1]
+
+
+SLOW_MODELS = {"efficientnet-b5", "efficientnet-b6", "efficientnet-b7", "efficientnetv2-m", "efficientnetv2-l"}
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_MODELS else n
+                                  for n in sorted(MODELS)])
+def test_every_model_builds_and_runs_forward(name):
+    keras.backend.clear_session()
+    model, backbone = build_model(name, 4, 32)
+    out = model(np.random.default_rng(0).integers(0, 256, (2, 32, 32, 3)).astype(np.uint8), training=False)
+    assert out.shape == (2, 4) and np.all(np.isfinite(out.numpy()))
+    assert np.allclose(out.numpy().sum(), out.numpy().sum()) and model.input.dtype == tf.uint8
+    single, _ = build_model(name, 4, 32, multi_label=False) if name == "small-cnn" else (None, None)
+    if single is not None:
+        probs = single(np.zeros((2, 32, 32, 3), np.uint8)).numpy()
+        assert np.allclose(probs.sum(1), 1.0, atol=1e-5)  # softmax head for single-label
+
+
+def test_unknown_model_and_offline_imagenet_are_clear_errors():
+    with pytest.raises(TfpipeError, match="unknown model"):
+        build_model("resnet-9000", 3, 32)
+    with pytest.raises(TfpipeError, match="small-cnn"):
+        build_model("small-cnn", 3, 32, weights="imagenet")
+
+
+def test_tpu_strategy_without_tpu_is_a_clear_error():
+    with pytest.raises(TfpipeError, match="no TPU found"):
+        resolve_strategy("tpu")
+
+
+def test_tpu_cli_without_tpu_exits_cleanly(shard_dir, tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "train.fit", "--records", shard_dir[0], "--strategy", "tpu",
+                           "--out", str(tmp_path / "run")], capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    ours = [line for line in proc.stderr.splitlines() if line.startswith("train.fit")]
+    assert len(ours) == 1 and "no TPU found" in ours[0]
+
+
+def test_cpu_replicas_and_auto():
+    strategy, kind = resolve_strategy("cpu", replicas=8)
+    assert kind == "cpu" and strategy.num_replicas_in_sync == 8
+    strategy, kind = resolve_strategy("auto")
+    assert kind == "cpu" and strategy.num_replicas_in_sync == 1
+
+
+def test_lr_scaling_and_schedules_by_value():
+    assert schedules.scaled_lr(1e-4, 8) == pytest.approx(8e-4)
+    cosine = schedules.make_schedule("cosine", 1.0, steps_per_epoch=10, epochs=5, warmup_epochs=1)
+    assert float(cosine(0)) == pytest.approx(0.0)
+    assert float(cosine(5)) == pytest.approx(0.5)  # linear warmup
+    assert float(cosine(10)) == pytest.approx(1.0)
+    assert float(cosine(30)) == pytest.approx(0.5, abs=1e-6)  # cosine half way through the decay
+    assert float(cosine(50)) == pytest.approx(0.0, abs=1e-6)
+    one = schedules.make_schedule("onecycle", 1.0, steps_per_epoch=10, epochs=10)
+    assert float(one(0)) == pytest.approx(1 / 25) and float(one(30)) == pytest.approx(1.0)
+    assert float(one(100)) == pytest.approx(1 / 25e4, rel=1e-3)
+    assert float(one(15)) < float(one(25)) and float(one(60)) > float(one(90))
+    kaggle = schedules.make_schedule("kaggle", 1.0, steps_per_epoch=10, epochs=10, warmup_epochs=2)
+    assert float(kaggle(0)) == pytest.approx(1 / 50)
+    assert float(kaggle(10)) == pytest.approx((1 / 50 + 1) / 2)
+    assert float(kaggle(20)) == pytest.approx(1.0)
+    assert float(kaggle(30)) == pytest.approx((1 - 1 / 500) * 0.8 + 1 / 500)
+    assert schedules.make_schedule("constant", 0.3, 10, 10) == 0.3
+    with pytest.raises(TfpipeError):
+        schedules.make_schedule("nope", 1.0, 10, 10)
