@@ -40,3 +40,17 @@ def test_decode_without_tensorflow_round_trips():
     decoded = schema.decode_example(schema.encode_example(RECORDS[0]))
     assert decoded["target"] == [0, 3, 7]
     assert decoded["image_name"] == b"a" and decoded["width"] == 7
+
+
+def test_tfrecord_framing_is_byte_identical_to_tensorflow(tmp_path):
+    from tfpipe.tfrecord import RecordWriter
+
+    records = [schema.encode_example(v) for v in RECORDS] + [b"", b"x" * 70000]
+    with RecordWriter(str(tmp_path / "ours.tfrec")) as w:
+        for r in records:
+            w.write(r)
+    with tf.io.TFRecordWriter(str(tmp_path / "tf.tfrec")) as w:
+        for r in records:
+            w.write(r)
+    assert (tmp_path / "ours.tfrec").read_bytes() == (tmp_path / "tf.tfrec").read_bytes()
+    assert [r.numpy() for r in tf.data.TFRecordDataset(str(tmp_path / "ours.tfrec"))] == records

@@ -6,13 +6,16 @@ regex. They are written under ``.staging/`` with a name that does not end in
 ``.tfrec`` and only renamed into place, followed by ``manifest.json``, once
 every shard is complete: nobody globbing ``*.tfrec`` ever reads half a dataset.
 
-All file access goes through ``tf.io.gfile`` so ``gs://`` works like a folder.
+All file access goes through ``tfpipe.fs`` (``tf.io.gfile`` for ``gs://`` and
+other remote paths), so a bucket works like a folder.
 """
 import json
 import math
 import posixpath
 
+from tfpipe import fs
 from tfpipe.errors import TfpipeError
+from tfpipe.tfrecord import RecordWriter
 
 MANIFEST = "manifest.json"
 STAGING = ".staging"
@@ -73,18 +76,11 @@ def shard_name(split, index, total, count, fold=None):
     return f"{split}{fold_part}-{index:0{width}d}-of-{total:0{width}d}-{count}{SHARD_SUFFIX}"
 
 
-def _gfile():
-    import tensorflow as tf  # defer: keep the writer's workers free of TensorFlow
-
-    return tf.io.gfile
-
-
 def existing_shards(out_dir):
     """Shard files (``*.tfrec``) directly in ``out_dir``, sorted by name."""
-    gfile = _gfile()
-    if not gfile.isdir(out_dir):
+    if not fs.isdir(out_dir):
         return []
-    return sorted(gfile.glob(posixpath.join(out_dir, "*" + SHARD_SUFFIX)))
+    return sorted(fs.glob(posixpath.join(out_dir, "*" + SHARD_SUFFIX)))
 
 
 class StagedShards:
@@ -101,10 +97,9 @@ class StagedShards:
         self._writer, self._current = None, None
 
     def __enter__(self):
-        gfile = _gfile()
-        if gfile.exists(self.staging):
-            gfile.rmtree(self.staging)
-        gfile.makedirs(self.staging)
+        if fs.exists(self.staging):
+            fs.rmtree(self.staging)
+        fs.makedirs(self.staging)
         return self
 
     def _staged_path(self, index):
@@ -112,11 +107,9 @@ class StagedShards:
 
     def write(self, index, record):
         """Appends a serialized record to shard ``index`` (shards are written in order)."""
-        import tensorflow as tf
-
         if index != self._current:
             self._close()
-            self._writer, self._current = tf.io.TFRecordWriter(self._staged_path(index)), index
+            self._writer, self._current = RecordWriter(self._staged_path(index)), index
         self._writer.write(record)
         self.counts[index] += 1
 
@@ -131,7 +124,6 @@ class StagedShards:
         Shards left empty (every record skipped) are dropped. Returns the
         manifest's shard list.
         """
-        gfile = _gfile()
         self._close()
         if overwrite:
             remove_outputs(self.out_dir)
@@ -140,50 +132,46 @@ class StagedShards:
         for new_index, s in enumerate(kept):
             name = shard_name(self.split, new_index, len(kept), self.counts[s["index"]], s["fold"])
             staged = self._staged_path(s["index"])
-            if not gfile.exists(staged):
+            if not fs.exists(staged):
                 raise RuntimeError(f"staged shard {staged} is missing")
-            gfile.rename(staged, posixpath.join(self.out_dir, name), overwrite=True)
+            fs.rename(staged, posixpath.join(self.out_dir, name), overwrite=True)
             entries.append({"file": name, "count": self.counts[s["index"]], "fold": s["fold"]})
         manifest = dict(manifest, shards=entries)
         write_manifest(self.out_dir, manifest)
-        gfile.rmtree(self.staging)
+        fs.rmtree(self.staging)
         return manifest
 
     def __exit__(self, exc_type, exc, tb):
         self._close()
-        gfile = _gfile()
-        if gfile.exists(self.staging):
-            gfile.rmtree(self.staging)
+        if fs.exists(self.staging):
+            fs.rmtree(self.staging)
         return False
 
 
 def remove_outputs(out_dir):
     """Deletes the shards and manifest of an earlier write in ``out_dir``."""
-    gfile = _gfile()
     for path in existing_shards(out_dir):
-        gfile.remove(path)
+        fs.remove(path)
     manifest = posixpath.join(out_dir, MANIFEST)
-    if gfile.exists(manifest):
-        gfile.remove(manifest)
+    if fs.exists(manifest):
+        fs.remove(manifest)
 
 
 def write_manifest(out_dir, manifest):
     """Writes ``manifest.json`` through a temporary name, so it is never half-written."""
-    gfile = _gfile()
     path = posixpath.join(out_dir, MANIFEST)
     tmp = path + ".tmp"
-    with gfile.GFile(tmp, "w") as f:
+    with fs.open(tmp, "w") as f:
         f.write(json.dumps(manifest, indent=1, ensure_ascii=False) + "\n")
-    gfile.rename(tmp, path, overwrite=True)
+    fs.rename(tmp, path, overwrite=True)
 
 
 def read_manifest(out_dir):
     """Reads ``manifest.json`` from a shard folder."""
-    gfile = _gfile()
     path = posixpath.join(out_dir, MANIFEST)
-    if not gfile.exists(path):
+    if not fs.exists(path):
         raise TfpipeError(f"{out_dir}: no {MANIFEST} (not a folder written by tfpipe.write)")
-    with gfile.GFile(path, "r") as f:
+    with fs.open(path, "r") as f:
         try:
             return json.loads(f.read())
         except json.JSONDecodeError as e:

@@ -14,7 +14,7 @@ import os
 import sys
 import time
 
-from tfpipe import __version__, schema
+from tfpipe import __version__, fs, schema
 from tfpipe.errors import TfpipeError, run_cli
 from tfpipe.images import FITS, FORMATS, ImageSpec, prepare_image
 from tfpipe.shards import (MANIFEST, StagedShards, existing_shards, num_shards, plan)
@@ -105,7 +105,7 @@ def start_encoding(dataset, num_workers, start_method):
 
     Each batch is a list of (index, record, error). The workers start (and
     begin encoding) at once, so their start-up overlaps the main process's own
-    (importing TensorFlow for the output files). ``start_method="auto"`` forks
+    (importing TensorFlow, for remote output only). ``start_method="auto"`` forks
     while TensorFlow is not yet imported here (fast: nothing to re-import) and
     otherwise spawns, because a fork of a process where TensorFlow runs threads
     can hang (e.g. in a notebook that already trained a model).
@@ -227,10 +227,7 @@ def _manifest(split, labeled, names, source, spec, folds, seed, staged, skipped)
 
 def _summary(manifest, out, seconds):
     n = manifest["num_examples"]
-    from tfpipe.shards import _gfile
-
-    gfile = _gfile()
-    size = sum(gfile.stat(f"{out}/{s['file']}").length for s in manifest["shards"])
+    size = sum(fs.size(f"{out}/{s['file']}") for s in manifest["shards"])
     print(f"wrote {n} images in {len(manifest['shards'])} shards, {size / 1e6:.1f} MB, "
           f"{seconds:.1f} s, {n / seconds:.0f} images/s -> {out}")
     if manifest["skipped"]:

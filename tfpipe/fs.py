@@ -1,0 +1,60 @@
+"""A thin file layer: local paths through the standard library, anything with a scheme
+(``gs://``, ``ram://``, ...) through ``tf.io.gfile``.
+
+Local writes then need no TensorFlow at all, which saves the writer ~4 s of
+import at start-up; remote paths behave exactly as ``tf.io.gfile`` does.
+"""
+import builtins
+import glob as _glob
+import os
+import shutil
+
+
+def is_remote(path):
+    return "://" in str(path)
+
+
+def _gfile():
+    import tensorflow as tf  # defer: only remote paths need it
+
+    return tf.io.gfile
+
+
+def exists(path):
+    return _gfile().exists(path) if is_remote(path) else os.path.exists(path)
+
+
+def isdir(path):
+    return _gfile().isdir(path) if is_remote(path) else os.path.isdir(path)
+
+
+def makedirs(path):
+    return _gfile().makedirs(path) if is_remote(path) else os.makedirs(path, exist_ok=True)
+
+
+def glob(pattern):
+    return _gfile().glob(pattern) if is_remote(pattern) else _glob.glob(pattern)
+
+
+def rename(src, dst, overwrite=False):
+    if is_remote(src):
+        return _gfile().rename(src, dst, overwrite=overwrite)
+    if not overwrite and os.path.exists(dst):
+        raise FileExistsError(dst)
+    os.replace(src, dst)  # atomic on one filesystem
+
+
+def remove(path):
+    return _gfile().remove(path) if is_remote(path) else os.remove(path)
+
+
+def rmtree(path):
+    return _gfile().rmtree(path) if is_remote(path) else shutil.rmtree(path)
+
+
+def size(path):
+    return _gfile().stat(path).length if is_remote(path) else os.path.getsize(path)
+
+
+def open(path, mode="r"):  # noqa: A001  (mirrors builtins.open)
+    return _gfile().GFile(path, mode) if is_remote(path) else builtins.open(path, mode)
