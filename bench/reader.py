@@ -48,7 +48,7 @@ def seed_parser(files):
     return tf.data.TFRecordDataset(files).map(parse)
 
 
-def seed_training(files, epochs_seen):
+def seed_training(files):
     """The seed's training input: its parser + the same augmentation, shuffle, repeat, batch."""
     import tensorflow as tf
 
@@ -106,7 +106,7 @@ def run(corpus, work, times=8, reps=3, epochs=3):
     steps = n // BATCH
     aug = Augment(flip=True, crop="pad", pad=32, brightness=0.1, contrast=0.0, saturation=0.0)
     train_rates = {
-        "seed training input": epoch_rates(lambda: seed_training(files, epochs), steps, epochs),
+        "seed training input": epoch_rates(lambda: seed_training(files), steps, epochs),
         "make_dataset(training=True), cache": epoch_rates(
             lambda: tfpipe.make_dataset(records, BATCH, training=True, augment=aug, cache=True), steps, epochs),
         "make_dataset(training=True), no cache": epoch_rates(

@@ -24,7 +24,7 @@ class Augment:
 
     Attributes:
       flip: random horizontal flip.
-      crop: "pad" (pad by ``pad`` pixels, reflect, then crop back: the CIFAR
+      crop: "pad" (zero-pad by ``pad`` pixels, then crop back: the CIFAR
         recipe), "resized" (random resized crop of area ``crop_scale``; JPEGs
         that are not cached are then decoded with ``decode_and_crop_jpeg`` so
         only the window is decoded) or None.

@@ -13,7 +13,6 @@ import sys
 
 import numpy as np
 
-from tfpipe import schema
 from tfpipe.errors import TfpipeError, run_cli
 
 SCAN_RECORDS = 5000  # records read for the schema and label frequencies
@@ -100,19 +99,6 @@ def label_frequencies(records, label_key):
     return counts, empty
 
 
-def shard_counts(files, manifest):
-    """Expected records per file from the manifest or the name; None where neither says."""
-    from tfpipe.read import _COUNT_IN_NAME
-
-    listed = {s["file"]: s["count"] for s in (manifest or {}).get("shards", [])}
-    out = {}
-    for f in files:
-        name = posixpath.basename(f)
-        match = _COUNT_IN_NAME.search(name)
-        out[f] = listed.get(name, int(match.group(1)) if match else None)
-    return out
-
-
 def verify(files, expected):
     """Reads every record of every file (CRC-checked). Returns a list of problems, one line each."""
     import tensorflow as tf
@@ -170,6 +156,8 @@ def inspect_shards(path, *, scan_records=SCAN_RECORDS, sheet=None, sheet_count=3
     Raises:
       TfpipeError: when ``do_verify`` finds a corrupt, truncated or miscounted shard.
     """
+    from tfpipe.read import shard_counts
+
     files, manifest = find_shards(path)
     expected = shard_counts(files, manifest)
     records, unreadable = scan(files, scan_records)

@@ -28,6 +28,17 @@ LABEL_MODES = ("multi_hot", "one_hot", "class_id")
 _COUNT_IN_NAME = re.compile(r"-(\d+)\.tfrec$")
 
 
+def shard_counts(files, manifest=None):
+    """Records per file, from the manifest or else the count at the end of the name (None: unknown)."""
+    listed = {s["file"]: s["count"] for s in (manifest or {}).get("shards", [])}
+    out = {}
+    for f in files:
+        name = posixpath.basename(f)
+        match = _COUNT_IN_NAME.search(name)
+        out[f] = listed.get(name, int(match.group(1)) if match else None)
+    return out
+
+
 @dataclasses.dataclass(frozen=True)
 class Shards:
     """Resolved input: files in read order, and what the manifest says about them (if there is one)."""
@@ -38,15 +49,8 @@ class Shards:
     @property
     def num_examples(self):
         """Records in ``files``: from the manifest, else from the counts in the names (None if unknown)."""
-        counts = {s["file"]: s["count"] for s in (self.manifest or {}).get("shards", [])}
-        total = 0
-        for f in self.files:
-            name = posixpath.basename(f)
-            match = _COUNT_IN_NAME.search(name)
-            if name not in counts and not match:
-                return None
-            total += counts.get(name) or int(match.group(1))
-        return total
+        counts = shard_counts(self.files, self.manifest).values()
+        return None if None in counts else sum(counts)
 
     @property
     def image_size(self):
@@ -355,4 +359,5 @@ def image_names(source, folds=None):
     return [n.decode("utf-8") for batch in ds.as_numpy_iterator() for n in batch]
 
 
-__all__ = ["make_dataset", "resolve", "fold_split", "count_examples", "image_names", "Shards", "SHARD_SUFFIX"]
+__all__ = ["make_dataset", "resolve", "fold_split", "count_examples", "image_names", "shard_counts", "Shards",
+           "SHARD_SUFFIX"]

@@ -19,37 +19,36 @@ def masked_crc(data):
     return (((crc >> 15) | (crc << 17)) + MASK_DELTA) & 0xFFFFFFFF
 
 
-def frame(record):
-    """One record's bytes as they stand in a TFRecord file."""
-    length = struct.pack("<Q", len(record))
-    return length + struct.pack("<I", masked_crc(length)) + record + struct.pack("<I", masked_crc(record))
+def _header(length):
+    size = struct.pack("<Q", length)
+    return size + struct.pack("<I", masked_crc(size))
 
 
-class RecordWriter:
-    """Writes serialized records to a TFRecord file (local: plain file; remote: tf.io.TFRecordWriter)."""
+class LocalRecordWriter:
+    """Writes serialized records to a local TFRecord file, framing each one as TensorFlow does."""
 
     def __init__(self, path):
-        if fs.is_remote(path):
-            import tensorflow as tf
-
-            self._tf_writer, self._file = tf.io.TFRecordWriter(path), None
-        else:
-            self._tf_writer, self._file = None, open(path, "wb")
+        self._file = open(path, "wb")
 
     def write(self, record):
-        if self._file is not None:
-            self._file.write(frame(record))
-        else:
-            self._tf_writer.write(record)
+        self._file.write(_header(len(record)))
+        self._file.write(record)  # written as is: no copy of the (possibly large) record
+        self._file.write(struct.pack("<I", masked_crc(record)))
 
     def close(self):
-        if self._file is not None:
-            self._file.close()
-        else:
-            self._tf_writer.close()
+        self._file.close()
 
     def __enter__(self):
         return self
 
     def __exit__(self, *exc):
         self.close()
+
+
+def RecordWriter(path):  # noqa: N802  (stands in for a class, like tf.io.TFRecordWriter)
+    """A TFRecord writer for ``path``: ``tf.io.TFRecordWriter`` for remote paths, else ``LocalRecordWriter``."""
+    if fs.is_remote(path):
+        import tensorflow as tf
+
+        return tf.io.TFRecordWriter(path)
+    return LocalRecordWriter(path)

@@ -13,7 +13,6 @@ import argparse
 import dataclasses
 import json
 import math
-import os
 import statistics
 import sys
 import time
@@ -67,10 +66,9 @@ class FitConfig:
     callbacks: tuple = ()  # extra Keras callbacks (from Python), run after the built-in ones
 
 
-def split_sources(records, fold, val_fraction):
+def split_sources(records, manifest, fold, val_fraction):
     """(train source, train folds, val source, val folds): by fold when the shards have folds, else
     the last shards (about ``val_fraction`` of them) are held out."""
-    manifest = read_manifest(records)
     if manifest.get("folds") and fold is not None:
         train_folds, val_folds = tfpipe.fold_split(records, fold)
         return records, train_folds, records, val_folds
@@ -83,7 +81,7 @@ def split_sources(records, fold, val_fraction):
 
 def build_datasets(cfg, strategy, manifest, image_size):
     """Distributed training and validation datasets, and their sizes."""
-    train_src, train_folds, val_src, val_folds = split_sources(cfg.records, cfg.fold, cfg.val_fraction)
+    train_src, train_folds, val_src, val_folds = split_sources(cfg.records, manifest, cfg.fold, cfg.val_fraction)
     n_train, n_val = tfpipe.count_examples(train_src, train_folds), tfpipe.count_examples(val_src, val_folds)
     global_batch = cfg.batch_size * strategy.num_replicas_in_sync
     common = {"image_size": image_size, "num_classes": manifest["num_classes"],
