@@ -6,7 +6,6 @@ import re
 import subprocess
 import sys
 
-import pytest
 import tensorflow as tf
 
 from tests.conftest import save, write_csv
@@ -35,9 +34,8 @@ def manifest(out):
         return json.load(f)
 
 
-def write(args, capsys=None):
-    code = main(args + ["--no-progress", "--workers", "0"])
-    return code
+def write(args):
+    return main(args + ["--no-progress", "--workers", "0"])
 
 
 def test_round_trip_exact_label_lists(labeled_folder, tmp_path):
