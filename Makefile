@@ -7,7 +7,7 @@ RECORDS ?= records/demo
 DEMO_SIZE ?= 64
 RUN ?= runs/demo
 
-.PHONY: setup demo test clean
+.PHONY: setup demo test test-bench bench clean
 
 setup: $(VENV)/.installed
 
@@ -25,10 +25,18 @@ demo: setup
 	$(PY) -m tfpipe.inspect $(RECORDS)/train --sheet $(RECORDS)/contact_sheet.png
 	rm -rf $(RUN)
 	$(PY) -m train.fit --records $(RECORDS)/train --out $(RUN) --strategy cpu --replicas 8 \
-		--steps-per-execution 5 --model small-cnn --batch-size 8 --epochs 12 --lr 2.5e-4
+		--steps-per-execution 5 --model small-cnn --batch-size 8 --epochs 12 --lr 2.5e-4 --swa-epochs 3
+	$(PY) -m train.predict --run $(RUN) --records $(RECORDS)/test --out $(RUN)/submission.csv \
+		--strategy cpu --replicas 8 --tta 2
 
 test: setup
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -m "not bench"
+
+test-bench: setup
+	$(PY) -m pytest -q -m bench
+
+bench: setup
+	$(PY) -m bench
 
 clean:
 	rm -rf $(DEMO_DIR) $(RECORDS) $(RUN)

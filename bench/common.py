@@ -37,3 +37,12 @@ def replicate_corpus(csv_path, images, out, times):
         w.writerow(["image", "labels"])
         w.writerows(new_rows)
     return path, os.path.join(out, "images")
+
+
+def dump(result, path):
+    """Writes a benchmark's raw figures as JSON (for ``python -m bench``), if ``path`` is given."""
+    if path:
+        import json
+
+        with open(path, "w") as f:
+            json.dump(result, f, indent=1)

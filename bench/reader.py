@@ -9,7 +9,7 @@ import argparse
 import glob
 import os
 
-from bench.common import replicate_corpus, timed
+from bench.common import dump, replicate_corpus, timed
 
 BATCH = 64
 SIZE = 256
@@ -103,7 +103,7 @@ def run(corpus, work, times=8, reps=3, epochs=3):
         best, median, got = timed(lambda: count(make()), reps)
         assert got == n, (name, got, n)
         rows[name] = (n / best, n / median)
-    steps = n // BATCH
+    steps = max(1, n // BATCH)
     aug = Augment(flip=True, crop="pad", pad=32, brightness=0.1, contrast=0.0, saturation=0.0)
     train_rates = {
         "seed training input": epoch_rates(lambda: seed_training(files), steps, epochs),
@@ -126,7 +126,8 @@ def report(result):
     seed = sp["seed parser (parse_single_example + decode_jpeg)"][0]
     lines += ["", f"make_dataset / decode limit = {ours / limit:.2f} (goal >= 0.9); "
                   f"make_dataset / seed = {ours / seed:.2f} (goal >= 1)", "",
-              "| training input | " + " | ".join(f"epoch {i + 1} img/s" for i in range(3)) + " |", "|---|---|---|---|"]
+              "| training input | " + " | ".join(f"epoch {i + 1} img/s" for i in range(len(next(iter(
+                  result["training"].values()))))) + " |", "|---" * (1 + len(next(iter(result["training"].values())))) + "|"]
     tr = result["training"]
     for name, rates in tr.items():
         lines.append(f"| {name} | " + " | ".join(f"{r:.0f}" for r in rates) + " |")
@@ -142,8 +143,12 @@ def main(argv=None):
     p.add_argument("--work", default="bench/out")
     p.add_argument("--times", type=int, default=8, help="repeat the corpus this many times (default: 8)")
     p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--json", help="also write the raw figures here")
     args = p.parse_args(argv)
-    print(report(run(args.corpus, args.work, args.times, args.reps)))
+    result = run(args.corpus, args.work, args.times, args.reps, args.epochs)
+    dump(result, args.json)
+    print(report(result))
 
 
 if __name__ == "__main__":

@@ -18,6 +18,9 @@ import sys
 import tempfile
 import time
 
+from bench.common import dump
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SIZE = 256
 QUALITY = 95
 SEED_REENCODE_QUALITY = 100  # the seed notebook's pass-through-less "no resize" writer
@@ -91,8 +94,8 @@ def time_process(name, csv_path, images):
     with tempfile.TemporaryDirectory() as out:
         start = time.perf_counter()
         proc = subprocess.run([sys.executable, "-m", "bench.writer", "--one", name, "--csv", csv_path, "--images",
-                               images, "--out", out], capture_output=True, text=True,
-                              env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+                               images, "--out", out], capture_output=True, text=True, cwd=ROOT,
+                              env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=ROOT))
         seconds = time.perf_counter() - start
     if proc.returncode:
         raise RuntimeError(f"{name} failed: {proc.stderr[-2000:]}")
@@ -100,7 +103,8 @@ def time_process(name, csv_path, images):
 
 
 def run(csv_path, images, n, reps=2, work="bench/out"):
-    """{contender: {"N": best seconds, "3N": best seconds, "rss": (KB at N, KB at 3N)}}."""
+    """{contender: {"N": best seconds, "3N": best seconds, "rss": (KB at N, KB at 3N)}}, plus
+    tfpipe.write's peak RSS on N and 4N images (the corpus needs 4N photos)."""
     os.makedirs(work, exist_ok=True)
     small, large = subset_csv(csv_path, n, f"{work}/writer_n.csv"), subset_csv(csv_path, 3 * n, f"{work}/writer_3n.csv")
     results = {}
@@ -108,7 +112,8 @@ def run(csv_path, images, n, reps=2, work="bench/out"):
         t_small = min(time_process(name, small, images) for _ in range(reps))
         t_large = min(time_process(name, large, images) for _ in range(reps))
         results[name] = {"N": t_small[0], "3N": t_large[0], "rss": (t_small[1], t_large[1])}
-    return {"n": n, "results": results}
+    four = time_process("tfpipe.write", subset_csv(csv_path, 4 * n, f"{work}/writer_4n.csv"), images)
+    return {"n": n, "results": results, "rss_4n": four[1]}
 
 
 def report(result):
@@ -129,7 +134,10 @@ def report(result):
               f"tfpipe.write / codec limit = {marginal('tfpipe.write') / marginal('codec limit (bare pool)'):.2f} "
               f"(goal >= 0.9); pass-through / seed q100 = "
               f"{marginal('tfpipe.write pass-through') / marginal('seed writer, no resize, q100'):.1f} (goal >= 10)",
-              f"whole process on 3N: tfpipe.write / seed = {res['seed writer']['3N'] / res['tfpipe.write']['3N']:.2f}x"]
+              f"whole process on 3N: tfpipe.write / seed = {res['seed writer']['3N'] / res['tfpipe.write']['3N']:.2f}x",
+              f"memory: tfpipe.write peak RSS {res['tfpipe.write']['rss'][0] / 1024:.0f} MB on {n} photos, "
+              f"{result['rss_4n'] / 1024:.0f} MB on {4 * n} (ratio {result['rss_4n'] / res['tfpipe.write']['rss'][0]:.2f}, "
+              "goal: flat)"]
     return "\n".join(lines)
 
 
@@ -138,6 +146,8 @@ def main(argv=None):
     p.add_argument("--corpus", help="folder made by bench.corpus")
     p.add_argument("--n", type=int, default=100, help="N; the corpus needs 3N photos (default: 100)")
     p.add_argument("--reps", type=int, default=2)
+    p.add_argument("--work", default="bench/out")
+    p.add_argument("--json", help="also write the raw figures here")
     p.add_argument("--one", choices=sorted(CONTENDERS), help=argparse.SUPPRESS)  # child process: run one contender
     p.add_argument("--csv", help=argparse.SUPPRESS)
     p.add_argument("--images", help=argparse.SUPPRESS)
@@ -150,7 +160,9 @@ def main(argv=None):
         children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
         print(max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, children))
         return
-    result = run(os.path.join(args.corpus, "train.csv"), os.path.join(args.corpus, "images"), args.n, args.reps)
+    result = run(os.path.join(args.corpus, "train.csv"), os.path.join(args.corpus, "images"), args.n, args.reps,
+                 args.work)
+    dump(result, args.json)
     print(report(result))
 
 

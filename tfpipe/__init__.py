@@ -6,8 +6,9 @@ Public API (heavy imports are deferred until used):
 - ``Source``, ``ImageSpec``, ``LabelFormat``: what to read and how to store it.
 - ``make_dataset(source, batch_size, ...)``: shards -> ``(images, targets)`` batches (``tfpipe.read``).
 - ``Augment``: which training augmentations ``make_dataset`` applies.
-- ``fold_split``, ``count_examples``, ``image_names``: folds, sizes and row ids of shard folders.
+- ``fold_split``, ``count_examples``, ``image_names``, ``read_targets``: folds, sizes, row ids and labels of shard folders.
 - ``inspect_shards(path, ...)``: schema, counts, labels, contact sheet, ``verify`` (``tfpipe.inspect``).
+- ``naming_corrupt_shards(source)``: a context that names the shard behind TensorFlow's ``DataLossError``.
 - ``TfpipeError``: the one exception type for problems in user input.
 """
 __version__ = "0.1.0"
@@ -22,6 +23,8 @@ _LAZY = {
     "fold_split": "tfpipe.read",
     "count_examples": "tfpipe.read",
     "image_names": "tfpipe.read",
+    "read_targets": "tfpipe.read",
+    "naming_corrupt_shards": "tfpipe.read",
     "Augment": "tfpipe.augment",
     "inspect_shards": "tfpipe.inspect",
 }

@@ -17,7 +17,7 @@ def run_cli(prog, fn, *args):
     except TfpipeError as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(f"{prog}: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as e:
+        print(f"{prog}: interrupted" + (f": {e}" if str(e) else ""), file=sys.stderr)
         return 130
     return 0

@@ -32,6 +32,21 @@ def makedirs(path):
     return _gfile().makedirs(path) if is_remote(path) else os.makedirs(path, exist_ok=True)
 
 
+def listdir(path):
+    """Entry names (sub-folders without the trailing slash gfile adds)."""
+    if is_remote(path):
+        return [n.rstrip("/") for n in _gfile().listdir(path)]
+    return os.listdir(path)
+
+
+def isfile(path):
+    return exists(path) and not isdir(path) if is_remote(path) else os.path.isfile(path)
+
+
+def join(*parts):
+    return "/".join(p.rstrip("/") for p in parts[:-1]) + "/" + parts[-1] if is_remote(parts[0]) else os.path.join(*parts)
+
+
 def glob(pattern):
     return _gfile().glob(pattern) if is_remote(pattern) else _glob.glob(pattern)
 

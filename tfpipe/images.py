@@ -11,7 +11,7 @@ import io
 
 import cv2
 import numpy as np
-from PIL import Image
+from PIL import Image, UnidentifiedImageError
 
 from tfpipe.errors import TfpipeError
 
@@ -37,20 +37,31 @@ class ImageSpec:
         or "pad" (longer side to ``size``, pad the rest).
       format: "jpeg" or "png".
       quality: JPEG quality, 1-100.
+      max_pixels: larger sources are refused before decoding (a 100 MP PNG needs
+        300 MB per worker; such files are usually scans or mistakes).
     """
 
     size: int | None = None
     fit: str = "stretch"
     format: str = "jpeg"
     quality: int = 95
+    max_pixels: int = 100_000_000
 
 
 def read_header(data, name):
     """Returns (format, mode, (width, height), orientation) from the file header."""
     try:
         with Image.open(io.BytesIO(data)) as im:
-            orientation = im.getexif().get(EXIF_ORIENTATION, 1) if im.format in ("JPEG", "PNG", "WEBP", "TIFF") else 1
+            if im.format == "PNG":  # Pillow's getexif() on a PNG decodes all pixels to look for a late eXIf chunk
+                exif = Image.Exif()
+                if "exif" in im.info:
+                    exif.load(im.info["exif"])
+            else:
+                exif = im.getexif() if im.format in ("JPEG", "WEBP", "TIFF") else {}
+            orientation = exif.get(EXIF_ORIENTATION, 1)
             return im.format, im.mode, im.size, orientation if orientation in range(1, 9) else 1
+    except UnidentifiedImageError:  # also a header that declares a zero width or height
+        raise TfpipeError(f"{name}: not a readable image (unknown format or invalid header)") from None
     except Exception as e:  # Pillow raises many types for unreadable data
         raise TfpipeError(f"{name}: not a readable image ({type(e).__name__}: {e})") from None
 
@@ -185,6 +196,9 @@ def prepare_image(data, spec, name):
     fmt, mode, size, orientation = read_header(data, name)
     if size[0] == 0 or size[1] == 0:
         raise TfpipeError(f"{name}: image has zero size {size[0]}x{size[1]}")
+    if size[0] * size[1] > spec.max_pixels:
+        raise TfpipeError(f"{name}: {size[0]}x{size[1]} is {size[0] * size[1] / 1e6:.0f} MP, above the "
+                          f"{spec.max_pixels / 1e6:g} MP limit (raise --max-pixels to write it, or --skip-bad)")
     if fmt == "JPEG" and not jpeg_is_complete(data):
         raise TfpipeError(f"{name}: JPEG data is truncated (no end-of-image marker)")
     if can_pass_through(fmt, mode, orientation, spec):

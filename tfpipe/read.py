@@ -7,10 +7,12 @@ shape is static (TPUs need that). Both parse a whole batch of records in one
 vectorised ``tf.io.parse_example`` call; images stay uint8 until they reach
 the model (normalising there moves 4x fewer bytes to the accelerator).
 """
+import contextlib
 import dataclasses
 import posixpath
 import re
 
+import numpy as np
 import tensorflow as tf
 
 from tfpipe import augment as aug_lib
@@ -89,7 +91,52 @@ def resolve(source, folds=None):
         raise TfpipeError(f"{source}: folds {list(folds)} outside 0..{manifest['folds'] - 1}")
     if not files:
         raise TfpipeError(f"{source}: no shard files found")
+    if manifest:
+        check_sizes(files, manifest)
     return Shards(tuple(files), manifest)
+
+
+def check_sizes(files, manifest):
+    """Compares each file's size with the manifest: a missing or truncated shard is named before reading starts."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    listed = {s["file"]: s.get("bytes") for s in manifest["shards"]}
+
+    def problem(path):
+        expected = listed.get(posixpath.basename(path))
+        if expected is None:
+            return None
+        if not tf.io.gfile.exists(path):
+            return f"{path}: shard listed in {MANIFEST} is missing"
+        size = tf.io.gfile.stat(path).length
+        if size != expected:
+            return (f"{path}: shard is {size} bytes, {MANIFEST} says {expected} (truncated or replaced; "
+                    "check with python -m tfpipe.inspect --verify)")
+        return None
+
+    with ThreadPoolExecutor(16) as pool:  # one stat per file: many at once on a bucket
+        for message in pool.map(problem, files):
+            if message:
+                raise TfpipeError(message)
+
+
+@contextlib.contextmanager
+def naming_corrupt_shards(source):
+    """Turns TensorFlow's ``DataLossError`` (which names no file) into a ``TfpipeError`` naming the bad shard.
+
+    Example::
+
+        with tfpipe.naming_corrupt_shards("records/train"):
+            model.fit(tfpipe.make_dataset("records/train", 64, training=True), ...)
+    """
+    try:
+        yield
+    except tf.errors.DataLossError as e:
+        from tfpipe.inspect import verify
+
+        shards = resolve(source)
+        problems = verify(shards.files, shard_counts(shards.files, shards.manifest))
+        raise TfpipeError(problems[0] if problems else f"{source}: corrupt data ({e.message.splitlines()[0]})") from None
 
 
 def fold_split(source, fold):
@@ -351,13 +398,29 @@ def count_examples(source, folds=None):
     return n
 
 
+def _read_column(source, folds, key):
+    """One parsed feature of every record, in written order (no image decoding)."""
+    spec = schema.feature_spec((key,))
+    ds = tf.data.TFRecordDataset(list(resolve(source, folds).files), buffer_size=READ_BUFFER).batch(1024)
+    ds = ds.map(lambda s: tf.io.parse_example(s, spec)[key], num_parallel_calls=AUTOTUNE)
+    return [row for batch in ds.as_numpy_iterator() for row in batch]
+
+
 def image_names(source, folds=None):
     """The ``image_name`` of every record in written order (the row order of evaluation batches)."""
-    spec = schema.feature_spec((schema.IMAGE_NAME,))
-    ds = tf.data.TFRecordDataset(list(resolve(source, folds).files), buffer_size=READ_BUFFER).batch(1024)
-    ds = ds.map(lambda s: tf.io.parse_example(s, spec)[schema.IMAGE_NAME], num_parallel_calls=AUTOTUNE)
-    return [n.decode("utf-8") for batch in ds.as_numpy_iterator() for n in batch]
+    with naming_corrupt_shards(source):
+        return [n.decode("utf-8") for n in _read_column(source, folds, schema.IMAGE_NAME)]
 
 
-__all__ = ["make_dataset", "resolve", "fold_split", "count_examples", "image_names", "shard_counts", "Shards",
+def read_targets(source, num_classes, folds=None):
+    """Multi-hot float32 [N, C] targets of every record in written order, without decoding images."""
+    with naming_corrupt_shards(source):
+        rows = _read_column(source, folds, schema.TARGET)
+    out = np.zeros((len(rows), num_classes), np.float32)
+    for i, row in enumerate(rows):
+        out[i, row[row >= 0]] = 1.0
+    return out
+
+
+__all__ = ["make_dataset", "resolve", "fold_split", "count_examples", "image_names", "read_targets", "naming_corrupt_shards", "shard_counts", "Shards",
            "SHARD_SUFFIX"]

@@ -5,6 +5,8 @@ record count at the end is the Kaggle convention that notebooks read with a
 regex. They are written under ``.staging/`` with a name that does not end in
 ``.tfrec`` and only renamed into place, followed by ``manifest.json``, once
 every shard is complete: nobody globbing ``*.tfrec`` ever reads half a dataset.
+Finished staged shards are listed in ``.staging/progress.json`` as they
+complete, which is what ``--resume`` continues from.
 
 All file access goes through ``tfpipe.fs`` (``tf.io.gfile`` for ``gs://`` and
 other remote paths), so a bucket works like a folder.
@@ -19,6 +21,7 @@ from tfpipe.tfrecord import RecordWriter
 
 MANIFEST = "manifest.json"
 STAGING = ".staging"
+PROGRESS = "progress.json"  # finished staged shards, for --resume
 SHARD_SUFFIX = ".tfrec"
 TARGET_SHARD_BYTES = 150 * 2**20  # 100-200 MB shards: big reads, yet many files to spread over readers
 MIN_SHARD_RECORDS = 64  # below this a shard costs more in file opens than it gives in parallelism
@@ -86,24 +89,59 @@ def existing_shards(out_dir):
 class StagedShards:
     """Writes shards under ``out/.staging`` and moves them into place on ``commit``.
 
-    Use as a context manager: leaving the block without ``commit`` (an error,
-    Ctrl-C) removes the staged files, so the output folder is as it was.
+    Every finished shard is recorded in ``.staging/progress.json`` (an
+    incremental manifest, replaced atomically), so an interrupted write -- an
+    error, Ctrl-C or ``kill -9`` -- keeps its finished shards and ``resume=True``
+    writes only the rest. ``fingerprint`` identifies the job (inputs, labels,
+    plan, image settings): progress from a different job is never reused.
+    Nothing under ``.staging`` ends in ``.tfrec``, and a new write without
+    ``resume`` starts by clearing it.
     """
 
-    def __init__(self, out_dir, split, shard_plan):
+    def __init__(self, out_dir, split, shard_plan, fingerprint="", resume=False):
         self.out_dir, self.split, self.plan = out_dir, split, shard_plan
+        self.fingerprint, self.resume = fingerprint, resume
         self.staging = posixpath.join(out_dir, STAGING)
+        self.progress_path = posixpath.join(self.staging, PROGRESS)
         self.counts = [0] * len(shard_plan)
+        self.skipped = [[] for _ in shard_plan]
+        self.finished = set()
         self._writer, self._current = None, None
 
     def __enter__(self):
-        if fs.exists(self.staging):
-            fs.rmtree(self.staging)
-        fs.makedirs(self.staging)
+        progress = self._read_progress() if self.resume else None
+        if progress is not None and progress["fingerprint"] != self.fingerprint:
+            raise TfpipeError(f"{self.staging}: the interrupted write there had other inputs or settings; "
+                              "run without --resume to start over")
+        if progress is None:
+            if fs.exists(self.staging):
+                fs.rmtree(self.staging)
+            fs.makedirs(self.staging)
+            return self
+        for entry in progress["shards"]:
+            index = entry["index"]
+            if not fs.exists(self._staged_path(index)):
+                raise TfpipeError(f"{self._staged_path(index)} is listed as finished but missing; "
+                                  "run without --resume to start over")
+            self.counts[index], self.skipped[index] = entry["count"], entry["skipped"]
+            self.finished.add(index)
         return self
+
+    def _read_progress(self):
+        if not fs.exists(self.progress_path):
+            return None
+        with fs.open(self.progress_path, "r") as f:
+            return json.loads(f.read())
 
     def _staged_path(self, index):
         return posixpath.join(self.staging, f"{self.split}-{index:05d}.part")
+
+    def first_unfinished_record(self):
+        """Index of the first record not in a finished shard (shards are consecutive record ranges)."""
+        for s in self.plan:
+            if s["index"] not in self.finished:
+                return s["start"]
+        return sum(s["size"] for s in self.plan)
 
     def write(self, index, record):
         """Appends a serialized record to shard ``index`` (shards are written in order)."""
@@ -113,10 +151,28 @@ class StagedShards:
         self._writer.write(record)
         self.counts[index] += 1
 
+    def skip(self, index, entry):
+        """Notes a record of shard ``index`` that was skipped (``entry``: image and reason)."""
+        self.skipped[index].append(entry)
+
+    def finish(self, index):
+        """Marks shard ``index`` complete: closes it and records it in the progress file."""
+        if self._current == index:
+            self._close()
+        self.finished.add(index)
+        entries = [{"index": i, "count": self.counts[i], "skipped": self.skipped[i]} for i in sorted(self.finished)]
+        tmp = self.progress_path + ".tmp"
+        with fs.open(tmp, "w") as f:
+            f.write(json.dumps({"fingerprint": self.fingerprint, "shards": entries}))
+        fs.rename(tmp, self.progress_path, overwrite=True)
+
     def _close(self):
         if self._writer is not None:
             self._writer.close()
-            self._writer = None
+            self._writer, self._current = None, None
+
+    def all_skipped(self):
+        return [entry for per_shard in self.skipped for entry in per_shard]
 
     def commit(self, manifest, overwrite=False):
         """Renames finished shards into place and writes the manifest last.
@@ -134,17 +190,22 @@ class StagedShards:
             staged = self._staged_path(s["index"])
             if not fs.exists(staged):
                 raise RuntimeError(f"staged shard {staged} is missing")
+            size = fs.size(staged)
             fs.rename(staged, posixpath.join(self.out_dir, name), overwrite=True)
-            entries.append({"file": name, "count": self.counts[s["index"]], "fold": s["fold"]})
+            entries.append({"file": name, "count": self.counts[s["index"]], "fold": s["fold"], "bytes": size})
         manifest = dict(manifest, shards=entries)
         write_manifest(self.out_dir, manifest)
         fs.rmtree(self.staging)
         return manifest
 
     def __exit__(self, exc_type, exc, tb):
+        """On failure keeps the finished shards for ``resume`` and drops the unfinished one."""
+        current = self._current
         self._close()
-        if fs.exists(self.staging):
-            fs.rmtree(self.staging)
+        if exc_type is not None and current is not None and current not in self.finished:
+            fs.remove(self._staged_path(current))
+        if exc_type is not None and not self.finished and fs.exists(self.staging):
+            fs.rmtree(self.staging)  # nothing worth keeping
         return False
 
 
@@ -170,7 +231,13 @@ def read_manifest(out_dir):
     """Reads ``manifest.json`` from a shard folder."""
     path = posixpath.join(out_dir, MANIFEST)
     if not fs.exists(path):
-        raise TfpipeError(f"{out_dir}: no {MANIFEST} (not a folder written by tfpipe.write)")
+        if fs.exists(posixpath.join(out_dir, STAGING, PROGRESS)):
+            raise TfpipeError(f"{out_dir}: no {MANIFEST}: its write was interrupted; finish it with "
+                              "python -m tfpipe.write ... --resume")
+        if not fs.exists(out_dir):
+            raise TfpipeError(f"{out_dir}: folder not found")
+        raise TfpipeError(f"{out_dir}: no {MANIFEST} (not a folder written by tfpipe.write); to read other "
+                          f"shards pass a glob such as {out_dir}/*.tfrec with num_classes and image_size")
     with fs.open(path, "r") as f:
         try:
             return json.loads(f.read())

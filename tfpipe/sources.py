@@ -6,10 +6,10 @@ missing column, a missing file or an unknown label is reported before work
 starts.
 """
 import dataclasses
-import os
 
 import pandas as pd
 
+from tfpipe import fs
 from tfpipe.errors import TfpipeError
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")  # tried, in order, for ids without extension
@@ -56,16 +56,58 @@ def read_csv(csv_path, *, image_col="image", label_format=LabelFormat(), labeled
       A list of (row, id, tuple of label names); ``row`` counts data rows from 1.
     """
     try:
-        df = pd.read_csv(csv_path, dtype=str, keep_default_na=False, skipinitialspace=False)
+        if not fs.exists(csv_path):
+            raise FileNotFoundError(csv_path)
+        with fs.open(csv_path, "r") as f:
+            df = pd.read_csv(f, dtype=str, keep_default_na=False, skipinitialspace=False)
     except FileNotFoundError:
         raise TfpipeError(f"{csv_path}: CSV file not found") from None
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
         raise TfpipeError(f"{csv_path}: cannot parse CSV ({str(e).splitlines()[0]})") from None
     _require_columns(df, [image_col], csv_path)
     ids = [v.strip() for v in df[image_col]]
+    _check_ids(ids, image_col, csv_path)
     if not labeled:
         return [(i + 1, name, ()) for i, name in enumerate(ids)]
-    return [(i + 1, name, labels) for i, (name, labels) in enumerate(zip(ids, _labels(df, label_format, csv_path)))]
+    labels = _labels(df, label_format, csv_path)
+    check_label_spellings(labels, csv_path)
+    return [(i + 1, name, labels) for i, (name, labels) in enumerate(zip(ids, labels))]
+
+
+def _check_ids(ids, image_col, csv_path):
+    """Ids key the records and the submission: an empty or repeated id is an error naming its rows."""
+    first = {}
+    for row, name in enumerate(ids, start=1):
+        if not name:
+            raise TfpipeError(f"{csv_path}: row {row}: empty id in column {image_col!r}")
+        if name in first:
+            raise TfpipeError(f"{csv_path}: id {name!r} appears twice (rows {first[name]} and {row}); "
+                              "ids must be unique")
+        first[name] = row
+
+
+STRAY = ",;|"  # separators that, left inside a label, would silently create a new class
+
+
+def check_label_spellings(labels, csv_path):
+    """Refuses label spellings that would silently become extra classes.
+
+    Two labels that differ only in case ("Cat", "cat"), or a label with a stray
+    separator glued to it ("cat," next to "cat"), are errors naming both
+    spellings and their first rows: merging them is the user's decision.
+    """
+    first_row = {}
+    for row, row_labels in enumerate(labels, start=1):
+        for label in row_labels:
+            first_row.setdefault(label, row)
+    by_key = {}
+    for label in first_row:
+        by_key.setdefault(label.strip(STRAY).casefold(), []).append(label)
+    for spellings in by_key.values():
+        if len(spellings) > 1:
+            a, b = spellings[:2]
+            raise TfpipeError(f"{csv_path}: labels {a!r} (row {first_row[a]}) and {b!r} (row {first_row[b]}) differ "
+                              "only in case or a stray separator; make them one spelling (or pass --sep)")
 
 
 def _require_columns(df, columns, csv_path):
@@ -89,6 +131,8 @@ def _labels(df, fmt, csv_path):
         raise TfpipeError(f"{csv_path}: column {fmt.labels_col!r} not found (columns: {', '.join(df.columns)}); "
                           "name the labels with --labels-col, --label-cols or --class-col")
     sep = fmt.sep or None
+    # Whitespace around labels and empty items (doubled or trailing separators) are dropped; a repeated
+    # label counts once.
     return [tuple(dict.fromkeys(t.strip() for t in cell.split(sep) if t.strip())) for cell in df[fmt.labels_col]]
 
 
@@ -120,9 +164,9 @@ def resolve_images(rows, images_dir, csv_path):
     Returns:
       (items, missing): ``Item``s for the rows found, and (row, id) of those not found.
     """
-    if not os.path.isdir(images_dir):
+    if not fs.isdir(images_dir):
         raise TfpipeError(f"{images_dir}: images folder not found")
-    listing = set(os.listdir(images_dir))
+    listing = set(fs.listdir(images_dir))
     items, missing = [], []
     for row, name, labels in rows:
         path = _find_image(name, images_dir, listing)
@@ -136,21 +180,23 @@ def resolve_images(rows, images_dir, csv_path):
 def _find_image(name, images_dir, listing):
     candidates = [name] + [name + ext for ext in IMAGE_EXTENSIONS + tuple(e.upper() for e in IMAGE_EXTENSIONS)]
     for candidate in candidates:
-        path = os.path.join(images_dir, candidate)
-        if candidate in listing or ("/" in candidate and os.path.isfile(path)):  # ids may hold a sub-folder
+        path = fs.join(images_dir, candidate)
+        if candidate in listing or ("/" in candidate and fs.isfile(path)):  # ids may hold a sub-folder
             return path
     return None
 
 
 def read_folder_tree(root):
     """Reads a folder-per-class tree: ``root/CLASS/*.jpg``; ids are ``CLASS/file``."""
-    if not os.path.isdir(root):
+    if not fs.isdir(root):
         raise TfpipeError(f"{root}: images folder not found")
     items = []
-    for cls in sorted(d.name for d in os.scandir(root) if d.is_dir() and not d.name.startswith(".")):
-        for f in sorted(os.listdir(os.path.join(root, cls))):
-            if f.lower().endswith(FOLDER_EXTENSIONS):
-                items.append(Item(os.path.join(root, cls, f), f"{cls}/{f}", (cls,)))
+    for cls in sorted(d for d in fs.listdir(root) if not d.startswith(".") and fs.isdir(fs.join(root, d))):
+        found = [f for f in sorted(fs.listdir(fs.join(root, cls))) if f.lower().endswith(FOLDER_EXTENSIONS)]
+        if not found:
+            raise TfpipeError(f"{fs.join(root, cls)}: class folder holds no images "
+                              f"({', '.join(FOLDER_EXTENSIONS)}); remove it or add its images")
+        items += [Item(fs.join(root, cls, f), f"{cls}/{f}", (cls,)) for f in found]
     if not items:
         raise TfpipeError(f"{root}: no class folders with images found (expected {root}/CLASS/*.jpg)")
     return items

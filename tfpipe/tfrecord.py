@@ -1,4 +1,4 @@
-"""TFRecord framing without TensorFlow, for local files.
+"""TFRecord framing without TensorFlow: writing local files, and reading (for the PyTorch reader).
 
 Each record is: length (uint64, little-endian), masked CRC-32C of the length,
 the data, masked CRC-32C of the data — the format of
@@ -52,3 +52,34 @@ def RecordWriter(path):  # noqa: N802  (stands in for a class, like tf.io.TFReco
 
         return tf.io.TFRecordWriter(path)
     return LocalRecordWriter(path)
+
+
+class CorruptRecord(Exception):
+    """A TFRecord file whose framing or checksums are wrong (the message names the file and offset)."""
+
+
+def read_records(path):
+    """Yields the payload of every record of a TFRecord file, checking both CRCs (like TensorFlow's reader).
+
+    Raises ``CorruptRecord`` naming ``path`` and the byte offset on a truncated
+    file or a checksum mismatch.
+    """
+    with fs.open(path, "rb") as f:
+        offset = 0
+        while True:
+            header = f.read(12)
+            if not header:
+                return
+            if len(header) < 12:
+                raise CorruptRecord(f"{path}: truncated record header at byte {offset}")
+            (length,), (length_crc,) = struct.unpack("<Q", header[:8]), struct.unpack("<I", header[8:])
+            if masked_crc(header[:8]) != length_crc:
+                raise CorruptRecord(f"{path}: corrupt record length at byte {offset}")
+            data = f.read(length)
+            footer = f.read(4)
+            if len(data) < length or len(footer) < 4:
+                raise CorruptRecord(f"{path}: truncated record at byte {offset}")
+            if masked_crc(data) != struct.unpack("<I", footer)[0]:
+                raise CorruptRecord(f"{path}: corrupt record data at byte {offset}")
+            yield data
+            offset += 16 + length

@@ -10,6 +10,8 @@ and write ``manifest.json``. See ``python -m tfpipe.write --help``.
 """
 import argparse
 import dataclasses
+import hashlib
+import json
 import os
 import sys
 import time
@@ -42,8 +44,10 @@ def collect_items(source, skip_bad):
     if source.csv is None:
         if source.labeled:
             return read_folder_tree(source.images), []
-        rows = [(i + 1, f, ()) for i, f in enumerate(sorted(os.listdir(source.images)))
-                if not f.startswith(".") and os.path.isfile(os.path.join(source.images, f))]
+        if not fs.isdir(source.images):
+            raise TfpipeError(f"{source.images}: images folder not found")
+        rows = [(i + 1, f, ()) for i, f in enumerate(sorted(fs.listdir(source.images)))
+                if not f.startswith(".") and fs.isfile(fs.join(source.images, f))]
         csv_name = source.images
     else:
         rows = read_csv(source.csv, image_col=source.image_col, label_format=source.label_format,
@@ -68,22 +72,27 @@ class EncodeDataset:
     error policy (stop, or skip and report) in input order.
     """
 
-    def __init__(self, items, item_targets, spec):
-        self.items, self.targets, self.spec = items, item_targets, spec
+    def __init__(self, items, item_targets, spec, start=0):
+        self.items, self.targets, self.spec, self.start = items, item_targets, spec, start
 
     def __len__(self):
-        return len(self.items)
+        return len(self.items) - self.start
 
     def __getitem__(self, i):
+        i += self.start  # --resume: records of finished shards are not encoded again
         item = self.items[i]
         try:
-            with open(item.path, "rb") as f:
+            with fs.open(item.path, "rb") as f:
                 data = f.read()
             image, height, width, _ = prepare_image(data, self.spec, item.path)
         except TfpipeError as e:
             return i, None, str(e)
         except OSError as e:
             return i, None, f"{item.path}: cannot read ({e.strerror or e})"
+        except Exception as e:  # tf.errors.* from tf.io.gfile for remote inputs
+            if not type(e).__module__.startswith("tensorflow"):
+                raise
+            return i, None, f"{item.path}: cannot read ({type(e).__name__})"
         values = {schema.IMAGE: image, schema.IMAGE_NAME: item.name, schema.HEIGHT: height, schema.WIDTH: width}
         if self.targets is not None:
             values[schema.TARGET] = self.targets[i]
@@ -113,7 +122,8 @@ def start_encoding(dataset, num_workers, start_method):
     from torch.utils.data import DataLoader
 
     if start_method == "auto":
-        start_method = "spawn" if "tensorflow" in sys.modules else "fork"
+        remote = fs.is_remote(dataset.items[0].path) if dataset.items else False  # workers then use TensorFlow
+        start_method = "spawn" if "tensorflow" in sys.modules or remote else "fork"
 
     loader = DataLoader(dataset, batch_size=LOADER_BATCH, shuffle=False, num_workers=num_workers,
                         collate_fn=_keep_batch, worker_init_fn=_worker_init if num_workers else None,
@@ -124,12 +134,27 @@ def start_encoding(dataset, num_workers, start_method):
 
 def estimate_bytes(items, spec):
     if spec.size is None:
-        return sum(os.path.getsize(item.path) for item in items)
+        return sum(fs.size(item.path) for item in items)
     return int(len(items) * spec.size * spec.size * EST_BYTES_PER_PIXEL[spec.format])
 
 
+def job_fingerprint(items, item_targets, names, shard_plan, spec, split):
+    """A hash of everything that decides the output bytes, so --resume never mixes two different jobs."""
+    h = hashlib.sha256(json.dumps([split, names, dataclasses.asdict(spec), shard_plan, schema.describe()]).encode())
+    for i, item in enumerate(items):
+        h.update(f"{item.name}\0{item.path}\0{list(item_targets[i]) if item_targets else ''}\n".encode())
+    return h.hexdigest()
+
+
+def shutdown(batches):
+    """Stops DataLoader workers now (Ctrl-C, errors) instead of whenever the iterator is collected."""
+    stop = getattr(batches, "_shutdown_workers", None)
+    if stop is not None:
+        stop()
+
+
 def write_shards(out, source, *, spec=ImageSpec(), classes=None, split="train", shards=None, folds=None,
-                 seed=0, skip_bad=False, overwrite=False, num_workers=None, start_method="auto",
+                 seed=0, skip_bad=False, overwrite=False, resume=False, num_workers=None, start_method="auto",
                  progress=True):
     """Writes a source as sharded TFRecords plus ``manifest.json`` into ``out``.
 
@@ -150,6 +175,9 @@ def write_shards(out, source, *, spec=ImageSpec(), classes=None, split="train", 
       seed: seed of the fold assignment.
       skip_bad: skip unreadable or missing images (listed in the manifest) instead of stopping.
       overwrite: replace shards already in ``out``.
+      resume: continue an interrupted write of the same job into ``out``: shards
+        it finished are kept, the rest are written; the result is identical to
+        an uninterrupted write.
       num_workers: DataLoader workers (default: CPU count; 0 runs in this process).
       start_method: "auto" (fork unless TensorFlow is already imported, else
         spawn), or a multiprocessing start method.
@@ -172,27 +200,51 @@ def write_shards(out, source, *, spec=ImageSpec(), classes=None, split="train", 
     fold_sizes = [fold_of.count(f) for f in range(folds or 1)]
     shard_plan = plan(fold_sizes, num_shards(len(items), estimate_bytes(items, spec), shards))
     shard_of = [s["index"] for s in shard_plan for _ in range(s["size"])]
+    last_of_shard = {s["start"] + s["size"] - 1: s["index"] for s in shard_plan}
+    fingerprint = job_fingerprint(items, item_targets, names, shard_plan, spec, split)
 
     workers = os.cpu_count() if num_workers is None else num_workers
-    batches = start_encoding(EncodeDataset(items, item_targets, spec), workers, start_method)
-    _check_output(out, overwrite)
-    with StagedShards(out, split, shard_plan) as staged:
-        with tqdm(total=len(items), unit="img", disable=not progress, desc=f"write {split}") as bar:
-            for batch in batches:
-                for i, record, error in batch:
-                    if error is not None:
-                        if not skip_bad:
-                            raise TfpipeError(error)
-                        skipped.append({"image": items[i].name, "reason": error})
-                        continue
-                    staged.write(shard_of[i], record)
-                bar.update(len(batch))
-        if sum(staged.counts) == 0:
-            raise TfpipeError(f"every image was skipped; nothing written to {out}")
-        manifest = staged.commit(_manifest(split, labeled, names, source, spec, folds, seed, staged, skipped),
-                                 overwrite=overwrite)
+    # Start the workers first (before this process may import TensorFlow for gs:// output, so they can fork);
+    # a resumed write must first learn from the staging folder where to start.
+    batches = None if resume else start_encoding(EncodeDataset(items, item_targets, spec), workers, start_method)
+    try:
+        _check_output(out, overwrite or resume)
+        with StagedShards(out, split, shard_plan, fingerprint, resume=resume) as staged:
+            start = staged.first_unfinished_record()
+            if batches is None:
+                batches = start_encoding(EncodeDataset(items, item_targets, spec, start), workers, start_method)
+            try:
+                _write_records(batches, staged, items, shard_of, last_of_shard, skip_bad,
+                               tqdm(total=len(items), initial=start, unit="img", disable=not progress,
+                                    desc=f"write {split}"))
+            except KeyboardInterrupt:
+                raise KeyboardInterrupt(f"{len(staged.finished)} of {len(shard_plan)} shards were finished and are "
+                                        f"kept in {out}/.staging; continue with --resume") from None
+            if sum(staged.counts) == 0:
+                raise TfpipeError(f"every image was skipped; nothing written to {out}")
+            skipped += staged.all_skipped()
+            manifest = staged.commit(_manifest(split, labeled, names, source, spec, folds, seed, staged, skipped),
+                                     overwrite=overwrite or resume)
+    finally:
+        shutdown(batches)  # no orphan workers after an error or Ctrl-C
     _summary(manifest, out, time.perf_counter() - started)
     return manifest
+
+
+def _write_records(batches, staged, items, shard_of, last_of_shard, skip_bad, bar):
+    """Appends encoded records to their shards in input order, marking each shard finished after its last record."""
+    with bar:
+        for batch in batches:
+            for i, record, error in batch:
+                if error is not None:
+                    if not skip_bad:
+                        raise TfpipeError(error)
+                    staged.skip(shard_of[i], {"image": items[i].name, "reason": error})
+                else:
+                    staged.write(shard_of[i], record)
+                if i in last_of_shard:
+                    staged.finish(last_of_shard[i])
+            bar.update(len(batch))
 
 
 def _folds(item_targets, num_classes, k, seed):
@@ -214,6 +266,7 @@ def _manifest(split, labeled, names, source, spec, folds, seed, staged, skipped)
         "schema": schema.describe(),
         "split": split,
         "labeled": labeled,
+        "id_column": source.image_col if source.csv else "image",  # the CSV's id column, for submissions
         "single_label": source.label_format.single_label,
         "classes": names,
         "num_classes": len(names),
@@ -255,6 +308,8 @@ def build_parser():
                      help="non-square images: stretch (default, nothing cut off), crop (centre) or pad")
     img.add_argument("--format", choices=FORMATS, default="jpeg", help="stored encoding (default: jpeg)")
     img.add_argument("--quality", type=int, default=95, help="JPEG quality (default: 95)")
+    img.add_argument("--max-pixels", type=float, default=100.0,
+                     help="refuse source images above this many megapixels (default: 100)")
     out = p.add_argument_group("output")
     out.add_argument("--out", required=True, help="output folder (local or gs://)")
     out.add_argument("--shards", type=int, help="number of shards (default: multiple of 8, ~150 MB each)")
@@ -262,6 +317,8 @@ def build_parser():
     out.add_argument("--seed", type=int, default=0, help="seed of the fold assignment (default: 0)")
     out.add_argument("--skip-bad", action="store_true", help="skip unreadable/missing images and list them")
     out.add_argument("--overwrite", action="store_true", help="replace shards already in --out")
+    out.add_argument("--resume", action="store_true",
+                     help="continue an interrupted write into --out (same command): keep its finished shards")
     run = p.add_argument_group("run")
     run.add_argument("--workers", type=int, help="DataLoader workers (default: CPU count; 0 = in-process)")
     run.add_argument("--start-method", choices=("auto", "spawn", "forkserver", "fork"), default="auto",
@@ -286,10 +343,11 @@ def run(args):
                                class_col=args.class_col)
     source = Source(images=args.images, csv=args.csv, image_col=args.image_col, label_format=label_format,
                     labeled=args.split != "test")
-    spec = ImageSpec(size=args.image_size, fit=args.fit, format=args.format, quality=args.quality)
+    spec = ImageSpec(size=args.image_size, fit=args.fit, format=args.format, quality=args.quality,
+                     max_pixels=int(args.max_pixels * 1e6))
     classes = list(_csv_list(args.classes)) or (list(label_format.label_cols) or None)
     write_shards(args.out, source, spec=spec, classes=classes, split=args.split, shards=args.shards,
-                 folds=args.folds, seed=args.seed, skip_bad=args.skip_bad, overwrite=args.overwrite,
+                 folds=args.folds, seed=args.seed, skip_bad=args.skip_bad, overwrite=args.overwrite, resume=args.resume,
                  num_workers=args.workers, start_method=args.start_method, progress=not args.no_progress)
 
 

@@ -27,7 +27,9 @@ from tfpipe.errors import TfpipeError, run_cli
 from tfpipe.shards import read_manifest
 from train.models import MODELS, build_model
 from train.schedules import SCHEDULES, make_schedule, scaled_lr
+from train.report import learning_curves, validation_report
 from train.strategy import STRATEGIES, default_precision, resolve_strategy
+from train.swa import AverageWeights, recompute_batch_norm
 
 STATE = "state.json"  # which phases are finished, for --resume
 
@@ -61,7 +63,10 @@ class FitConfig:
     threshold: float = 0.5
     single_label: bool | None = None
     seed: int | None = None
+    deterministic: bool = False  # seeded input order and augmentation, deterministic TensorFlow ops (slower)
     resume: bool = False
+    swa_epochs: int = 0  # average the weights of the last N epochs (stochastic weight averaging)
+    report: bool = True  # validation predictions, tuned thresholds and pictures after training
     verbose: int = 2
     callbacks: tuple = ()  # extra Keras callbacks (from Python), run after the built-in ones
 
@@ -79,9 +84,9 @@ def split_sources(records, manifest, fold, val_fraction):
     return files[:-n_val], None, files[-n_val:], None
 
 
-def build_datasets(cfg, strategy, manifest, image_size):
+def build_datasets(cfg, strategy, manifest, image_size, split):
     """Distributed training and validation datasets, and their sizes."""
-    train_src, train_folds, val_src, val_folds = split_sources(cfg.records, manifest, cfg.fold, cfg.val_fraction)
+    train_src, train_folds, val_src, val_folds = split
     n_train, n_val = tfpipe.count_examples(train_src, train_folds), tfpipe.count_examples(val_src, val_folds)
     global_batch = cfg.batch_size * strategy.num_replicas_in_sync
     common = {"image_size": image_size, "num_classes": manifest["num_classes"],
@@ -150,11 +155,15 @@ class LogLearningRate(keras.callbacks.Callback):
         logs["lr"] = float(keras.backend.get_value(self.model.optimizer.learning_rate))
 
 
-def run_phase(model, cfg, name, lr_schedule, epochs, initial_epoch, data, num_classes, throughput):
-    """Compiles and fits one phase, backed up every epoch so ``--resume`` continues it."""
+def run_phase(model, cfg, name, lr_schedule, epochs, initial_epoch, data, num_classes, throughput, first=()):
+    """Compiles and fits one phase, backed up every epoch so ``--resume`` continues it.
+
+    ``first``: callbacks that run before the backup at the end of an epoch.
+    """
     train_ds, val_ds, steps, val_steps = data
     compile_model(model, cfg, lr_schedule, num_classes)
     callbacks = [
+        *first,
         keras.callbacks.BackupAndRestore(f"{cfg.out}/backup/{name}", save_freq="epoch"),
         throughput,
         LogLearningRate(),
@@ -214,6 +223,35 @@ def summarise(cfg, kind, strategy, global_batch, steps, n_train, n_val, image_si
     }
 
 
+def save_model(model, path):
+    """Saves through a temporary name: a crash while saving never leaves a half-written model file."""
+    tmp = path[: -len(".keras")] + ".tmp.keras"
+    model.save(tmp)
+    tf.io.gfile.rename(tmp, path, overwrite=True)
+
+
+def write_run_config(cfg, manifest, image_size):
+    """config.json: what predicting with this run needs (classes, input size, head), plus the settings used."""
+    settings = {k: v for k, v in dataclasses.asdict(cfg).items() if k != "callbacks"}
+    config = dict(settings, classes=manifest["classes"], image_size=image_size, single_label=cfg.single_label)
+    with tf.io.gfile.GFile(f"{cfg.out}/config.json", "w") as f:
+        f.write(json.dumps(config, indent=1, default=str) + "\n")
+
+
+def finish_swa(model, swa, strategy, cfg, train_ds, steps, val_ds, val_steps, report_args):
+    """Loads the averaged weights, re-estimates batch-norm statistics, saves ``model-swa.keras`` and scores it."""
+    model.set_weights(swa.average)
+    recompute_batch_norm(model, train_ds, steps, model.loss)
+    with strategy.scope():
+        compile_model(model, cfg, 0.0, len(report_args["classes"]))  # metrics again, for evaluate
+    save_model(model, f"{cfg.out}/model-swa.keras")
+    scores = model.evaluate(val_ds, steps=val_steps, return_dict=True, verbose=0)
+    result = {"epochs_averaged": swa.count, **{f"val_{k}": float(v) for k, v in scores.items()}}
+    if cfg.report:
+        result["report"] = validation_report(model, strategy, cfg.out, suffix="-swa", **report_args)
+    return result
+
+
 def fit(cfg):
     """Trains per ``cfg`` (a ``FitConfig``); returns the metrics dict also written to ``metrics.json``.
 
@@ -223,6 +261,10 @@ def fit(cfg):
         metrics = fit(FitConfig(records="gs://bucket/train", out="gs://bucket/runs/b0", strategy="tpu"))
     """
     started = time.perf_counter()
+    if cfg.deterministic:
+        cfg.seed = 0 if cfg.seed is None else cfg.seed  # a seeded make_dataset keeps its element order
+        keras.utils.set_random_seed(cfg.seed)  # weight initialisation, dropout
+        tf.config.experimental.enable_op_determinism()
     strategy, kind = resolve_strategy(cfg.strategy, cfg.replicas)
     manifest = read_manifest(cfg.records)
     cfg.single_label = manifest.get("single_label", False) if cfg.single_label is None else cfg.single_label
@@ -230,16 +272,20 @@ def fit(cfg):
     if not image_size:
         raise TfpipeError(f"{cfg.records}: images were stored without a fixed size; pass --image-size")
     check_out(cfg)
+    if not 0 <= cfg.swa_epochs <= cfg.epochs:
+        raise TfpipeError(f"--swa-epochs must be in 0..--epochs ({cfg.epochs}); got {cfg.swa_epochs}")
+    write_run_config(cfg, manifest, image_size)
     precision = cfg.precision or default_precision(kind)
     keras.mixed_precision.set_global_policy(precision)
-    train_ds, val_ds, n_train, n_val, global_batch = build_datasets(cfg, strategy, manifest, image_size)
+    split = split_sources(cfg.records, manifest, cfg.fold, cfg.val_fraction)
+    train_ds, val_ds, n_train, n_val, global_batch = build_datasets(cfg, strategy, manifest, image_size, split)
     steps = max(1, n_train // global_batch)
     val_steps = math.ceil(n_val / global_batch)
     data = (train_ds, val_ds, steps, val_steps)
     replicas = strategy.num_replicas_in_sync
     num_classes = manifest["num_classes"]
     throughput = Throughput(steps * global_batch)
-    with strategy.scope():
+    with strategy.scope(), tfpipe.naming_corrupt_shards(cfg.records):
         model, backbone = build_model(cfg.model, num_classes, image_size,
                                       weights=None if cfg.weights == "none" else cfg.weights,
                                       multi_label=not cfg.single_label)
@@ -254,11 +300,21 @@ def fit(cfg):
             model.load_weights(f"{cfg.out}/checkpoints/burn-done")
         set_trainable(backbone, True)
         schedule = make_schedule(cfg.schedule, scaled_lr(cfg.lr, replicas), steps, cfg.epochs, cfg.warmup_epochs)
-        run_phase(model, cfg, "fine-tune", schedule, cfg.epochs, cfg.burn_epochs, data, num_classes, throughput)
-    model.save(f"{cfg.out}/model.keras")
+        swa = AverageWeights(cfg.burn_epochs + cfg.epochs - cfg.swa_epochs, f"{cfg.out}/swa-average.npz")
+        run_phase(model, cfg, "fine-tune", schedule, cfg.epochs, cfg.burn_epochs, data, num_classes, throughput,
+                  first=[swa] if cfg.swa_epochs else [])
+    save_model(model, f"{cfg.out}/model.keras")
     write_state(cfg.out, dict(read_state(cfg.out), burn_done=bool(cfg.burn_epochs), finished=True))
     metrics = summarise(cfg, kind, strategy, global_batch, steps, n_train, n_val, image_size, precision, model,
                         time.perf_counter() - started, throughput)
+    report_args = {"classes": manifest["classes"], "single_label": cfg.single_label, "source": split[2],
+                   "folds": split[3], "image_size": image_size, "batch_size": cfg.batch_size,
+                   "threshold": cfg.threshold}
+    if cfg.report:
+        metrics["report"] = validation_report(model, strategy, cfg.out, **report_args)
+        learning_curves(cfg.out)
+    if cfg.swa_epochs:
+        metrics["swa"] = finish_swa(model, swa, strategy, cfg, train_ds, steps, val_ds, val_steps, report_args)
     with tf.io.gfile.GFile(f"{cfg.out}/metrics.json", "w") as f:
         f.write(json.dumps(metrics, indent=1) + "\n")
     return metrics
@@ -297,7 +353,13 @@ def build_parser():
     p.add_argument("--erasing", type=int, default=0, help="random-erasing rectangles per image")
     p.add_argument("--mixup", type=float, default=0.0, help="MixUp alpha (0 = off)")
     p.add_argument("--cutmix", type=float, default=0.0, help="CutMix alpha (0 = off)")
-    p.add_argument("--seed", type=int)
+    p.add_argument("--seed", type=int, help="seed of shuffling and augmentation (fixes the input order)")
+    p.add_argument("--deterministic", action="store_true",
+                   help="same batches and weights on every run (seed 0 unless --seed; slower)")
+    p.add_argument("--swa-epochs", type=int, default=0,
+                   help="stochastic weight averaging over the last N epochs -> model-swa.keras")
+    p.add_argument("--no-report", dest="report", action="store_false",
+                   help="skip validation predictions, thresholds and pictures")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its last epoch")
     p.add_argument("--verbose", type=int, default=d.verbose, choices=(0, 1, 2))
     return p
@@ -317,6 +379,9 @@ def run(args):
           f" at epoch {m['best']['epoch']}), {m['epochs']} epochs, {m['optimizer_steps']} steps, "
           f"{m['replicas']} replicas x {m['per_replica_batch_size']} = {m['global_batch_size']} per step, "
           f"steps_per_execution {m['steps_per_execution']}, {m['images_per_sec']} images/s -> {cfg.out}")
+    if "swa" in m:
+        print(f"SWA of the last {m['swa']['epochs_averaged']} epochs: validation AUC {m['swa']['val_auc']:.4f}"
+              f" -> {cfg.out}/model-swa.keras")
 
 
 def main(argv=None):

@@ -39,6 +39,14 @@ def _efficientnet_v2(variant):
     return build
 
 
+def custom_objects():
+    """What ``load_model`` needs for the efficientnet package's layers (its swish and FixedDropout)."""
+    import efficientnet.model as efn
+
+    kw = {"backend": keras.backend, "layers": keras.layers, "models": keras.models, "utils": keras.utils}
+    return {"swish": efn.get_swish(**kw), "FixedDropout": efn.get_dropout(**kw)}
+
+
 def _small_cnn(widths=(32, 64, 128, 256)):
     """A small ConvNet (pairs of conv-BN-ReLU, then pooling) for CPU dry runs, tests and the demo.
 

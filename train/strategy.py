@@ -54,10 +54,12 @@ def resolve_strategy(name="auto", replicas=None):
 
     Args:
       name: "tpu", "gpu" (MirroredStrategy over all GPUs, or one GPU), "cpu",
-        or "auto" (TPU, then GPUs, then CPU).
+        or "auto" (TPU, then GPUs, then CPU); or a strategy object, returned as it is.
       replicas: with "cpu", the number of virtual CPU replicas (a dry run of
         an 8-core TPU: ``replicas=8``); None or 1 is a single CPU device.
     """
+    if isinstance(name, tf.distribute.Strategy):  # already built (a notebook passes the one it made)
+        return name, strategy_kind(name)
     if name not in STRATEGIES:
         raise TfpipeError(f"unknown strategy {name!r}: use one of {', '.join(STRATEGIES)}")
     if name == "tpu" or (name == "auto" and tpu_present()):
@@ -75,6 +77,15 @@ def resolve_strategy(name="auto", replicas=None):
             return tf.distribute.MirroredStrategy(), "gpu"
         return tf.distribute.get_strategy(), "gpu"  # the default strategy places work on the one GPU
     return tf.distribute.get_strategy(), "cpu"
+
+
+def strategy_kind(strategy):
+    """"tpu", "gpu" or "cpu": where a strategy's replicas run."""
+    if "TPU" in type(strategy).__name__:
+        return "tpu"
+    devices = getattr(strategy.extended, "worker_devices", ()) or ()
+    gpu = any("GPU" in d.upper() for d in devices) or (not devices and tf.config.list_physical_devices("GPU"))
+    return "gpu" if gpu else "cpu"
 
 
 def default_precision(kind):

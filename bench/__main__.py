@@ -1,0 +1,125 @@
+"""Every benchmark in one run: corpus -> writer -> reader -> training; a table, bench/results.md and a chart.
+
+    python -m bench               # make bench: ~20 min on 2 cores
+    python -m bench --smoke       # a handful of images, to check the benchmarks still run
+
+Each benchmark runs in its own process (the training one needs 8 virtual CPU
+devices set before TensorFlow starts) and hands its raw figures back as JSON.
+"""
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FULL = {"n": 100, "writer_reps": 2, "times": 8, "reps": 3, "epochs": 3, "steps": 64}
+SMOKE = {"n": 4, "writer_reps": 1, "times": 1, "reps": 1, "epochs": 2, "steps": 4}
+
+
+def machine():
+    import importlib.metadata as md
+
+    versions = ", ".join(f"{p} {md.version(p)}" for p in ("tensorflow", "tf-keras", "torch", "opencv-python-headless",
+                                                          "numpy"))
+    return (f"{datetime.date.today().isoformat()} · {platform.machine()} {platform.processor() or ''} · "
+            f"{os.cpu_count()} CPUs · Python {platform.python_version()} · {versions}")
+
+
+def bench(module, args, work):
+    out = os.path.join(work, f"{module}.json")
+    subprocess.run([sys.executable, "-m", f"bench.{module}", *args, "--json", out], check=True, cwd=ROOT,
+                   env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=ROOT))
+    with open(out) as f:
+        return json.load(f)
+
+
+def ratios(writer, reader, training):
+    """(name, measured ratio, goal) for the chart."""
+    n, res = writer["n"], writer["results"]
+
+    def marginal(name):
+        return 2 * n / (res[name]["3N"] - res[name]["N"])
+
+    sp, tr = reader["single_pass"], reader["training"]
+    inp = training["input"]
+    return [
+        ("writer / seed (marginal)", marginal("tfpipe.write") / marginal("seed writer"), 2.5),
+        ("writer / codec limit", marginal("tfpipe.write") / marginal("codec limit (bare pool)"), 0.9),
+        ("pass-through / seed q100", marginal("tfpipe.write pass-through") / marginal("seed writer, no resize, q100"),
+         10),
+        ("reader / decode limit", sp["make_dataset(training=False)"][0]
+         / sp["decode limit (bytes in memory, parallel decode)"][0], 0.9),
+        ("reader / seed parser", sp["make_dataset(training=False)"][0]
+         / sp["seed parser (parse_single_example + decode_jpeg)"][0], 1.0),
+        ("training input / seed, epoch>=2", min(tr["make_dataset(training=True), cache"][1:])
+         / min(tr["seed training input"][1:]), 3.0),
+        ("fed by make_dataset / in memory", max(inp["make_dataset (augmented)"]) / max(inp["one batch in memory"]),
+         0.95),
+        ("writer RSS 4N / N", writer["rss_4n"] / res["tfpipe.write"]["rss"][0], 1.0),
+    ] + [(f"steps_per_execution {k} / 1", max(r) / max(training["spe"][0][1]), None) for k, r in training["spe"][1:]]
+
+
+def chart(rows, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 0.45 * len(rows) + 1))
+    names = [r[0] for r in rows][::-1]
+    values = [r[1] for r in rows][::-1]
+    goals = [r[2] for r in rows][::-1]
+    met = ["tab:blue" if g is None or (v >= g if "RSS" not in n else v <= 1.25) else "tab:red"
+           for n, v, g in zip(names, values, goals)]
+    ax.barh(names, values, color=met)
+    for i, g in enumerate(goals):
+        if g is not None:
+            ax.plot([g, g], [i - 0.4, i + 0.4], "k-", lw=2)
+    ax.set_xscale("log")
+    ax.set_xlabel("ratio (log scale); black tick = goal; red = goal not met")
+    ax.set_title("tfpipe benchmarks: ratios measured side by side in one run")
+    fig.savefig(path, dpi=100, bbox_inches="tight")
+    plt.close(fig)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--smoke", action="store_true", help="tiny sizes: checks that every benchmark runs")
+    p.add_argument("--work", default=os.path.join(ROOT, "bench", "out"), help="corpus and shards (reused)")
+    p.add_argument("--results", default=os.path.join(ROOT, "bench", "results.md"))
+    args = p.parse_args(argv)
+    cfg = SMOKE if args.smoke else FULL
+    os.makedirs(args.work, exist_ok=True)
+    corpus = os.path.join(args.work, "corpus")
+    if not os.path.exists(os.path.join(corpus, "train.csv")):
+        from bench.corpus import make_corpus
+
+        make_corpus(corpus, 4 * cfg["n"])
+    common = ["--corpus", corpus, "--work", args.work]
+    writer = bench("writer", [*common, "--n", str(cfg["n"]), "--reps", str(cfg["writer_reps"])], args.work)
+    reader = bench("reader", [*common, "--times", str(cfg["times"]), "--reps", str(cfg["reps"]), "--epochs",
+                              str(cfg["epochs"])], args.work)
+    training = bench("training", [*common, "--steps", str(cfg["steps"]), "--reps", str(cfg["reps"])], args.work)
+
+    from bench import reader as reader_lib, training as training_lib, writer as writer_lib
+
+    rows = ratios(writer, reader, training)
+    summary = ["| figure | measured | goal |", "|---|---|---|"] + [
+        f"| {name} | {value:.2f} | {'' if goal is None else ('<= 1.25' if 'RSS' in name else f'>= {goal}')} |"
+        for name, value, goal in rows]
+    text = "\n\n".join([f"# Benchmark results{' (smoke run: sizes too small to mean anything)' if args.smoke else ''}",
+                        machine(), "\n".join(summary), writer_lib.report(writer), reader_lib.report(reader),
+                        training_lib.report(training),
+                        "Reproduce: `make bench` (or `python -m bench`). Each figure is a ratio of two things measured "
+                        "in this run on the same data."]) + "\n"
+    with open(args.results, "w") as f:
+        f.write(text)
+    chart(rows, os.path.splitext(args.results)[0] + ".png")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,27 @@
+"""The benchmarks still run (on a handful of images; the figures themselves mean nothing at this size)."""
+import os
+import subprocess
+import sys
+
+import pytest
+from PIL import Image
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.mark.bench
+@pytest.mark.slow
+def test_every_benchmark_runs_and_writes_results_and_chart(tmp_path):
+    results = tmp_path / "results.md"
+    r = subprocess.run([sys.executable, "-m", "bench", "--smoke", "--work", str(tmp_path / "work"), "--results",
+                        str(results)], cwd=ROOT, capture_output=True, text=True,
+                       env=dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    text = results.read_text()
+    for figure in ("writer / seed (marginal)", "writer / codec limit", "pass-through / seed q100",
+                   "reader / decode limit", "reader / seed parser", "training input / seed, epoch>=2",
+                   "fed by make_dataset / in memory", "writer RSS 4N / N", "steps_per_execution 8 / 1",
+                   "steps_per_execution 32 / 1", "CPUs", "tensorflow 2.21.0"):
+        assert figure in text, figure
+    with Image.open(tmp_path / "results.png") as chart:
+        chart.verify()

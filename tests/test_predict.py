@@ -1,0 +1,153 @@
+"""After training: submission CSVs under any strategy, TTA, SWA, and the run's pictures."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+import tensorflow as tf
+import tf_keras as keras
+from PIL import Image
+
+import tfpipe
+from tfpipe.augment import NO_AUGMENT
+from train.fit import FitConfig, fit
+from train.predict import TTA_VIEWS, load_model, predict, predict_probabilities, tta_view
+from train.strategy import resolve_strategy
+from train.swa import average_weights, recompute_batch_norm
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="session")
+def trained_run(shard_dir, tmp_path_factory):
+    """A tiny run on 8 virtual replicas with SWA over its last 2 epochs, and unlabeled test shards."""
+    from tfpipe.images import ImageSpec
+    from tfpipe.write import Source, write_shards
+
+    out = tmp_path_factory.mktemp("run") / "run"
+    cfg = FitConfig(records=shard_dir[0], out=str(out), strategy="cpu", replicas=8, model="small-cnn", batch_size=1,
+                    epochs=3, steps_per_execution=3, lr=1e-3, augment=NO_AUGMENT, verbose=0, seed=1, swa_epochs=2)
+    metrics = fit(cfg)
+    root = os.path.dirname(shard_dir[0])
+    test = str(tmp_path_factory.mktemp("test") / "records")
+    write_shards(test, Source(f"{root}/images", csv=f"{root}/train.csv", labeled=False), spec=ImageSpec(size=32),
+                 split="test", shards=3, num_workers=0, progress=False)
+    return str(out), metrics, test
+
+
+def test_run_leaves_thresholds_predictions_and_valid_pictures(trained_run, shard_dir):
+    out, metrics, _ = trained_run
+    for name in ("learning_curves.png", "roc.png", "predictions.png", "roc-swa.png", "predictions-swa.png"):
+        with Image.open(os.path.join(out, name)) as im:
+            im.verify()  # a complete, valid PNG
+            assert im.format == "PNG" and im.size[0] > 100
+    val = pd.read_csv(os.path.join(out, "val_predictions.csv"), keep_default_na=False)
+    assert len(val) == metrics["val_examples"]
+    labels = shard_dir[1]
+    assert [sorted(t.split()) for t in val["true"]] == [sorted(labels[n]) for n in val["image_name"]]
+    thresholds = json.loads(open(os.path.join(out, "thresholds.json")).read())
+    assert set(thresholds) == {"a", "b", "c"} and all(0 <= t <= 1 for t in thresholds.values())
+    assert 0 <= metrics["report"]["roc_auc_macro"] <= 1
+
+
+def test_swa_reports_both_models(trained_run):
+    out, metrics, _ = trained_run
+    swa = metrics["swa"]
+    assert swa["epochs_averaged"] == 2 and 0 <= swa["val_auc"] <= 1 and "val_auc" in metrics["final"]
+    plain, averaged = load_model(f"{out}/model.keras"), load_model(f"{out}/model-swa.keras")
+    assert any(not np.allclose(a, b) for a, b in zip(plain.get_weights(), averaged.get_weights()))
+    saved = json.loads(open(os.path.join(out, "metrics.json")).read())
+    assert saved["swa"]["val_auc"] == pytest.approx(swa["val_auc"])
+
+
+@pytest.mark.parametrize("strategy,replicas", [("cpu", None), ("cpu", 8)])
+def test_submission_has_one_row_per_test_id_in_written_order(trained_run, strategy, replicas, tmp_path):
+    run, _, test = trained_run
+    out = tmp_path / "submission.csv"
+    # per-replica batch 5 on 40 records: a partial last batch, and on 8 replicas blank padding batches
+    df = predict(run, test, str(out), strategy=strategy, replicas=replicas, batch_size=5)
+    assert list(df.columns) == ["image", "labels"]
+    assert list(df["image"]) == tfpipe.image_names(test) and df["image"].is_unique and len(df) == 40
+    assert pd.read_csv(out, keep_default_na=False).equals(df.fillna(""))
+    probs = predict(run, test, None, strategy=strategy, replicas=replicas, batch_size=5, probabilities=True)
+    assert list(probs.columns) == ["image", "a", "b", "c"]
+    # rows belong to their ids: the same as a plain forward pass over the records in written order
+    model = load_model(f"{run}/model.keras")
+    images = np.concatenate([b[0] for b in tfpipe.make_dataset(test, 16, num_classes=3).as_numpy_iterator()])
+    np.testing.assert_allclose(probs[["a", "b", "c"]].to_numpy(), model.predict(images, verbose=0), atol=1e-5)
+    thresholds = json.loads(open(os.path.join(run, "thresholds.json")).read())
+    expected = [" ".join(c for c in "abc" if row[c] >= thresholds[c]) for _, row in probs.iterrows()]
+    assert list(df["labels"].fillna("")) == expected
+
+
+def test_tta_one_view_equals_plain_prediction_and_more_views_average(trained_run):
+    run, _, test = trained_run
+    strategy, _ = resolve_strategy("cpu", None)
+    model = load_model(f"{run}/model.keras")
+    args = dict(batch_size=8, image_size=32, num_classes=3)
+    plain = predict_probabilities(model, test, strategy, tta=1, **args)
+    images = np.concatenate([b[0] for b in tfpipe.make_dataset(test, 16, num_classes=3).as_numpy_iterator()])
+    np.testing.assert_allclose(plain, model.predict(images, verbose=0), atol=1e-6)
+    two = predict_probabilities(model, test, strategy, tta=2, **args)
+    mirrored = model.predict(images[:, :, ::-1], verbose=0)
+    np.testing.assert_allclose(two, (plain + mirrored) / 2, atol=1e-5)
+    with pytest.raises(tfpipe.TfpipeError, match="--tta"):
+        predict_probabilities(model, test, strategy, tta=len(TTA_VIEWS) + 1, **args)
+
+
+def test_tta_views_keep_shape_and_view_zero_is_identity():
+    images = tf.cast(tf.random.uniform([3, 16, 16, 3], 0, 255, seed=1), tf.uint8)
+    assert np.array_equal(tta_view(images, 0), images)
+    for k in range(len(TTA_VIEWS)):
+        assert tta_view(images, k).shape == images.shape and tta_view(images, k).dtype == tf.uint8
+    assert np.array_equal(tta_view(images, 1), images.numpy()[:, :, ::-1])
+
+
+def test_swa_of_identical_weights_is_a_no_op_and_averages_otherwise():
+    w = [np.arange(6, dtype=np.float32).reshape(2, 3), np.ones(4, np.float32)]
+    avg, count = None, 0
+    for _ in range(3):
+        avg, count = average_weights(avg, count, w), count + 1
+    for a, b in zip(avg, w):
+        np.testing.assert_array_equal(a, b)
+    snaps = [[np.full(3, v)] for v in (1.0, 2.0, 6.0)]
+    avg = None
+    for i, s in enumerate(snaps):
+        avg = average_weights(avg, i, s)
+    np.testing.assert_allclose(avg[0], np.full(3, 3.0))
+
+
+def test_batch_norm_statistics_are_recomputed_as_exact_means():
+    strategy, _ = resolve_strategy("cpu", 8)
+    rng = np.random.default_rng(0)
+    x = rng.normal(3.0, 2.0, size=(64, 4)).astype(np.float32) * np.array([1, 2, 3, 4], np.float32)
+    with strategy.scope():
+        inputs = keras.Input((4,))
+        model = keras.Model(inputs, keras.layers.BatchNormalization(momentum=0.99)(inputs))
+    weights = [w.copy() for w in model.get_weights()]
+    ds = tf.data.Dataset.from_tensor_slices((x, np.zeros((64, 4), np.float32))).batch(16)  # 4 steps of 8 x 2 rows
+    assert recompute_batch_norm(model, ds, 4, "mse") == 1
+    bn = model.layers[-1]
+    assert bn.momentum == 0.99  # restored
+    for before, after in zip(weights[:2], model.get_weights()[:2]):  # gamma and beta: not trained
+        np.testing.assert_array_equal(before, after)
+    np.testing.assert_allclose(bn.moving_mean.numpy(), x.mean(0), rtol=1e-4)
+    # mean of the per-replica batch variances (2 rows each; Keras keeps the biased batch variance)
+    per_batch = x.reshape(32, 2, 4).var(axis=1).mean(0)
+    np.testing.assert_allclose(bn.moving_variance.numpy(), per_batch, rtol=1e-3)
+
+
+def test_predict_cli_writes_submission_and_rejects_a_missing_run(trained_run, tmp_path):
+    run, _, test = trained_run
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    out = tmp_path / "sub.csv"
+    r = subprocess.run([sys.executable, "-m", "train.predict", "--run", run, "--records", test, "--out", str(out),
+                        "--tta", "2", "--threshold", "0.5"], capture_output=True, text=True, env=env, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "wrote 40 rows" in r.stdout and len(pd.read_csv(out)) == 40
+    r = subprocess.run([sys.executable, "-m", "train.predict", "--run", str(tmp_path / "nope"), "--records", test],
+                       capture_output=True, text=True, env=env, cwd=ROOT)
+    assert r.returncode == 2 and "Traceback" not in r.stderr and "config.json" in r.stderr

@@ -1,0 +1,129 @@
+"""Read tfpipe shards from PyTorch: ``RecordDataset``, a ``torch.utils.data.IterableDataset``.
+
+    from tfpipe.torch import RecordDataset
+    ds = RecordDataset("records/demo/train", folds=[1, 2, 3, 4], shuffle=True, seed=0)
+    loader = torch.utils.data.DataLoader(ds, batch_size=64, num_workers=4)
+    for epoch in range(10):
+        ds.set_epoch(epoch)
+        for images, targets in loader:  # uint8 [B, 3, S, S], float32 [B, C]
+            ...
+
+No TensorFlow anywhere (so DataLoader workers may fork): the TFRecord framing
+is read and CRC-checked by ``tfpipe.tfrecord``, records are parsed with the
+schema's own protobuf classes and images decoded with OpenCV. Every record is
+seen exactly once per epoch across DataLoader workers *and* distributed ranks:
+whole shards are dealt to the (rank, worker) readers when there are enough of
+them, otherwise every reader scans all shards and keeps every n-th record.
+"""
+import posixpath
+import random
+
+import cv2
+import numpy as np
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+
+from tfpipe import fs, schema
+from tfpipe.errors import TfpipeError
+from tfpipe.shards import read_manifest
+from tfpipe.tfrecord import read_records
+
+
+def _resolve(source, folds):
+    """(files in written order, manifest or None): a shard folder, a glob pattern or a list of files."""
+    if isinstance(source, (list, tuple)):
+        return sorted(source), None
+    if fs.isdir(source):
+        manifest = read_manifest(source)
+        return sorted(posixpath.join(source, s["file"]) for s in manifest["shards"]
+                      if folds is None or s["fold"] in set(folds)), manifest
+    files = sorted(fs.glob(source))
+    if not files:
+        raise TfpipeError(f"{source}: no shard files found")
+    return files, None
+
+
+def reader_slot(rank=None, world_size=None):
+    """(index, count) of this reader among all (rank, DataLoader worker) readers."""
+    if rank is None:
+        dist = torch.distributed
+        rank, world_size = ((dist.get_rank(), dist.get_world_size()) if dist.is_available() and dist.is_initialized()
+                            else (0, 1))
+    info = get_worker_info()
+    worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+    return rank * workers + worker, world_size * workers
+
+
+class RecordDataset(IterableDataset):
+    """Yields ``(image uint8 [3, H, W], target float32 [C])`` from tfpipe shards.
+
+    Args:
+      source: shard folder (with ``manifest.json``), glob pattern, or list of files.
+      folds: fold numbers to read (folded shard folders); None reads all.
+      num_classes: needed only without a manifest.
+      shuffle: shuffle shard order and records (within a buffer) every epoch;
+        call ``set_epoch(e)`` before each epoch for a new order.
+      seed: base seed of the shuffle.
+      shuffle_buffer: records held for shuffling, per reader.
+      with_ids: also yield the record's ``image_name``.
+      rank, world_size: this process's place among distributed ranks (default:
+        from ``torch.distributed`` when it is initialised, else 0 of 1).
+    """
+
+    def __init__(self, source, *, folds=None, num_classes=None, shuffle=False, seed=0, shuffle_buffer=1024,
+                 with_ids=False, rank=None, world_size=None):
+        super().__init__()
+        self.files, manifest = _resolve(source, folds)
+        self.num_classes = num_classes or (manifest or {}).get("num_classes")
+        if not self.num_classes:
+            raise TfpipeError(f"{source}: no manifest to read the classes from; pass num_classes")
+        self.shuffle, self.seed, self.shuffle_buffer, self.with_ids = shuffle, seed, shuffle_buffer, with_ids
+        self.rank, self.world_size = rank, world_size
+        self.epoch = 0
+
+    def set_epoch(self, epoch):
+        self.epoch = epoch
+
+    def _records(self):
+        slot, slots = reader_slot(self.rank, self.world_size)
+        files = list(self.files)
+        if self.shuffle:  # the same permutation in every reader, so the deal below stays disjoint
+            random.Random(self.seed + self.epoch).shuffle(files)
+        if len(files) >= slots:  # whole shards per reader
+            for path in files[slot::slots]:
+                yield from read_records(path)
+        else:  # fewer shards than readers: everyone scans, keeps every n-th record
+            for i, record in enumerate(r for path in files for r in read_records(path)):
+                if i % slots == slot:
+                    yield record
+
+    def _decode(self, record):
+        ex = schema.decode_example(record)
+        image = cv2.imdecode(np.frombuffer(ex[schema.IMAGE], np.uint8), cv2.IMREAD_COLOR)
+        if image is None:
+            raise TfpipeError(f"record {ex.get(schema.IMAGE_NAME, b'?')!r}: image does not decode")
+        image = torch.from_numpy(np.ascontiguousarray(image[:, :, ::-1].transpose(2, 0, 1)))  # BGR HWC -> RGB CHW
+        target = torch.zeros(self.num_classes, dtype=torch.float32)
+        labels = ex.get(schema.TARGET, [])
+        target[list(labels) if isinstance(labels, list) else [labels]] = 1.0
+        name = ex.get(schema.IMAGE_NAME, b"")
+        return (image, target, name.decode("utf-8") if isinstance(name, bytes) else name) if self.with_ids else (
+            image, target)
+
+    def __iter__(self):
+        records = self._records()
+        if self.shuffle:
+            records = _shuffled(records, self.shuffle_buffer, random.Random(self.seed * 7919 + self.epoch))
+        for record in records:
+            yield self._decode(record)
+
+
+def _shuffled(items, buffer_size, rng):
+    """A shuffle buffer over a stream (what tf.data's shuffle does)."""
+    buffer = []
+    for item in items:
+        buffer.append(item)
+        if len(buffer) >= buffer_size:
+            yield buffer.pop(rng.randrange(len(buffer)))
+    rng.shuffle(buffer)
+    yield from buffer

@@ -1,0 +1,70 @@
+"""The pictures a run leaves in its folder: learning curves, per-class ROC curves, a prediction grid.
+
+Each function takes plain arrays / a DataFrame and writes one PNG (through
+``tf.io.gfile``, so a ``gs://`` run folder works too). Matplotlib runs headless.
+"""
+import io
+
+import matplotlib
+
+matplotlib.use("Agg")  # no display on TPU VMs, CI or in subprocesses
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+RIGHT, WRONG = "tab:blue", "tab:red"
+
+
+def save(fig, path):
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
+    plt.close(fig)
+    with tf.io.gfile.GFile(path, "wb") as f:
+        f.write(buf.getvalue())
+
+
+def learning_curves(history, path):
+    """Loss, every validation score, and the learning rate per epoch (from ``history.csv``)."""
+    metrics = [c for c in history.columns if not c.startswith("val_") and c not in ("epoch", "lr", "loss")]
+    panels = ["loss", *metrics, *(["lr"] if "lr" in history else [])]
+    fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.2), squeeze=False)
+    epochs = history["epoch"] + 1
+    for ax, name in zip(axes[0], panels):
+        ax.plot(epochs, history[name], marker=".", label="train" if name != "lr" else "learning rate")
+        if f"val_{name}" in history:
+            ax.plot(epochs, history[f"val_{name}"], marker=".", label="validation")
+        ax.set_title(name)
+        ax.set_xlabel("epoch")
+        ax.grid(alpha=0.3)
+        ax.legend()
+    save(fig, path)
+
+
+def roc_curves(targets, probs, classes, path):
+    """One validation ROC curve per class (classes without both positives and negatives are left out)."""
+    from sklearn.metrics import roc_auc_score, roc_curve
+
+    fig, ax = plt.subplots(figsize=(5, 5))
+    for c, name in enumerate(classes):
+        if 0 < targets[:, c].sum() < len(targets):
+            fpr, tpr, _ = roc_curve(targets[:, c], probs[:, c])
+            ax.plot(fpr, tpr, label=f"{name} (AUC {roc_auc_score(targets[:, c], probs[:, c]):.3f})")
+    ax.plot([0, 1], [0, 1], "k:", lw=1)
+    ax.set(xlabel="false positive rate", ylabel="true positive rate", title="validation ROC per class")
+    ax.legend(fontsize=8, loc="lower right")
+    save(fig, path)
+
+
+def prediction_grid(images, true_labels, predicted_labels, path, columns=6):
+    """Images titled "true / predicted", blue when the label sets agree, red when they do not."""
+    n = len(images)
+    rows = max(1, -(-n // columns))
+    fig, axes = plt.subplots(rows, columns, figsize=(2.2 * columns, 2.5 * rows), squeeze=False)
+    for ax in axes.flat:
+        ax.axis("off")
+    for ax, image, true, pred in zip(axes.flat, images, true_labels, predicted_labels):
+        ax.imshow(np.asarray(image))
+        ax.set_title(f"{true or '-'}\n{pred or '-'}", fontsize=8, color=RIGHT if set(true.split()) == set(pred.split())
+                     else WRONG)
+    fig.suptitle("validation: true (top) / predicted (bottom)", fontsize=10)
+    save(fig, path)

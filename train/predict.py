@@ -1,0 +1,194 @@
+"""Predict test shards with a trained run and write a Kaggle submission CSV.
+
+    python -m train.predict --run runs/demo --records records/demo/test --out submission.csv --tta 4
+
+Rows follow the shards' written order and are keyed by the CSV id stored in
+each record. By default each row holds the predicted labels, space-separated,
+at the per-class thresholds tuned on validation (``thresholds.json`` of the
+run; ``--threshold`` overrides); ``--probabilities`` writes one column per
+class instead (the Plant Pathology 2020 format). Works under any strategy:
+batches are padded to static shapes and the padding rows are dropped.
+"""
+import argparse
+import json
+import math
+import sys
+
+import train  # noqa: F401  (selects tf-keras before TensorFlow is imported)
+import numpy as np
+import tensorflow as tf
+import tf_keras as keras
+
+import tfpipe
+from tfpipe.errors import TfpipeError, run_cli
+from tfpipe.shards import read_manifest
+from train.strategy import STRATEGIES, resolve_strategy
+
+RUN_CONFIG = "config.json"  # written by train.fit: classes, image size, head type
+THRESHOLDS = "thresholds.json"  # per-class thresholds tuned on validation by train.fit
+ZOOM = 0.875  # TTA crops keep 87.5% of the side (the usual 224/256)
+# TTA views, in order: (crop box [y1, x1, y2, x2] in relative coordinates, horizontal flip).
+_C = (1 - ZOOM) / 2
+TTA_VIEWS = (
+    ((0, 0, 1, 1), False), ((0, 0, 1, 1), True),  # the image and its mirror
+    ((_C, _C, 1 - _C, 1 - _C), False), ((_C, _C, 1 - _C, 1 - _C), True),  # centre zoom
+    ((0, 0, ZOOM, ZOOM), False), ((0, 1 - ZOOM, ZOOM, 1), True),  # corner zooms
+    ((1 - ZOOM, 0, 1, ZOOM), True), ((1 - ZOOM, 1 - ZOOM, 1, 1), False),
+)
+
+
+def tta_view(images, k):
+    """View ``k`` of a uint8 batch [B, S, S, 3]: view 0 is the batch itself, then mirror and zoomed crops."""
+    box, flip = TTA_VIEWS[k]
+    if box != (0, 0, 1, 1):
+        n, size = tf.shape(images)[0], images.shape[1:3]
+        boxes = tf.tile(tf.constant([box], tf.float32), [n, 1])
+        crops = tf.image.crop_and_resize(tf.cast(images, tf.float32), boxes, tf.range(n), size)
+        images = tf.saturate_cast(tf.round(crops), tf.uint8)
+    return tf.reverse(images, axis=[2]) if flip else images
+
+
+def load_run(run):
+    """(model, run config) of a ``train.fit`` run folder."""
+    path = f"{run}/{RUN_CONFIG}"
+    if not tf.io.gfile.exists(path):
+        raise TfpipeError(f"{run}: no {RUN_CONFIG}; is this a run folder written by train.fit?")
+    config = json.loads(tf.io.gfile.GFile(path).read())
+    model_path = f"{run}/model.keras"
+    if not tf.io.gfile.exists(model_path):
+        raise TfpipeError(f"{run}: no model.keras; the run did not finish (continue it with --resume)")
+    return load_model(model_path), config
+
+
+def load_model(path):
+    from train.models import custom_objects
+
+    return keras.models.load_model(path, custom_objects=custom_objects(), compile=False)
+
+
+def predict_probabilities(model, source, strategy, *, batch_size, image_size, num_classes, folds=None, tta=1):
+    """Model outputs [N, C] for every record of ``source`` in written order, averaged over ``tta`` views.
+
+    The model must have been built in ``strategy.scope()`` (or loaded there).
+    Every replica gets a full padded batch, so shapes stay static; the padding
+    rows (at the end, in written order) are dropped.
+    """
+    if not 1 <= tta <= len(TTA_VIEWS):
+        raise TfpipeError(f"--tta must be in 1..{len(TTA_VIEWS)} (got {tta})")
+    n = tfpipe.count_examples(source, folds)
+    global_batch = batch_size * strategy.num_replicas_in_sync
+    steps = math.ceil(n / global_batch)
+    total = np.zeros((n, num_classes), np.float64)
+    for k in range(tta):
+        def dataset_fn(ctx, k=k):
+            ds = tfpipe.make_dataset(source, ctx.get_per_replica_batch_size(global_batch), image_size=image_size,
+                                     folds=folds, num_classes=num_classes, pad_batches=True, input_context=ctx)
+            return ds.map(lambda images, targets, weights: tta_view(images, k))
+
+        ds = strategy.distribute_datasets_from_function(dataset_fn)
+        total += model.predict(ds, steps=steps, verbose=0)[:n]
+    return (total / tta).astype(np.float32)
+
+
+def labels_at(probs, classes, thresholds, single_label):
+    """Space-separated predicted class names per row: argmax for single-label, else every class above its threshold."""
+    if single_label:
+        return [classes[i] for i in probs.argmax(axis=1)]
+    above = probs >= np.asarray(thresholds)[None, :]
+    return [" ".join(c for c, on in zip(classes, row) if on) for row in above]
+
+
+def tune_thresholds(probs, targets, default):
+    """Per-class thresholds maximising validation F1 (``default`` for a class with no positive)."""
+    from sklearn.metrics import precision_recall_curve
+
+    out = []
+    for c in range(targets.shape[1]):
+        if targets[:, c].sum() == 0:
+            out.append(default)
+            continue
+        precision, recall, thresholds = precision_recall_curve(targets[:, c], probs[:, c])
+        f1 = 2 * precision * recall / np.maximum(precision + recall, 1e-12)
+        out.append(float(thresholds[int(np.argmax(f1[:-1]))]))
+    return out
+
+
+def predict(run, records, out="submission.csv", *, tta=1, threshold=None, probabilities=False, strategy="auto",
+            replicas=None, batch_size=32, id_column=None):
+    """Writes the submission of run folder ``run`` on the shards ``records``; returns it as a DataFrame.
+
+    Example::
+
+        from train.predict import predict
+        df = predict("runs/demo", "records/demo/test", "submission.csv", tta=2)
+    """
+    import pandas as pd
+
+    strat, _ = resolve_strategy(strategy, replicas)
+    with strat.scope():  # variables placed on every replica
+        model, config = load_run(run)
+    classes, size = config["classes"], config["image_size"]
+    with tfpipe.naming_corrupt_shards(records):
+        probs = predict_probabilities(model, records, strat, batch_size=batch_size, image_size=size,
+                                      num_classes=len(classes), tta=tta)
+    ids = tfpipe.image_names(records)
+    id_column = id_column or _id_column(records)
+    if probabilities:
+        df = pd.DataFrame(probs, columns=classes)
+        df.insert(0, id_column, ids)
+    else:
+        thresholds = _thresholds(run, classes, threshold, config)
+        df = pd.DataFrame({id_column: ids, "labels": labels_at(probs, classes, thresholds, config["single_label"])})
+    if out:
+        with tf.io.gfile.GFile(f"{out}.tmp", "w") as f:  # complete or absent, also on gs://
+            df.to_csv(f, index=False)
+        tf.io.gfile.rename(f"{out}.tmp", out, overwrite=True)
+    return df
+
+
+def _id_column(records):
+    try:
+        return read_manifest(records).get("id_column", "image")
+    except TfpipeError:  # a glob or a list of files: no manifest
+        return "image"
+
+
+def _thresholds(run, classes, threshold, config):
+    if threshold is not None:
+        return [threshold] * len(classes)
+    path = f"{run}/{THRESHOLDS}"
+    if tf.io.gfile.exists(path):
+        tuned = json.loads(tf.io.gfile.GFile(path).read())
+        return [tuned[c] for c in classes]
+    return [config.get("threshold", 0.5)] * len(classes)
+
+
+def build_parser():
+    p = argparse.ArgumentParser(prog="python -m train.predict", description=__doc__.split("\n\n")[0])
+    p.add_argument("--run", required=True, help="run folder written by train.fit")
+    p.add_argument("--records", required=True, help="shards to predict (e.g. written with --split test)")
+    p.add_argument("--out", default="submission.csv", help="CSV to write (default: submission.csv)")
+    p.add_argument("--tta", type=int, default=1, help=f"test-time augmentation views to average (1..{len(TTA_VIEWS)})")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--threshold", type=float, help="one threshold for every class (default: tuned per class)")
+    g.add_argument("--probabilities", action="store_true", help="one probability column per class")
+    p.add_argument("--id-column", help="name of the id column (default: the CSV's, from the manifest)")
+    p.add_argument("--strategy", choices=STRATEGIES, default="auto")
+    p.add_argument("--replicas", type=int, help="with --strategy cpu: N virtual CPU replicas")
+    p.add_argument("--batch-size", type=int, default=32, help="per replica")
+    return p
+
+
+def run(args):
+    df = predict(args.run, args.records, args.out, tta=args.tta, threshold=args.threshold,
+                 probabilities=args.probabilities, strategy=args.strategy, replicas=args.replicas,
+                 batch_size=args.batch_size, id_column=args.id_column)
+    print(f"wrote {len(df)} rows ({args.tta} view{'s' if args.tta > 1 else ''}) -> {args.out}")
+
+
+def main(argv=None):
+    return run_cli("train.predict", run, build_parser().parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,61 @@
+"""What a finished run writes about its validation set: predictions, tuned thresholds and pictures.
+
+    runs/NAME/val_predictions.csv   id, true labels, predicted labels, one probability per class
+    runs/NAME/thresholds.json       per-class thresholds maximising validation F1 (multi-label)
+    runs/NAME/learning_curves.png   loss, scores and learning rate per epoch
+    runs/NAME/roc.png               per-class validation ROC curves
+    runs/NAME/predictions.png       validation images titled true / predicted (blue right, red wrong)
+
+A SWA model writes the same files with a ``-swa`` suffix (no learning curves).
+"""
+import json
+
+import numpy as np
+import pandas as pd
+import tensorflow as tf
+
+import tfpipe
+from train import plots
+from train.predict import labels_at, predict_probabilities, tune_thresholds
+
+GRID_IMAGES = 24
+
+
+def validation_report(model, strategy, out, *, classes, single_label, source, folds, image_size, batch_size,
+                      threshold, suffix=""):
+    """Predicts the validation records, writes the files above, returns validation scores (sklearn)."""
+    from sklearn.metrics import f1_score, roc_auc_score
+
+    probs = predict_probabilities(model, source, strategy, batch_size=batch_size, image_size=image_size,
+                                  num_classes=len(classes), folds=folds)
+    targets = tfpipe.read_targets(source, len(classes), folds)
+    thresholds = [threshold] * len(classes) if single_label else tune_thresholds(probs, targets, threshold)
+    predicted = labels_at(probs, classes, thresholds, single_label)
+    truth = [" ".join(c for c, on in zip(classes, row) if on) for row in targets > 0]
+    ids = tfpipe.image_names(source, folds)
+    table = pd.DataFrame({"image_name": ids, "true": truth, "predicted": predicted})
+    table = pd.concat([table, pd.DataFrame(probs, columns=classes)], axis=1)
+    with tf.io.gfile.GFile(f"{out}/val_predictions{suffix}.csv", "w") as f:
+        table.to_csv(f, index=False)
+    if not single_label:
+        with tf.io.gfile.GFile(f"{out}/thresholds{suffix}.json", "w") as f:
+            f.write(json.dumps(dict(zip(classes, thresholds)), indent=1) + "\n")
+    plots.roc_curves(targets, probs, classes, f"{out}/roc{suffix}.png")
+    images = next(iter(tfpipe.make_dataset(source, GRID_IMAGES, image_size=image_size, folds=folds,
+                                           num_classes=len(classes))))[0].numpy()
+    plots.prediction_grid(images, truth[:GRID_IMAGES], predicted[:GRID_IMAGES], f"{out}/predictions{suffix}.png")
+    present = [c for c in range(len(classes)) if 0 < targets[:, c].sum() < len(targets)]
+    hits = targets > 0 if not single_label else None
+    return {
+        "roc_auc_macro": float(roc_auc_score(targets[:, present], probs[:, present], average="macro")) if present
+        else None,
+        "f1_macro_tuned": None if single_label else float(f1_score(hits, probs >= np.asarray(thresholds), average="macro",
+                                                                    zero_division=0)),
+        "accuracy": float(np.mean(targets.argmax(1) == probs.argmax(1))) if single_label else None,
+    }
+
+
+def learning_curves(out):
+    with tf.io.gfile.GFile(f"{out}/history.csv") as f:
+        history = pd.read_csv(f)
+    plots.learning_curves(history, f"{out}/learning_curves.png")

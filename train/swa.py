@@ -1,0 +1,86 @@
+"""Stochastic weight averaging: average the weights of the last epochs, then re-estimate batch-norm statistics.
+
+The average is kept as a running mean of the end-of-epoch weights and saved
+every epoch (``swa/average.npz``), so ``--resume`` after a crash continues it.
+Averaged weights do not match the batch-norm statistics of any epoch, so
+``recompute_batch_norm`` runs one pass over training data with each
+BatchNormalization layer's momentum set per step to a cumulative average
+(what PyTorch's ``torch.optim.swa_utils.update_bn`` does), through
+``model.fit`` with a zero learning rate so it runs under any strategy.
+"""
+import io
+
+import numpy as np
+import tensorflow as tf
+import tf_keras as keras
+
+
+def average_weights(average, count, weights):
+    """Running mean: ``average`` of ``count`` snapshots updated with one more (lists of arrays)."""
+    if average is None:
+        return [np.array(w, np.float64) for w in weights]
+    return [a + (np.asarray(w, np.float64) - a) / (count + 1) for a, w in zip(average, weights)]
+
+
+class AverageWeights(keras.callbacks.Callback):
+    """Averages the model's weights at the end of every epoch from ``start_epoch`` (0-based, global) on."""
+
+    def __init__(self, start_epoch, path):
+        super().__init__()
+        self.start_epoch, self.path = start_epoch, path
+        self.average, self.count = None, 0
+        if tf.io.gfile.exists(path):  # resumed: continue the running mean
+            with tf.io.gfile.GFile(path, "rb") as f:
+                saved = np.load(io.BytesIO(f.read()))
+                self.count = int(saved["count"])
+                self.average = [saved[f"w{i}"] for i in range(len(saved.files) - 1)]
+
+    def on_epoch_end(self, epoch, logs=None):
+        if epoch < self.start_epoch or epoch < self.start_epoch + self.count:  # before the window, or already in
+            return
+        self.average = average_weights(self.average, self.count, self.model.get_weights())
+        self.count += 1
+        buf = io.BytesIO()
+        np.savez(buf, count=self.count, **{f"w{i}": w for i, w in enumerate(self.average)})
+        with tf.io.gfile.GFile(f"{self.path}.tmp", "wb") as f:
+            f.write(buf.getvalue())
+        tf.io.gfile.rename(f"{self.path}.tmp", self.path, overwrite=True)  # a crash keeps the previous average
+
+
+def batch_norm_layers(model):
+    return [layer for layer in model.submodules if isinstance(layer, keras.layers.BatchNormalization)]
+
+
+def recompute_batch_norm(model, dataset, steps, loss):
+    """Sets every BatchNormalization layer's moving statistics to their mean over ``steps`` training batches.
+
+    Runs one ``model.fit`` epoch with a zero learning rate (weights unchanged,
+    under whatever strategy built the model) while each layer's momentum is a
+    variable set to k/(k+1) before step k, which turns the moving averages into
+    exact cumulative means. The model must be compiled again afterwards.
+    """
+    layers = batch_norm_layers(model)
+    if not layers:
+        return 0
+    with model.distribute_strategy.scope():
+        momentum = tf.Variable(0.0, trainable=False, dtype=tf.float32)
+    saved = [layer.momentum for layer in layers]
+    for layer in layers:
+        layer.moving_mean.assign(tf.zeros_like(layer.moving_mean))
+        layer.moving_variance.assign(tf.ones_like(layer.moving_variance))
+        layer.momentum = momentum  # read at every step of the traced train function
+
+    class CumulativeMomentum(keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            momentum.assign(batch / (batch + 1))
+
+    if not hasattr(model, "_training_state"):  # BackupAndRestore deletes it when the previous fit ends
+        model._training_state = None
+    with model.distribute_strategy.scope():  # the optimizer's variables live where the model's do
+        model.compile(optimizer=keras.optimizers.SGD(0.0), loss=loss, steps_per_execution=1)
+    try:
+        model.fit(dataset, epochs=1, steps_per_epoch=steps, callbacks=[CumulativeMomentum()], verbose=0)
+    finally:
+        for layer, m in zip(layers, saved):
+            layer.momentum = m
+    return len(layers)
