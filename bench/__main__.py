@@ -15,7 +15,7 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FULL = {"n": 100, "writer_reps": 2, "times": 8, "reps": 3, "epochs": 3, "steps": 64}
+FULL = {"n": 300, "writer_reps": 3, "times": 8, "reps": 3, "epochs": 3, "steps": 64}
 SMOKE = {"n": 4, "writer_reps": 1, "times": 1, "reps": 1, "epochs": 2, "steps": 4}
 
 
@@ -28,8 +28,13 @@ def machine():
             f"{os.cpu_count()} CPUs · Python {platform.python_version()} · {versions}")
 
 
-def bench(module, args, work):
+def bench(module, args, work, only=None):
+    """Runs ``bench.<module>`` in a fresh process and returns its figures (or, with ``only`` naming another
+    benchmark, the figures of its last run)."""
     out = os.path.join(work, f"{module}.json")
+    if only and only != module and os.path.exists(out):
+        with open(out) as f:
+            return json.load(f)
     subprocess.run([sys.executable, "-m", f"bench.{module}", *args, "--json", out], check=True, cwd=ROOT,
                    env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=ROOT))
     with open(out) as f:
@@ -50,6 +55,8 @@ def ratios(writer, reader, training):
         ("writer / codec limit", marginal("tfpipe.write") / marginal("codec limit (bare pool)"), 0.9),
         ("pass-through / seed q100", marginal("tfpipe.write pass-through") / marginal("seed writer, no resize, q100"),
          10),
+        ("pass-through / seed q100, whole process 3N", res["seed writer, no resize, q100"]["3N"]
+         / res["tfpipe.write pass-through"]["3N"], None),
         ("reader / decode limit", sp["make_dataset(training=False)"][0]
          / sp["decode limit (bytes in memory, parallel decode)"][0], 0.9),
         ("reader / seed parser", sp["make_dataset(training=False)"][0]
@@ -90,6 +97,9 @@ def main(argv=None):
     p.add_argument("--smoke", action="store_true", help="tiny sizes: checks that every benchmark runs")
     p.add_argument("--work", default=os.path.join(ROOT, "bench", "out"), help="corpus and shards (reused)")
     p.add_argument("--results", default=os.path.join(ROOT, "bench", "results.md"))
+    p.add_argument("--only", choices=("writer", "reader", "training", "none"),
+                   help="rerun one benchmark (none: just rewrite the report); the others' figures come from "
+                        "their last run in --work")
     args = p.parse_args(argv)
     cfg = SMOKE if args.smoke else FULL
     os.makedirs(args.work, exist_ok=True)
@@ -97,12 +107,13 @@ def main(argv=None):
     if not os.path.exists(os.path.join(corpus, "train.csv")):
         from bench.corpus import make_corpus
 
-        make_corpus(corpus, 4 * cfg["n"])
+        make_corpus(corpus, min(4 * cfg["n"], 400))  # the writer repeats photos beyond 400 (hard links)
     common = ["--corpus", corpus, "--work", args.work]
-    writer = bench("writer", [*common, "--n", str(cfg["n"]), "--reps", str(cfg["writer_reps"])], args.work)
+    writer = bench("writer", [*common, "--n", str(cfg["n"]), "--reps", str(cfg["writer_reps"])], args.work, args.only)
     reader = bench("reader", [*common, "--times", str(cfg["times"]), "--reps", str(cfg["reps"]), "--epochs",
-                              str(cfg["epochs"])], args.work)
-    training = bench("training", [*common, "--steps", str(cfg["steps"]), "--reps", str(cfg["reps"])], args.work)
+                              str(cfg["epochs"])], args.work, args.only)
+    training = bench("training", [*common, "--steps", str(cfg["steps"]), "--reps", str(cfg["reps"])], args.work,
+                     args.only)
 
     from bench import reader as reader_lib, training as training_lib, writer as writer_lib
 

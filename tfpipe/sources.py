@@ -23,6 +23,7 @@ class Item:
     path: str
     name: str
     labels: tuple = ()
+    data: bytes | None = dataclasses.field(default=None, repr=False)  # encoded image, when not from a file
 
 
 @dataclasses.dataclass(frozen=True)
