@@ -67,6 +67,15 @@ def rmtree(path):
     return _gfile().rmtree(path) if is_remote(path) else shutil.rmtree(path)
 
 
+def write_atomic(path, data):
+    """Writes ``data`` (str or bytes) to ``path`` through a temporary name, so ``path`` is complete or absent
+    (also on buckets, where rename is copy + delete)."""
+    tmp = path + ".tmp"
+    with open(tmp, "wb" if isinstance(data, bytes) else "w") as f:
+        f.write(data)
+    rename(tmp, path, overwrite=True)
+
+
 def size(path):
     return _gfile().stat(path).length if is_remote(path) else os.path.getsize(path)
 

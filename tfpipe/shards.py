@@ -161,10 +161,7 @@ class StagedShards:
             self._close()
         self.finished.add(index)
         entries = [{"index": i, "count": self.counts[i], "skipped": self.skipped[i]} for i in sorted(self.finished)]
-        tmp = self.progress_path + ".tmp"
-        with fs.open(tmp, "w") as f:
-            f.write(json.dumps({"fingerprint": self.fingerprint, "shards": entries}))
-        fs.rename(tmp, self.progress_path, overwrite=True)
+        fs.write_atomic(self.progress_path, json.dumps({"fingerprint": self.fingerprint, "shards": entries}))
 
     def _close(self):
         if self._writer is not None:
@@ -220,11 +217,7 @@ def remove_outputs(out_dir):
 
 def write_manifest(out_dir, manifest):
     """Writes ``manifest.json`` through a temporary name, so it is never half-written."""
-    path = posixpath.join(out_dir, MANIFEST)
-    tmp = path + ".tmp"
-    with fs.open(tmp, "w") as f:
-        f.write(json.dumps(manifest, indent=1, ensure_ascii=False) + "\n")
-    fs.rename(tmp, path, overwrite=True)
+    fs.write_atomic(posixpath.join(out_dir, MANIFEST), json.dumps(manifest, indent=1, ensure_ascii=False) + "\n")
 
 
 def read_manifest(out_dir):

@@ -22,6 +22,7 @@ import tensorflow as tf
 import tf_keras as keras
 
 import tfpipe
+from tfpipe import fs
 from tfpipe.augment import NO_AUGMENT, Augment
 from tfpipe.errors import TfpipeError, run_cli
 from tfpipe.shards import read_manifest
@@ -187,9 +188,7 @@ def read_state(out):
 
 
 def write_state(out, state):
-    with tf.io.gfile.GFile(f"{out}/{STATE}.tmp", "w") as f:
-        f.write(json.dumps(state))
-    tf.io.gfile.rename(f"{out}/{STATE}.tmp", f"{out}/{STATE}", overwrite=True)
+    fs.write_atomic(f"{out}/{STATE}", json.dumps(state))
 
 
 def check_out(cfg):

@@ -20,6 +20,7 @@ import tensorflow as tf
 import tf_keras as keras
 
 import tfpipe
+from tfpipe import fs
 from tfpipe.errors import TfpipeError, run_cli
 from tfpipe.shards import read_manifest
 from train.strategy import STRATEGIES, resolve_strategy
@@ -140,9 +141,7 @@ def predict(run, records, out="submission.csv", *, tta=1, threshold=None, probab
         thresholds = _thresholds(run, classes, threshold, config)
         df = pd.DataFrame({id_column: ids, "labels": labels_at(probs, classes, thresholds, config["single_label"])})
     if out:
-        with tf.io.gfile.GFile(f"{out}.tmp", "w") as f:  # complete or absent, also on gs://
-            df.to_csv(f, index=False)
-        tf.io.gfile.rename(f"{out}.tmp", out, overwrite=True)
+        fs.write_atomic(out, df.to_csv(index=False))  # complete or absent, also on gs://
     return df
 
 

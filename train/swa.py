@@ -14,6 +14,8 @@ import numpy as np
 import tensorflow as tf
 import tf_keras as keras
 
+from tfpipe import fs
+
 
 def average_weights(average, count, weights):
     """Running mean: ``average`` of ``count`` snapshots updated with one more (lists of arrays)."""
@@ -42,9 +44,7 @@ class AverageWeights(keras.callbacks.Callback):
         self.count += 1
         buf = io.BytesIO()
         np.savez(buf, count=self.count, **{f"w{i}": w for i, w in enumerate(self.average)})
-        with tf.io.gfile.GFile(f"{self.path}.tmp", "wb") as f:
-            f.write(buf.getvalue())
-        tf.io.gfile.rename(f"{self.path}.tmp", self.path, overwrite=True)  # a crash keeps the previous average
+        fs.write_atomic(self.path, buf.getvalue())  # a crash keeps the previous average
 
 
 def batch_norm_layers(model):
