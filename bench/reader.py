@@ -2,12 +2,15 @@
 
     python -m bench.reader --corpus bench/out/corpus
 
-All pipelines read the same 256 px q95 shards in one run; figures are images/s
-(best and median of ``--reps``) and their ratios.
+All pipelines read the same 256 px q95 shards in one run, taking turns
+(round-robin); figures are images/s (best and median of ``--reps`` single
+passes; for training, the best of each epoch over ``--reps - 1`` runs) and their
+ratios.
 """
 import argparse
 import glob
 import os
+import statistics
 
 from bench.common import dump, replicate_corpus, timed
 
@@ -99,19 +102,27 @@ def run(corpus, work, times=8, reps=3, epochs=3):
         "seed parser (parse_single_example + decode_jpeg)": lambda: seed_parser(files).batch(BATCH),
         "make_dataset(training=False)": lambda: tfpipe.make_dataset(records, BATCH, cache=False),
     }
-    for name, make in pipelines.items():
-        best, median, got = timed(lambda: count(make()), reps)
-        assert got == n, (name, got, n)
-        rows[name] = (n / best, n / median)
+    times = {name: [] for name in pipelines}
+    for _ in range(reps):  # round-robin, so drifts of a shared machine hit every contender alike
+        for name, make in pipelines.items():
+            seconds, _, got = timed(lambda: count(make()), 1)
+            assert got == n, (name, got, n)
+            times[name].append(seconds)
+    rows = {name: (n / min(t), n / statistics.median(t)) for name, t in times.items()}
     steps = max(1, n // BATCH)
     aug = Augment(flip=True, crop="pad", pad=32, brightness=0.1, contrast=0.0, saturation=0.0)
-    train_rates = {
-        "seed training input": epoch_rates(lambda: seed_training(files), steps, epochs),
-        "make_dataset(training=True), cache": epoch_rates(
-            lambda: tfpipe.make_dataset(records, BATCH, training=True, augment=aug, cache=True), steps, epochs),
-        "make_dataset(training=True), no cache": epoch_rates(
-            lambda: tfpipe.make_dataset(records, BATCH, training=True, augment=aug, cache=False), steps, epochs),
+    training = {
+        "seed training input": lambda: seed_training(files),
+        "make_dataset(training=True), cache": lambda: tfpipe.make_dataset(records, BATCH, training=True, augment=aug,
+                                                                           cache=True),
+        "make_dataset(training=True), no cache": lambda: tfpipe.make_dataset(records, BATCH, training=True,
+                                                                              augment=aug, cache=False),
     }
+    rounds = {name: [] for name in training}
+    for _ in range(max(1, reps - 1)):  # whole runs of `epochs` epochs, round-robin; the best of each epoch is kept
+        for name, make in training.items():
+            rounds[name].append(epoch_rates(make, steps, epochs))
+    train_rates = {name: [max(r[e] for r in runs) for e in range(epochs)] for name, runs in rounds.items()}
     return {"records": n, "single_pass": rows, "training": train_rates}
 
 

@@ -6,7 +6,8 @@
    augmentation) and from one batch held in memory (``from_tensors().repeat()``),
    same shapes, same steps; the ratio of images/s is the share of training speed
    the pipeline keeps (goal >= 0.95).
-2. steps_per_execution K = 1, 8, 32 on 8 virtual CPU replicas, a tiny model
+2. steps_per_execution K = 1, 8, 32 on 8 virtual CPU replicas (and, for
+   comparison, on one replica), a tiny model
    (8 px, one conv, a dense head) on in-memory data: steps/s as a ratio to K = 1.
    The model does almost no work, so the ratio is the host's per-step overhead
    (Python, dispatch, callbacks) that K removes; a heavier model on a 2-core CPU
@@ -82,12 +83,12 @@ def input_bound(records, steps, reps):
     return rates
 
 
-def steps_per_execution(steps, reps):
+def steps_per_execution(steps, reps, replicas=8):
     import tensorflow as tf
 
     from train.strategy import resolve_strategy
 
-    strategy, _ = resolve_strategy("cpu", 8)
+    strategy, _ = resolve_strategy("cpu", replicas)
     per_replica = 4
     global_batch = per_replica * strategy.num_replicas_in_sync
     images = tf.cast(tf.random.uniform([global_batch, SPE_SIZE, SPE_SIZE, 3], 0, 255, seed=0), tf.uint8)
@@ -107,7 +108,8 @@ def run(corpus, work="bench/out", times=4, steps=64, reps=3):
 
     ensure_virtual_cpus(8)  # before TensorFlow initialises its devices
     records = build_shards(corpus, work, times)
-    return {"input": input_bound(records, steps, reps), "spe": steps_per_execution(steps, reps), "steps": steps}
+    return {"input": input_bound(records, steps, reps), "spe": steps_per_execution(steps, reps),
+            "spe_one_replica": steps_per_execution(steps, reps, replicas=1), "steps": steps}
 
 
 def report(result):
@@ -119,10 +121,10 @@ def report(result):
         lines.append(f"| {name} | {max(rates):.0f} | {sorted(rates)[len(rates) // 2]:.0f} |")
     lines += ["", f"make_dataset / in memory = {fed / memory:.2f} (goal >= 0.95; on 2 CPU cores the pipeline "
                   "and the model share the cores, on an accelerator they do not)", "",
-              "| steps_per_execution (8 virtual CPU replicas, tiny model) | steps/s best | ratio to K=1 |", "|---|---|---|"]
-    base = max(spe[0][1])
-    for k, rates in spe:
-        lines.append(f"| K = {k} | {max(rates):.1f} | {max(rates) / base:.2f} |")
+              "| steps_per_execution, tiny model | steps/s best | ratio to K=1 |", "|---|---|---|"]
+    for label, runs in (("8 virtual CPU replicas", spe), ("1 replica", result.get("spe_one_replica", []))):
+        for k, rates in runs:
+            lines.append(f"| {label}, K = {k} | {max(rates):.1f} | {max(rates) / max(runs[0][1]):.2f} |")
     lines += ["", f"Tiny model ({SPE_SIZE} px, one conv, dense head) so the ratio shows the per-step host "
                   "overhead that K removes; on CPU a real model's compute hides it. A TPU's per-call overhead is "
                   "much larger (the TPU guide reports ~1.5x from this setting)."]

@@ -343,7 +343,8 @@ def _evaluation_pipeline(files, batch_size, size, parse, decode_one, cached, dro
 def _training_pipeline(files, batch_size, size, parse, decode_one, image_format, cached, augment, shuffle_buffer,
                        seed, deterministic, drop_remainder, shard_records, ctx):
     crop_on_decode = augment.crop == "resized" and image_format == "jpeg" and not cached
-    geometric, photometric = aug_lib.image_ops(augment, size, crop_done=crop_on_decode)
+    per_image = aug_lib.image_ops(augment, size, crop_done=crop_on_decode)  # resized crop, erasing
+    per_batch = aug_lib.make_batch_augment(augment, size)  # pad crop, flip, colour: one XLA op per batch
     mix = aug_lib.batch_mix(augment)
     if shard_records:  # several pipelines share files: read in a fixed order, then keep every n-th record
         ds = tf.data.TFRecordDataset(files, buffer_size=READ_BUFFER)
@@ -363,24 +364,35 @@ def _training_pipeline(files, batch_size, size, parse, decode_one, image_format,
         ds = ds.cache()  # decode once: later epochs start from pixels in memory
     ds = ds.shuffle(shuffle_buffer, seed=seed)  # before decoding (when not cached): a buffer of small JPEGs
     ds = ds.repeat()
-    ds = tf.data.Dataset.zip((ds, tf.data.Dataset.random(seed=seed).batch(2)))  # a stateless seed per image
+    if per_image or not cached:  # decoding and per-image ops; a cached pipeline with neither skips this map
+        ds = tf.data.Dataset.zip((ds, tf.data.Dataset.random(seed=seed).batch(2)))  # a stateless seed per image
 
-    def augment_one(e, s):
-        seeds = tf.random.experimental.stateless_split(s, 2)
-        if crop_on_decode:  # random resized crop while decoding: only the window's pixels are decoded
-            image = _crop_decode(e["image"], size, augment, seeds[0])
-        else:
-            image = e["image"] if cached else decode_one(e["image"])
-        image = aug_lib.augment_image(image, seeds[1], geometric, photometric)
-        return dict(e, image=tf.ensure_shape(image, [size, size, 3]))
+        def augment_one(e, s):
+            seeds = tf.random.experimental.stateless_split(s, 2)
+            if crop_on_decode:  # random resized crop while decoding: only the window's pixels are decoded
+                image = _crop_decode(e["image"], size, augment, seeds[0])
+            else:
+                image = e["image"] if cached else decode_one(e["image"])
+            image = aug_lib.augment_image(image, seeds[1], per_image)
+            return dict(e, image=tf.ensure_shape(image, [size, size, 3]))
 
-    ds = ds.map(augment_one, num_parallel_calls=AUTOTUNE, deterministic=deterministic)
+        ds = ds.map(augment_one, num_parallel_calls=AUTOTUNE, deterministic=deterministic)
     ds = ds.batch(batch_size, drop_remainder=drop_remainder)  # static shapes for the TPU
-    if mix is not None:  # MixUp / CutMix pair images within a batch
+    if per_batch is not None or mix is not None:  # batch ops; MixUp / CutMix pair images within a batch
         ds = tf.data.Dataset.zip((ds, tf.data.Dataset.random(seed=None if seed is None else seed + 1).batch(2)))
-        ds = ds.map(lambda b, s: dict(b, **dict(zip(("image", "target"), mix(b["image"], b["target"], s)))),
-                    num_parallel_calls=AUTOTUNE, deterministic=deterministic)
+        ds = ds.map(lambda b, s: _augment_batch(b, s, per_batch, mix), num_parallel_calls=AUTOTUNE,
+                    deterministic=deterministic)
     return ds
+
+
+def _augment_batch(batch, seed, per_batch, mix):
+    seeds = tf.random.experimental.stateless_split(seed, 2)
+    images, targets = batch["image"], batch["target"]
+    if per_batch is not None:
+        images = per_batch(images, seeds[0])
+    if mix is not None:
+        images, targets = mix(images, targets, seeds[1])
+    return dict(batch, image=images, target=targets)
 
 
 def _crop_decode(data, size, augment, seed):

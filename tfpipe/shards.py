@@ -120,8 +120,8 @@ class StagedShards:
             return self
         for entry in progress["shards"]:
             index = entry["index"]
-            if not fs.exists(self._staged_path(index)):
-                raise TfpipeError(f"{self._staged_path(index)} is listed as finished but missing; "
+            if not fs.exists(self.staged_path(index)):
+                raise TfpipeError(f"{self.staged_path(index)} is listed as finished but missing; "
                                   "run without --resume to start over")
             self.counts[index], self.skipped[index] = entry["count"], entry["skipped"]
             self.finished.add(index)
@@ -133,7 +133,7 @@ class StagedShards:
         with fs.open(self.progress_path, "r") as f:
             return json.loads(f.read())
 
-    def _staged_path(self, index):
+    def staged_path(self, index):
         return posixpath.join(self.staging, f"{self.split}-{index:05d}.part")
 
     def first_unfinished_record(self):
@@ -147,7 +147,7 @@ class StagedShards:
         """Appends a serialized record to shard ``index`` (shards are written in order)."""
         if index != self._current:
             self._close()
-            self._writer, self._current = RecordWriter(self._staged_path(index)), index
+            self._writer, self._current = RecordWriter(self.staged_path(index)), index
         self._writer.write(record)
         self.counts[index] += 1
 
@@ -162,6 +162,11 @@ class StagedShards:
         self.finished.add(index)
         entries = [{"index": i, "count": self.counts[i], "skipped": self.skipped[i]} for i in sorted(self.finished)]
         fs.write_atomic(self.progress_path, json.dumps({"fingerprint": self.fingerprint, "shards": entries}))
+
+    def add_finished(self, index, count, skipped):
+        """Records shard ``index`` as complete when something else wrote its staged file (the Beam runner)."""
+        self.counts[index], self.skipped[index] = count, skipped
+        self.finish(index)
 
     def _close(self):
         if self._writer is not None:
@@ -184,7 +189,7 @@ class StagedShards:
         entries = []
         for new_index, s in enumerate(kept):
             name = shard_name(self.split, new_index, len(kept), self.counts[s["index"]], s["fold"])
-            staged = self._staged_path(s["index"])
+            staged = self.staged_path(s["index"])
             if not fs.exists(staged):
                 raise RuntimeError(f"staged shard {staged} is missing")
             size = fs.size(staged)
@@ -200,7 +205,7 @@ class StagedShards:
         current = self._current
         self._close()
         if exc_type is not None and current is not None and current not in self.finished:
-            fs.remove(self._staged_path(current))
+            fs.remove(self.staged_path(current))
         if exc_type is not None and not self.finished and fs.exists(self.staging):
             fs.rmtree(self.staging)  # nothing worth keeping
         return False

@@ -23,6 +23,7 @@ from tfpipe.shards import (MANIFEST, StagedShards, existing_shards, num_shards, 
 from tfpipe.sources import LabelFormat, class_names, read_csv, read_folder_tree, resolve_images, targets
 from tfpipe.tfds_source import TfdsSource, read_tfds
 
+RUNNERS = ("local", "beam")
 LOADER_BATCH = 16  # images per DataLoader batch: amortises inter-process overhead
 EST_BYTES_PER_PIXEL = {"jpeg": 0.5, "png": 2.0}  # for shard planning before any image is encoded
 MAX_LISTED_SKIPS = 5  # how many skipped files the summary line names
@@ -65,13 +66,36 @@ def collect_items(source, skip_bad):
     return items, skipped
 
 
-class EncodeDataset:
-    """Map-style dataset for the DataLoader: index -> (index, record bytes, error).
+def encode_item(item, target, spec):
+    """One image to one serialized record: read, decode, resize, encode, serialize.
 
-    Runs in worker processes: file read, decode, resize, encode, serialize.
-    Errors in user data come back as values, so the main process applies the
-    error policy (stop, or skip and report) in input order.
+    Returns (record, None), or (None, error message) for a problem with the
+    user's data, so the caller applies the error policy (stop, or skip and
+    report) in input order. Used by the DataLoader workers and the Beam runner.
     """
+    try:
+        if item.data is not None:  # e.g. from TFDS
+            data = item.data
+        else:
+            with fs.open(item.path, "rb") as f:
+                data = f.read()
+        image, height, width, _ = prepare_image(data, spec, item.path)
+    except TfpipeError as e:
+        return None, str(e)
+    except OSError as e:
+        return None, f"{item.path}: cannot read ({e.strerror or e})"
+    except Exception as e:  # tf.errors.* from tf.io.gfile for remote inputs
+        if not type(e).__module__.startswith("tensorflow"):
+            raise
+        return None, f"{item.path}: cannot read ({type(e).__name__})"
+    values = {schema.IMAGE: image, schema.IMAGE_NAME: item.name, schema.HEIGHT: height, schema.WIDTH: width}
+    if target is not None:
+        values[schema.TARGET] = target
+    return schema.encode_example(values), None
+
+
+class EncodeDataset:
+    """Map-style dataset for the DataLoader: index -> (index, record bytes, error), run in worker processes."""
 
     def __init__(self, items, item_targets, spec, start=0):
         self.items, self.targets, self.spec, self.start = items, item_targets, spec, start
@@ -81,26 +105,7 @@ class EncodeDataset:
 
     def __getitem__(self, i):
         i += self.start  # --resume: records of finished shards are not encoded again
-        item = self.items[i]
-        try:
-            if item.data is not None:  # e.g. from TFDS
-                data = item.data
-            else:
-                with fs.open(item.path, "rb") as f:
-                    data = f.read()
-            image, height, width, _ = prepare_image(data, self.spec, item.path)
-        except TfpipeError as e:
-            return i, None, str(e)
-        except OSError as e:
-            return i, None, f"{item.path}: cannot read ({e.strerror or e})"
-        except Exception as e:  # tf.errors.* from tf.io.gfile for remote inputs
-            if not type(e).__module__.startswith("tensorflow"):
-                raise
-            return i, None, f"{item.path}: cannot read ({type(e).__name__})"
-        values = {schema.IMAGE: image, schema.IMAGE_NAME: item.name, schema.HEIGHT: height, schema.WIDTH: width}
-        if self.targets is not None:
-            values[schema.TARGET] = self.targets[i]
-        return i, schema.encode_example(values), None
+        return (i, *encode_item(self.items[i], None if self.targets is None else self.targets[i], self.spec))
 
 
 def _keep_batch(batch):
@@ -169,7 +174,7 @@ def shutdown(batches):
 
 def write_shards(out, source, *, spec=ImageSpec(), classes=None, split="train", shards=None, folds=None,
                  seed=0, skip_bad=False, overwrite=False, resume=False, num_workers=None, start_method="auto",
-                 progress=True):
+                 progress=True, runner="local", pipeline_args=()):
     """Writes a source as sharded TFRecords plus ``manifest.json`` into ``out``.
 
     Example::
@@ -197,6 +202,9 @@ def write_shards(out, source, *, spec=ImageSpec(), classes=None, split="train", 
       start_method: "auto" (fork unless TensorFlow is already imported, else
         spawn), or a multiprocessing start method.
       progress: show a tqdm progress bar.
+      runner: "local" (a torch DataLoader on this machine) or "beam" (Apache Beam;
+        see ``tfpipe.beam``): same records, same shards, same manifest.
+      pipeline_args: Beam pipeline options for ``runner="beam"``.
 
     Returns:
       The manifest (a dict).
@@ -223,23 +231,34 @@ def write_shards(out, source, *, spec=ImageSpec(), classes=None, split="train", 
     last_of_shard = {s["start"] + s["size"] - 1: s["index"] for s in shard_plan}
     fingerprint = job_fingerprint(items, item_targets, names, shard_plan, spec, split)
 
+    if runner not in RUNNERS:
+        raise TfpipeError(f"unknown runner {runner!r}: use {' or '.join(RUNNERS)}")
+    if runner == "beam" and resume:
+        raise TfpipeError("--resume works with the default runner; with --runner beam run the job again "
+                          "(Beam runners retry failed work themselves)")
+    beam_options = _beam_options(pipeline_args) if runner == "beam" else None  # refuse bad options before work
     workers = default_workers(items, spec) if num_workers is None else num_workers
     # Start the workers first (before this process may import TensorFlow for gs:// output, so they can fork);
     # a resumed write must first learn from the staging folder where to start.
-    batches = None if resume else start_encoding(EncodeDataset(items, item_targets, spec), workers, start_method)
+    batches = None
+    if runner == "local" and not resume:
+        batches = start_encoding(EncodeDataset(items, item_targets, spec), workers, start_method)
     try:
         _check_output(out, overwrite or resume)
         with StagedShards(out, split, shard_plan, fingerprint, resume=resume) as staged:
-            start = staged.first_unfinished_record()
-            if batches is None:
-                batches = start_encoding(EncodeDataset(items, item_targets, spec, start), workers, start_method)
-            try:
-                _write_records(batches, staged, items, shard_of, last_of_shard, skip_bad,
-                               tqdm(total=len(items), initial=start, unit="img", disable=not progress,
-                                    desc=f"write {split}"))
-            except KeyboardInterrupt:
-                raise KeyboardInterrupt(f"{len(staged.finished)} of {len(shard_plan)} shards were finished and are "
-                                        f"kept in {out}/.staging; continue with --resume") from None
+            if runner == "beam":
+                _write_with_beam(staged, items, item_targets, spec, shard_plan, skip_bad, beam_options)
+            else:
+                start = staged.first_unfinished_record()
+                if batches is None:
+                    batches = start_encoding(EncodeDataset(items, item_targets, spec, start), workers, start_method)
+                try:
+                    _write_records(batches, staged, items, shard_of, last_of_shard, skip_bad,
+                                   tqdm(total=len(items), initial=start, unit="img", disable=not progress,
+                                        desc=f"write {split}"))
+                except KeyboardInterrupt:
+                    raise KeyboardInterrupt(f"{len(staged.finished)} of {len(shard_plan)} shards were finished and "
+                                            f"are kept in {out}/.staging; continue with --resume") from None
             if sum(staged.counts) == 0:
                 raise TfpipeError(f"every image was skipped; nothing written to {out}")
             skipped += staged.all_skipped()
@@ -266,6 +285,25 @@ def _write_records(batches, staged, items, shard_of, last_of_shard, skip_bad, ba
                 if i in last_of_shard:
                     staged.finish(last_of_shard[i])
             bar.update(len(batch))
+
+
+def _beam_options(pipeline_args):
+    from tfpipe.beam import pipeline_options
+
+    return pipeline_options(pipeline_args)
+
+
+def _write_with_beam(staged, items, item_targets, spec, shard_plan, skip_bad, options):
+    """Runs the Beam pipeline into the staging folder, then applies the error policy as ``_write_records`` does."""
+    from tfpipe.beam import encode_shards
+
+    parts = {s["index"]: staged.staged_path(s["index"]) for s in shard_plan}
+    results = encode_shards(parts, items, item_targets, spec, shard_plan, options)
+    failed = sorted(f for _, fails in results.values() for f in fails)
+    if failed and not skip_bad:
+        raise TfpipeError(failed[0][2])  # the first bad image in input order, as the default runner reports
+    for index, (count, fails) in sorted(results.items()):
+        staged.add_finished(index, count, [{"image": name, "reason": error} for _, name, error in fails])
 
 
 def _folds(item_targets, num_classes, k, seed):
@@ -349,6 +387,9 @@ def build_parser():
     run.add_argument("--start-method", choices=("auto", "spawn", "forkserver", "fork"), default="auto",
                      help="how workers start (default: auto = fork unless TensorFlow is already loaded)")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
+    run.add_argument("--runner", choices=RUNNERS, default="local",
+                     help="local (default: a torch DataLoader here) or beam (Apache Beam; Beam's own pipeline "
+                          "options go after --, e.g. -- --runner=DataflowRunner --project=P ...)")
     return p
 
 
@@ -356,8 +397,11 @@ def _csv_list(value):
     return tuple(v.strip() for v in value.split(",") if v.strip()) if value else ()
 
 
-def run(args):
-    """Turns parsed arguments into a ``write_shards`` call."""
+def run(args, pipeline_args=()):
+    """Turns parsed arguments (and Beam options, given after ``--``) into a ``write_shards`` call."""
+    if pipeline_args and args.runner != "beam":
+        raise TfpipeError(f"options after -- ({' '.join(pipeline_args)}) are Beam pipeline options; "
+                          "they need --runner beam")
     if args.image_size is not None and args.image_size < 1:
         raise TfpipeError(f"--image-size must be positive (got {args.image_size})")
     if not 1 <= args.quality <= 100:
@@ -378,12 +422,15 @@ def run(args):
     classes = list(_csv_list(args.classes)) or (list(label_format.label_cols) or None)
     write_shards(args.out, source, spec=spec, classes=classes, split=args.split, shards=args.shards,
                  folds=args.folds, seed=args.seed, skip_bad=args.skip_bad, overwrite=args.overwrite, resume=args.resume,
-                 num_workers=args.workers, start_method=args.start_method, progress=not args.no_progress)
+                 num_workers=args.workers, start_method=args.start_method, progress=not args.no_progress,
+                 runner=args.runner, pipeline_args=pipeline_args)
 
 
 def main(argv=None):
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    return run_cli("tfpipe.write", run, build_parser().parse_args(argv))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    cut = argv.index("--") if "--" in argv else len(argv)  # after "--": Beam's options (it has its own --runner)
+    return run_cli("tfpipe.write", run, build_parser().parse_args(argv[:cut]), argv[cut + 1:])
 
 
 if __name__ == "__main__":
