@@ -7,13 +7,15 @@ RECORDS ?= records/demo
 DEMO_SIZE ?= 64
 RUN ?= runs/demo
 
-.PHONY: setup demo test test-bench bench clean
+.PHONY: setup demo test test-bench test-install bench clean
 
 setup: $(VENV)/.installed
 
-$(VENV)/.installed: requirements.txt
+# The lock (requirements.txt) and the package itself, editable, resolved together: pip refuses a lock that does
+# not satisfy pyproject.toml's declared ranges, so the two cannot drift apart.
+$(VENV)/.installed: requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt
+	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt -e ".[dev,tensorflow]"
 	touch $@
 
 demo: setup
@@ -30,10 +32,15 @@ demo: setup
 		--strategy cpu --replicas 8 --tta 2
 
 test: setup
-	$(PY) -m pytest -q -m "not bench"
+	$(PY) -m pytest -q -m "not bench and not install"
 
 test-bench: setup
 	$(PY) -m pytest -q -m bench
+
+# The built wheel installed into fresh venvs that already hold a user's TensorFlow (oldest supported, 2.19, newest
+# pinned): versions kept, write -> fit (8 replicas) -> predict from outside the repo, README cells, Beam workers.
+test-install: setup
+	$(PY) -m pytest -q -m install
 
 bench: setup
 	$(PY) -m bench

@@ -70,12 +70,10 @@ def ratios(writer, reader, training):
 
 
 def chart(rows, path):
-    import matplotlib
+    from matplotlib.figure import Figure  # headless without pyplot: no backend to select
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8, 0.45 * len(rows) + 1))
+    fig = Figure(figsize=(8, 0.45 * len(rows) + 1))
+    ax = fig.subplots()
     names = [r[0] for r in rows][::-1]
     values = [r[1] for r in rows][::-1]
     goals = [r[2] for r in rows][::-1]
@@ -89,7 +87,6 @@ def chart(rows, path):
     ax.set_xlabel("ratio (log scale); black tick = goal; red = goal not met")
     ax.set_title("tfpipe benchmarks: ratios measured side by side in one run")
     fig.savefig(path, dpi=100, bbox_inches="tight")
-    plt.close(fig)
 
 
 def main(argv=None):

@@ -3,7 +3,6 @@ import io
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
 import tensorflow as tf  # noqa: E402
 

@@ -11,7 +11,7 @@ Public API (heavy imports are deferred until used):
 - ``naming_corrupt_shards(source)``: a context that names the shard behind TensorFlow's ``DataLossError``.
 - ``TfpipeError``: the one exception type for problems in user input.
 """
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 _LAZY = {
     "write_shards": "tfpipe.write",

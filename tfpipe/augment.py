@@ -14,7 +14,9 @@ mix the multi-hot targets by the same weights as the pixels.
 """
 import dataclasses
 
-import tensorflow as tf
+from tfpipe.deps import require
+
+tf = require("tensorflow")
 
 
 @dataclasses.dataclass(frozen=True)

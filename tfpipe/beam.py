@@ -76,14 +76,13 @@ QUIET = ("--default_sdk_harness_log_level=WARNING",)  # Beam's workers otherwise
 
 
 def _import_beam():
+    from tfpipe.deps import require
+
     logging.disable(logging.WARNING)  # Beam's import warns about optional Google Cloud clients we do not use
     try:
-        import apache_beam
-    except ImportError:
-        raise TfpipeError("--runner beam needs Apache Beam: pip install apache-beam==2.77.0") from None
+        return require("apache_beam")
     finally:
         logging.disable(logging.NOTSET)
-    return apache_beam
 
 
 def pipeline_options(pipeline_args):

@@ -15,9 +15,9 @@ def is_remote(path):
 
 
 def _gfile():
-    import tensorflow as tf  # defer: only remote paths need it
+    from tfpipe.deps import require  # defer: only remote paths need TensorFlow
 
-    return tf.io.gfile
+    return require("tensorflow").io.gfile
 
 
 def exists(path):

@@ -6,6 +6,7 @@ what to do; OpenCV does the decoding (with DCT-domain downscaling through
 ``IMREAD_REDUCED_COLOR_{2,4,8}`` when the target is much smaller), resizing
 and encoding.
 """
+import contextlib
 import dataclasses
 import io
 
@@ -15,7 +16,6 @@ from PIL import Image, UnidentifiedImageError
 
 from tfpipe.errors import TfpipeError
 
-Image.MAX_IMAGE_PIXELS = None  # we only read headers with Pillow; size policy is ours
 FITS = ("stretch", "crop", "pad")
 FORMATS = ("jpeg", "png")
 EXIF_ORIENTATION = 0x0112
@@ -48,10 +48,22 @@ class ImageSpec:
     max_pixels: int = 100_000_000
 
 
+@contextlib.contextmanager
+def _pillow_size_limit_lifted():
+    """Lifts Pillow's decompression-bomb limit while we read a header (our ``max_pixels`` decides, before any
+    decoding) and puts the caller's limit back afterwards: the process's own setting is never left changed."""
+    saved = Image.MAX_IMAGE_PIXELS
+    Image.MAX_IMAGE_PIXELS = None
+    try:
+        yield
+    finally:
+        Image.MAX_IMAGE_PIXELS = saved
+
+
 def read_header(data, name):
     """Returns (format, mode, (width, height), orientation) from the file header."""
     try:
-        with Image.open(io.BytesIO(data)) as im:
+        with _pillow_size_limit_lifted(), Image.open(io.BytesIO(data)) as im:
             if im.format == "PNG":  # Pillow's getexif() on a PNG decodes all pixels to look for a late eXIf chunk
                 exif = Image.Exif()
                 if "exif" in im.info:

@@ -13,6 +13,7 @@ import sys
 
 import numpy as np
 
+from tfpipe.deps import require
 from tfpipe.errors import TfpipeError, run_cli
 
 SCAN_RECORDS = 5000  # records read for the schema and label frequencies
@@ -25,7 +26,7 @@ LABEL_KEYS = ("target", "label", "labels", "class")  # tried in order when --lab
 
 def find_shards(path):
     """(files sorted by name, manifest or None) for a folder, glob pattern or single file."""
-    import tensorflow as tf
+    tf = require("tensorflow")
 
     from tfpipe.shards import MANIFEST, read_manifest
 
@@ -47,7 +48,7 @@ def scan(files, limit):
     Returns (records as dicts key -> (kind, values), names of files that could
     not be read to the end of what was scanned).
     """
-    import tensorflow as tf
+    tf = require("tensorflow")
 
     records, unreadable = [], []
     for f in files:
@@ -101,7 +102,7 @@ def label_frequencies(records, label_key):
 
 def verify(files, expected):
     """Reads every record of every file (CRC-checked). Returns a list of problems, one line each."""
-    import tensorflow as tf
+    tf = require("tensorflow")
 
     problems = []
     for f in files:
@@ -141,7 +142,7 @@ def contact_sheet(records, image_key, label_key, class_names, count):
 
 def save_png(image, path):
     import cv2
-    import tensorflow as tf
+    tf = require("tensorflow")
 
     with tf.io.gfile.GFile(path, "wb") as f:
         f.write(cv2.imencode(".png", image)[1].tobytes())

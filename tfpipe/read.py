@@ -13,12 +13,14 @@ import posixpath
 import re
 
 import numpy as np
-import tensorflow as tf
 
-from tfpipe import augment as aug_lib
-from tfpipe import schema
-from tfpipe.errors import TfpipeError
-from tfpipe.shards import MANIFEST, SHARD_SUFFIX, read_manifest
+from tfpipe.deps import require
+
+tf = require("tensorflow")  # or one line saying what to install
+from tfpipe import augment as aug_lib  # noqa: E402
+from tfpipe import schema  # noqa: E402
+from tfpipe.errors import TfpipeError  # noqa: E402
+from tfpipe.shards import MANIFEST, SHARD_SUFFIX, read_manifest  # noqa: E402
 
 AUTOTUNE = tf.data.AUTOTUNE
 READ_BUFFER = 8 * 2**20  # bytes of read-ahead per file: large sequential reads suit buckets

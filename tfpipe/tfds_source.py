@@ -11,6 +11,7 @@ datasets up to a few GB (cifar10/100, tf_flowers, plant_village).
 """
 import dataclasses
 
+from tfpipe.deps import require
 from tfpipe.errors import TfpipeError
 from tfpipe.sources import Item
 
@@ -31,7 +32,7 @@ class TfdsSource:
 
 def _label_feature(features, key):
     """(key, class names, single_label) of the label feature, or (None, [], False)."""
-    import tensorflow_datasets as tfds
+    tfds = require("tensorflow_datasets")
 
     def names_of(feature):
         if isinstance(feature, tfds.features.ClassLabel):
@@ -54,7 +55,7 @@ def _label_feature(features, key):
 
 def read_tfds(source):
     """(items with encoded image bytes, class names, single_label) for a ``TfdsSource``."""
-    import tensorflow_datasets as tfds
+    tfds = require("tensorflow_datasets")
 
     try:
         builder = tfds.builder(source.name, data_dir=source.data_dir)

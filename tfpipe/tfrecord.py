@@ -48,9 +48,9 @@ class LocalRecordWriter:
 def RecordWriter(path):  # noqa: N802  (stands in for a class, like tf.io.TFRecordWriter)
     """A TFRecord writer for ``path``: ``tf.io.TFRecordWriter`` for remote paths, else ``LocalRecordWriter``."""
     if fs.is_remote(path):
-        import tensorflow as tf
+        from tfpipe.deps import require
 
-        return tf.io.TFRecordWriter(path)
+        return require("tensorflow").io.TFRecordWriter(path)
     return LocalRecordWriter(path)
 
 

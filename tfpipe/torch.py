@@ -20,10 +20,14 @@ import random
 
 import cv2
 import numpy as np
-import torch
-from torch.utils.data import IterableDataset, get_worker_info
 
-from tfpipe import fs, schema
+from tfpipe.deps import require
+
+require("torch")  # or one line saying what to install
+import torch  # noqa: E402
+from torch.utils.data import IterableDataset, get_worker_info  # noqa: E402
+
+from tfpipe import fs, schema  # noqa: E402
 from tfpipe.errors import TfpipeError
 from tfpipe.shards import read_manifest
 from tfpipe.tfrecord import read_records

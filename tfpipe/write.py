@@ -17,6 +17,7 @@ import sys
 import time
 
 from tfpipe import __version__, fs, schema
+from tfpipe.deps import require
 from tfpipe.errors import TfpipeError, run_cli
 from tfpipe.images import FITS, FORMATS, ImageSpec, prepare_image
 from tfpipe.shards import (MANIFEST, StagedShards, existing_shards, num_shards, plan)
@@ -128,7 +129,7 @@ def start_encoding(dataset, num_workers, start_method):
     otherwise spawns, because a fork of a process where TensorFlow runs threads
     can hang (e.g. in a notebook that already trained a model).
     """
-    from torch.utils.data import DataLoader
+    DataLoader = require("torch.utils.data").DataLoader  # noqa: N806  (torch: the [write] extra)
 
     if start_method == "auto":
         remote = fs.is_remote(dataset.items[0].path) if dataset.items else False  # workers then use TensorFlow

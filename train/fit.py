@@ -13,13 +13,15 @@ import argparse
 import dataclasses
 import json
 import math
+import os
 import statistics
 import sys
 import time
 
-import train  # noqa: F401  (selects tf-keras before TensorFlow is imported)
-import tensorflow as tf
-import tf_keras as keras
+from tfpipe.deps import require_keras
+
+keras = require_keras("train.fit")  # tf-keras of TensorFlow's release, or one line saying what to install
+import tensorflow as tf  # noqa: E402
 
 import tfpipe
 from tfpipe import fs
@@ -384,6 +386,7 @@ def run(args):
 
 
 def main(argv=None):
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ info lines (the command's, not the library's)
     return run_cli("train.fit", run, build_parser().parse_args(argv))
 
 

@@ -4,9 +4,11 @@ Models take uint8 images: the cast and the backbone's own normalisation run
 inside the model (on the accelerator), so the input pipeline moves 4x fewer bytes.
 """
 import tensorflow as tf
-import tf_keras as keras
 
+from tfpipe.deps import require, require_keras
 from tfpipe.errors import TfpipeError
+
+keras = require_keras(__name__)
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)  # the efficientnet package's 'torch' preprocessing
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -18,8 +20,7 @@ def _efficientnet(variant):
     """EfficientNet-B0..B7 from the ``efficientnet`` package, built with tf-keras modules."""
 
     def build(input_shape, weights):
-        import efficientnet.model as efn
-
+        efn = require("efficientnet.model")
         fn = getattr(efn, f"EfficientNet{variant}")
         backbone = fn(include_top=False, weights=weights, input_shape=input_shape, backend=keras.backend,
                       layers=keras.layers, models=keras.models, utils=keras.utils)
@@ -41,8 +42,7 @@ def _efficientnet_v2(variant):
 
 def custom_objects():
     """What ``load_model`` needs for the efficientnet package's layers (its swish and FixedDropout)."""
-    import efficientnet.model as efn
-
+    efn = require("efficientnet.model")
     kw = {"backend": keras.backend, "layers": keras.layers, "models": keras.models, "utils": keras.utils}
     return {"swish": efn.get_swish(**kw), "FixedDropout": efn.get_dropout(**kw)}
 

@@ -1,33 +1,37 @@
 """The pictures a run leaves in its folder: learning curves, per-class ROC curves, a prediction grid.
 
 Each function takes plain arrays / a DataFrame and writes one PNG (through
-``tf.io.gfile``, so a ``gs://`` run folder works too). Matplotlib runs headless.
+``tfpipe.fs``, so a ``gs://`` run folder works too). Figures are drawn on
+``matplotlib.figure.Figure`` objects, which render headless without pyplot:
+the process's (a notebook's) matplotlib backend is never changed.
 """
 import io
 
-import matplotlib
+import numpy as np
 
-matplotlib.use("Agg")  # no display on TPU VMs, CI or in subprocesses
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
+from tfpipe import fs
+from tfpipe.deps import require
 
 RIGHT, WRONG = "tab:blue", "tab:red"
+
+
+def subplots(rows, columns, figsize):
+    """A figure and its [rows, columns] axes, without pyplot (no backend is selected or changed)."""
+    fig = require("matplotlib.figure").Figure(figsize=figsize)
+    return fig, fig.subplots(rows, columns, squeeze=False)
 
 
 def save(fig, path):
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
-    plt.close(fig)
-    with tf.io.gfile.GFile(path, "wb") as f:
-        f.write(buf.getvalue())
+    fs.write_atomic(path, buf.getvalue())
 
 
 def learning_curves(history, path):
     """Loss, every validation score, and the learning rate per epoch (from ``history.csv``)."""
     metrics = [c for c in history.columns if not c.startswith("val_") and c not in ("epoch", "lr", "loss")]
     panels = ["loss", *metrics, *(["lr"] if "lr" in history else [])]
-    fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.2), squeeze=False)
+    fig, axes = subplots(1, len(panels), figsize=(4 * len(panels), 3.2))
     epochs = history["epoch"] + 1
     for ax, name in zip(axes[0], panels):
         ax.plot(epochs, history[name], marker=".", label="train" if name != "lr" else "learning rate")
@@ -44,7 +48,8 @@ def roc_curves(targets, probs, classes, path):
     """One validation ROC curve per class (classes without both positives and negatives are left out)."""
     from sklearn.metrics import roc_auc_score, roc_curve
 
-    fig, ax = plt.subplots(figsize=(5, 5))
+    fig, axes = subplots(1, 1, figsize=(5, 5))
+    ax = axes[0, 0]
     for c, name in enumerate(classes):
         if 0 < targets[:, c].sum() < len(targets):
             fpr, tpr, _ = roc_curve(targets[:, c], probs[:, c])
@@ -59,7 +64,7 @@ def prediction_grid(images, true_labels, predicted_labels, path, columns=6):
     """Images titled "true / predicted", blue when the label sets agree, red when they do not."""
     n = len(images)
     rows = max(1, -(-n // columns))
-    fig, axes = plt.subplots(rows, columns, figsize=(2.2 * columns, 2.5 * rows), squeeze=False)
+    fig, axes = subplots(rows, columns, figsize=(2.2 * columns, 2.5 * rows))
     for ax in axes.flat:
         ax.axis("off")
     for ax, image, true, pred in zip(axes.flat, images, true_labels, predicted_labels):

@@ -12,12 +12,15 @@ batches are padded to static shapes and the padding rows are dropped.
 import argparse
 import json
 import math
+import os
 import sys
 
-import train  # noqa: F401  (selects tf-keras before TensorFlow is imported)
 import numpy as np
-import tensorflow as tf
-import tf_keras as keras
+
+from tfpipe.deps import require_keras
+
+keras = require_keras("train.predict")  # tf-keras of TensorFlow's release, or one line saying what to install
+import tensorflow as tf  # noqa: E402
 
 import tfpipe
 from tfpipe import fs
@@ -186,6 +189,7 @@ def run(args):
 
 
 def main(argv=None):
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ info lines (the command's, not the library's)
     return run_cli("train.predict", run, build_parser().parse_args(argv))
 
 

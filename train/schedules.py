@@ -9,9 +9,11 @@ two are small classes here.
 import math
 
 import tensorflow as tf
-import tf_keras as keras
 
 from tfpipe.errors import TfpipeError
+from tfpipe.deps import require_keras
+
+keras = require_keras(__name__)
 
 SCHEDULES = ("cosine", "onecycle", "kaggle", "constant")
 

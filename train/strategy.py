@@ -2,9 +2,10 @@
 import glob
 import os
 
-import tensorflow as tf
-
+from tfpipe.deps import require
 from tfpipe.errors import TfpipeError
+
+tf = require("tensorflow")
 
 STRATEGIES = ("auto", "tpu", "gpu", "cpu")
 TPU_HINTS = ("TPU_NAME", "COLAB_TPU_ADDR", "TPU_ACCELERATOR_TYPE", "KAGGLE_TPU")  # env vars set next to a TPU
@@ -41,8 +42,10 @@ def ensure_virtual_cpus(n):
     except RuntimeError:  # already initialised: fine if it already has enough devices
         have = len(tf.config.list_logical_devices("CPU"))
         if have < n:
-            raise TfpipeError(f"TensorFlow already started with {have} CPU device(s); "
-                              f"run in a fresh process to use {n} replicas") from None
+            raise TfpipeError(f"TensorFlow already started its devices in this process ({have} CPU device(s)), so "
+                              f"{n} virtual CPU replicas can no longer be made: create the strategy before anything "
+                              "else uses TensorFlow (in a notebook: restart the kernel and run the strategy cell "
+                              "first), or use 1 replica") from None
     return [d.name for d in tf.config.list_logical_devices("CPU")[:n]]
 
 

@@ -12,9 +12,11 @@ import io
 
 import numpy as np
 import tensorflow as tf
-import tf_keras as keras
 
 from tfpipe import fs
+from tfpipe.deps import require_keras
+
+keras = require_keras(__name__)
 
 
 def average_weights(average, count, weights):

@@ -1,0 +1,211 @@
+"""tfpipe as users install it: the built wheel in a fresh venv that already holds *their* TensorFlow.
+
+Each case makes a venv with a user's TensorFlow + tf-keras + torch already installed (as a Kaggle, Colab or
+TPU-VM image has them), installs the wheel with the ``[train]`` extra, checks that none of those packages
+(nor numpy) was replaced, and runs demo data -> write -> fit on 8 virtual CPU replicas with
+``steps_per_execution`` -> predict through the installed commands, from a folder outside the repository with
+no ``PYTHONPATH``. The 2.19 case also executes the README's notebook cells; the newest case also installs the
+package the way Beam's ``--setup_file`` stages it for Dataflow workers and runs the multi-process DirectRunner.
+
+Slow (a few minutes per case; installs from the package registry): ``make test-install``, run by CI.
+"""
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from tests.readme_cells import notebook_cells
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+pytestmark = pytest.mark.install
+
+
+def _lock(name):
+    """The version requirements.txt pins for ``name``."""
+    with open(os.path.join(ROOT, "requirements.txt")) as f:
+        return re.search(rf"^{re.escape(name)}==(\S+)$", f.read(), re.M).group(1)
+
+
+# (TensorFlow, tf-keras): the oldest release we support, the one Kaggle's TPU image had last, the newest pinned.
+CASES = {"oldest": ("2.18.1", "2.18.0"), "2.19": ("2.19.1", "2.19.0"),
+         "newest": (_lock("tensorflow"), _lock("tf-keras"))}
+TORCH = _lock("torch")  # a CPU build is on this machine's disk; the user's image has its own torch
+KEPT = ("tensorflow", "tf-keras", "torch", "numpy")  # never replaced by installing tfpipe
+
+
+def run(cmd, cwd, env, timeout=900):
+    """Runs ``cmd`` and returns its stdout; a failure shows the command's own output."""
+    done = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, f"{' '.join(map(str, cmd))} -> {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
+    return done.stdout
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory):
+    """The package built as a wheel from this checkout (what ``pip install .`` or an index would install)."""
+    out = tmp_path_factory.mktemp("wheel")
+    run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(out), ROOT], ROOT, os.environ)
+    (path,) = out.glob("tfpipe-*.whl")
+    return str(path)
+
+
+def user_env(venv):
+    """The environment of a user's shell in ``venv``: its bin first, nothing of this repository on the path."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env["PATH"] = f"{venv}/bin:{env['PATH']}"
+    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    return env
+
+
+def make_user_venv(path, tf_version, keras_version):
+    """A fresh venv holding what the user's image already had: TensorFlow, tf-keras, torch."""
+    run([sys.executable, "-m", "venv", str(path)], ROOT, os.environ)
+    env = user_env(path)
+    run(["pip", "install", "--quiet", f"tensorflow=={tf_version}", f"tf-keras=={keras_version}",
+         f"torch=={TORCH}"], str(path), env)
+    return env
+
+
+def versions(env, cwd):
+    listed = json.loads(run(["pip", "list", "--format", "json"], cwd, env))
+    return {p["name"].lower(): p["version"] for p in listed}
+
+
+def write_fit_predict(work, env):
+    """Demo data -> shards -> 8-replica training with steps_per_execution 2 -> submission, via the installed commands."""
+    run(["tfpipe-demo", "data", "--train", "96", "--test", "16"], work, env)
+    run(["python", "-m", "tfpipe.write", "--csv", "data/train.csv",
+         "--images", "data/images", "--out", "records/train", "--image-size", "32", "--folds", "3",
+         "--no-progress"], work, env)
+    run(["tfpipe-write", "--csv", "data/test.csv", "--images", "data/images", "--out", "records/test", "--split",
+         "test", "--image-size", "32", "--no-progress"], work, env)
+    run(["python", "-m", "train.fit", "--records", "records/train", "--out", "run", "--strategy", "cpu",
+         "--replicas", "8", "--steps-per-execution", "2", "--model", "small-cnn", "--batch-size", "2",
+         "--epochs", "1", "--verbose", "0"], work, env)
+    run(["tfpipe-predict", "--run", "run", "--records", "records/test", "--out", "submission.csv", "--strategy",
+         "cpu", "--replicas", "8"], work, env)
+    with open(os.path.join(work, "run", "metrics.json")) as f:
+        metrics = json.load(f)
+    with open(os.path.join(work, "submission.csv")) as f:
+        rows = f.read().splitlines()
+    with open(os.path.join(work, "data", "test.csv")) as f:
+        test_ids = [line.split(",")[0] for line in f.read().splitlines()[1:]]
+    return metrics, rows, test_ids
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_wheel_next_to_users_tensorflow(case, wheel, tmp_path):
+    tf_version, keras_version = CASES[case]
+    venv, work = tmp_path / "venv", tmp_path / "work"
+    work.mkdir()
+    env = make_user_venv(venv, tf_version, keras_version)
+    before = versions(env, str(work))
+    run(["pip", "install", "--quiet", f"{wheel}[train]"], str(work), env)
+    after = versions(env, str(work))
+    assert {k: after.get(k) for k in KEPT} == {k: before.get(k) for k in KEPT}
+    assert after["tensorflow"] == tf_version
+
+    # The installed package answers, from outside the repository; a train.py in the folder does not shadow it.
+    where = run(["python", "-c", "import tfpipe, train.fit; print(tfpipe.__file__); print(train.fit.__file__)"],
+                str(work), env)
+    assert all(str(venv) in line for line in where.split()), where
+    (work / "train.py").write_text("print('a user script')\n")
+    assert "--replicas" in run(["tfpipe-fit", "--help"], str(work), env)
+
+    metrics, rows, test_ids = write_fit_predict(str(work), env)
+    assert (metrics["replicas"], metrics["steps_per_execution"]) == (8, 2)
+    assert metrics["optimizer_steps"] == metrics["steps_per_epoch"] >= 2  # every step ran: 2 per execution
+    assert rows[0] == "image,labels" and [r.split(",")[0] for r in rows[1:]] == test_ids
+
+    if case == "2.19":
+        readme_cells_in_a_notebook(venv, env, work)
+    if case == "newest":
+        beam_workers_from_setup_file(env, work)
+
+
+# The README's notebook cells ---------------------------------------------------------------------------------
+# The install cell's git URL becomes this checkout (pip clones its committed HEAD, as it would clone GitHub);
+# the parameters cell is followed by one that points it at a tiny demo dataset.
+TEST_PARAMETERS = """
+DATA = "nbdata"
+IMAGES, TRAIN_CSV = f"{DATA}/images", f"{DATA}/train.csv"
+TEST_IMAGES, TEST_CSV = f"{DATA}/images", f"{DATA}/test.csv"
+RECORDS, RUN = "nbrecords", "nbrun"
+IMAGE_SIZE, MODEL, WEIGHTS, EPOCHS, BATCH_SIZE, STEPS_PER_EXECUTION = 32, "small-cnn", "none", 1, 2, 2
+from tfpipe.demo import make_demo
+make_demo(DATA, train=64, test=8)
+"""
+DEVICES_FIRST = "import tensorflow as tf\nprint(tf.config.list_logical_devices())"
+
+
+def notebook(cells, repo_url):
+    import nbformat
+
+    sources = [c.replace("https://github.com/YOUR-ORG/tfpipe", repo_url) for c in cells]
+    return nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(s) for s in sources])
+
+
+def execute(nb_path, cwd, env):
+    """Executes a notebook in a kernel of the venv (nbclient runs there); returns the executed cells."""
+    script = ("import nbformat, nbclient, sys\n"
+              "nb = nbformat.read(sys.argv[1], as_version=4)\n"
+              "nbclient.NotebookClient(nb, timeout=900, allow_errors=True, kernel_name='python3').execute()\n"
+              "nbformat.write(nb, sys.argv[1])\n")
+    run(["python", "-c", script, str(nb_path)], cwd, env, timeout=1800)
+    import nbformat
+
+    return nbformat.read(str(nb_path), as_version=4).cells
+
+
+def errors(cell):
+    return [f"{o['ename']}: {o['evalue']}" for o in cell.get("outputs", []) if o["output_type"] == "error"]
+
+
+def readme_cells_in_a_notebook(venv, env, work):
+    import nbformat
+
+    run(["pip", "install", "--quiet", "nbclient", "ipykernel"], str(work), env)
+    cells = notebook_cells(os.path.join(ROOT, "README.md"))
+    install, parameters, strategy, *rest = cells
+    url = f"git+file://{ROOT}"
+    # A fresh kernel: every README cell runs without an error.
+    nb = notebook([install, parameters, TEST_PARAMETERS, strategy, *rest], url)
+    nbformat.write(nb, str(work / "readme.ipynb"))
+    executed = execute(work / "readme.ipynb", str(work), env)
+    assert [errors(c) for c in executed] == [[]] * len(executed)
+    with open(work / "submission.csv") as f:
+        assert len(f.read().splitlines()) == 1 + 8
+    # A kernel where TensorFlow already listed its devices: the strategy cell says what to do instead of
+    # silently training on one replica.
+    nb = notebook([DEVICES_FIRST, install, parameters, TEST_PARAMETERS, strategy], url)
+    nbformat.write(nb, str(work / "dirty.ipynb"))
+    executed = execute(work / "dirty.ipynb", str(work), env)
+    assert [errors(c) for c in executed[:-1]] == [[]] * (len(executed) - 1)
+    (message,) = errors(executed[-1])
+    assert message.startswith("TfpipeError") and "restart the kernel" in message, message
+
+
+# Beam's --setup_file, as Dataflow stages it for its workers ---------------------------------------------------
+def beam_workers_from_setup_file(env, work):
+    """Builds the package with Beam's own stager from the README's ``--setup_file``, installs that (what a Dataflow
+    worker does) with Beam, and writes with the multi-process DirectRunner: the workers import the installed
+    tfpipe (no repository on their path) and write the same bytes as the default runner."""
+    staged = work / "staged"
+    stage = ("import sys\n"
+             "from apache_beam.options.pipeline_options import PipelineOptions\n"
+             "from apache_beam.runners.portability.stager import Stager\n"
+             "Stager.create_job_resources(PipelineOptions(['--setup_file', sys.argv[1]]), sys.argv[2])\n")
+    staged.mkdir()
+    run([sys.executable, "-c", stage, os.path.join(ROOT, "setup.py"), str(staged)], ROOT, os.environ)
+    (sdist,) = staged.glob("tfpipe-*.tar.gz")  # staged for the workers as workflow.tar.gz
+    run(["pip", "install", "--quiet", str(sdist), f"apache-beam=={_lock('apache-beam')}"], str(work), env)
+    run(["python", "-m", "tfpipe.write", "--csv", "data/train.csv", "--images", "data/images", "--out", "beam",
+         "--image-size", "32", "--folds", "3", "--no-progress", "--runner", "beam", "--",
+         "--direct_running_mode=multi_processing", "--direct_num_workers=2"], str(work), env)
+    names = sorted(os.listdir(work / "records" / "train"))
+    assert sorted(os.listdir(work / "beam")) == names
+    for name in names:
+        assert (work / "beam" / name).read_bytes() == (work / "records" / "train" / name).read_bytes(), name

@@ -1,0 +1,128 @@
+"""tfpipe behaves like a library: importing it changes nothing in the host process, optional dependencies are
+imported where used, and a missing one is one line naming the pip install (each case in a fresh process)."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import save
+from tests.readme_cells import notebook_cells
+from tfpipe.deps import MissingDependency, keras_problem, require
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ENV = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
+
+
+def python(code, *args):
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=ENV, cwd=ROOT,
+                          timeout=300)
+
+
+HOST_STATE = """
+import os, sys
+import matplotlib
+import tensorflow as tf, tf_keras  # the user's own imports come first
+from PIL import Image
+matplotlib.use("pdf")  # the notebook's choices
+Image.MAX_IMAGE_PIXELS = 1234
+env = dict(os.environ)
+
+import numpy as np
+import tfpipe, tfpipe.write, tfpipe.read, tfpipe.inspect, tfpipe.torch, tfpipe.images
+import train.fit, train.predict, train.plots, train.report
+# ... and using it: a header read (the image is above the user's Pillow limit) and a picture
+tfpipe.images.read_header(open(sys.argv[1], "rb").read(), "x.jpg")
+train.plots.roc_curves(np.array([[0], [1]]), np.array([[0.2], [0.7]]), ["a"], sys.argv[2])
+changed = sorted(k for k in set(env) | set(os.environ) if env.get(k) != os.environ.get(k))
+print(matplotlib.get_backend(), Image.MAX_IMAGE_PIXELS, changed)
+try:
+    Image.open(sys.argv[1])
+except Image.DecompressionBombError:
+    print("user limit enforced")
+"""
+
+
+def test_import_and_use_change_no_host_state(tmp_path):
+    image = save(tmp_path / "big.jpg", size=(64, 64))  # 4096 px, more than twice the user's 1234-pixel limit
+    done = python(HOST_STATE, str(image), str(tmp_path / "roc.png"))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:2] == ["pdf 1234 []", "user limit enforced"]
+    assert (tmp_path / "roc.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_core_imports_without_tensorflow_or_torch():
+    done = python("import sys, tfpipe, tfpipe.write, tfpipe.images, tfpipe.sources, tfpipe.shards\n"
+                  "print(sorted(m for m in ('tensorflow', 'torch', 'matplotlib') if m in sys.modules))")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
+# A package hidden from the process (None in sys.modules is what Python does for a module that cannot be imported).
+HIDE = "import sys\nfor m in sys.argv[1].split(','): sys.modules[m] = None\n"
+
+
+def test_writer_without_torch_is_one_line(labeled_folder):
+    done = python(HIDE + "from tfpipe.write import main\nsys.exit(main(sys.argv[2:]))", "torch",
+                  "--csv", labeled_folder["csv"], "--images", labeled_folder["images"],
+                  "--out", str(labeled_folder["root"] / "out"), "--image-size", "16", "--no-progress")
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "tfpipe.write: error: torch is not installed, and is needed for the writer's DataLoader workers: "
+        "pip install 'tfpipe[write]' (or any torch build)"]
+    assert not (labeled_folder["root"] / "out").exists() or not os.listdir(labeled_folder["root"] / "out")
+
+
+@pytest.mark.parametrize("how", ["python -m", "console script"])
+def test_fit_without_tf_keras_is_one_line(how):
+    import tensorflow as tf
+
+    if how == "python -m":
+        code = HIDE + "import runpy\nsys.argv = ['train.fit', '--help']\nrunpy.run_module('train.fit', run_name='__main__', alter_sys=True)"
+    else:
+        code = HIDE + "sys.argv = ['/venv/bin/tfpipe-fit', '--help']\nfrom train.fit import main\nsys.exit(main())"
+    done = python(code, "tf_keras")
+    release = ".".join(tf.__version__.split(".")[:2])
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr  # TensorFlow's own start-up lines (issue #17) may stand before the error
+    assert done.stderr.strip().splitlines()[-1:] == [
+        f"train.fit: error: training needs tf-keras of TensorFlow's release {release}, which is not installed: "
+        f"pip install 'tf-keras~={release}.0'"]
+
+
+def test_fit_imported_without_tf_keras_raises_import_error():
+    done = python(HIDE + "try:\n    import train.fit\nexcept ImportError as e:\n    print(type(e).__name__, '|', e)",
+                  "tf_keras")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("MissingDependency | training needs tf-keras"), done.stdout
+
+
+def test_keras_of_another_release_is_named():
+    import tf_keras
+
+    installed = tf_keras.__version__
+    assert keras_problem(installed) is None
+    other = "2.10.1" if not installed.startswith("2.10.") else "2.11.0"
+    assert keras_problem(other) == (f"tf-keras {installed} does not match TensorFlow {other} (they must be the same "
+                                    f"release): pip install 'tf-keras~={other.rsplit('.', 1)[0]}.0'")
+
+
+def test_require_names_the_extra_and_keeps_real_import_errors(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "apache_beam", None)
+    with pytest.raises(MissingDependency, match=r"apache_beam is not installed.*pip install 'tfpipe\[beam\]'"):
+        require("apache_beam")
+    # A package that is there but broken keeps its own error (and traceback): that is not a missing install.
+    (tmp_path / "broken_pkg").mkdir()
+    (tmp_path / "broken_pkg" / "__init__.py").write_text("import no_such_module_inside\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ModuleNotFoundError, match="no_such_module_inside"):
+        require("broken_pkg")
+
+
+def test_readme_cells_are_there_and_compile():
+    """The README's notebook cells (executed for real by test_install.py) parse as IPython cells, in order."""
+    cells = notebook_cells(os.path.join(ROOT, "README.md"))
+    assert len(cells) == 6
+    assert cells[0].strip().splitlines()[-1].startswith('%pip install -q "tfpipe[train] @ git+https://')
+    for cell in cells[1:]:
+        compile(cell, "<readme cell>", "exec")

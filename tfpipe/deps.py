@@ -1,0 +1,85 @@
+"""Optional dependencies, imported where they are used, with one line saying what to install when missing.
+
+tfpipe's core (pyproject.toml ``dependencies``) needs neither TensorFlow nor torch: users bring their own builds
+(a TPU image's TensorFlow, a CUDA torch), so each feature imports what it needs through ``require``, and
+``train`` checks that tf-keras matches TensorFlow's release through ``require_keras``.
+"""
+import importlib
+import importlib.metadata
+import importlib.util
+import os
+import sys
+
+from tfpipe.errors import TfpipeError
+
+# top-level module -> (what to install, what it is needed for)
+OPTIONAL = {
+    "tensorflow": ("'tfpipe[tensorflow]' (or your platform's own TensorFlow build)", "tf.data and gs:// paths"),
+    "torch": ("'tfpipe[write]' (or any torch build)", "the writer's DataLoader workers"),
+    "apache_beam": ("'tfpipe[beam]'", "--runner beam"),
+    "tensorflow_datasets": ("'tfpipe[tfds]'", "a TFDS source"),
+    "efficientnet": ("'tfpipe[train]'", "the EfficientNet models"),
+    "matplotlib": ("'tfpipe[train]'", "the run's pictures"),
+}
+COMMANDS = {"train.fit": "tfpipe-fit", "train.predict": "tfpipe-predict"}  # console scripts (pyproject.toml)
+
+
+class MissingDependency(TfpipeError, ImportError):
+    """An optional dependency is not installed; the message says what to install."""
+
+
+def require(module):
+    """Imports ``module`` (e.g. "torch.utils.data"), or raises ``MissingDependency`` naming what to install.
+
+    A package that is installed but fails to import keeps its own error: that is a broken install, not a
+    missing one, and its traceback is what helps.
+    """
+    top = module.split(".")[0]
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        if e.name is None or e.name.split(".")[0] != top:
+            raise
+        install, needed_for = OPTIONAL.get(top, (top, "this feature"))
+        raise MissingDependency(f"{top} is not installed, and is needed for {needed_for}: pip install {install}") \
+            from None
+
+
+def keras_problem(tf_version):
+    """None when tf-keras of TensorFlow's release (``tf_version``, e.g. "2.19.1") is installed, else what to do."""
+    release = ".".join(tf_version.split(".")[:2])
+    hint = f"pip install 'tf-keras~={release}.0'"
+    if importlib.util.find_spec("tf_keras") is None:
+        return f"training needs tf-keras of TensorFlow's release {release}, which is not installed: {hint}"
+    dists = importlib.metadata.packages_distributions().get("tf_keras", [])
+    found = importlib.metadata.version(dists[0]) if dists else None
+    if found is not None and found.split(".")[:2] != release.split("."):
+        return (f"tf-keras {found} does not match TensorFlow {tf_version} (they must be the same release): {hint}")
+    return None
+
+
+def require_keras(prog):
+    """Returns the ``tf_keras`` module for the ``train`` modules; TensorFlow and tf-keras must be the same release.
+
+    Keras 3 cannot train with ``steps_per_execution > 1`` under MirroredStrategy (keras-team/keras#19246),
+    so training uses tf-keras. When it is missing or of another release: one line and exit code 2 when
+    ``prog`` (e.g. "train.fit") is the running command, else ``MissingDependency``.
+    """
+    try:
+        tf = require("tensorflow")
+        problem = keras_problem(tf.__version__)
+    except MissingDependency as e:
+        problem = str(e)
+    if problem is None:
+        return importlib.import_module("tf_keras")
+    if _is_command(prog):
+        print(f"{prog}: error: {problem}", file=sys.stderr)
+        sys.exit(2)
+    raise MissingDependency(problem)
+
+
+def _is_command(prog):
+    """Whether ``prog`` runs as ``python -m prog`` or as its console script (not imported from a notebook)."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    script = os.path.basename(sys.argv[0]) if sys.argv else ""
+    return (spec is not None and spec.name == prog) or script == COMMANDS.get(prog)
