@@ -12,6 +12,7 @@ Slow (a few minutes per case; installs from the package registry): ``make test-i
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -33,6 +34,7 @@ def _lock(name):
 CASES = {"oldest": ("2.18.1", "2.18.0"), "2.19": ("2.19.1", "2.19.0"),
          "newest": (_lock("tensorflow"), _lock("tf-keras"))}
 TORCH = _lock("torch")  # a CPU build is on this machine's disk; the user's image has its own torch
+PACKAGE_FILES = ("pyproject.toml", "setup.py", "README.md", "tfpipe", "train")
 KEPT = ("tensorflow", "tf-keras", "torch", "numpy")  # never replaced by installing tfpipe
 
 
@@ -45,9 +47,13 @@ def run(cmd, cwd, env, timeout=900):
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory):
-    """The package built as a wheel from this checkout (what ``pip install .`` or an index would install)."""
-    out = tmp_path_factory.mktemp("wheel")
-    run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(out), ROOT], ROOT, os.environ)
+    """The package built as a wheel (what ``pip install .`` or an index installs), from a copy of the files a
+    build reads, so the build leaves nothing (build/, *.egg-info) in the checkout."""
+    src, out = tmp_path_factory.mktemp("src"), tmp_path_factory.mktemp("wheel")
+    for name in PACKAGE_FILES:
+        copy = shutil.copytree if os.path.isdir(os.path.join(ROOT, name)) else shutil.copy
+        copy(os.path.join(ROOT, name), src / name)
+    run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(out), str(src)], ROOT, os.environ)
     (path,) = out.glob("tfpipe-*.whl")
     return str(path)
 
