@@ -118,8 +118,10 @@ def test_wheel_next_to_users_tensorflow(case, wheel, tmp_path):
     where = run(["python", "-c", "import tfpipe, train.fit; print(tfpipe.__file__); print(train.fit.__file__)"],
                 str(work), env)
     assert all(str(venv) in line for line in where.split()), where
-    (work / "train.py").write_text("print('a user script')\n")
-    assert "--replicas" in run(["tfpipe-fit", "--help"], str(work), env)
+    shadowed = work / "project"
+    shadowed.mkdir()
+    (shadowed / "train.py").write_text("print('a user script')\n")
+    assert "--replicas" in run(["tfpipe-fit", "--help"], str(shadowed), env)
 
     metrics, rows, test_ids = write_fit_predict(str(work), env)
     assert (metrics["replicas"], metrics["steps_per_execution"]) == (8, 2)
