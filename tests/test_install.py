@@ -176,14 +176,19 @@ def readme_cells_in_a_notebook(venv, env, work):
     import nbformat
 
     run(["pip", "install", "--quiet", "nbclient", "ipykernel"], str(work), env)
+    run(["pip", "uninstall", "--yes", "--quiet", "tfpipe"], str(work), env)  # the install cell must bring it back
     cells = notebook_cells(os.path.join(ROOT, "README.md"))
     install, parameters, strategy, *rest = cells
-    url = f"git+file://{ROOT}"
+    url = f"file://{ROOT}"  # git+https://github.com/... -> git+file:///path/to/this/checkout
     # A fresh kernel: every README cell runs without an error.
     nb = notebook([install, parameters, TEST_PARAMETERS, strategy, *rest], url)
     nbformat.write(nb, str(work / "readme.ipynb"))
     executed = execute(work / "readme.ipynb", str(work), env)
     assert [errors(c) for c in executed] == [[]] * len(executed)
+    assert "ERROR" not in "".join(o.get("text", "") for o in executed[0].outputs)  # %pip prints, never raises
+    origin = run(["python", "-c", "import importlib.metadata as m; print(m.distribution('tfpipe').read_text("
+                  "'direct_url.json'))"], str(work), env)
+    assert json.loads(origin)["url"] == url and "vcs_info" in json.loads(origin)  # installed by the cell, via git
     with open(work / "submission.csv") as f:
         assert len(f.read().splitlines()) == 1 + 8
     # A kernel where TensorFlow already listed its devices: the strategy cell says what to do instead of
