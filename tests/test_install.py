@@ -67,9 +67,11 @@ def user_env(venv):
 
 
 def make_user_venv(path, tf_version, keras_version):
-    """A fresh venv holding what the user's image already had: TensorFlow, tf-keras, torch."""
+    """A fresh venv holding what the user's image already had: TensorFlow, tf-keras, torch, and a current pip
+    (Python 3.11's bundled pip 23.2 cannot parse the ``name @ git+file:///...`` the README cell becomes here)."""
     run([sys.executable, "-m", "venv", str(path)], ROOT, os.environ)
     env = user_env(path)
+    run(["python", "-m", "pip", "install", "--quiet", "--upgrade", "pip"], str(path), env)
     run(["pip", "install", "--quiet", f"tensorflow=={tf_version}", f"tf-keras=={keras_version}",
          f"torch=={TORCH}"], str(path), env)
     return env
