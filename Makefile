@@ -23,7 +23,7 @@ demo: setup
 	$(PY) -m tfpipe.write --csv $(DEMO_DIR)/train.csv --images $(DEMO_DIR)/images --out $(RECORDS)/train \
 		--image-size $(DEMO_SIZE) --folds 5 --overwrite
 	$(PY) -m tfpipe.write --csv $(DEMO_DIR)/test.csv --images $(DEMO_DIR)/images --out $(RECORDS)/test \
-		--split test --image-size $(DEMO_SIZE) --overwrite
+		--split test --unlabeled --image-size $(DEMO_SIZE) --overwrite
 	$(PY) -m tfpipe.inspect $(RECORDS)/train --sheet $(RECORDS)/contact_sheet.png
 	rm -rf $(RUN)
 	$(PY) -m train.fit --records $(RECORDS)/train --out $(RUN) --strategy cpu --replicas 8 \

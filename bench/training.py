@@ -71,10 +71,10 @@ def input_bound(records, steps, reps):
     import tensorflow as tf
 
     import tfpipe
-    from tfpipe.read import resolve
+    from tfpipe.shards import open_shards
 
     ds = tfpipe.make_dataset(records, BATCH, training=True)
-    num_classes = resolve(records).num_classes
+    num_classes = open_shards(records).num_classes
     memory = tf.data.Dataset.from_tensors(next(iter(ds))).repeat()
     rates = {"make_dataset (augmented)": [], "one batch in memory": []}
     for _ in range(reps):  # alternate, so drifts of a shared machine hit both alike

@@ -89,7 +89,7 @@ def write_fit_predict(work, env):
          "--images", "data/images", "--out", "records/train", "--image-size", "32", "--folds", "3",
          "--no-progress"], work, env)
     run(["tfpipe-write", "--csv", "data/test.csv", "--images", "data/images", "--out", "records/test", "--split",
-         "test", "--image-size", "32", "--no-progress"], work, env)
+         "test", "--unlabeled", "--image-size", "32", "--no-progress"], work, env)
     run(["python", "-m", "train.fit", "--records", "records/train", "--out", "run", "--strategy", "cpu",
          "--replicas", "8", "--steps-per-execution", "2", "--model", "small-cnn", "--batch-size", "2",
          "--epochs", "1", "--verbose", "0"], work, env)

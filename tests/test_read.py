@@ -6,6 +6,7 @@ import tensorflow as tf
 from tfpipe import read
 from tfpipe.augment import NO_AUGMENT, Augment
 from tfpipe.errors import TfpipeError
+from tfpipe.shards import open_shards
 
 CLASSES = ["a", "b", "c"]
 
@@ -148,7 +149,7 @@ def test_input_pipelines_read_disjoint_complete_parts(shards, pipelines, trainin
     for i in range(pipelines):
         ctx = tf.distribute.InputContext(num_input_pipelines=pipelines, input_pipeline_id=i,
                                          num_replicas_in_sync=pipelines)
-        files, by_record = read.shard_for_input(read.resolve(out).files, ctx)
+        files, by_record = read.shard_for_input(open_shards(out).files, ctx)
         assert by_record == (pipelines > 8)
         ds = read.make_dataset(out, 1, training=training, with_ids=True, input_context=ctx, augment=NO_AUGMENT)
         n = sum(1 for _ in tf.data.TFRecordDataset(files).shard(pipelines, i)) if by_record else read.count_examples(

@@ -11,6 +11,7 @@ import torch
 import tfpipe
 import tfpipe.read
 from tfpipe import schema
+from tfpipe.shards import open_shards
 from tfpipe.tfrecord import CorruptRecord, read_records
 from tfpipe.torch import RecordDataset
 
@@ -39,7 +40,7 @@ def test_same_images_and_targets_as_make_dataset(shard_dir):
     rows = list(RecordDataset(folder, with_ids=True))
     assert [name for _, _, name in rows] == tfpipe.image_names(folder)  # written order without shuffle
     targets = np.concatenate([b[1] for b in tfpipe.make_dataset(folder, 16).as_numpy_iterator()])
-    encoded = [schema.decode_example(r)[schema.IMAGE] for f in tfpipe.read.resolve(folder).files
+    encoded = [schema.decode_example(r)[schema.IMAGE] for f in open_shards(folder).files
                for r in read_records(f)]
     for (image, target, name), data, tf_target in zip(rows, encoded, targets):
         assert image.dtype == torch.uint8 and image.shape == (3, 32, 32)

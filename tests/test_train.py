@@ -1,5 +1,6 @@
 """Training: 8 virtual replicas with steps_per_execution, models, burn-in, resume, strategies, schedules."""
 import csv
+import dataclasses
 import json
 import os
 import subprocess
@@ -59,8 +60,11 @@ def test_eight_virtual_replicas_with_steps_per_execution(shard_dir, tmp_path):
 
 
 def test_existing_run_is_refused_without_resume(shard_dir, tmp_path):
-    cfg = tiny_config(shard_dir, tmp_path / "run", epochs=1, replicas=None, batch_size=8)  # default strategy
+    cfg = tiny_config(shard_dir, tmp_path / "run", epochs=1, replicas=None, batch_size=8,  # default strategy
+                      deterministic=True)
+    before = dataclasses.replace(cfg)
     assert fit(cfg)["strategy_class"] == "_DefaultDistributionStrategy"
+    assert cfg == before  # fit decides single_label, seed and input size on a copy: the config can be reused
     with pytest.raises(TfpipeError, match="--resume"):
         fit(tiny_config(shard_dir, tmp_path / "run", epochs=1))
 

@@ -6,6 +6,7 @@ Public API (heavy imports are deferred until used):
 - ``Source``, ``ImageSpec``, ``LabelFormat``: what to read and how to store it.
 - ``make_dataset(source, batch_size, ...)``: shards -> ``(images, targets)`` batches (``tfpipe.read``).
 - ``Augment``: which training augmentations ``make_dataset`` applies.
+- ``open_shards(records, folds)``, ``verify``: a shard folder, glob or list opened and checked; every record's CRCs.
 - ``fold_split``, ``count_examples``, ``image_names``, ``read_targets``: folds, sizes, row ids and labels of shard folders.
 - ``inspect_shards(path, ...)``: schema, counts, labels, contact sheet, ``verify`` (``tfpipe.inspect``).
 - ``naming_corrupt_shards(source)``: a context that names the shard behind TensorFlow's ``DataLossError``.
@@ -15,12 +16,14 @@ __version__ = "0.2.0"
 
 _LAZY = {
     "write_shards": "tfpipe.write",
-    "Source": "tfpipe.write",
+    "Source": "tfpipe.sources",
     "ImageSpec": "tfpipe.images",
     "LabelFormat": "tfpipe.sources",
     "TfpipeError": "tfpipe.errors",
     "make_dataset": "tfpipe.read",
-    "fold_split": "tfpipe.read",
+    "fold_split": "tfpipe.shards",
+    "open_shards": "tfpipe.shards",
+    "verify": "tfpipe.shards",
     "count_examples": "tfpipe.read",
     "image_names": "tfpipe.read",
     "read_targets": "tfpipe.read",

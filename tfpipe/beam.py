@@ -18,7 +18,7 @@ writer's on the same input (tested).
 Pipeline, one element per shard, then per image::
 
     shard plans -> read plan (one element per image) -> Reshuffle (spread images over workers)
-      -> encode (tfpipe.write.encode_item) -> group by shard -> write the shard in input order
+      -> encode (tfpipe.encode.encode_item) -> group by shard -> write the shard in input order
       + .staging/<shard>.done (count, and images that failed: the driver applies the error policy)
 
 Not supported: ``--resume`` (a Beam runner retries failed work itself; a failed
@@ -33,6 +33,7 @@ import pickle
 import posixpath
 
 from tfpipe import fs
+from tfpipe.encode import encode_item
 from tfpipe.errors import TfpipeError
 
 
@@ -48,8 +49,6 @@ def _read_plan(part):
 
 
 def _encode(element, spec):
-    from tfpipe.write import encode_item
-
     part, (i, item, target) = element
     record, error = encode_item(item, target, spec)
     return part, (i, item.name, record, error)
@@ -116,7 +115,7 @@ def encode_shards(parts, items, item_targets, spec, shard_plan, options):
       parts: the staged file of each shard of the plan, by shard index.
       items, item_targets: the input in write order (targets None when unlabeled).
       spec: the ``ImageSpec``.
-      shard_plan: from ``tfpipe.shards.plan``.
+      shard_plan: from ``tfpipe.staging.plan``.
       options: from ``pipeline_options``.
 
     Returns:

@@ -2,14 +2,7 @@
 import numpy as np
 
 from tfpipe.errors import TfpipeError
-
-
-def multi_hot(targets, num_classes):
-    """[N, C] 0/1 matrix from lists of class indices."""
-    y = np.zeros((len(targets), num_classes), np.int8)
-    for row, t in enumerate(targets):
-        y[row, t] = 1
-    return y
+from tfpipe.schema import multi_hot
 
 
 def assign_folds(targets, num_classes, k, seed=0):
@@ -29,7 +22,7 @@ def assign_folds(targets, num_classes, k, seed=0):
         raise TfpipeError(f"--folds must be at least 2 (got {k})")
     if k > n:
         raise TfpipeError(f"--folds {k} is more than the {n} images")
-    y = multi_hot(targets, num_classes)
+    y = multi_hot(targets, num_classes, np.int8)
     y = np.concatenate([y, (y.sum(axis=1, keepdims=True) == 0)], axis=1)  # stratify "no label" like a class
     folds = np.zeros(n, np.int64)
     splitter = MultilabelStratifiedKFold(n_splits=k, shuffle=True, random_state=seed)

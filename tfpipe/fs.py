@@ -76,6 +76,11 @@ def write_atomic(path, data):
     rename(tmp, path, overwrite=True)
 
 
+def read_text(path):
+    with open(path, "r") as f:
+        return f.read()
+
+
 def size(path):
     return _gfile().stat(path).length if is_remote(path) else os.path.getsize(path)
 

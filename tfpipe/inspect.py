@@ -8,13 +8,18 @@ Works on shards written by ``tfpipe.write`` and on TFRecords from elsewhere
 """
 import argparse
 import collections
+import itertools
 import posixpath
 import sys
 
 import numpy as np
 
-from tfpipe.deps import require
+from google.protobuf.message import DecodeError
+
+from tfpipe import fs, schema
 from tfpipe.errors import TfpipeError, run_cli
+from tfpipe.shards import open_shards, verify
+from tfpipe.tfrecord import CorruptRecord, read_records
 
 SCAN_RECORDS = 5000  # records read for the schema and label frequencies
 SHEET_COLUMNS = 8
@@ -24,44 +29,30 @@ IMAGE_MAGIC = (b"\xff\xd8", b"\x89PNG")
 LABEL_KEYS = ("target", "label", "labels", "class")  # tried in order when --label-key is not given
 
 
-def find_shards(path):
-    """(files sorted by name, manifest or None) for a folder, glob pattern or single file."""
-    tf = require("tensorflow")
+def scan(shards, limit):
+    """Parses up to ``limit`` records as ``tf.train.Example`` (the schema's wire-identical classes, no TensorFlow).
 
-    from tfpipe.shards import MANIFEST, read_manifest
-
-    if tf.io.gfile.isdir(path):
-        manifest = read_manifest(path) if tf.io.gfile.exists(posixpath.join(path, MANIFEST)) else None
-        files = sorted(tf.io.gfile.glob(posixpath.join(path, "*.tfrec*")))
-        if manifest:
-            files = sorted(posixpath.join(path, s["file"]) for s in manifest["shards"])
-    else:
-        manifest, files = None, sorted(tf.io.gfile.glob(path))
-    if not files:
-        raise TfpipeError(f"{path}: no TFRecord files found")
-    return files, manifest
-
-
-def scan(files, limit):
-    """Parses up to ``limit`` records with TensorFlow's own Example proto.
-
-    Returns (records as dicts key -> (kind, values), names of files that could
-    not be read to the end of what was scanned).
+    Returns (records as dicts key -> (kind, values), files that could not be read to the end of what was
+    scanned). A file that holds something else than ``tf.train.Example`` records is an error naming it.
     """
-    tf = require("tensorflow")
-
-    records, unreadable = [], []
-    for f in files:
-        if len(records) >= limit:
-            break
+    rows, unreadable = [], []
+    for path in shards.files:
         try:
-            for raw in tf.data.TFRecordDataset(f).take(limit - len(records)).as_numpy_iterator():
-                example = tf.train.Example.FromString(raw)
-                records.append({key: (feature.WhichOneof("kind"), _values(feature))
-                                for key, feature in example.features.feature.items()})
-        except tf.errors.DataLossError:
-            unreadable.append(f)
-    return records, unreadable
+            for raw in itertools.islice(read_records(path), limit - len(rows)):
+                rows.append(_parse(raw, path))
+        except CorruptRecord:
+            unreadable.append(path)
+        if len(rows) >= limit:
+            break
+    return rows, unreadable
+
+
+def _parse(raw, path):
+    try:
+        example = schema.Example.FromString(raw)
+    except DecodeError:
+        raise TfpipeError(f"{path}: its records are not tf.train.Example protos; tfpipe reads only those") from None
+    return {key: (feature.WhichOneof("kind"), _values(feature)) for key, feature in example.features.feature.items()}
 
 
 def _values(feature):
@@ -100,30 +91,12 @@ def label_frequencies(records, label_key):
     return counts, empty
 
 
-def verify(files, expected):
-    """Reads every record of every file (CRC-checked). Returns a list of problems, one line each."""
-    tf = require("tensorflow")
-
-    problems = []
-    for f in files:
-        n = 0
-        try:
-            for _ in tf.data.TFRecordDataset(f):
-                n += 1
-        except (tf.errors.DataLossError, tf.errors.OutOfRangeError) as e:
-            problems.append(f"{f}: corrupt or truncated after {n} records ({e.message.splitlines()[0]})")
-            continue
-        if expected[f] is not None and n != expected[f]:
-            problems.append(f"{f}: holds {n} records, expected {expected[f]}")
-    return problems
-
-
-def contact_sheet(records, image_key, label_key, class_names, count):
+def contact_sheet(rows, image_key, label_key, class_names, count):
     """A grid of the first ``count`` images, each captioned with its labels. Returns BGR uint8."""
     import cv2
 
     tiles = []
-    for row in records[:count]:
+    for row in rows[:count]:
         data = row[image_key][1][0]
         img = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
         tile = np.zeros((SHEET_TILE + CAPTION_HEIGHT, SHEET_TILE, 3), np.uint8)
@@ -142,65 +115,86 @@ def contact_sheet(records, image_key, label_key, class_names, count):
 
 def save_png(image, path):
     import cv2
-    tf = require("tensorflow")
 
-    with tf.io.gfile.GFile(path, "wb") as f:
-        f.write(cv2.imencode(".png", image)[1].tobytes())
+    fs.write_atomic(path, cv2.imencode(".png", image)[1].tobytes())
 
 
-def inspect_shards(path, *, scan_records=SCAN_RECORDS, sheet=None, sheet_count=32, do_verify=False, image_key=None,
-            label_key=None, out=sys.stdout):
+def inspect_shards(records, *, scan_records=SCAN_RECORDS, sheet=None, sheet_count=32, do_verify=False, image_key=None,
+                   label_key=None, out=sys.stdout):
     """Prints what the shards hold; optionally writes a contact sheet and verifies every record.
+
+    Args:
+      records: a shard folder, glob pattern or list of files (local or ``gs://``).
+      scan_records: records read for the schema, label counts and the sheet.
+      sheet: contact-sheet PNG to write, or None.
+      sheet_count: images on the sheet.
+      do_verify: read every record, check CRCs and counts (raises on a problem).
+      image_key, label_key: features holding the image and the labels (default: guessed).
+      out: where to print.
 
     Returns a dict with ``files``, ``schema``, ``label_counts`` and ``problems``.
 
     Raises:
       TfpipeError: when ``do_verify`` finds a corrupt, truncated or miscounted shard.
     """
-    from tfpipe.read import shard_counts
-
-    files, manifest = find_shards(path)
-    expected = shard_counts(files, manifest)
-    records, unreadable = scan(files, scan_records)
-    fields = infer_schema(records)
-    image_key, label_key = pick_keys(records, image_key, label_key)
-    classes = (manifest or {}).get("classes") or []
-    print(f"{path}: {len(files)} files, {sum(c or 0 for c in expected.values())} records"
-          f"{' (manifest)' if manifest else ''}", file=out)
-    for f in files:
-        print(f"  {posixpath.basename(f)}: {expected[f] if expected[f] is not None else '?'} records", file=out)
-    print(f"schema (from {len(records)} records):", file=out)
-    for key, (kind, lo, hi, n) in fields.items():
-        length = f"{lo}" if lo == hi else f"{lo}..{hi}"
-        mark = " <- image" if key == image_key else " <- labels" if key == label_key else ""
-        print(f"  {key}: {kind.replace('_list', '')} x {length}{'' if n == len(records) else f' in {n}'}{mark}",
-              file=out)
-    counts, empty = label_frequencies(records, label_key) if label_key else (collections.Counter(), 0)
-    if label_key:
-        print(f"labels (over {len(records)} records; {empty} with none):", file=out)
-        for value, n in sorted(counts.items()):
-            name = classes[value] if 0 <= value < len(classes) else str(value)
-            print(f"  {value:>4} {name}: {n}", file=out)
+    shards = open_shards(records)
+    rows, unreadable = scan(shards, scan_records)
+    fields = infer_schema(rows)
+    image_key, label_key = pick_keys(rows, image_key, label_key)
+    classes = shards.classes or []
+    print_files(records, shards, out)
+    print_schema(fields, len(rows), image_key, label_key, out)
+    counts = print_labels(rows, label_key, classes, out) if label_key else collections.Counter()
     for f in unreadable:
         print(f"  WARNING {posixpath.basename(f)}: corrupt or truncated (run with --verify)", file=out)
-    if sheet and image_key and records:
-        save_png(contact_sheet(records, image_key, label_key, classes, sheet_count), sheet)
+    if sheet and image_key and rows:
+        save_png(contact_sheet(rows, image_key, label_key, classes, sheet_count), sheet)
         print(f"contact sheet: {sheet}", file=out)
-    problems = verify(files, expected) if do_verify else []
-    if do_verify:
-        for p in problems:
-            print(f"  BAD {p}", file=out)
-        if problems:
-            raise TfpipeError(f"{len(problems)} of {len(files)} shards failed verification: "
-                              + "; ".join(p.split(":")[0] for p in problems))
-        print(f"verified: {len(files)} files, every record read and CRC-checked, counts match", file=out)
-    return {"files": files, "schema": fields, "label_counts": dict(counts), "problems": problems,
+    problems = verify_and_report(shards, out) if do_verify else []
+    return {"files": list(shards.files), "schema": fields, "label_counts": dict(counts), "problems": problems,
             "image_key": image_key, "label_key": label_key}
 
 
+def print_files(records, shards, out):
+    counts = shards.counts
+    print(f"{records}: {len(shards.files)} files, {sum(c or 0 for c in counts.values())} records"
+          f"{' (manifest)' if shards.manifest else ''}", file=out)
+    for f, n in counts.items():
+        print(f"  {posixpath.basename(f)}: {n if n is not None else '?'} records", file=out)
+
+
+def print_schema(fields, scanned, image_key, label_key, out):
+    print(f"schema (from {scanned} records):", file=out)
+    for key, (kind, lo, hi, n) in fields.items():
+        length = f"{lo}" if lo == hi else f"{lo}..{hi}"
+        mark = " <- image" if key == image_key else " <- labels" if key == label_key else ""
+        print(f"  {key}: {kind.replace('_list', '')} x {length}{'' if n == scanned else f' in {n}'}{mark}", file=out)
+
+
+def print_labels(rows, label_key, classes, out):
+    counts, empty = label_frequencies(rows, label_key)
+    print(f"labels (over {len(rows)} records; {empty} with none):", file=out)
+    for value, n in sorted(counts.items()):
+        name = classes[value] if 0 <= value < len(classes) else str(value)
+        print(f"  {value:>4} {name}: {n}", file=out)
+    return counts
+
+
+def verify_and_report(shards, out):
+    """``verify`` with one line per problem; raises naming the bad shards."""
+    problems = verify(shards)
+    for p in problems:
+        print(f"  BAD {p}", file=out)
+    if problems:
+        raise TfpipeError(f"{len(problems)} of {len(shards.files)} shards failed verification: "
+                          + "; ".join(p.split(":")[0] for p in problems))
+    print(f"verified: {len(shards.files)} files, every record read and CRC-checked, counts match", file=out)
+    return problems
+
+
 def run(args):
-    inspect_shards(args.path, scan_records=args.scan, sheet=None if args.no_sheet else args.sheet,
-            sheet_count=args.sheet_count, do_verify=args.verify, image_key=args.image_key, label_key=args.label_key)
+    inspect_shards(args.records, scan_records=args.scan, sheet=None if args.no_sheet else args.sheet,
+                   sheet_count=args.sheet_count, do_verify=args.verify, image_key=args.image_key, label_key=args.label_key)
 
 
 def main(argv=None):
@@ -208,7 +202,7 @@ def main(argv=None):
 
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     p = argparse.ArgumentParser(prog="python -m tfpipe.inspect", description=__doc__.split("\n\n")[0])
-    p.add_argument("path", help="shard folder, glob pattern or file (local or gs://)")
+    p.add_argument("records", help="shard folder, glob pattern or file (local or gs://)")
     p.add_argument("--verify", action="store_true", help="read every record (CRC) and check counts; exit 2 if bad")
     p.add_argument("--sheet", default="contact_sheet.png", help="contact sheet PNG (default: contact_sheet.png)")
     p.add_argument("--no-sheet", action="store_true", help="do not write a contact sheet")

@@ -8,11 +8,7 @@ vectorised ``tf.io.parse_example`` call; images stay uint8 until they reach
 the model (normalising there moves 4x fewer bytes to the accelerator).
 """
 import contextlib
-import dataclasses
-import posixpath
-import re
 
-import numpy as np
 
 from tfpipe.deps import require
 
@@ -20,7 +16,7 @@ tf = require("tensorflow")  # or one line saying what to install
 from tfpipe import augment as aug_lib  # noqa: E402
 from tfpipe import schema  # noqa: E402
 from tfpipe.errors import TfpipeError  # noqa: E402
-from tfpipe.shards import MANIFEST, SHARD_SUFFIX, read_manifest  # noqa: E402
+from tfpipe.shards import MANIFEST, Shards, fold_split, open_shards, verify  # noqa: E402, F401 (re-exported)
 
 AUTOTUNE = tf.data.AUTOTUNE
 READ_BUFFER = 8 * 2**20  # bytes of read-ahead per file: large sequential reads suit buckets
@@ -29,97 +25,6 @@ PARSE_BATCH = 256  # records parsed per vectorised call in training, before per-
 SHUFFLE_BUFFER = 2048  # records; on top of the shuffled file order
 CACHE_BUDGET = 2 * 2**30  # bytes of decoded images that cache="auto" may keep in memory
 LABEL_MODES = ("multi_hot", "one_hot", "class_id")
-_COUNT_IN_NAME = re.compile(r"-(\d+)\.tfrec$")
-
-
-def shard_counts(files, manifest=None):
-    """Records per file, from the manifest or else the count at the end of the name (None: unknown)."""
-    listed = {s["file"]: s["count"] for s in (manifest or {}).get("shards", [])}
-    out = {}
-    for f in files:
-        name = posixpath.basename(f)
-        match = _COUNT_IN_NAME.search(name)
-        out[f] = listed.get(name, int(match.group(1)) if match else None)
-    return out
-
-
-@dataclasses.dataclass(frozen=True)
-class Shards:
-    """Resolved input: files in read order, and what the manifest says about them (if there is one)."""
-
-    files: tuple
-    manifest: dict | None = None
-
-    @property
-    def num_examples(self):
-        """Records in ``files``: from the manifest, else from the counts in the names (None if unknown)."""
-        counts = shard_counts(self.files, self.manifest).values()
-        return None if None in counts else sum(counts)
-
-    @property
-    def image_size(self):
-        return ((self.manifest or {}).get("image") or {}).get("size")
-
-    @property
-    def image_format(self):
-        return ((self.manifest or {}).get("image") or {}).get("format")
-
-    @property
-    def num_classes(self):
-        return (self.manifest or {}).get("num_classes")
-
-
-def resolve(source, folds=None):
-    """Finds the shard files of ``source``: a folder with a manifest, a glob pattern, or a list of files.
-
-    Args:
-      source: folder written by ``tfpipe.write`` (local or ``gs://``), glob pattern, or list of paths.
-      folds: fold numbers to keep (needs a manifest written with ``--folds``); None keeps all.
-
-    Returns:
-      ``Shards`` with files sorted by name (the written order).
-    """
-    if isinstance(source, (list, tuple)):
-        files, manifest = sorted(source), None
-    elif tf.io.gfile.isdir(source):
-        manifest = read_manifest(source)
-        files = sorted(posixpath.join(source, s["file"]) for s in manifest["shards"]
-                       if folds is None or s["fold"] in set(folds))
-    else:
-        files, manifest = sorted(tf.io.gfile.glob(source)), None
-    if folds is not None and (manifest is None or not manifest.get("folds")):
-        raise TfpipeError(f"{source}: folds were asked for, but these shards were written without --folds")
-    if folds is not None and manifest and any(f not in range(manifest["folds"]) for f in folds):
-        raise TfpipeError(f"{source}: folds {list(folds)} outside 0..{manifest['folds'] - 1}")
-    if not files:
-        raise TfpipeError(f"{source}: no shard files found")
-    if manifest:
-        check_sizes(files, manifest)
-    return Shards(tuple(files), manifest)
-
-
-def check_sizes(files, manifest):
-    """Compares each file's size with the manifest: a missing or truncated shard is named before reading starts."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    listed = {s["file"]: s.get("bytes") for s in manifest["shards"]}
-
-    def problem(path):
-        expected = listed.get(posixpath.basename(path))
-        if expected is None:
-            return None
-        if not tf.io.gfile.exists(path):
-            return f"{path}: shard listed in {MANIFEST} is missing"
-        size = tf.io.gfile.stat(path).length
-        if size != expected:
-            return (f"{path}: shard is {size} bytes, {MANIFEST} says {expected} (truncated or replaced; "
-                    "check with python -m tfpipe.inspect --verify)")
-        return None
-
-    with ThreadPoolExecutor(16) as pool:  # one stat per file: many at once on a bucket
-        for message in pool.map(problem, files):
-            if message:
-                raise TfpipeError(message)
 
 
 @contextlib.contextmanager
@@ -134,22 +39,8 @@ def naming_corrupt_shards(source):
     try:
         yield
     except tf.errors.DataLossError as e:
-        from tfpipe.inspect import verify
-
-        shards = resolve(source)
-        problems = verify(shards.files, shard_counts(shards.files, shards.manifest))
+        problems = verify(open_shards(source))
         raise TfpipeError(problems[0] if problems else f"{source}: corrupt data ({e.message.splitlines()[0]})") from None
-
-
-def fold_split(source, fold):
-    """(training folds, validation folds) for validating on ``fold`` of a folded shard folder."""
-    manifest = read_manifest(source)
-    k = manifest.get("folds")
-    if not k:
-        raise TfpipeError(f"{source}: written without --folds; cannot pick validation fold {fold}")
-    if fold not in range(k):
-        raise TfpipeError(f"{source}: fold {fold} outside 0..{k - 1}")
-    return [f for f in range(k) if f != fold], [fold]
 
 
 def targets_from_indices(indices, num_classes, label_mode):
@@ -265,7 +156,7 @@ def make_dataset(source, batch_size, *, image_size=None, training=False, folds=N
     """
     if label_mode not in LABEL_MODES:
         raise TfpipeError(f"label_mode must be one of {', '.join(LABEL_MODES)} (got {label_mode!r})")
-    shards = resolve(source, folds)
+    shards = open_shards(source, folds)
     size = image_size or shards.image_size
     if not size:
         raise TfpipeError(f"{source}: stored images have no fixed size; pass image_size")
@@ -348,15 +239,7 @@ def _training_pipeline(files, batch_size, size, parse, decode_one, image_format,
     per_image = aug_lib.image_ops(augment, size, crop_done=crop_on_decode)  # resized crop, erasing
     per_batch = aug_lib.make_batch_augment(augment, size)  # pad crop, flip, colour: one XLA op per batch
     mix = aug_lib.batch_mix(augment)
-    if shard_records:  # several pipelines share files: read in a fixed order, then keep every n-th record
-        ds = tf.data.TFRecordDataset(files, buffer_size=READ_BUFFER)
-        ds = ds.shard(ctx.num_input_pipelines, ctx.input_pipeline_id)
-    else:
-        ds = tf.data.Dataset.from_tensor_slices(files)
-        ds = ds.shuffle(len(files), seed=seed)  # a new file order every epoch
-        ds = ds.interleave(lambda f: tf.data.TFRecordDataset(f, buffer_size=READ_BUFFER),
-                           cycle_length=min(len(files), CYCLE_LENGTH), num_parallel_calls=AUTOTUNE,
-                           deterministic=deterministic)
+    ds = _shuffled_records(files, shard_records, ctx, seed, deterministic)
     ds = ds.batch(PARSE_BATCH)
     ds = ds.map(parse, num_parallel_calls=AUTOTUNE, deterministic=deterministic)
     ds = ds.unbatch()
@@ -387,6 +270,18 @@ def _training_pipeline(files, batch_size, size, parse, decode_one, image_format,
     return ds
 
 
+def _shuffled_records(files, shard_records, ctx, seed, deterministic):
+    """Serialized records for training: files in a new order every epoch, read interleaved."""
+    if shard_records:  # several pipelines share files: read in a fixed order, then keep every n-th record
+        ds = tf.data.TFRecordDataset(files, buffer_size=READ_BUFFER)
+        return ds.shard(ctx.num_input_pipelines, ctx.input_pipeline_id)
+    ds = tf.data.Dataset.from_tensor_slices(files)
+    ds = ds.shuffle(len(files), seed=seed)  # a new file order every epoch
+    return ds.interleave(lambda f: tf.data.TFRecordDataset(f, buffer_size=READ_BUFFER),
+                         cycle_length=min(len(files), CYCLE_LENGTH), num_parallel_calls=AUTOTUNE,
+                         deterministic=deterministic)
+
+
 def _augment_batch(batch, seed, per_batch, mix):
     seeds = tf.random.experimental.stateless_split(seed, 2)
     images, targets = batch["image"], batch["target"]
@@ -406,7 +301,7 @@ def _crop_decode(data, size, augment, seed):
 
 def count_examples(source, folds=None):
     """Number of records in ``source`` (from the manifest or the counts in shard names)."""
-    n = resolve(source, folds).num_examples
+    n = open_shards(source, folds).num_examples
     if n is None:
         raise TfpipeError(f"{source}: record count unknown (no manifest and no count in the file names)")
     return n
@@ -415,7 +310,7 @@ def count_examples(source, folds=None):
 def _read_column(source, folds, key):
     """One parsed feature of every record, in written order (no image decoding)."""
     spec = schema.feature_spec((key,))
-    ds = tf.data.TFRecordDataset(list(resolve(source, folds).files), buffer_size=READ_BUFFER).batch(1024)
+    ds = tf.data.TFRecordDataset(list(open_shards(source, folds).files), buffer_size=READ_BUFFER).batch(1024)
     ds = ds.map(lambda s: tf.io.parse_example(s, spec)[key], num_parallel_calls=AUTOTUNE)
     return [row for batch in ds.as_numpy_iterator() for row in batch]
 
@@ -430,11 +325,7 @@ def read_targets(source, num_classes, folds=None):
     """Multi-hot float32 [N, C] targets of every record in written order, without decoding images."""
     with naming_corrupt_shards(source):
         rows = _read_column(source, folds, schema.TARGET)
-    out = np.zeros((len(rows), num_classes), np.float32)
-    for i, row in enumerate(rows):
-        out[i, row[row >= 0]] = 1.0
-    return out
+    return schema.multi_hot([row[row >= 0] for row in rows], num_classes)  # -1 pads the batched lists
 
 
-__all__ = ["make_dataset", "resolve", "fold_split", "count_examples", "image_names", "read_targets", "naming_corrupt_shards", "shard_counts", "Shards",
-           "SHARD_SUFFIX"]
+__all__ = ["make_dataset", "fold_split", "count_examples", "image_names", "read_targets", "naming_corrupt_shards"]

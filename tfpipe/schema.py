@@ -7,7 +7,10 @@ descriptor pool, so DataLoader workers never import TensorFlow (forking or
 importing TensorFlow in workers is slow and can hang). The reader turns the
 same table into ``tf.io.parse_example`` specs with ``feature_spec``.
 """
+import numpy as np
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+from tfpipe.errors import TfpipeError
 
 SCHEMA_VERSION = 1
 
@@ -105,6 +108,24 @@ def decode_example(data):
         values = list(getattr(feature, kind).value) if kind else []
         scalar = FEATURES.get(key, (None, "list"))[1] == "scalar"
         out[key] = values[0] if scalar and len(values) == 1 else values
+    return out
+
+
+def multi_hot(targets, num_classes, dtype=np.float32):
+    """[N, C] rows of 0/1 from N lists of class indices (the ``target`` feature): the one such conversion
+    outside TensorFlow graphs (``tfpipe.read.targets_from_indices`` is its in-graph twin).
+
+    Raises:
+      TfpipeError: an index outside 0..C-1: records and class list disagree, and a label would be lost.
+    """
+    out = np.zeros((len(targets), num_classes), dtype)
+    for row, indices in enumerate(targets):
+        indices = np.asarray(indices, np.int64)
+        if indices.size and (indices.min() < 0 or indices.max() >= num_classes):
+            bad = int(indices[(indices < 0) | (indices >= num_classes)][0])
+            raise TfpipeError(f"class index {bad} outside 0..{num_classes - 1}: the records hold more classes than "
+                              f"the {num_classes} given")
+        out[row, indices] = 1
     return out
 
 

@@ -1,75 +1,34 @@
-"""Shard planning, naming, staged writing and the manifest.
+"""A shard folder, for every reader and writer: names, ``manifest.json``, and opening one to read.
 
-Shard files are named ``{split}[-fold{f}]-{i}-of-{n}-{count}.tfrec``: the
-record count at the end is the Kaggle convention that notebooks read with a
-regex. They are written under ``.staging/`` with a name that does not end in
-``.tfrec`` and only renamed into place, followed by ``manifest.json``, once
-every shard is complete: nobody globbing ``*.tfrec`` ever reads half a dataset.
-Finished staged shards are listed in ``.staging/progress.json`` as they
-complete, which is what ``--resume`` continues from.
+A folder written by ``tfpipe.write`` holds shards named
+``{split}[-fold{f}]-{i}-of-{n}-{count}.tfrec`` (the record count at the end is
+the Kaggle convention that notebooks read with a regex) and ``manifest.json``
+(classes, counts, folds, sizes, image settings). ``open_shards`` is the one
+place that turns what a user passes as ``records`` -- such a folder, a glob
+pattern or a list of files, local or ``gs://`` -- into files in written order
+with their counts, checks folds and sizes, and refuses everything else with one
+message; ``verify`` reads every record and checks both CRCs without
+TensorFlow. The writer's side (planning, staged writing) is ``tfpipe.staging``.
 
 All file access goes through ``tfpipe.fs`` (``tf.io.gfile`` for ``gs://`` and
 other remote paths), so a bucket works like a folder.
 """
+import dataclasses
 import json
-import math
 import posixpath
+import re
+from concurrent.futures import ThreadPoolExecutor
 
 from tfpipe import fs
 from tfpipe.errors import TfpipeError
-from tfpipe.tfrecord import RecordWriter
+from tfpipe.tfrecord import CorruptRecord, read_records
 
 MANIFEST = "manifest.json"
 STAGING = ".staging"
 PROGRESS = "progress.json"  # finished staged shards, for --resume
 SHARD_SUFFIX = ".tfrec"
-TARGET_SHARD_BYTES = 150 * 2**20  # 100-200 MB shards: big reads, yet many files to spread over readers
-MIN_SHARD_RECORDS = 64  # below this a shard costs more in file opens than it gives in parallelism
-SHARD_MULTIPLE = 8  # a TPU v3-8 has 8 cores; 8k shards split evenly between them
-
-
-def num_shards(num_records, est_bytes, requested=None):
-    """How many shards to write: a multiple of 8 where the data allows it.
-
-    Args:
-      num_records: records to write.
-      est_bytes: estimated total size in bytes.
-      requested: the user's ``--shards``, which wins (capped at one record a shard).
-    """
-    if requested:
-        return max(1, min(requested, num_records))
-    by_bytes = max(1, math.ceil(est_bytes / TARGET_SHARD_BYTES))
-    by_bytes = math.ceil(by_bytes / SHARD_MULTIPLE) * SHARD_MULTIPLE
-    most = num_records // MIN_SHARD_RECORDS
-    if most < SHARD_MULTIPLE:
-        return max(1, min(by_bytes, most))
-    return min(by_bytes, most // SHARD_MULTIPLE * SHARD_MULTIPLE)
-
-
-def split_evenly(n, parts):
-    """Sizes of ``parts`` consecutive chunks of ``n`` items, differing by at most one."""
-    return [n // parts + (1 if i < n % parts else 0) for i in range(parts)]
-
-
-def plan(fold_sizes, total_shards):
-    """Assigns consecutive record ranges to shards, never mixing folds in a shard.
-
-    Args:
-      fold_sizes: records per fold in write order (one entry when there are no folds).
-      total_shards: the wanted number of shards; with folds each fold gets an
-        equal share (at least one).
-
-    Returns:
-      A list of dicts with ``fold`` (or None), ``start``, ``size`` and ``index``.
-    """
-    with_folds = len(fold_sizes) > 1
-    per_fold = max(1, round(total_shards / len(fold_sizes)))
-    shards, start = [], 0
-    for fold, size in enumerate(fold_sizes):
-        for part in split_evenly(size, min(per_fold, max(size, 1))):
-            shards.append({"fold": fold if with_folds else None, "start": start, "size": part, "index": len(shards)})
-            start += part
-    return shards
+COUNT_IN_NAME = re.compile(r"-(\d+)\.tfrec$")  # the record count shard_name puts at the end
+STAT_THREADS = 16  # size checks run at once: one stat per file is slow on a bucket
 
 
 def shard_name(split, index, total, count, fold=None):
@@ -84,131 +43,6 @@ def existing_shards(out_dir):
     if not fs.isdir(out_dir):
         return []
     return sorted(fs.glob(posixpath.join(out_dir, "*" + SHARD_SUFFIX)))
-
-
-class StagedShards:
-    """Writes shards under ``out/.staging`` and moves them into place on ``commit``.
-
-    Every finished shard is recorded in ``.staging/progress.json`` (an
-    incremental manifest, replaced atomically), so an interrupted write -- an
-    error, Ctrl-C or ``kill -9`` -- keeps its finished shards and ``resume=True``
-    writes only the rest. ``fingerprint`` identifies the job (inputs, labels,
-    plan, image settings): progress from a different job is never reused.
-    Nothing under ``.staging`` ends in ``.tfrec``, and a new write without
-    ``resume`` starts by clearing it.
-    """
-
-    def __init__(self, out_dir, split, shard_plan, fingerprint="", resume=False):
-        self.out_dir, self.split, self.plan = out_dir, split, shard_plan
-        self.fingerprint, self.resume = fingerprint, resume
-        self.staging = posixpath.join(out_dir, STAGING)
-        self.progress_path = posixpath.join(self.staging, PROGRESS)
-        self.counts = [0] * len(shard_plan)
-        self.skipped = [[] for _ in shard_plan]
-        self.finished = set()
-        self._writer, self._current = None, None
-
-    def __enter__(self):
-        progress = self._read_progress() if self.resume else None
-        if progress is not None and progress["fingerprint"] != self.fingerprint:
-            raise TfpipeError(f"{self.staging}: the interrupted write there had other inputs or settings; "
-                              "run without --resume to start over")
-        if progress is None:
-            if fs.exists(self.staging):
-                fs.rmtree(self.staging)
-            fs.makedirs(self.staging)
-            return self
-        for entry in progress["shards"]:
-            index = entry["index"]
-            if not fs.exists(self.staged_path(index)):
-                raise TfpipeError(f"{self.staged_path(index)} is listed as finished but missing; "
-                                  "run without --resume to start over")
-            self.counts[index], self.skipped[index] = entry["count"], entry["skipped"]
-            self.finished.add(index)
-        return self
-
-    def _read_progress(self):
-        if not fs.exists(self.progress_path):
-            return None
-        with fs.open(self.progress_path, "r") as f:
-            return json.loads(f.read())
-
-    def staged_path(self, index):
-        return posixpath.join(self.staging, f"{self.split}-{index:05d}.part")
-
-    def first_unfinished_record(self):
-        """Index of the first record not in a finished shard (shards are consecutive record ranges)."""
-        for s in self.plan:
-            if s["index"] not in self.finished:
-                return s["start"]
-        return sum(s["size"] for s in self.plan)
-
-    def write(self, index, record):
-        """Appends a serialized record to shard ``index`` (shards are written in order)."""
-        if index != self._current:
-            self._close()
-            self._writer, self._current = RecordWriter(self.staged_path(index)), index
-        self._writer.write(record)
-        self.counts[index] += 1
-
-    def skip(self, index, entry):
-        """Notes a record of shard ``index`` that was skipped (``entry``: image and reason)."""
-        self.skipped[index].append(entry)
-
-    def finish(self, index):
-        """Marks shard ``index`` complete: closes it and records it in the progress file."""
-        if self._current == index:
-            self._close()
-        self.finished.add(index)
-        entries = [{"index": i, "count": self.counts[i], "skipped": self.skipped[i]} for i in sorted(self.finished)]
-        fs.write_atomic(self.progress_path, json.dumps({"fingerprint": self.fingerprint, "shards": entries}))
-
-    def add_finished(self, index, count, skipped):
-        """Records shard ``index`` as complete when something else wrote its staged file (the Beam runner)."""
-        self.counts[index], self.skipped[index] = count, skipped
-        self.finish(index)
-
-    def _close(self):
-        if self._writer is not None:
-            self._writer.close()
-            self._writer, self._current = None, None
-
-    def all_skipped(self):
-        return [entry for per_shard in self.skipped for entry in per_shard]
-
-    def commit(self, manifest, overwrite=False):
-        """Renames finished shards into place and writes the manifest last.
-
-        Shards left empty (every record skipped) are dropped. Returns the
-        manifest's shard list.
-        """
-        self._close()
-        if overwrite:
-            remove_outputs(self.out_dir)
-        kept = [s for s in self.plan if self.counts[s["index"]] > 0]
-        entries = []
-        for new_index, s in enumerate(kept):
-            name = shard_name(self.split, new_index, len(kept), self.counts[s["index"]], s["fold"])
-            staged = self.staged_path(s["index"])
-            if not fs.exists(staged):
-                raise RuntimeError(f"staged shard {staged} is missing")
-            size = fs.size(staged)
-            fs.rename(staged, posixpath.join(self.out_dir, name), overwrite=True)
-            entries.append({"file": name, "count": self.counts[s["index"]], "fold": s["fold"], "bytes": size})
-        manifest = dict(manifest, shards=entries)
-        write_manifest(self.out_dir, manifest)
-        fs.rmtree(self.staging)
-        return manifest
-
-    def __exit__(self, exc_type, exc, tb):
-        """On failure keeps the finished shards for ``resume`` and drops the unfinished one."""
-        current = self._current
-        self._close()
-        if exc_type is not None and current is not None and current not in self.finished:
-            fs.remove(self.staged_path(current))
-        if exc_type is not None and not self.finished and fs.exists(self.staging):
-            fs.rmtree(self.staging)  # nothing worth keeping
-        return False
 
 
 def remove_outputs(out_dir):
@@ -241,3 +75,159 @@ def read_manifest(out_dir):
             return json.loads(f.read())
         except json.JSONDecodeError as e:
             raise TfpipeError(f"{path}: manifest is not valid JSON ({e})") from None
+
+
+def shard_counts(files, manifest=None):
+    """Records per file, from the manifest or else the count at the end of the name (None: unknown)."""
+    listed = {s["file"]: s["count"] for s in (manifest or {}).get("shards", [])}
+    out = {}
+    for f in files:
+        name = posixpath.basename(f)
+        match = COUNT_IN_NAME.search(name)
+        out[f] = listed.get(name, int(match.group(1)) if match else None)
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Shards:
+    """Opened ``records``: files in written order, and the folder's manifest (None for a glob or a list)."""
+
+    files: tuple
+    manifest: dict | None = None
+
+    def _image(self, key):
+        return ((self.manifest or {}).get("image") or {}).get(key)
+
+    @property
+    def counts(self):
+        return shard_counts(self.files, self.manifest)
+
+    @property
+    def num_examples(self):
+        """Records in ``files``: from the manifest, else from the counts in the names (None if unknown)."""
+        counts = self.counts.values()
+        return None if None in counts else sum(counts)
+
+    @property
+    def image_size(self):
+        return self._image("size")
+
+    @property
+    def image_format(self):
+        return self._image("format")
+
+    @property
+    def num_classes(self):
+        return (self.manifest or {}).get("num_classes")
+
+    @property
+    def classes(self):
+        return (self.manifest or {}).get("classes")
+
+    @property
+    def labeled(self):
+        """False when the manifest says the records carry no ``target``; True for unknown (foreign) shards."""
+        return (self.manifest or {}).get("labeled", True)
+
+
+def open_shards(records, folds=None):
+    """Opens what a user calls ``records``: the one resolver behind every reader, ``inspect`` and ``train``.
+
+    Args:
+      records: a folder written by ``tfpipe.write`` (local or ``gs://``), a glob pattern, a list of files,
+        or ``Shards`` already opened.
+      folds: fold numbers to keep (the folder must have been written with ``--folds``); None keeps all.
+
+    Returns:
+      ``Shards`` with files sorted by name (the written order), sizes checked against the manifest.
+
+    Raises:
+      TfpipeError: no such folder or files, no manifest in a folder, folds the shards do not have, or a
+        shard missing or of another size than the manifest says.
+    """
+    if isinstance(records, Shards):
+        shards = records
+    elif isinstance(records, (list, tuple)):
+        shards = Shards(tuple(sorted(records)))
+    elif records and fs.isdir(records):
+        manifest = read_manifest(records)
+        shards = Shards(tuple(sorted(posixpath.join(records, s["file"]) for s in manifest["shards"])), manifest)
+    else:
+        shards = Shards(tuple(sorted(fs.glob(records))) if records else ())
+    if folds is not None:
+        shards = select_folds(shards, folds, records)
+    if not shards.files:
+        raise TfpipeError(f"{records or repr(records)}: no shard files found")
+    if shards.manifest and not isinstance(records, Shards):
+        check_sizes(shards.files, shards.manifest)
+    return shards
+
+
+def select_folds(shards, folds, records):
+    """The shards of ``folds`` only; folds the shards were not written with are an error."""
+    k = (shards.manifest or {}).get("folds")
+    if not k:
+        raise TfpipeError(f"{records}: folds {list(folds)} were asked for, but these shards were written without "
+                          "--folds")
+    outside = [f for f in folds if f not in range(k)]
+    if outside:
+        raise TfpipeError(f"{records}: folds {outside} outside 0..{k - 1} (written with --folds {k})")
+    fold_of = {s["file"]: s["fold"] for s in shards.manifest["shards"]}
+    keep = set(folds)
+    return Shards(tuple(f for f in shards.files if fold_of.get(posixpath.basename(f)) in keep), shards.manifest)
+
+
+def fold_split(records, fold):
+    """(training folds, validation folds) for validating on ``fold`` of a folded shard folder."""
+    k = (open_shards(records).manifest or {}).get("folds")
+    if not k:
+        raise TfpipeError(f"{records}: written without --folds; cannot pick validation fold {fold}")
+    if fold not in range(k):
+        raise TfpipeError(f"{records}: fold {fold} outside 0..{k - 1}")
+    return [f for f in range(k) if f != fold], [fold]
+
+
+def holdout_split(shards, val_fraction):
+    """(training, validation) ``Shards`` holding out the last shards, about ``val_fraction`` of them."""
+    files = shards.files
+    if len(files) < 2:
+        raise TfpipeError(f"{files[0]}: one shard cannot be split for validation; write with --folds or more --shards")
+    n_val = min(len(files) - 1, max(1, round(val_fraction * len(files))))
+    return Shards(files[:-n_val], shards.manifest), Shards(files[-n_val:], shards.manifest)
+
+
+def check_sizes(files, manifest):
+    """Compares each file's size with the manifest: a missing or truncated shard is named before reading starts."""
+    listed = {s["file"]: s.get("bytes") for s in manifest["shards"]}
+
+    def problem(path):
+        expected = listed.get(posixpath.basename(path))
+        if expected is None:
+            return None
+        if not fs.exists(path):
+            return f"{path}: shard listed in {MANIFEST} is missing"
+        size = fs.size(path)
+        if size != expected:
+            return (f"{path}: shard is {size} bytes, {MANIFEST} says {expected} (truncated or replaced; "
+                    "check with python -m tfpipe.inspect --verify)")
+        return None
+
+    with ThreadPoolExecutor(STAT_THREADS) as pool:
+        for message in pool.map(problem, files):
+            if message:
+                raise TfpipeError(message)
+
+
+def verify(shards):
+    """Reads every record of every shard, checking both CRCs (no TensorFlow) and the counts the manifest or the
+    names give. Returns a list of problems, one line each."""
+    problems = []
+    for path, expected in shards.counts.items():
+        try:
+            n = sum(1 for _ in read_records(path))
+        except CorruptRecord as e:
+            problems.append(str(e))
+            continue
+        if expected is not None and n != expected:
+            problems.append(f"{path}: holds {n} records, expected {expected}")
+    return problems

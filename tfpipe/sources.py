@@ -155,6 +155,62 @@ def _one_hot_labels(df, label_cols, csv_path):
     return out
 
 
+@dataclasses.dataclass(frozen=True)
+class Source:
+    """Images with a Kaggle-style CSV, or (``csv=None``) a folder per class -- or, unlabeled, a flat folder.
+
+    Every writer source has this small protocol (``TfdsSource`` too): ``items(skip_bad)``, ``classes``
+    (the source's own class order, or None for sorted labels), ``single_label``, ``id_column`` and
+    ``labeled`` (False: the records carry no ``target``; a property of the source, on the command line
+    ``--unlabeled``).
+    """
+
+    images: str
+    csv: str | None = None
+    image_col: str = "image"
+    label_format: LabelFormat = LabelFormat()
+    labeled: bool = True
+    classes = None  # the class order comes from the labels (or the caller's classes=)
+
+    @property
+    def single_label(self):
+        return self.label_format.single_label
+
+    @property
+    def id_column(self):
+        """The CSV column of the ids (a submission's key); a folder's ids are ``CLASS/file`` in ``image``."""
+        return self.image_col if self.csv else "image"
+
+    def items(self, skip_bad=False):
+        """(items in input order, skipped); missing images are errors unless ``skip_bad``."""
+        return collect_items(self, skip_bad)
+
+
+def collect_items(source, skip_bad):
+    """Returns (items, skipped) for a ``Source``; missing images are errors unless skipped."""
+    if source.csv is None:
+        if source.labeled:
+            return read_folder_tree(source.images), []
+        if not fs.isdir(source.images):
+            raise TfpipeError(f"{source.images}: images folder not found")
+        rows = [(i + 1, f, ()) for i, f in enumerate(sorted(fs.listdir(source.images)))
+                if not f.startswith(".") and fs.isfile(fs.join(source.images, f))]
+        csv_name = source.images
+    else:
+        rows = read_csv(source.csv, image_col=source.image_col, label_format=source.label_format,
+                        labeled=source.labeled)
+        csv_name = source.csv
+    items, missing = resolve_images(rows, source.images, csv_name)
+    if missing and not skip_bad:
+        row, name = missing[0]
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise TfpipeError(f"{csv_name}: row {row}: image {name!r} not found in {source.images}{more}")
+    skipped = [{"image": name, "reason": "file not found"} for _, name in missing]
+    if not items:
+        raise TfpipeError(f"{csv_name}: no images to write")
+    return items, skipped
+
+
 def resolve_images(rows, images_dir, csv_path):
     """Maps each CSV id to a file in ``images_dir``.
 

@@ -10,6 +10,7 @@ dataset's own. Encoded images are held in memory until written, which suits
 datasets up to a few GB (cifar10/100, tf_flowers, plant_village).
 """
 import dataclasses
+import functools
 
 from tfpipe.deps import require
 from tfpipe.errors import TfpipeError
@@ -26,8 +27,26 @@ class TfdsSource:
     image_key: str | None = None
     label_key: str | None = None
     labeled: bool = True
-    image_col: str = "id"  # the manifest's id column: TFDS "id" feature, else the record's tfds_id
-    csv: None = None
+    id_column = "id"  # the manifest's id column: TFDS "id" feature, else the record's tfds_id
+
+    @functools.cached_property
+    def _label_info(self):
+        """(label key, class names, single_label) from the dataset's features (no examples are read)."""
+        if not self.labeled:
+            return None, [], False
+        return _label_feature(_builder(self).info.features, self.label_key)
+
+    @property
+    def classes(self):
+        return self._label_info[1] or None
+
+    @property
+    def single_label(self):
+        return self._label_info[2]
+
+    def items(self, skip_bad=False):
+        """(items with encoded image bytes, skipped): nothing is skipped, every example has its image."""
+        return read_tfds(self)[0], []
 
 
 def _label_feature(features, key):
@@ -53,19 +72,23 @@ def _label_feature(features, key):
     return None, [], False
 
 
+def _builder(source):
+    tfds = require("tensorflow_datasets")
+    try:
+        return tfds.builder(source.name, data_dir=source.data_dir)
+    except Exception as e:  # unknown name, bad data_dir
+        raise TfpipeError(f"TFDS dataset {source.name!r}: {str(e).splitlines()[0][:200]}") from None
+
+
 def read_tfds(source):
     """(items with encoded image bytes, class names, single_label) for a ``TfdsSource``."""
     tfds = require("tensorflow_datasets")
-
-    try:
-        builder = tfds.builder(source.name, data_dir=source.data_dir)
-    except Exception as e:  # unknown name, bad data_dir
-        raise TfpipeError(f"TFDS dataset {source.name!r}: {str(e).splitlines()[0][:200]}") from None
+    builder = _builder(source)
     features = builder.info.features
     image_key = source.image_key or next((k for k, f in features.items() if isinstance(f, tfds.features.Image)), None)
     if image_key is None:
         raise TfpipeError(f"TFDS dataset {source.name!r} has no Image feature")
-    label_key, names, single = _label_feature(features, source.label_key) if source.labeled else (None, [], False)
+    label_key, names, single = source._label_info
     try:
         ds = builder.as_dataset(split=source.split, decoders={image_key: tfds.decode.SkipDecoding()},
                                 read_config=tfds.ReadConfig(add_tfds_id=True), shuffle_files=False)

@@ -15,7 +15,6 @@ seen exactly once per epoch across DataLoader workers *and* distributed ranks:
 whole shards are dealt to the (rank, worker) readers when there are enough of
 them, otherwise every reader scans all shards and keeps every n-th record.
 """
-import posixpath
 import random
 
 import cv2
@@ -27,24 +26,10 @@ require("torch")  # or one line saying what to install
 import torch  # noqa: E402
 from torch.utils.data import IterableDataset, get_worker_info  # noqa: E402
 
-from tfpipe import fs, schema  # noqa: E402
+from tfpipe import schema  # noqa: E402
 from tfpipe.errors import TfpipeError
-from tfpipe.shards import read_manifest
+from tfpipe.shards import open_shards
 from tfpipe.tfrecord import read_records
-
-
-def _resolve(source, folds):
-    """(files in written order, manifest or None): a shard folder, a glob pattern or a list of files."""
-    if isinstance(source, (list, tuple)):
-        return sorted(source), None
-    if fs.isdir(source):
-        manifest = read_manifest(source)
-        return sorted(posixpath.join(source, s["file"]) for s in manifest["shards"]
-                      if folds is None or s["fold"] in set(folds)), manifest
-    files = sorted(fs.glob(source))
-    if not files:
-        raise TfpipeError(f"{source}: no shard files found")
-    return files, None
 
 
 def reader_slot(rank=None, world_size=None):
@@ -62,7 +47,7 @@ class RecordDataset(IterableDataset):
     """Yields ``(image uint8 [3, H, W], target float32 [C])`` from tfpipe shards.
 
     Args:
-      source: shard folder (with ``manifest.json``), glob pattern, or list of files.
+      records: shard folder (with ``manifest.json``), glob pattern, or list of files.
       folds: fold numbers to read (folded shard folders); None reads all.
       num_classes: needed only without a manifest.
       shuffle: shuffle shard order and records (within a buffer) every epoch;
@@ -74,13 +59,14 @@ class RecordDataset(IterableDataset):
         from ``torch.distributed`` when it is initialised, else 0 of 1).
     """
 
-    def __init__(self, source, *, folds=None, num_classes=None, shuffle=False, seed=0, shuffle_buffer=1024,
+    def __init__(self, records, *, folds=None, num_classes=None, shuffle=False, seed=0, shuffle_buffer=1024,
                  with_ids=False, rank=None, world_size=None):
         super().__init__()
-        self.files, manifest = _resolve(source, folds)
-        self.num_classes = num_classes or (manifest or {}).get("num_classes")
+        shards = open_shards(records, folds)  # the same checks and messages as make_dataset
+        self.files = shards.files
+        self.num_classes = num_classes or shards.num_classes
         if not self.num_classes:
-            raise TfpipeError(f"{source}: no manifest to read the classes from; pass num_classes")
+            raise TfpipeError(f"{records}: no manifest to read the classes from; pass num_classes")
         self.shuffle, self.seed, self.shuffle_buffer, self.with_ids = shuffle, seed, shuffle_buffer, with_ids
         self.rank, self.world_size = rank, world_size
         self.epoch = 0
@@ -107,9 +93,7 @@ class RecordDataset(IterableDataset):
         if image is None:
             raise TfpipeError(f"record {ex.get(schema.IMAGE_NAME, b'?')!r}: image does not decode")
         image = torch.from_numpy(np.ascontiguousarray(image[:, :, ::-1].transpose(2, 0, 1)))  # BGR HWC -> RGB CHW
-        target = torch.zeros(self.num_classes, dtype=torch.float32)
-        labels = ex.get(schema.TARGET, [])
-        target[list(labels) if isinstance(labels, list) else [labels]] = 1.0
+        target = torch.from_numpy(schema.multi_hot([ex.get(schema.TARGET, [])], self.num_classes)[0])
         name = ex.get(schema.IMAGE_NAME, b"")
         return (image, target, name.decode("utf-8") if isinstance(name, bytes) else name) if self.with_ids else (
             image, target)

@@ -19,80 +19,17 @@ import time
 from tfpipe import __version__, fs, schema
 from tfpipe.deps import require
 from tfpipe.errors import TfpipeError, run_cli
-from tfpipe.images import FITS, FORMATS, ImageSpec, prepare_image
-from tfpipe.shards import (MANIFEST, StagedShards, existing_shards, num_shards, plan)
-from tfpipe.sources import LabelFormat, class_names, read_csv, read_folder_tree, resolve_images, targets
-from tfpipe.tfds_source import TfdsSource, read_tfds
+from tfpipe.encode import encode_item
+from tfpipe.images import FITS, FORMATS, ImageSpec
+from tfpipe.shards import MANIFEST, existing_shards
+from tfpipe.staging import StagedShards, num_shards, plan
+from tfpipe.sources import LabelFormat, Source, class_names, targets  # noqa: F401  (Source: tfpipe.write.Source)
+from tfpipe.tfds_source import TfdsSource
 
 RUNNERS = ("local", "beam")
 LOADER_BATCH = 16  # images per DataLoader batch: amortises inter-process overhead
 EST_BYTES_PER_PIXEL = {"jpeg": 0.5, "png": 2.0}  # for shard planning before any image is encoded
 MAX_LISTED_SKIPS = 5  # how many skipped files the summary line names
-
-
-@dataclasses.dataclass(frozen=True)
-class Source:
-    """What to read. ``csv=None`` reads ``images`` as a folder per class (or, for an
-    unlabeled split, a flat folder of images)."""
-
-    images: str
-    csv: str | None = None
-    image_col: str = "image"
-    label_format: LabelFormat = LabelFormat()
-    labeled: bool = True
-
-
-def collect_items(source, skip_bad):
-    """Returns (items, skipped) for a ``Source``; missing images are errors unless skipped."""
-    if source.csv is None:
-        if source.labeled:
-            return read_folder_tree(source.images), []
-        if not fs.isdir(source.images):
-            raise TfpipeError(f"{source.images}: images folder not found")
-        rows = [(i + 1, f, ()) for i, f in enumerate(sorted(fs.listdir(source.images)))
-                if not f.startswith(".") and fs.isfile(fs.join(source.images, f))]
-        csv_name = source.images
-    else:
-        rows = read_csv(source.csv, image_col=source.image_col, label_format=source.label_format,
-                        labeled=source.labeled)
-        csv_name = source.csv
-    items, missing = resolve_images(rows, source.images, csv_name)
-    if missing and not skip_bad:
-        row, name = missing[0]
-        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-        raise TfpipeError(f"{csv_name}: row {row}: image {name!r} not found in {source.images}{more}")
-    skipped = [{"image": name, "reason": "file not found"} for _, name in missing]
-    if not items:
-        raise TfpipeError(f"{csv_name}: no images to write")
-    return items, skipped
-
-
-def encode_item(item, target, spec):
-    """One image to one serialized record: read, decode, resize, encode, serialize.
-
-    Returns (record, None), or (None, error message) for a problem with the
-    user's data, so the caller applies the error policy (stop, or skip and
-    report) in input order. Used by the DataLoader workers and the Beam runner.
-    """
-    try:
-        if item.data is not None:  # e.g. from TFDS
-            data = item.data
-        else:
-            with fs.open(item.path, "rb") as f:
-                data = f.read()
-        image, height, width, _ = prepare_image(data, spec, item.path)
-    except TfpipeError as e:
-        return None, str(e)
-    except OSError as e:
-        return None, f"{item.path}: cannot read ({e.strerror or e})"
-    except Exception as e:  # tf.errors.* from tf.io.gfile for remote inputs
-        if not type(e).__module__.startswith("tensorflow"):
-            raise
-        return None, f"{item.path}: cannot read ({type(e).__name__})"
-    values = {schema.IMAGE: image, schema.IMAGE_NAME: item.name, schema.HEIGHT: height, schema.WIDTH: width}
-    if target is not None:
-        values[schema.TARGET] = target
-    return schema.encode_example(values), None
 
 
 class EncodeDataset:
@@ -210,66 +147,95 @@ def write_shards(out, source, *, spec=ImageSpec(), classes=None, split="train", 
     Returns:
       The manifest (a dict).
     """
-    from tqdm import tqdm
-
     started = time.perf_counter()
-    if isinstance(source, TfdsSource):
-        items, tfds_classes, single_label = read_tfds(source)
-        skipped, classes = [], classes or tfds_classes or None
-    else:
-        items, skipped = collect_items(source, skip_bad)
-        single_label = source.label_format.single_label
-    labeled = source.labeled
-    names = class_names(items, classes) if labeled else list(classes or [])
-    item_targets = targets(items, names) if labeled else None
+    _check_runner(runner, resume)
+    job = plan_job(source, spec, classes=classes, split=split, shards=shards, folds=folds, seed=seed,
+                   skip_bad=skip_bad)
+    beam_options = _beam_options(pipeline_args) if runner == "beam" else None  # refuse bad options before work
+    workers = default_workers(job.items, spec) if num_workers is None else num_workers
+    # Start the workers first (before this process may import TensorFlow for gs:// output, so they can fork);
+    # a resumed write must first learn from the staging folder where to start.
+    batches = None
+    if runner == "local" and not resume:
+        batches = start_encoding(EncodeDataset(job.items, job.targets, spec), workers, start_method)
+    try:
+        _check_output(out, overwrite or resume)
+        with StagedShards(out, split, job.shard_plan, job.fingerprint, resume=resume) as staged:
+            if runner == "beam":
+                _write_with_beam(staged, job, spec, skip_bad, beam_options)
+            else:
+                start = staged.first_unfinished_record()
+                batches = batches or start_encoding(EncodeDataset(job.items, job.targets, spec, start), workers,
+                                                    start_method)
+                _write_local(batches, staged, job, skip_bad, progress, start, out)
+            if sum(staged.counts) == 0:
+                raise TfpipeError(f"every image was skipped; nothing written to {out}")
+            manifest = staged.commit(_manifest(job, spec, staged), overwrite=overwrite or resume)
+    finally:
+        shutdown(batches)  # no orphan workers after an error or Ctrl-C
+    _summary(manifest, out, time.perf_counter() - started)
+    return manifest
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """Everything decided before any image is touched: items in write order, their targets, the classes, the
+    shard plan and the fingerprint that ``--resume`` checks."""
+
+    source: object
+    split: str
+    items: list
+    targets: list | None
+    classes: list
+    skipped: list
+    folds: int | None
+    seed: int
+    shard_plan: list
+    fingerprint: str
+
+    @property
+    def shard_of(self):
+        return [s["index"] for s in self.shard_plan for _ in range(s["size"])]
+
+    @property
+    def last_of_shard(self):
+        return {s["start"] + s["size"] - 1: s["index"] for s in self.shard_plan}
+
+
+def plan_job(source, spec, *, classes, split, shards, folds, seed, skip_bad):
+    """Reads the source and decides classes, folds (records grouped by fold, input order within) and shards."""
+    items, skipped = source.items(skip_bad)
+    classes = classes or source.classes
+    names = class_names(items, classes) if source.labeled else list(classes or [])
+    item_targets = targets(items, names) if source.labeled else None
     fold_of = _folds(item_targets, len(names), folds, seed) if folds else [0] * len(items)
     order = sorted(range(len(items)), key=lambda i: fold_of[i])  # stable: input order within a fold
     items = [items[i] for i in order]
-    item_targets = [item_targets[i] for i in order] if labeled else None
+    item_targets = [item_targets[i] for i in order] if source.labeled else None
     fold_sizes = [fold_of.count(f) for f in range(folds or 1)]
     shard_plan = plan(fold_sizes, num_shards(len(items), estimate_bytes(items, spec), shards))
-    shard_of = [s["index"] for s in shard_plan for _ in range(s["size"])]
-    last_of_shard = {s["start"] + s["size"] - 1: s["index"] for s in shard_plan}
-    fingerprint = job_fingerprint(items, item_targets, names, shard_plan, spec, split)
+    return Job(source, split, items, item_targets, names, skipped, folds, seed, shard_plan,
+               job_fingerprint(items, item_targets, names, shard_plan, spec, split))
 
+
+def _check_runner(runner, resume):
     if runner not in RUNNERS:
         raise TfpipeError(f"unknown runner {runner!r}: use {' or '.join(RUNNERS)}")
     if runner == "beam" and resume:
         raise TfpipeError("--resume works with the default runner; with --runner beam run the job again "
                           "(Beam runners retry failed work themselves)")
-    beam_options = _beam_options(pipeline_args) if runner == "beam" else None  # refuse bad options before work
-    workers = default_workers(items, spec) if num_workers is None else num_workers
-    # Start the workers first (before this process may import TensorFlow for gs:// output, so they can fork);
-    # a resumed write must first learn from the staging folder where to start.
-    batches = None
-    if runner == "local" and not resume:
-        batches = start_encoding(EncodeDataset(items, item_targets, spec), workers, start_method)
+
+
+def _write_local(batches, staged, job, skip_bad, progress, start, out):
+    """The default runner's writing loop, with a progress bar; Ctrl-C says what was kept and how to go on."""
+    from tqdm import tqdm
+
+    bar = tqdm(total=len(job.items), initial=start, unit="img", disable=not progress, desc=f"write {job.split}")
     try:
-        _check_output(out, overwrite or resume)
-        with StagedShards(out, split, shard_plan, fingerprint, resume=resume) as staged:
-            if runner == "beam":
-                _write_with_beam(staged, items, item_targets, spec, shard_plan, skip_bad, beam_options)
-            else:
-                start = staged.first_unfinished_record()
-                if batches is None:
-                    batches = start_encoding(EncodeDataset(items, item_targets, spec, start), workers, start_method)
-                try:
-                    _write_records(batches, staged, items, shard_of, last_of_shard, skip_bad,
-                                   tqdm(total=len(items), initial=start, unit="img", disable=not progress,
-                                        desc=f"write {split}"))
-                except KeyboardInterrupt:
-                    raise KeyboardInterrupt(f"{len(staged.finished)} of {len(shard_plan)} shards were finished and "
-                                            f"are kept in {out}/.staging; continue with --resume") from None
-            if sum(staged.counts) == 0:
-                raise TfpipeError(f"every image was skipped; nothing written to {out}")
-            skipped += staged.all_skipped()
-            manifest = staged.commit(_manifest(split, labeled, single_label, names, source, spec, folds, seed, staged,
-                                           skipped),
-                                     overwrite=overwrite or resume)
-    finally:
-        shutdown(batches)  # no orphan workers after an error or Ctrl-C
-    _summary(manifest, out, time.perf_counter() - started)
-    return manifest
+        _write_records(batches, staged, job.items, job.shard_of, job.last_of_shard, skip_bad, bar)
+    except KeyboardInterrupt:
+        raise KeyboardInterrupt(f"{len(staged.finished)} of {len(job.shard_plan)} shards were finished and "
+                                f"are kept in {out}/.staging; continue with --resume") from None
 
 
 def _write_records(batches, staged, items, shard_of, last_of_shard, skip_bad, bar):
@@ -294,12 +260,12 @@ def _beam_options(pipeline_args):
     return pipeline_options(pipeline_args)
 
 
-def _write_with_beam(staged, items, item_targets, spec, shard_plan, skip_bad, options):
+def _write_with_beam(staged, job, spec, skip_bad, options):
     """Runs the Beam pipeline into the staging folder, then applies the error policy as ``_write_records`` does."""
     from tfpipe.beam import encode_shards
 
-    parts = {s["index"]: staged.staged_path(s["index"]) for s in shard_plan}
-    results = encode_shards(parts, items, item_targets, spec, shard_plan, options)
+    parts = {s["index"]: staged.staged_path(s["index"]) for s in job.shard_plan}
+    results = encode_shards(parts, job.items, job.targets, spec, job.shard_plan, options)
     failed = sorted(f for _, fails in results.values() for f in fails)
     if failed and not skip_bad:
         raise TfpipeError(failed[0][2])  # the first bad image in input order, as the default runner reports
@@ -320,21 +286,21 @@ def _check_output(out, overwrite):
         raise TfpipeError(f"{out} already holds shards; pass --overwrite to replace them")
 
 
-def _manifest(split, labeled, single_label, names, source, spec, folds, seed, staged, skipped):
+def _manifest(job, spec, staged):
     return {
         "tfpipe_version": __version__,
         "schema": schema.describe(),
-        "split": split,
-        "labeled": labeled,
-        "id_column": source.image_col if source.csv or isinstance(source, TfdsSource) else "image",  # submissions
-        "single_label": single_label,
-        "classes": names,
-        "num_classes": len(names),
+        "split": job.split,
+        "labeled": job.source.labeled,
+        "id_column": job.source.id_column,  # the submission's key column
+        "single_label": job.source.single_label,
+        "classes": job.classes,
+        "num_classes": len(job.classes),
         "num_examples": sum(staged.counts),
         "image": dataclasses.asdict(spec),
-        "folds": folds,
-        "seed": seed,
-        "skipped": skipped,
+        "folds": job.folds,
+        "seed": job.seed,
+        "skipped": job.skipped + staged.all_skipped(),
     }
 
 
@@ -361,10 +327,17 @@ def build_parser():
     src.add_argument("--label-cols", help="one-hot label columns, comma-separated (e.g. healthy,rust,scab)")
     src.add_argument("--class-col", help="CSV column with a single class per row (single-label data)")
     src.add_argument("--classes", help="class names in index order, comma-separated (default: sorted labels)")
-    src.add_argument("--split", default="train", help="shard name prefix; 'test' writes unlabeled records")
+    src.add_argument("--split", default="train", help="shard name prefix (default: train)")
+    src.add_argument("--unlabeled", action="store_true",
+                     help="test images without labels: records carry no target, label columns are not read")
     src.add_argument("--tfds", metavar="NAME", help="read a TensorFlow Datasets dataset instead (e.g. cifar10)")
     src.add_argument("--tfds-split", default="train", help="TFDS split, e.g. train or 'train[:90%%]' (default: train)")
     src.add_argument("--data-dir", help="TFDS data directory (default: TFDS's own)")
+    _image_and_output_args(p)
+    return p
+
+
+def _image_and_output_args(p):
     img = p.add_argument_group("images")
     img.add_argument("--image-size", type=int, help="resize to S x S (default: keep size, copy JPEGs as they are)")
     img.add_argument("--fit", choices=FITS, default="stretch",
@@ -391,11 +364,19 @@ def build_parser():
     run.add_argument("--runner", choices=RUNNERS, default="local",
                      help="local (default: a torch DataLoader here) or beam (Apache Beam; Beam's own pipeline "
                           "options go after --, e.g. -- --runner=DataflowRunner --project=P ...)")
-    return p
 
 
 def _csv_list(value):
     return tuple(v.strip() for v in value.split(",") if v.strip()) if value else ()
+
+
+def _unlabeled(args):
+    """--unlabeled; --split test alone still means it, as in 0.1 (with a warning: the split is only a name)."""
+    if args.split == "test" and not args.unlabeled:
+        print("tfpipe.write: warning: --split test without --unlabeled is read as --unlabeled, as in tfpipe 0.1; "
+              "say --unlabeled (a later release will take --split as a name only)", file=sys.stderr)
+        return True
+    return args.unlabeled
 
 
 def run(args, pipeline_args=()):
@@ -409,15 +390,16 @@ def run(args, pipeline_args=()):
         raise TfpipeError(f"--quality must be in 1..100 (got {args.quality})")
     if args.label_cols and args.class_col:
         raise TfpipeError("--label-cols and --class-col are two label layouts; give one")
+    labeled = not _unlabeled(args)
     label_format = LabelFormat(labels_col=args.labels_col, sep=args.sep, label_cols=_csv_list(args.label_cols),
                                class_col=args.class_col)
     if args.tfds:
-        source = TfdsSource(args.tfds, split=args.tfds_split, data_dir=args.data_dir, labeled=args.split != "test")
+        source = TfdsSource(args.tfds, split=args.tfds_split, data_dir=args.data_dir, labeled=labeled)
     elif not args.images:
         raise TfpipeError("give --images (a folder, with --csv or a folder per class) or --tfds NAME")
     else:
         source = Source(images=args.images, csv=args.csv, image_col=args.image_col, label_format=label_format,
-                        labeled=args.split != "test")
+                        labeled=labeled)
     spec = ImageSpec(size=args.image_size, fit=args.fit, format=args.format, quality=args.quality,
                      max_pixels=int(args.max_pixels * 1e6))
     classes = list(_csv_list(args.classes)) or (list(label_format.label_cols) or None)

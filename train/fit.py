@@ -27,7 +27,7 @@ import tfpipe
 from tfpipe import fs
 from tfpipe.augment import NO_AUGMENT, Augment
 from tfpipe.errors import TfpipeError, run_cli
-from tfpipe.shards import read_manifest
+from tfpipe.shards import fold_split, holdout_split, open_shards
 from train.models import MODELS, build_model
 from train.schedules import SCHEDULES, make_schedule, scaled_lr
 from train.report import learning_curves, validation_report
@@ -74,25 +74,22 @@ class FitConfig:
     callbacks: tuple = ()  # extra Keras callbacks (from Python), run after the built-in ones
 
 
-def split_sources(records, manifest, fold, val_fraction):
-    """(train source, train folds, val source, val folds): by fold when the shards have folds, else
+def split_sources(shards, fold, val_fraction):
+    """(train shards, train folds, val shards, val folds): by fold when the shards have folds, else
     the last shards (about ``val_fraction`` of them) are held out."""
-    if manifest.get("folds") and fold is not None:
-        train_folds, val_folds = tfpipe.fold_split(records, fold)
-        return records, train_folds, records, val_folds
-    files = sorted(f"{records}/{s['file']}" for s in manifest["shards"])
-    if len(files) < 2:
-        raise TfpipeError(f"{records}: one shard cannot be split for validation; write with --folds or more --shards")
-    n_val = min(len(files) - 1, max(1, round(val_fraction * len(files))))
-    return files[:-n_val], None, files[-n_val:], None
+    if shards.manifest.get("folds") and fold is not None:
+        train_folds, val_folds = fold_split(shards, fold)
+        return shards, train_folds, shards, val_folds
+    train_shards, val_shards = holdout_split(shards, val_fraction)
+    return train_shards, None, val_shards, None
 
 
-def build_datasets(cfg, strategy, manifest, image_size, split):
+def build_datasets(cfg, strategy, num_classes, split):
     """Distributed training and validation datasets, and their sizes."""
     train_src, train_folds, val_src, val_folds = split
     n_train, n_val = tfpipe.count_examples(train_src, train_folds), tfpipe.count_examples(val_src, val_folds)
     global_batch = cfg.batch_size * strategy.num_replicas_in_sync
-    common = {"image_size": image_size, "num_classes": manifest["num_classes"],
+    common = {"image_size": cfg.image_size, "num_classes": num_classes,
               "label_mode": "one_hot" if cfg.single_label else "multi_hot"}
 
     def train_fn(ctx):
@@ -186,7 +183,7 @@ def set_trainable(backbone, trainable):
 
 def read_state(out):
     path = f"{out}/{STATE}"
-    return json.loads(tf.io.gfile.GFile(path).read()) if tf.io.gfile.exists(path) else {}
+    return json.loads(fs.read_text(path)) if fs.exists(path) else {}
 
 
 def write_state(out, state):
@@ -194,18 +191,18 @@ def write_state(out, state):
 
 
 def check_out(cfg):
-    started = tf.io.gfile.exists(f"{cfg.out}/{STATE}") or tf.io.gfile.exists(f"{cfg.out}/history.csv")
+    started = fs.exists(f"{cfg.out}/{STATE}") or fs.exists(f"{cfg.out}/history.csv")
     if started and not cfg.resume:
         raise TfpipeError(f"{cfg.out} already holds a run; pass --resume to continue it or choose another --out")
-    tf.io.gfile.makedirs(cfg.out)
+    fs.makedirs(cfg.out)
 
 
-def summarise(cfg, kind, strategy, global_batch, steps, n_train, n_val, image_size, precision, model, seconds,
+def summarise(cfg, kind, strategy, global_batch, steps, n_train, n_val, precision, model, seconds,
               throughput):
     """metrics.json: the run's configuration, speed and validation scores (from history.csv)."""
     import pandas as pd
 
-    with tf.io.gfile.GFile(f"{cfg.out}/history.csv") as f:
+    with fs.open(f"{cfg.out}/history.csv") as f:
         history = pd.read_csv(f)
     val_cols = [c for c in history.columns if c.startswith("val_")]
     best = history.loc[history["val_auc"].idxmax()] if "val_auc" in history else history.iloc[-1]
@@ -214,7 +211,7 @@ def summarise(cfg, kind, strategy, global_batch, steps, n_train, n_val, image_si
         "strategy": kind, "strategy_class": type(strategy).__name__, "replicas": strategy.num_replicas_in_sync,
         "steps_per_execution": cfg.steps_per_execution, "per_replica_batch_size": cfg.batch_size,
         "global_batch_size": global_batch, "base_lr": cfg.lr, "scaled_lr": scaled_lr(cfg.lr, strategy.num_replicas_in_sync),
-        "schedule": cfg.schedule, "model": cfg.model, "image_size": image_size, "precision": precision,
+        "schedule": cfg.schedule, "model": cfg.model, "image_size": cfg.image_size, "precision": precision,
         "epochs": int(len(history)), "burn_epochs": cfg.burn_epochs, "steps_per_epoch": steps,
         "optimizer_steps": int(model.optimizer.iterations.numpy()), "train_examples": n_train,
         "val_examples": n_val, "fold": cfg.fold, "images_per_sec": round(statistics.median(rates), 1) if rates else None,
@@ -228,19 +225,19 @@ def save_model(model, path):
     """Saves through a temporary name: a crash while saving never leaves a half-written model file."""
     tmp = path[: -len(".keras")] + ".tmp.keras"
     model.save(tmp)
-    tf.io.gfile.rename(tmp, path, overwrite=True)
+    fs.rename(tmp, path, overwrite=True)
 
 
-def write_run_config(cfg, manifest, image_size):
+def write_run_config(plan, manifest):
     """config.json: what predicting with this run needs (classes, input size, head), plus the settings used."""
-    settings = {k: v for k, v in dataclasses.asdict(cfg).items() if k != "callbacks"}
-    config = dict(settings, classes=manifest["classes"], image_size=image_size, single_label=cfg.single_label)
-    with tf.io.gfile.GFile(f"{cfg.out}/config.json", "w") as f:
-        f.write(json.dumps(config, indent=1, default=str) + "\n")
+    settings = {k: v for k, v in dataclasses.asdict(plan).items() if k != "callbacks"}
+    config = dict(settings, classes=manifest["classes"])
+    fs.write_atomic(f"{plan.out}/config.json", json.dumps(config, indent=1, default=str) + "\n")
 
 
-def finish_swa(model, swa, strategy, cfg, train_ds, steps, val_ds, val_steps, report_args):
+def finish_swa(model, swa, strategy, cfg, data, report_args):
     """Loads the averaged weights, re-estimates batch-norm statistics, saves ``model-swa.keras`` and scores it."""
+    train_ds, val_ds, steps, val_steps = data
     model.set_weights(swa.average)
     recompute_batch_norm(model, train_ds, steps, model.loss)
     with strategy.scope():
@@ -253,6 +250,22 @@ def finish_swa(model, swa, strategy, cfg, train_ds, steps, val_ds, val_steps, re
     return result
 
 
+def prepare(cfg, shards):
+    """The plan: ``cfg`` with what it leaves open decided from the shards (single- or multi-label, input size,
+    the seed of a deterministic run). A copy: the caller's config is never changed, so it can be reused."""
+    if shards.manifest is None:
+        raise TfpipeError(f"{cfg.records}: train.fit needs a folder written by tfpipe.write (its manifest gives "
+                          "the classes and folds)")
+    image_size = cfg.image_size or shards.image_size
+    if not image_size:
+        raise TfpipeError(f"{cfg.records}: images were stored without a fixed size; pass --image-size")
+    if not 0 <= cfg.swa_epochs <= cfg.epochs:
+        raise TfpipeError(f"--swa-epochs must be in 0..--epochs ({cfg.epochs}); got {cfg.swa_epochs}")
+    single_label = shards.manifest.get("single_label", False) if cfg.single_label is None else cfg.single_label
+    seed = (0 if cfg.seed is None else cfg.seed) if cfg.deterministic else cfg.seed  # seeded input order
+    return dataclasses.replace(cfg, image_size=image_size, single_label=single_label, seed=seed)
+
+
 def fit(cfg):
     """Trains per ``cfg`` (a ``FitConfig``); returns the metrics dict also written to ``metrics.json``.
 
@@ -263,62 +276,60 @@ def fit(cfg):
     """
     started = time.perf_counter()
     if cfg.deterministic:
-        cfg.seed = 0 if cfg.seed is None else cfg.seed  # a seeded make_dataset keeps its element order
-        keras.utils.set_random_seed(cfg.seed)  # weight initialisation, dropout
+        keras.utils.set_random_seed(0 if cfg.seed is None else cfg.seed)  # weight initialisation, dropout
         tf.config.experimental.enable_op_determinism()
-    strategy, kind = resolve_strategy(cfg.strategy, cfg.replicas)
-    manifest = read_manifest(cfg.records)
-    cfg.single_label = manifest.get("single_label", False) if cfg.single_label is None else cfg.single_label
-    image_size = cfg.image_size or manifest["image"]["size"]
-    if not image_size:
-        raise TfpipeError(f"{cfg.records}: images were stored without a fixed size; pass --image-size")
-    check_out(cfg)
-    if not 0 <= cfg.swa_epochs <= cfg.epochs:
-        raise TfpipeError(f"--swa-epochs must be in 0..--epochs ({cfg.epochs}); got {cfg.swa_epochs}")
-    write_run_config(cfg, manifest, image_size)
-    precision = cfg.precision or default_precision(kind)
+    strategy, kind = resolve_strategy(cfg.strategy, cfg.replicas)  # first: virtual CPUs need a fresh TensorFlow
+    shards = open_shards(cfg.records)
+    plan = prepare(cfg, shards)
+    check_out(plan)
+    write_run_config(plan, shards.manifest)
+    precision = plan.precision or default_precision(kind)
     keras.mixed_precision.set_global_policy(precision)
-    split = split_sources(cfg.records, manifest, cfg.fold, cfg.val_fraction)
-    train_ds, val_ds, n_train, n_val, global_batch = build_datasets(cfg, strategy, manifest, image_size, split)
+    split = split_sources(shards, plan.fold, plan.val_fraction)
+    train_ds, val_ds, n_train, n_val, global_batch = build_datasets(plan, strategy, shards.num_classes, split)
     steps = max(1, n_train // global_batch)
-    val_steps = math.ceil(n_val / global_batch)
-    data = (train_ds, val_ds, steps, val_steps)
-    replicas = strategy.num_replicas_in_sync
-    num_classes = manifest["num_classes"]
+    data = (train_ds, val_ds, steps, math.ceil(n_val / global_batch))
     throughput = Throughput(steps * global_batch)
-    with strategy.scope(), tfpipe.naming_corrupt_shards(cfg.records):
-        model, backbone = build_model(cfg.model, num_classes, image_size,
-                                      weights=None if cfg.weights == "none" else cfg.weights,
-                                      multi_label=not cfg.single_label)
-        state = read_state(cfg.out) if cfg.resume else {}
-        if cfg.burn_epochs and not state.get("burn_done"):
-            set_trainable(backbone, False)
-            run_phase(model, cfg, "burn", scaled_lr(cfg.burn_lr or cfg.lr, replicas), cfg.burn_epochs, 0, data,
-                      num_classes, throughput)
-            model.save_weights(f"{cfg.out}/checkpoints/burn-done")
-            write_state(cfg.out, dict(state, burn_done=True))
-        elif cfg.burn_epochs:
-            model.load_weights(f"{cfg.out}/checkpoints/burn-done")
-        set_trainable(backbone, True)
-        schedule = make_schedule(cfg.schedule, scaled_lr(cfg.lr, replicas), steps, cfg.epochs, cfg.warmup_epochs)
-        swa = AverageWeights(cfg.burn_epochs + cfg.epochs - cfg.swa_epochs, f"{cfg.out}/swa-average.npz")
-        run_phase(model, cfg, "fine-tune", schedule, cfg.epochs, cfg.burn_epochs, data, num_classes, throughput,
-                  first=[swa] if cfg.swa_epochs else [])
-    save_model(model, f"{cfg.out}/model.keras")
-    write_state(cfg.out, dict(read_state(cfg.out), burn_done=bool(cfg.burn_epochs), finished=True))
-    metrics = summarise(cfg, kind, strategy, global_batch, steps, n_train, n_val, image_size, precision, model,
+    with strategy.scope(), tfpipe.naming_corrupt_shards(plan.records):
+        model, swa = train_phases(plan, strategy, shards.num_classes, data, throughput)
+    save_model(model, f"{plan.out}/model.keras")
+    write_state(plan.out, dict(read_state(plan.out), burn_done=bool(plan.burn_epochs), finished=True))
+    metrics = summarise(plan, kind, strategy, global_batch, steps, n_train, n_val, precision, model,
                         time.perf_counter() - started, throughput)
-    report_args = {"classes": manifest["classes"], "single_label": cfg.single_label, "source": split[2],
-                   "folds": split[3], "image_size": image_size, "batch_size": cfg.batch_size,
-                   "threshold": cfg.threshold}
-    if cfg.report:
-        metrics["report"] = validation_report(model, strategy, cfg.out, **report_args)
-        learning_curves(cfg.out)
-    if cfg.swa_epochs:
-        metrics["swa"] = finish_swa(model, swa, strategy, cfg, train_ds, steps, val_ds, val_steps, report_args)
-    with tf.io.gfile.GFile(f"{cfg.out}/metrics.json", "w") as f:
-        f.write(json.dumps(metrics, indent=1) + "\n")
+    report_args = {"classes": shards.classes, "single_label": plan.single_label, "source": split[2],
+                   "folds": split[3], "image_size": plan.image_size, "batch_size": plan.batch_size,
+                   "threshold": plan.threshold}
+    if plan.report:
+        metrics["report"] = validation_report(model, strategy, plan.out, **report_args)
+        learning_curves(plan.out)
+    if plan.swa_epochs:
+        metrics["swa"] = finish_swa(model, swa, strategy, plan, data, report_args)
+    fs.write_atomic(f"{plan.out}/metrics.json", json.dumps(metrics, indent=1) + "\n")
     return metrics
+
+
+def train_phases(plan, strategy, num_classes, data, throughput):
+    """Builds the model (inside ``strategy.scope()``), trains the head with the backbone frozen when asked, then
+    everything. Returns (model, the SWA average)."""
+    replicas, steps = strategy.num_replicas_in_sync, data[2]
+    model, backbone = build_model(plan.model, num_classes, plan.image_size,
+                                  weights=None if plan.weights == "none" else plan.weights,
+                                  multi_label=not plan.single_label)
+    state = read_state(plan.out) if plan.resume else {}
+    if plan.burn_epochs and not state.get("burn_done"):
+        set_trainable(backbone, False)
+        run_phase(model, plan, "burn", scaled_lr(plan.burn_lr or plan.lr, replicas), plan.burn_epochs, 0, data,
+                  num_classes, throughput)
+        model.save_weights(f"{plan.out}/checkpoints/burn-done")
+        write_state(plan.out, dict(state, burn_done=True))
+    elif plan.burn_epochs:
+        model.load_weights(f"{plan.out}/checkpoints/burn-done")
+    set_trainable(backbone, True)
+    schedule = make_schedule(plan.schedule, scaled_lr(plan.lr, replicas), steps, plan.epochs, plan.warmup_epochs)
+    swa = AverageWeights(plan.burn_epochs + plan.epochs - plan.swa_epochs, f"{plan.out}/swa-average.npz")
+    run_phase(model, plan, "fine-tune", schedule, plan.epochs, plan.burn_epochs, data, num_classes, throughput,
+              first=[swa] if plan.swa_epochs else [])
+    return model, swa
 
 
 def build_parser():

@@ -55,11 +55,11 @@ def tta_view(images, k):
 def load_run(run):
     """(model, run config) of a ``train.fit`` run folder."""
     path = f"{run}/{RUN_CONFIG}"
-    if not tf.io.gfile.exists(path):
+    if not fs.exists(path):
         raise TfpipeError(f"{run}: no {RUN_CONFIG}; is this a run folder written by train.fit?")
-    config = json.loads(tf.io.gfile.GFile(path).read())
+    config = json.loads(fs.read_text(path))
     model_path = f"{run}/model.keras"
-    if not tf.io.gfile.exists(model_path):
+    if not fs.exists(model_path):
         raise TfpipeError(f"{run}: no model.keras; the run did not finish (continue it with --resume)")
     return load_model(model_path), config
 
@@ -159,8 +159,8 @@ def _thresholds(run, classes, threshold, config):
     if threshold is not None:
         return [threshold] * len(classes)
     path = f"{run}/{THRESHOLDS}"
-    if tf.io.gfile.exists(path):
-        tuned = json.loads(tf.io.gfile.GFile(path).read())
+    if fs.exists(path):
+        tuned = json.loads(fs.read_text(path))
         return [tuned[c] for c in classes]
     return [config.get("threshold", 0.5)] * len(classes)
 

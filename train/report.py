@@ -12,9 +12,9 @@ import json
 
 import numpy as np
 import pandas as pd
-import tensorflow as tf
 
 import tfpipe
+from tfpipe import fs
 from train import plots
 from train.predict import labels_at, predict_probabilities, tune_thresholds
 
@@ -35,11 +35,9 @@ def validation_report(model, strategy, out, *, classes, single_label, source, fo
     ids = tfpipe.image_names(source, folds)
     table = pd.DataFrame({"image_name": ids, "true": truth, "predicted": predicted})
     table = pd.concat([table, pd.DataFrame(probs, columns=classes)], axis=1)
-    with tf.io.gfile.GFile(f"{out}/val_predictions{suffix}.csv", "w") as f:
-        table.to_csv(f, index=False)
+    fs.write_atomic(f"{out}/val_predictions{suffix}.csv", table.to_csv(index=False))
     if not single_label:
-        with tf.io.gfile.GFile(f"{out}/thresholds{suffix}.json", "w") as f:
-            f.write(json.dumps(dict(zip(classes, thresholds)), indent=1) + "\n")
+        fs.write_atomic(f"{out}/thresholds{suffix}.json", json.dumps(dict(zip(classes, thresholds)), indent=1) + "\n")
     plots.roc_curves(targets, probs, classes, f"{out}/roc{suffix}.png")
     images = next(iter(tfpipe.make_dataset(source, GRID_IMAGES, image_size=image_size, folds=folds,
                                            num_classes=len(classes))))[0].numpy()
@@ -56,6 +54,6 @@ def validation_report(model, strategy, out, *, classes, single_label, source, fo
 
 
 def learning_curves(out):
-    with tf.io.gfile.GFile(f"{out}/history.csv") as f:
+    with fs.open(f"{out}/history.csv") as f:
         history = pd.read_csv(f)
     plots.learning_curves(history, f"{out}/learning_curves.png")

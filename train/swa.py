@@ -33,8 +33,8 @@ class AverageWeights(keras.callbacks.Callback):
         super().__init__()
         self.start_epoch, self.path = start_epoch, path
         self.average, self.count = None, 0
-        if tf.io.gfile.exists(path):  # resumed: continue the running mean
-            with tf.io.gfile.GFile(path, "rb") as f:
+        if fs.exists(path):  # resumed: continue the running mean
+            with fs.open(path, "rb") as f:
                 saved = np.load(io.BytesIO(f.read()))
                 self.count = int(saved["count"])
                 self.average = [saved[f"w{i}"] for i in range(len(saved.files) - 1)]

@@ -1,0 +1,67 @@
+"""The layout the code stands on: no import cycles, the library core never reaches back into the commands or
+into ``train``, and functions in ``tfpipe/`` stay small enough to read in one look. Read from the source."""
+import ast
+import os
+import pathlib
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+PACKAGES = ("tfpipe", "train")
+COMMANDS = {"tfpipe.write", "tfpipe.inspect", "tfpipe.demo"}  # entry points: nothing in tfpipe may import them
+MAX_FUNCTION_LINES = 40  # body lines after the docstring
+
+
+def modules():
+    return {f"{package}.{path.stem}" if path.stem != "__init__" else package: path
+            for package in PACKAGES for path in sorted((ROOT / package).glob("*.py"))}
+
+
+def imports(path, known):
+    """Project modules ``path`` imports, at the top or inside functions (deferred imports count too)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found.update(f"{node.module}.{a.name}" for a in node.names)  # from tfpipe import fs
+    return {m for m in found if m in known}
+
+
+def test_no_import_cycles():
+    known = modules()
+    graph = {name: imports(path, known) - {name} for name, path in known.items()}
+    done, path = set(), []
+
+    def visit(name):
+        assert name not in path, "import cycle: " + " -> ".join(path[path.index(name):] + [name])
+        if name in done:
+            return
+        path.append(name)
+        for other in sorted(graph[name]):
+            visit(other)
+        path.pop()
+        done.add(name)
+
+    for name in sorted(graph):
+        visit(name)
+
+
+def test_core_depends_on_neither_commands_nor_train():
+    known = modules()
+    for name, path in known.items():
+        if name.startswith("tfpipe"):
+            wrong = {m for m in imports(path, known) if m in COMMANDS or m.startswith("train")} - {name}
+            assert not wrong, f"{name} imports {sorted(wrong)}"
+
+
+def test_functions_in_tfpipe_are_small():
+    long = []
+    for path in sorted((ROOT / "tfpipe").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                body = node.body
+                has_doc = isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant)
+                start = body[1].lineno if has_doc and len(body) > 1 else body[0].lineno
+                if node.end_lineno - start + 1 > MAX_FUNCTION_LINES:
+                    long.append(f"{os.path.relpath(path, ROOT)}:{node.lineno} {node.name}")
+    assert long == []
