@@ -27,7 +27,7 @@ def build_shards(corpus, work, times):
     if not os.path.exists(os.path.join(out, "manifest.json")):
         csv_path, images = replicate_corpus(os.path.join(corpus, "train.csv"), os.path.join(corpus, "images"),
                                             os.path.join(work, "replicated"), times)
-        write_shards(out, Source(images, csv=csv_path), spec=ImageSpec(size=SIZE, quality=95), shards=16,
+        write_shards(Source(images, csv=csv_path), out, spec=ImageSpec(image_size=SIZE, quality=95), shards=16,
                      overwrite=True, progress=False)
     return out
 

@@ -33,7 +33,7 @@ def build_shards(corpus, work, times):
     if not os.path.exists(os.path.join(out, "manifest.json")):
         csv_path, images = replicate_corpus(os.path.join(corpus, "train.csv"), os.path.join(corpus, "images"),
                                             os.path.join(work, "replicated"), times)
-        write_shards(out, Source(images, csv=csv_path), spec=ImageSpec(size=SIZE), shards=8, overwrite=True,
+        write_shards(Source(images, csv=csv_path), out, spec=ImageSpec(image_size=SIZE), shards=8, overwrite=True,
                      progress=False)
     return out
 

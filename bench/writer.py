@@ -69,7 +69,7 @@ def ours(csv_path, images, out, size):
     from tfpipe.images import ImageSpec
     from tfpipe.write import Source, write_shards
 
-    write_shards(out, Source(images, csv=csv_path), spec=ImageSpec(size=size, quality=QUALITY), progress=False)
+    write_shards(Source(images, csv=csv_path), out, spec=ImageSpec(image_size=size, quality=QUALITY), progress=False)
 
 
 CONTENDERS = {

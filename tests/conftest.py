@@ -103,7 +103,7 @@ def shard_dir(tmp_path_factory):
     out = str(root / "records")
     from tfpipe.images import ImageSpec
 
-    manifest = write_shards(out, Source(str(images), csv=str(csv_path)), spec=ImageSpec(size=32), folds=4,
-                            shards=8, num_workers=0, progress=False)
+    manifest = write_shards(Source(str(images), csv=str(csv_path)), out, spec=ImageSpec(image_size=32), folds=4,
+                            shards=8, workers=0, progress=False)
     labels = {name: lab.split() for name, lab in rows}
     return out, labels, manifest

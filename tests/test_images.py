@@ -61,14 +61,14 @@ def test_exif_orientation_matches_pillow(tmp_path, orientation):
 def test_orientation_is_applied_with_reduced_decoding(tmp_path):
     path = save(tmp_path / "big.jpg", "jpeg", size=(400, 800), orientation=6)  # stored landscape, shown portrait
     expected = np.asarray(ImageOps.exif_transpose(Image.open(path)).convert("RGB").resize((32, 32), Image.BOX))
-    got = decode_rgb(prepare_image(path.read_bytes(), ImageSpec(size=32, format="png"), "big.jpg")[0])
+    got = decode_rgb(prepare_image(path.read_bytes(), ImageSpec(image_size=32, format="png"), "big.jpg")[0])
     assert np.abs(got.astype(int) - expected.astype(int)).mean() < 8
 
 
 @pytest.mark.parametrize("fit", ["stretch", "crop", "pad"])
 def test_resize_gives_square_output(fit):
     data = jpeg_bytes(gradient_image(60, 120))
-    out, h, w, passed = prepare_image(data, ImageSpec(size=32, fit=fit), "a.jpg")
+    out, h, w, passed = prepare_image(data, ImageSpec(image_size=32, fit=fit), "a.jpg")
     assert (h, w) == (32, 32) and not passed
     rgb = decode_rgb(out)
     assert rgb.shape == (32, 32, 3)
@@ -77,18 +77,18 @@ def test_resize_gives_square_output(fit):
 
 
 def test_reduction_factor_keeps_enough_pixels():
-    spec = ImageSpec(size=256)
+    spec = ImageSpec(image_size=256)
     assert reduction_factor(2000, 1400, spec) == 4  # 1400/4 = 350 >= 256, /8 = 175 < 256
     assert reduction_factor(300, 300, spec) == 1
-    assert reduction_factor(4096, 600, ImageSpec(size=256, fit="pad")) == 8  # longer side decides when padding
+    assert reduction_factor(4096, 600, ImageSpec(image_size=256, fit="pad")) == 8  # longer side decides when padding
     assert reduction_factor(4000, 4000, ImageSpec()) == 1  # no resize: full decode
 
 
 def test_tiny_and_huge_images(tmp_path):
     tiny = jpeg_bytes(np.full((1, 1, 3), 200, np.uint8))
-    assert prepare_image(tiny, ImageSpec(size=16), "tiny.jpg")[1:3] == (16, 16)
+    assert prepare_image(tiny, ImageSpec(image_size=16), "tiny.jpg")[1:3] == (16, 16)
     huge = cv2.imencode(".jpg", np.tile(gradient_image(64, 64), (80, 120, 1)))[1].tobytes()  # 5120 x 7680
-    out, h, w, _ = prepare_image(huge, ImageSpec(size=64), "huge.jpg")
+    out, h, w, _ = prepare_image(huge, ImageSpec(image_size=64), "huge.jpg")
     assert (h, w) == (64, 64) and decode_rgb(out).shape == (64, 64, 3)
 
 
@@ -99,7 +99,7 @@ def test_tiny_and_huge_images(tmp_path):
 ])
 def test_corrupt_data_raises_user_error_naming_file(data, message):
     with pytest.raises(TfpipeError, match=f"(?i)^bad.jpg: .*{message}"):
-        prepare_image(data, ImageSpec(size=16), "bad.jpg")
+        prepare_image(data, ImageSpec(image_size=16), "bad.jpg")
 
 
 def test_truncated_jpeg_is_caught_even_without_resize():

@@ -33,8 +33,8 @@ def trained_run(shard_dir, tmp_path_factory):
     metrics = fit(cfg)
     root = os.path.dirname(shard_dir[0])
     test = str(tmp_path_factory.mktemp("test") / "records")
-    write_shards(test, Source(f"{root}/images", csv=f"{root}/train.csv", labeled=False), spec=ImageSpec(size=32),
-                 split="test", shards=3, num_workers=0, progress=False)
+    write_shards(Source(f"{root}/images", csv=f"{root}/train.csv", labeled=False), test, spec=ImageSpec(image_size=32),
+                 split="test", shards=3, workers=0, progress=False)
     return str(out), metrics, test
 
 

@@ -123,7 +123,18 @@ def test_single_label_modes(shards):
     expected = [CLASSES.index(labels[n][0]) if labels[n] else -1 for n in order]
     assert ids.dtype == tf.int32 and ids.numpy().tolist() == expected
     _, one_hot = next(iter(read.make_dataset(out, 40, label_mode="one_hot")))
-    assert one_hot.numpy().argmax(1).tolist() == [max(e, 0) for e in expected]
+    rows = [[1.0 if c == e else 0.0 for c in range(len(CLASSES))] for e in expected]  # no label: a zero row
+    assert -1 in expected and one_hot.numpy().tolist() == rows
+
+
+def test_class_count_must_agree_with_the_shards(shards, tmp_path):
+    """Fewer classes than the records hold would drop labels (tf.one_hot zeroes them): refused, never silent."""
+    out = shards[0]
+    with pytest.raises(TfpipeError, match="num_classes=2, but the shards hold 3 classes"):
+        read.make_dataset(out, 8, num_classes=2)
+    files = list(open_shards(out).files)  # no manifest to compare with: the pipeline itself stops
+    with pytest.raises(tf.errors.InvalidArgumentError, match="class index >= num_classes=2"):
+        list(read.make_dataset(files, 8, num_classes=2, image_size=32))
 
 
 def test_distributed_on_eight_virtual_replicas_covers_each_record_once(shards):

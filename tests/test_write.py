@@ -6,6 +6,7 @@ import re
 import subprocess
 import sys
 
+import pytest
 import tensorflow as tf
 
 from tests.conftest import save, write_csv
@@ -63,7 +64,7 @@ def test_shard_names_counts_and_manifest(labeled_folder, tmp_path):
     for name in names:  # the count in the name is the Kaggle convention: notebooks regex it
         count = int(re.search(r"-(\d+)\.tfrec$", name).group(1))
         assert sum(1 for _ in tf.data.TFRecordDataset(os.path.join(out, name))) == count
-    assert m["schema"] == schema.describe() and m["image"]["size"] is None
+    assert m["schema"] == schema.describe() and m["image"]["image_size"] is None
     assert not os.path.exists(os.path.join(out, ".staging"))
 
 
@@ -150,15 +151,32 @@ def test_folder_per_class_tree_and_unicode_names(tmp_path):
     assert [r["target"] for r in rows] == [[0], [0], [1], [1]]
 
 
-def test_test_split_is_unlabeled(labeled_folder, tmp_path):
+@pytest.mark.parametrize("flags", [["--unlabeled"], ["--unlabeled", "--split", "holdout"], ["--split", "test"]])
+def test_unlabeled_source(labeled_folder, tmp_path, capsys, flags):
+    """--unlabeled makes unlabeled records under any split name; 0.1's --split test alone still does, and says so."""
     csv_path = write_csv(tmp_path / "test.csv", ["image"], [(n,) for n, _ in labeled_folder["rows"][:5]])
     out = str(tmp_path / "out")
-    assert write(["--csv", str(csv_path), "--images", labeled_folder["images"], "--out", out, "--split", "test"]) == 0
+    assert write(["--csv", str(csv_path), "--images", labeled_folder["images"], "--out", out] + flags) == 0
     m = manifest(out)
-    assert m["labeled"] is False and m["shards"][0]["file"].startswith("test-")
+    split = flags[flags.index("--split") + 1] if "--split" in flags else "train"
+    assert m["labeled"] is False and m["shards"][0]["file"].startswith(f"{split}-")
     for path in glob.glob(os.path.join(out, "*.tfrec")):
         for r in tf.data.TFRecordDataset(path):
             assert "target" not in schema.decode_example(r.numpy())
+    assert ("--split test without --unlabeled" in capsys.readouterr().err) == ("--unlabeled" not in flags)
+
+
+def test_names_of_0_1_keep_working_with_a_warning(labeled_folder, tmp_path):
+    from tfpipe import ImageSpec, Source, write_shards
+
+    source = Source(labeled_folder["images"], csv=labeled_folder["csv"])
+    with pytest.warns(FutureWarning) as warned:
+        old = write_shards(str(tmp_path / "old"), source, spec=ImageSpec(size=16), num_workers=0, progress=False)
+    assert sorted(str(w.message).split(" is renamed")[0] for w in warned) == [
+        "ImageSpec(size=...)", "write_shards(num_workers=...)", "write_shards(out, source)"]
+    new = write_shards(source, str(tmp_path / "new"), spec=ImageSpec(image_size=16), workers=0, progress=False)
+    assert old["image"] == new["image"] and old["image"]["image_size"] == 16
+    assert old["shards"] == new["shards"]
 
 
 def test_awkward_images_all_convert(tmp_path):
@@ -258,7 +276,7 @@ def test_existing_shards_are_refused_without_overwrite(labeled_folder, tmp_path,
     assert "--overwrite" in capsys.readouterr().err
     assert {p: os.path.getmtime(p) for p in glob.glob(os.path.join(out, "*"))} == before
     assert write(args + ["--overwrite"]) == 0
-    assert manifest(out)["image"]["size"] is None
+    assert manifest(out)["image"]["image_size"] is None
 
 
 def test_skip_bad_writes_the_rest_and_reports(labeled_folder, tmp_path, capsys):

@@ -2,7 +2,7 @@
 
 Public API (heavy imports are deferred until used):
 
-- ``write_shards(out, Source(...), ...)``: images + CSV -> sharded TFRecords (``tfpipe.write``).
+- ``write_shards(Source(...), out, ...)``: images + CSV -> sharded TFRecords (``tfpipe.write``).
 - ``Source``, ``ImageSpec``, ``LabelFormat``: what to read and how to store it.
 - ``make_dataset(source, batch_size, ...)``: shards -> ``(images, targets)`` batches (``tfpipe.read``).
 - ``Augment``: which training augmentations ``make_dataset`` applies.
@@ -21,6 +21,7 @@ _LAZY = {
     "LabelFormat": "tfpipe.sources",
     "TfpipeError": "tfpipe.errors",
     "make_dataset": "tfpipe.read",
+    "ReadOptions": "tfpipe.read",
     "fold_split": "tfpipe.shards",
     "open_shards": "tfpipe.shards",
     "verify": "tfpipe.shards",

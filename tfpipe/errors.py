@@ -1,9 +1,16 @@
 """One exception type for problems the user can fix, and the CLI edge that prints it."""
 import sys
+import warnings
 
 
 class TfpipeError(Exception):
     """Bad input or configuration: shown to the user as one line, no traceback."""
+
+
+def renamed(old, new, stacklevel=3):
+    """Warns that ``old`` (a name from tfpipe 0.1) is now ``new``; the old name keeps working for this release."""
+    warnings.warn(f"{old} is renamed {new} (tfpipe 0.2); the old name will be removed in 0.3", FutureWarning,
+                  stacklevel=stacklevel)
 
 
 def run_cli(prog, fn, *args):

@@ -14,7 +14,7 @@ import cv2
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from tfpipe.errors import TfpipeError
+from tfpipe.errors import TfpipeError, renamed
 
 FITS = ("stretch", "crop", "pad")
 FORMATS = ("jpeg", "png")
@@ -30,8 +30,9 @@ class ImageSpec:
     """How stored images are made.
 
     Attributes:
-      size: side of the square output in pixels, or None to keep the source size
-        (JPEG sources that need no conversion are then copied byte for byte).
+      image_size: side of the square output in pixels, or None to keep the source size
+        (JPEG sources that need no conversion are then copied byte for byte). ``size=`` is
+        its 0.1 name, still accepted with a warning.
       fit: how a non-square source becomes square: "stretch" (resize both sides,
         keeps everything in view), "crop" (shorter side to ``size``, centre crop)
         or "pad" (longer side to ``size``, pad the rest).
@@ -41,11 +42,17 @@ class ImageSpec:
         300 MB per worker; such files are usually scans or mistakes).
     """
 
-    size: int | None = None
+    image_size: int | None = None
     fit: str = "stretch"
     format: str = "jpeg"
     quality: int = 95
     max_pixels: int = 100_000_000
+    size: dataclasses.InitVar[int | None] = None  # tfpipe 0.1's name of image_size
+
+    def __post_init__(self, size):
+        if size is not None:
+            renamed("ImageSpec(size=...)", "ImageSpec(image_size=...)")
+            object.__setattr__(self, "image_size", size)
 
 
 @contextlib.contextmanager
@@ -115,16 +122,16 @@ def _first_scan(data):
 
 def can_pass_through(fmt, mode, orientation, spec):
     """Whether the source bytes can be stored as they are."""
-    return spec.size is None and spec.format == "jpeg" and fmt == "JPEG" and mode == "RGB" and orientation == 1
+    return spec.image_size is None and spec.format == "jpeg" and fmt == "JPEG" and mode == "RGB" and orientation == 1
 
 
 def reduction_factor(width, height, spec):
     """Largest k in (1, 2, 4, 8) such that decoding at 1/k still covers the target."""
-    if spec.size is None:
+    if spec.image_size is None:
         return 1
     side = max(width, height) if spec.fit == "pad" else min(width, height)
     k = 8
-    while k > 1 and side // k < spec.size:
+    while k > 1 and side // k < spec.image_size:
         k //= 2
     return k
 
@@ -177,9 +184,9 @@ def decode(data, fmt, size, orientation, spec, name):
 
 
 def fit_to_square(img, spec):
-    """Resizes an upright BGR image to ``spec.size`` square, per ``spec.fit``."""
+    """Resizes an upright BGR image to ``spec.image_size`` square, per ``spec.fit``."""
     h, w = img.shape[:2]
-    s = spec.size
+    s = spec.image_size
     if spec.fit == "stretch":
         return _resize(img, s, s)
     if spec.fit == "crop":
@@ -241,6 +248,6 @@ def prepare_image(data, spec, name):
     if can_pass_through(fmt, mode, orientation, spec):
         return data, size[1], size[0], True
     img = decode(data, fmt, size, orientation, spec, name)
-    if spec.size is not None:
+    if spec.image_size is not None:
         img = fit_to_square(img, spec)
     return encode(img, spec), img.shape[0], img.shape[1], False

@@ -8,6 +8,7 @@ vectorised ``tf.io.parse_example`` call; images stay uint8 until they reach
 the model (normalising there moves 4x fewer bytes to the accelerator).
 """
 import contextlib
+import dataclasses
 
 
 from tfpipe.deps import require
@@ -15,20 +16,26 @@ from tfpipe.deps import require
 tf = require("tensorflow")  # or one line saying what to install
 from tfpipe import augment as aug_lib  # noqa: E402
 from tfpipe import schema  # noqa: E402
-from tfpipe.errors import TfpipeError  # noqa: E402
+from tfpipe.errors import TfpipeError, renamed  # noqa: E402
 from tfpipe.shards import MANIFEST, Shards, fold_split, open_shards, verify  # noqa: E402, F401 (re-exported)
 
 AUTOTUNE = tf.data.AUTOTUNE
-READ_BUFFER = 8 * 2**20  # bytes of read-ahead per file: large sequential reads suit buckets
-CYCLE_LENGTH = 16  # shards read at once in training: enough to mix, few enough to keep buffers small
-PARSE_BATCH = 256  # records parsed per vectorised call in training, before per-image augmentation
-SHUFFLE_BUFFER = 2048  # records; on top of the shuffled file order
-CACHE_BUDGET = 2 * 2**30  # bytes of decoded images that cache="auto" may keep in memory
 LABEL_MODES = ("multi_hot", "one_hot", "class_id")
 
 
+@dataclasses.dataclass(frozen=True)
+class ReadOptions:
+    """How ``make_dataset`` reads: the defaults suit 100-200 MB shards on a local disk or a bucket."""
+
+    read_buffer: int = 8 * 2**20  # bytes of read-ahead per file: large sequential reads suit buckets
+    cycle_length: int = 16  # shards read at once in training: enough to mix, few enough to keep buffers small
+    parse_batch: int = 256  # records parsed per vectorised call in training, before per-image augmentation
+    shuffle_buffer: int = 2048  # records, on top of the shuffled file order (training)
+    cache_budget: int = 2 * 2**30  # bytes of decoded images that cache="auto" may keep in memory
+
+
 @contextlib.contextmanager
-def naming_corrupt_shards(source):
+def naming_corrupt_shards(records):
     """Turns TensorFlow's ``DataLossError`` (which names no file) into a ``TfpipeError`` naming the bad shard.
 
     Example::
@@ -39,12 +46,17 @@ def naming_corrupt_shards(source):
     try:
         yield
     except tf.errors.DataLossError as e:
-        problems = verify(open_shards(source))
-        raise TfpipeError(problems[0] if problems else f"{source}: corrupt data ({e.message.splitlines()[0]})") from None
+        problems = verify(open_shards(records))
+        raise TfpipeError(problems[0] if problems else f"{records}: corrupt data ({e.message.splitlines()[0]})") from None
 
 
 def targets_from_indices(indices, num_classes, label_mode):
-    """[B, L] class indices padded with -1 -> [B, C] multi-hot / one-hot float32, or [B] int32 class ids."""
+    """[B, L] class indices padded with -1 -> [B, C] multi-hot / one-hot float32, or [B] int32 class ids.
+
+    An index >= ``num_classes`` stops the pipeline (``tf.one_hot`` would silently give it a zero row).
+    """
+    tf.debugging.assert_less(indices, tf.constant(num_classes, indices.dtype),
+                             message=f"a record holds a class index >= num_classes={num_classes}; labels would be lost")
     if label_mode == "multi_hot":
         return tf.minimum(tf.reduce_sum(tf.one_hot(indices, num_classes), axis=1), 1.0)
     first = tf.pad(indices, [[0, 0], [0, 1]], constant_values=-1)[:, 0]  # -1 when the list is empty
@@ -108,10 +120,10 @@ def use_cache(cache, shards, size, budget):
     return n is not None and n * size * size * 3 <= budget
 
 
-def make_dataset(source, batch_size, *, image_size=None, training=False, folds=None, num_classes=None,
-                 label_mode="multi_hot", drop_remainder=None, with_ids=False, augment=None,
-                 shuffle_buffer=SHUFFLE_BUFFER, cache="auto", cache_budget=CACHE_BUDGET, seed=None,
-                 deterministic=None, input_context=None, pad_batches=False):
+def make_dataset(records, batch_size, *, image_size=None, training=False, folds=None, num_classes=None,
+                 label_mode="multi_hot", drop_remainder=None, with_ids=False, augment=None, cache="auto", seed=None,
+                 deterministic=None, input_context=None, pad_batches=False, options=ReadOptions(),
+                 shuffle_buffer=None, cache_budget=None):
     """Builds a ``tf.data.Dataset`` of ``(images, targets)`` batches from shards.
 
     Example::
@@ -122,10 +134,10 @@ def make_dataset(source, batch_size, *, image_size=None, training=False, folds=N
     With a distribution strategy, build it per input pipeline::
 
         ds = strategy.distribute_datasets_from_function(lambda ctx: tfpipe.make_dataset(
-            src, ctx.get_per_replica_batch_size(global_batch), training=True, input_context=ctx))
+            records, ctx.get_per_replica_batch_size(global_batch), training=True, input_context=ctx))
 
     Args:
-      source: folder written by ``tfpipe.write``, glob pattern or list of files (local or ``gs://``).
+      records: folder written by ``tfpipe.write``, glob pattern or list of files (local or ``gs://``).
       batch_size: images per batch (per replica, under a strategy).
       image_size: output side; default the stored size. A different size is resized in the pipeline.
       training: shuffle, augment, repeat forever and drop the last partial batch.
@@ -136,10 +148,8 @@ def make_dataset(source, batch_size, *, image_size=None, training=False, folds=N
       drop_remainder: default True in training, False otherwise.
       with_ids: also yield each row's ``image_name`` (string [B]), as a third element.
       augment: an ``Augment``; default ``Augment()`` in training; ignored otherwise.
-      shuffle_buffer: records in the shuffle buffer (training).
       cache: keep decoded images in memory after the first pass: True, False or
-        "auto" (when they fit in ``cache_budget`` bytes).
-      cache_budget: bytes for ``cache="auto"``.
+        "auto" (when they fit in ``options.cache_budget`` bytes).
       seed: seed for file order, shuffling and augmentation (training).
       deterministic: fix the element order in training (slower); default: only
         when ``seed`` is given.
@@ -149,42 +159,66 @@ def make_dataset(source, batch_size, *, image_size=None, training=False, folds=N
         blank batches until every replica of this pipeline gets one on the last
         step. Every shape is then static (TPUs need that) and weighted metrics
         still count every real record exactly once.
+      options: ``ReadOptions`` (read-ahead, interleave width, parse batch, shuffle buffer, cache budget).
+      shuffle_buffer, cache_budget: tfpipe 0.1's names of those options (warn).
 
     Returns:
       A dataset of ``(images uint8 [B, S, S, 3], targets)`` (plus ``weights`` with
       ``pad_batches``, then ``image_names`` with ``with_ids``).
     """
-    if label_mode not in LABEL_MODES:
-        raise TfpipeError(f"label_mode must be one of {', '.join(LABEL_MODES)} (got {label_mode!r})")
-    shards = open_shards(source, folds)
-    size = image_size or shards.image_size
-    if not size:
-        raise TfpipeError(f"{source}: stored images have no fixed size; pass image_size")
-    classes = num_classes or shards.num_classes
-    if not classes:
-        raise TfpipeError(f"{source}: no {MANIFEST} to read the classes from; pass num_classes")
+    options = _with_old_options(options, shuffle_buffer, cache_budget)
+    shards = open_shards(records, folds)
+    size, classes = _checked_output(records, shards, image_size, num_classes, label_mode)
     files, shard_records = shard_for_input(shards.files, input_context)
-    cached = use_cache(cache, shards, size, cache_budget)
+    cached = use_cache(cache, shards, size, options.cache_budget)
     parse = make_parse(classes, label_mode)
     decode_one = make_decode(size, shards.image_size, shards.image_format)
     if training:
         ds = _training_pipeline(files, batch_size, size, parse, decode_one, shards.image_format, cached,
-                                augment or aug_lib.Augment(), shuffle_buffer, seed,
+                                augment or aug_lib.Augment(), options, seed,
                                 deterministic if deterministic is not None else seed is not None,
                                 drop_remainder if drop_remainder is not None else True,
                                 shard_records, input_context)
     else:
         ds = _evaluation_pipeline(files, batch_size, size, parse, decode_one, cached, bool(drop_remainder),
-                                  shard_records, input_context)
-        if pad_batches:
-            local = _local_count(shards, files, shard_records, input_context)
-            per_pipeline = 1 if input_context is None else max(
-                1, input_context.num_replicas_in_sync // input_context.num_input_pipelines)
-            ds = _pad_batches(ds, batch_size, local, per_pipeline)
+                                  shard_records, input_context, options)
+        if pad_batches:  # static shapes for every replica; weight 0 marks the padding
+            ds = _pad_batches(ds, batch_size, _local_count(shards, files, shard_records, input_context),
+                              _batches_per_pipeline(input_context))
     keys = ("image", "target") + (("weight",) if pad_batches and not training else ()) + (
         ("image_name",) if with_ids else ())
-    ds = ds.map(lambda b: tuple(b[k] for k in keys))
+    ds = ds.map(lambda b: tuple(b[k] for k in keys))  # dicts inside, tuples at the edge (Keras)
     return ds.prefetch(AUTOTUNE)  # last: overlap the input pipeline with the training step
+
+
+def _with_old_options(options, shuffle_buffer, cache_budget):
+    """tfpipe 0.1's ``shuffle_buffer=`` and ``cache_budget=`` arguments, now ``ReadOptions`` fields."""
+    for name, value in (("shuffle_buffer", shuffle_buffer), ("cache_budget", cache_budget)):
+        if value is not None:
+            renamed(f"make_dataset({name}=...)", f"make_dataset(options=ReadOptions({name}=...))", stacklevel=4)
+            options = dataclasses.replace(options, **{name: value})
+    return options
+
+
+def _checked_output(records, shards, image_size, num_classes, label_mode):
+    """(image side, number of classes): given, or from the manifest; a disagreement with the manifest is an error."""
+    if label_mode not in LABEL_MODES:
+        raise TfpipeError(f"label_mode must be one of {', '.join(LABEL_MODES)} (got {label_mode!r})")
+    size = image_size or shards.image_size
+    if not size:
+        raise TfpipeError(f"{records}: stored images have no fixed size; pass image_size")
+    if num_classes and shards.num_classes and num_classes != shards.num_classes:
+        raise TfpipeError(f"{records}: num_classes={num_classes}, but the shards hold {shards.num_classes} classes "
+                          f"({MANIFEST}); labels would be lost")
+    classes = num_classes or shards.num_classes
+    if not classes:
+        raise TfpipeError(f"{records}: no {MANIFEST} to read the classes from; pass num_classes")
+    return size, classes
+
+
+def _batches_per_pipeline(ctx):
+    """Replicas this input pipeline feeds: each needs a batch on the last step."""
+    return 1 if ctx is None else max(1, ctx.num_replicas_in_sync // ctx.num_input_pipelines)
 
 
 def _local_count(shards, files, shard_records, ctx):
@@ -216,8 +250,9 @@ def _pad_batches(ds, batch_size, count, multiple):
     return ds
 
 
-def _evaluation_pipeline(files, batch_size, size, parse, decode_one, cached, drop_remainder, shard_records, ctx):
-    ds = tf.data.TFRecordDataset(files, buffer_size=READ_BUFFER)  # one file after another: the written order
+def _evaluation_pipeline(files, batch_size, size, parse, decode_one, cached, drop_remainder, shard_records, ctx,
+                         options):
+    ds = tf.data.TFRecordDataset(files, buffer_size=options.read_buffer)  # one file after another: the written order
     if shard_records:
         ds = ds.shard(ctx.num_input_pipelines, ctx.input_pipeline_id)
     ds = ds.batch(batch_size, drop_remainder=drop_remainder)
@@ -233,21 +268,21 @@ def _evaluation_pipeline(files, batch_size, size, parse, decode_one, cached, dro
     return ds
 
 
-def _training_pipeline(files, batch_size, size, parse, decode_one, image_format, cached, augment, shuffle_buffer,
+def _training_pipeline(files, batch_size, size, parse, decode_one, image_format, cached, augment, options,
                        seed, deterministic, drop_remainder, shard_records, ctx):
     crop_on_decode = augment.crop == "resized" and image_format == "jpeg" and not cached
     per_image = aug_lib.image_ops(augment, size, crop_done=crop_on_decode)  # resized crop, erasing
     per_batch = aug_lib.make_batch_augment(augment, size)  # pad crop, flip, colour: one XLA op per batch
     mix = aug_lib.batch_mix(augment)
-    ds = _shuffled_records(files, shard_records, ctx, seed, deterministic)
-    ds = ds.batch(PARSE_BATCH)
+    ds = _shuffled_records(files, shard_records, ctx, seed, deterministic, options)
+    ds = ds.batch(options.parse_batch)
     ds = ds.map(parse, num_parallel_calls=AUTOTUNE, deterministic=deterministic)
     ds = ds.unbatch()
     if cached:
         ds = ds.map(lambda e: dict(e, image=decode_one(e["image"])), num_parallel_calls=AUTOTUNE,
                     deterministic=deterministic)
         ds = ds.cache()  # decode once: later epochs start from pixels in memory
-    ds = ds.shuffle(shuffle_buffer, seed=seed)  # before decoding (when not cached): a buffer of small JPEGs
+    ds = ds.shuffle(options.shuffle_buffer, seed=seed)  # before decoding (when not cached): a buffer of small JPEGs
     ds = ds.repeat()
     if per_image or not cached:  # decoding and per-image ops; a cached pipeline with neither skips this map
         ds = tf.data.Dataset.zip((ds, tf.data.Dataset.random(seed=seed).batch(2)))  # a stateless seed per image
@@ -270,15 +305,15 @@ def _training_pipeline(files, batch_size, size, parse, decode_one, image_format,
     return ds
 
 
-def _shuffled_records(files, shard_records, ctx, seed, deterministic):
+def _shuffled_records(files, shard_records, ctx, seed, deterministic, options):
     """Serialized records for training: files in a new order every epoch, read interleaved."""
     if shard_records:  # several pipelines share files: read in a fixed order, then keep every n-th record
-        ds = tf.data.TFRecordDataset(files, buffer_size=READ_BUFFER)
+        ds = tf.data.TFRecordDataset(files, buffer_size=options.read_buffer)
         return ds.shard(ctx.num_input_pipelines, ctx.input_pipeline_id)
     ds = tf.data.Dataset.from_tensor_slices(files)
     ds = ds.shuffle(len(files), seed=seed)  # a new file order every epoch
-    return ds.interleave(lambda f: tf.data.TFRecordDataset(f, buffer_size=READ_BUFFER),
-                         cycle_length=min(len(files), CYCLE_LENGTH), num_parallel_calls=AUTOTUNE,
+    return ds.interleave(lambda f: tf.data.TFRecordDataset(f, buffer_size=options.read_buffer),
+                         cycle_length=min(len(files), options.cycle_length), num_parallel_calls=AUTOTUNE,
                          deterministic=deterministic)
 
 
@@ -299,33 +334,34 @@ def _crop_decode(data, size, augment, seed):
     return aug_lib.resize(tf.io.decode_and_crop_jpeg(data, window, channels=3), size, tf.uint8)
 
 
-def count_examples(source, folds=None):
-    """Number of records in ``source`` (from the manifest or the counts in shard names)."""
-    n = open_shards(source, folds).num_examples
+def count_examples(records, folds=None):
+    """Number of records in ``records`` (from the manifest or the counts in shard names)."""
+    n = open_shards(records, folds).num_examples
     if n is None:
-        raise TfpipeError(f"{source}: record count unknown (no manifest and no count in the file names)")
+        raise TfpipeError(f"{records}: record count unknown (no manifest and no count in the file names)")
     return n
 
 
-def _read_column(source, folds, key):
+def _read_column(records, folds, key):
     """One parsed feature of every record, in written order (no image decoding)."""
     spec = schema.feature_spec((key,))
-    ds = tf.data.TFRecordDataset(list(open_shards(source, folds).files), buffer_size=READ_BUFFER).batch(1024)
+    files = list(open_shards(records, folds).files)
+    ds = tf.data.TFRecordDataset(files, buffer_size=ReadOptions().read_buffer).batch(1024)
     ds = ds.map(lambda s: tf.io.parse_example(s, spec)[key], num_parallel_calls=AUTOTUNE)
     return [row for batch in ds.as_numpy_iterator() for row in batch]
 
 
-def image_names(source, folds=None):
+def image_names(records, folds=None):
     """The ``image_name`` of every record in written order (the row order of evaluation batches)."""
-    with naming_corrupt_shards(source):
-        return [n.decode("utf-8") for n in _read_column(source, folds, schema.IMAGE_NAME)]
+    with naming_corrupt_shards(records):
+        return [n.decode("utf-8") for n in _read_column(records, folds, schema.IMAGE_NAME)]
 
 
-def read_targets(source, num_classes, folds=None):
+def read_targets(records, num_classes, folds=None):
     """Multi-hot float32 [N, C] targets of every record in written order, without decoding images."""
-    with naming_corrupt_shards(source):
-        rows = _read_column(source, folds, schema.TARGET)
+    with naming_corrupt_shards(records):
+        rows = _read_column(records, folds, schema.TARGET)
     return schema.multi_hot([row[row >= 0] for row in rows], num_classes)  # -1 pads the batched lists
 
 
-__all__ = ["make_dataset", "fold_split", "count_examples", "image_names", "read_targets", "naming_corrupt_shards"]
+__all__ = ["make_dataset", "ReadOptions", "fold_split", "count_examples", "image_names", "read_targets", "naming_corrupt_shards"]

@@ -110,7 +110,7 @@ class Shards:
 
     @property
     def image_size(self):
-        return self._image("size")
+        return self._image("image_size") or self._image("size")  # "size": manifests of tfpipe 0.1
 
     @property
     def image_format(self):

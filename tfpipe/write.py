@@ -18,7 +18,7 @@ import time
 
 from tfpipe import __version__, fs, schema
 from tfpipe.deps import require
-from tfpipe.errors import TfpipeError, run_cli
+from tfpipe.errors import TfpipeError, renamed, run_cli
 from tfpipe.encode import encode_item
 from tfpipe.images import FITS, FORMATS, ImageSpec
 from tfpipe.shards import MANIFEST, existing_shards
@@ -83,16 +83,16 @@ def default_workers(items, spec):
     """One worker per core, except when JPEGs will mostly be copied as they are (no ``--image-size``):
     then there is no codec work to spread, and moving each file's bytes through a worker process costs
     more than it saves (measured: 700 vs 490 images/s on 2 cores)."""
-    if spec.size is None and spec.format == "jpeg" and all(
+    if spec.image_size is None and spec.format == "jpeg" and all(
             item.path.lower().endswith((".jpg", ".jpeg")) for item in items):
         return 0
     return os.cpu_count()
 
 
 def estimate_bytes(items, spec):
-    if spec.size is None:
+    if spec.image_size is None:
         return sum(len(item.data) if item.data is not None else fs.size(item.path) for item in items)
-    return int(len(items) * spec.size * spec.size * EST_BYTES_PER_PIXEL[spec.format])
+    return int(len(items) * spec.image_size * spec.image_size * EST_BYTES_PER_PIXEL[spec.format])
 
 
 def job_fingerprint(items, item_targets, names, shard_plan, spec, split):
@@ -110,20 +110,20 @@ def shutdown(batches):
         stop()
 
 
-def write_shards(out, source, *, spec=ImageSpec(), classes=None, split="train", shards=None, folds=None,
-                 seed=0, skip_bad=False, overwrite=False, resume=False, num_workers=None, start_method="auto",
-                 progress=True, runner="local", pipeline_args=()):
-    """Writes a source as sharded TFRecords plus ``manifest.json`` into ``out``.
+def write_shards(source, out, *, spec=ImageSpec(), classes=None, split="train", shards=None, folds=None,
+                 seed=0, skip_bad=False, overwrite=False, resume=False, workers=None, start_method="auto",
+                 progress=True, runner="local", pipeline_args=(), num_workers=None):
+    """Writes a source as sharded TFRecords plus ``manifest.json`` into ``out`` (what a call writes comes last).
 
     Example::
 
-        from tfpipe.write import Source, write_shards
-        manifest = write_shards("records/train", Source("images", csv="train.csv"), folds=5)
+        import tfpipe
+        manifest = tfpipe.write_shards(tfpipe.Source("images", csv="train.csv"), "records/train", folds=5)
 
     Args:
+      source: a ``Source`` (images + CSV, or a folder per class) or a ``TfdsSource``.
       out: output folder, local or ``gs://``.
-      source: a ``Source``.
-      spec: an ``ImageSpec`` (size, fit, format, quality).
+      spec: an ``ImageSpec`` (image_size, fit, format, quality).
       classes: class names in index order, or None for sorted unique labels.
       split: name prefix of the shards; a split written with an unlabeled
         ``Source`` has no ``target`` feature.
@@ -135,24 +135,28 @@ def write_shards(out, source, *, spec=ImageSpec(), classes=None, split="train", 
       resume: continue an interrupted write of the same job into ``out``: shards
         it finished are kept, the rest are written; the result is identical to
         an uninterrupted write.
-      num_workers: DataLoader workers (default: CPU count; 0 runs in this process, the default when
-        every input is a JPEG and no ``spec.size`` is set, i.e. bytes are mostly copied as they are).
+      workers: DataLoader workers (default: CPU count; 0 runs in this process, the default when
+        every input is a JPEG and no ``spec.image_size`` is set, i.e. bytes are mostly copied as they are).
       start_method: "auto" (fork unless TensorFlow is already imported, else
         spawn), or a multiprocessing start method.
       progress: show a tqdm progress bar.
       runner: "local" (a torch DataLoader on this machine) or "beam" (Apache Beam;
         see ``tfpipe.beam``): same records, same shards, same manifest.
       pipeline_args: Beam pipeline options for ``runner="beam"``.
+      num_workers: tfpipe 0.1's name of ``workers`` (warns).
+
+    ``write_shards(out, source)``, tfpipe 0.1's argument order, still works with a warning.
 
     Returns:
       The manifest (a dict).
     """
+    source, out, workers = _old_arguments(source, out, workers, num_workers)
     started = time.perf_counter()
     _check_runner(runner, resume)
     job = plan_job(source, spec, classes=classes, split=split, shards=shards, folds=folds, seed=seed,
                    skip_bad=skip_bad)
     beam_options = _beam_options(pipeline_args) if runner == "beam" else None  # refuse bad options before work
-    workers = default_workers(job.items, spec) if num_workers is None else num_workers
+    workers = default_workers(job.items, spec) if workers is None else workers
     # Start the workers first (before this process may import TensorFlow for gs:// output, so they can fork);
     # a resumed write must first learn from the staging folder where to start.
     batches = None
@@ -216,6 +220,17 @@ def plan_job(source, spec, *, classes, split, shards, folds, seed, skip_bad):
     shard_plan = plan(fold_sizes, num_shards(len(items), estimate_bytes(items, spec), shards))
     return Job(source, split, items, item_targets, names, skipped, folds, seed, shard_plan,
                job_fingerprint(items, item_targets, names, shard_plan, spec, split))
+
+
+def _old_arguments(source, out, workers, num_workers):
+    """tfpipe 0.1's ``write_shards(out, source)`` and ``num_workers=``, turned into today's with a warning."""
+    if isinstance(source, str) and hasattr(out, "items"):
+        renamed("write_shards(out, source)", "write_shards(source, out)", stacklevel=4)
+        source, out = out, source
+    if num_workers is not None:
+        renamed("write_shards(num_workers=...)", "write_shards(workers=...)", stacklevel=4)
+        workers = num_workers
+    return source, out, workers
 
 
 def _check_runner(runner, resume):
@@ -400,12 +415,12 @@ def run(args, pipeline_args=()):
     else:
         source = Source(images=args.images, csv=args.csv, image_col=args.image_col, label_format=label_format,
                         labeled=labeled)
-    spec = ImageSpec(size=args.image_size, fit=args.fit, format=args.format, quality=args.quality,
+    spec = ImageSpec(image_size=args.image_size, fit=args.fit, format=args.format, quality=args.quality,
                      max_pixels=int(args.max_pixels * 1e6))
     classes = list(_csv_list(args.classes)) or (list(label_format.label_cols) or None)
-    write_shards(args.out, source, spec=spec, classes=classes, split=args.split, shards=args.shards,
+    write_shards(source, args.out, spec=spec, classes=classes, split=args.split, shards=args.shards,
                  folds=args.folds, seed=args.seed, skip_bad=args.skip_bad, overwrite=args.overwrite, resume=args.resume,
-                 num_workers=args.workers, start_method=args.start_method, progress=not args.no_progress,
+                 workers=args.workers, start_method=args.start_method, progress=not args.no_progress,
                  runner=args.runner, pipeline_args=pipeline_args)
 
 

@@ -46,7 +46,7 @@ class FitConfig:
     strategy: str = "auto"
     replicas: int | None = None
     model: str = "efficientnet-b0"
-    weights: str = "none"
+    weights: str | None = None  # None (random), "imagenet" (downloads) or a weights file; "none" = None
     image_size: int | None = None
     batch_size: int = 16
     epochs: int = 10
@@ -263,7 +263,8 @@ def prepare(cfg, shards):
         raise TfpipeError(f"--swa-epochs must be in 0..--epochs ({cfg.epochs}); got {cfg.swa_epochs}")
     single_label = shards.manifest.get("single_label", False) if cfg.single_label is None else cfg.single_label
     seed = (0 if cfg.seed is None else cfg.seed) if cfg.deterministic else cfg.seed  # seeded input order
-    return dataclasses.replace(cfg, image_size=image_size, single_label=single_label, seed=seed)
+    weights = None if cfg.weights in (None, "none") else cfg.weights  # "none": the command line's word for None
+    return dataclasses.replace(cfg, image_size=image_size, single_label=single_label, seed=seed, weights=weights)
 
 
 def fit(cfg):
@@ -313,7 +314,7 @@ def train_phases(plan, strategy, num_classes, data, throughput):
     everything. Returns (model, the SWA average)."""
     replicas, steps = strategy.num_replicas_in_sync, data[2]
     model, backbone = build_model(plan.model, num_classes, plan.image_size,
-                                  weights=None if plan.weights == "none" else plan.weights,
+                                  weights=plan.weights,
                                   multi_label=not plan.single_label)
     state = read_state(plan.out) if plan.resume else {}
     if plan.burn_epochs and not state.get("burn_done"):
@@ -340,7 +341,7 @@ def build_parser():
     p.add_argument("--strategy", choices=STRATEGIES, default=d.strategy, help="auto: TPU, then GPUs, then CPU")
     p.add_argument("--replicas", type=int, help="with --strategy cpu: N virtual CPU replicas (dry-run a TPU: 8)")
     p.add_argument("--model", choices=sorted(MODELS), default=d.model)
-    p.add_argument("--weights", default=d.weights, help="none, imagenet (downloads) or a weights file")
+    p.add_argument("--weights", default="none", help="none (default), imagenet (downloads) or a weights file")
     p.add_argument("--image-size", type=int, help="input side (default: the stored size)")
     p.add_argument("--batch-size", type=int, default=d.batch_size, help="per replica")
     p.add_argument("--epochs", type=int, default=d.epochs, help="fine-tuning epochs (after --burn-epochs)")
