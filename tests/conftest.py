@@ -83,6 +83,20 @@ def jpeg_bytes(rgb, quality=95):
     return buf.getvalue()
 
 
+def validation_auc(model_path, records, folds):
+    """Keras' macro AUC (what fit reports) of a saved model on ``folds``, computed here from scratch."""
+    import tf_keras as keras
+
+    import tfpipe
+    from train.predict import load_model
+
+    model = load_model(model_path)
+    auc = keras.metrics.AUC(multi_label=True, num_labels=model.output_shape[-1])
+    for images, targets in tfpipe.make_dataset(records, 8, folds=folds):
+        auc.update_state(targets, model(images, training=False))
+    return float(auc.result())
+
+
 @pytest.fixture(scope="session")
 def shard_dir(tmp_path_factory):
     """40 labeled images (labels cycle through 5 patterns, one empty) written as 32 px shards, 4 folds.

@@ -12,6 +12,7 @@ import tf_keras as keras
 from PIL import Image
 
 import tfpipe
+from tests.conftest import validation_auc
 from tfpipe.augment import NO_AUGMENT
 from train.fit import FitConfig, fit
 from train.predict import TTA_VIEWS, load_model, predict, predict_probabilities, tta_view
@@ -53,14 +54,16 @@ def test_run_leaves_thresholds_predictions_and_valid_pictures(trained_run, shard
     assert 0 <= metrics["report"]["roc_auc_macro"] <= 1
 
 
-def test_swa_reports_both_models(trained_run):
+def test_swa_reports_both_models(trained_run, shard_dir):
     out, metrics, _ = trained_run
+    records = shard_dir[0]
     swa = metrics["swa"]
     assert swa["epochs_averaged"] == 2 and 0 <= swa["val_auc"] <= 1 and "val_auc" in metrics["final"]
     plain, averaged = load_model(f"{out}/model.keras"), load_model(f"{out}/model-swa.keras")
     assert any(not np.allclose(a, b) for a, b in zip(plain.get_weights(), averaged.get_weights()))
     saved = json.loads(open(os.path.join(out, "metrics.json")).read())
-    assert saved["swa"]["val_auc"] == pytest.approx(swa["val_auc"])
+    for name, reported in (("model.keras", saved["final"]["val_auc"]), ("model-swa.keras", saved["swa"]["val_auc"])):
+        assert reported == pytest.approx(validation_auc(f"{out}/{name}", records, [0]), abs=0.05), name  # see test_train
 
 
 @pytest.mark.parametrize("strategy,replicas", [("cpu", None), ("cpu", 8)])
@@ -151,3 +154,29 @@ def test_predict_cli_writes_submission_and_rejects_a_missing_run(trained_run, tm
     r = subprocess.run([sys.executable, "-m", "train.predict", "--run", str(tmp_path / "nope"), "--records", test],
                        capture_output=True, text=True, env=env, cwd=ROOT)
     assert r.returncode == 2 and "Traceback" not in r.stderr and "config.json" in r.stderr
+
+
+def test_single_label_fit_then_predict(tmp_path):
+    """Shards written with a class column train a softmax head, and the submission holds one class per row."""
+    from tests.conftest import save, write_csv
+    from tfpipe.sources import LabelFormat
+
+    (tmp_path / "images").mkdir()
+    classes = ["cat", "dog", "fox"]
+    rows = [(f"im{i:02d}", classes[i % 3]) for i in range(30)]
+    for i, (name, _) in enumerate(rows):
+        save(tmp_path / "images" / f"{name}.jpg", size=(32, 40), seed=i)
+    csv_path = write_csv(tmp_path / "train.csv", ["image", "label"], rows)
+    source = tfpipe.Source(str(tmp_path / "images"), csv=str(csv_path), label_format=LabelFormat(class_col="label"))
+    tfpipe.write_shards(source, str(tmp_path / "records"), spec=tfpipe.ImageSpec(image_size=32), folds=3, workers=0,
+                        progress=False)
+    m = fit(FitConfig(records=str(tmp_path / "records"), out=str(tmp_path / "run"), strategy="cpu", replicas=2,
+                      model="small-cnn", batch_size=2, epochs=1, steps_per_execution=2, augment=NO_AUGMENT, verbose=0))
+    assert "val_accuracy" in m["final"] and m["report"]["accuracy"] is not None
+    config = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert config["single_label"] is True and config["classes"] == classes
+    probs = predict(str(tmp_path / "run"), str(tmp_path / "records"), None, strategy="cpu", probabilities=True)
+    np.testing.assert_allclose(probs[classes].sum(axis=1), 1.0, atol=1e-5)  # a softmax head
+    df = predict(str(tmp_path / "run"), str(tmp_path / "records"), str(tmp_path / "sub.csv"), strategy="cpu")
+    assert list(df["labels"]) == [classes[i] for i in probs[classes].to_numpy().argmax(1)]  # exactly one class
+    assert list(df["image"]) == tfpipe.image_names(str(tmp_path / "records"))

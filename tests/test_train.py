@@ -11,6 +11,7 @@ import pytest
 import tensorflow as tf
 import tf_keras as keras
 
+from tests.conftest import validation_auc
 from tfpipe.augment import NO_AUGMENT
 from tfpipe.errors import TfpipeError
 from train import schedules
@@ -38,13 +39,18 @@ def test_eight_virtual_replicas_with_steps_per_execution(shard_dir, tmp_path):
     cfg = tiny_config(shard_dir, tmp_path / "run", schedule="cosine", warmup_epochs=1)
     m = fit(cfg)
     saved = json.loads((tmp_path / "run" / "metrics.json").read_text())
-    assert saved == json.loads(json.dumps(m))
+    # The reported validation AUC is the saved model's on fold 0, the rows that pad batches for 8 replicas not
+    # counted: counted, they moved this figure from 0.40 to 0.20. (Not closer than 0.05: predictions of a model
+    # trained this briefly sit within 0.01 of each other, and AUC's 200 thresholds then flip with the last digit
+    # of a float summed in another order.)
+    assert saved["final"]["val_auc"] == pytest.approx(validation_auc(tmp_path / "run" / "model.keras", shard_dir[0],
+                                                                     [0]), abs=0.05)
     assert m["replicas"] == 8 and m["steps_per_execution"] == 3 and m["global_batch_size"] == 8
     assert m["strategy_class"] == "MirroredStrategy" and m["precision"] == "float32"
     assert m["train_examples"] + m["val_examples"] == 40 and m["steps_per_epoch"] == m["train_examples"] // 8
     assert m["optimizer_steps"] == 2 * m["steps_per_epoch"]  # every step ran, K at a time
     assert m["scaled_lr"] == pytest.approx(8e-3)
-    assert 0.0 <= m["final"]["val_auc"] <= 1.0 and m["images_per_sec"] > 0
+    assert m["images_per_sec"] > 0
     rows = history(tmp_path / "run")
     assert [int(r["epoch"]) for r in rows] == [0, 1]
     # The per-step schedule ran inside the compiled K-step loop: the logged LR is the one the last step
@@ -165,7 +171,8 @@ def test_cpu_replicas_and_auto():
     strategy, kind = resolve_strategy("cpu", replicas=8)
     assert kind == "cpu" and strategy.num_replicas_in_sync == 8
     strategy, kind = resolve_strategy("auto")
-    assert kind == "cpu" and strategy.num_replicas_in_sync == 1
+    gpus = len(tf.config.list_physical_devices("GPU"))  # auto takes the GPUs where there are some
+    assert kind == ("gpu" if gpus else "cpu") and strategy.num_replicas_in_sync == max(1, gpus)
 
 
 def test_lr_scaling_and_schedules_by_value():
@@ -188,3 +195,52 @@ def test_lr_scaling_and_schedules_by_value():
     assert schedules.make_schedule("constant", 0.3, 10, 10) == 0.3
     with pytest.raises(TfpipeError):
         schedules.make_schedule("nope", 1.0, 10, 10)
+
+
+def test_swa_continues_its_average_after_resume(shard_dir, tmp_path):
+    """A crash inside the averaged epochs, then --resume: the average still covers exactly the last N epochs."""
+    out = tmp_path / "run"
+    settings = dict(epochs=4, swa_epochs=2, replicas=2, steps_per_execution=1, report=False)
+    with pytest.raises(Crash):
+        fit(tiny_config(shard_dir, out, callbacks=(CrashInEpoch(3),), **settings))
+    m = fit(tiny_config(shard_dir, out, resume=True, **settings))
+    assert m["swa"]["epochs_averaged"] == 2 and [int(r["epoch"]) for r in history(out)] == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "adamw", "sgd"])
+def test_every_optimizer_trains(optimizer, shard_dir, tmp_path):
+    m = fit(tiny_config(shard_dir, tmp_path / "run", epochs=1, optimizer=optimizer, weight_decay=0.05,
+                        replicas=2, report=False))
+    model = keras.models.load_model(tmp_path / "run" / "model.keras")
+    fresh, _ = build_model("small-cnn", 3, 32)
+    assert m["optimizer_steps"] == m["steps_per_epoch"] and np.isfinite(float(history(tmp_path / "run")[0]["loss"]))
+    assert any(not np.allclose(a, b) for a, b in zip(model.get_weights(), fresh.get_weights()))
+
+
+def test_weights_from_a_file(tmp_path):
+    """--weights PATH loads backbone weights (e.g. a Kaggle dataset of EfficientNet weights) by layer name."""
+    keras.backend.clear_session()
+    _, trained = build_model("efficientnet-b0", 3, 32)
+    for w in trained.weights:
+        w.assign(tf.random.normal(w.shape, seed=1) * 0.01)
+    path = str(tmp_path / "b0.h5")
+    trained.save_weights(path)
+    _, loaded = build_model("efficientnet-b0", 3, 32, weights=path)
+    assert all(np.array_equal(a, b) for a, b in zip(trained.get_weights(), loaded.get_weights()))
+    with pytest.raises(TfpipeError, match="cannot load weights"):
+        build_model("efficientnet-b0", 3, 32, weights=str(tmp_path / "missing.h5"))
+
+
+@pytest.mark.slow
+def test_a_model_learns_the_demo_shapes(tmp_path):
+    """Not just 'it runs': small-cnn on 800 demo images at 48 px separates the five shapes (about 80 s)."""
+    import tfpipe
+    from tfpipe.demo import make_demo
+
+    make_demo(str(tmp_path / "data"), train=800, test=0)
+    tfpipe.write_shards(tfpipe.Source(str(tmp_path / "data" / "images"), csv=str(tmp_path / "data" / "train.csv")),
+                        str(tmp_path / "records"), spec=tfpipe.ImageSpec(image_size=48), folds=4, workers=0,
+                        progress=False)
+    m = fit(FitConfig(records=str(tmp_path / "records"), out=str(tmp_path / "run"), strategy="cpu", model="small-cnn",
+                      batch_size=16, epochs=20, lr=1e-3, steps_per_execution=4, verbose=0, report=False, seed=0))
+    assert m["final"]["val_auc"] >= 0.85  # chance is 0.5; measured 0.89 on this machine
