@@ -316,7 +316,7 @@ def test_write_verify_read_train_predict_on_ram_filesystem(labeled_folder, tmp_p
         tf.io.gfile.copy(os.path.join(labeled_folder["images"], name), f"{root}/images/{name}", overwrite=True)
     tf.io.gfile.copy(labeled_folder["csv"], f"{root}/train.csv", overwrite=True)
     source = Source(f"{root}/images", csv=f"{root}/train.csv")
-    write_shards(f"{root}/train", source, spec=ImageSpec(image_size=16), shards=4, workers=0, progress=False)
+    write_shards(source, f"{root}/train", spec=ImageSpec(image_size=16), shards=4, workers=0, progress=False)
     assert not tf.io.gfile.exists(f"{root}/train/.staging")
     report = tfpipe.inspect_shards(f"{root}/train", do_verify=True)
     assert report["problems"] == [] and len(report["files"]) == 4

@@ -34,11 +34,11 @@ def test_every_reader_refuses_the_same_bad_folds(shard_dir, name, open_with):
     folder, _, _ = shard_dir
     with pytest.raises(TfpipeError) as outside:
         open_with(folder, [9])
-    assert str(outside.value) == f"{folder}: folds [9] outside 0..3 (written with --folds 4)"
+    assert str(outside.value) == f"{folder}: folds [9] outside 0..3 (written with 4 folds)"
     files = list(open_shards(folder).files)  # a list of files has no folds to pick from
     with pytest.raises(TfpipeError) as unfolded:
         open_with(files, [1])
-    assert "were asked for, but these shards were written without --folds" in str(unfolded.value)
+    assert "were asked for, but these shards were written without folds" in str(unfolded.value)
 
 
 @pytest.mark.parametrize("name,open_with", readers())

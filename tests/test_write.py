@@ -305,3 +305,16 @@ def test_cli_error_has_no_traceback(labeled_folder, tmp_path):
     ours = [line for line in proc.stderr.splitlines() if line.startswith("tfpipe.write")]
     assert len(ours) == 1 and "img02.jpg" in ours[0] and "Traceback" not in proc.stderr
     assert not glob.glob(os.path.join(out, "**", "*.tfrec"), recursive=True)
+
+
+def test_errors_name_the_setting_as_the_user_wrote_it(labeled_folder, tmp_path, capsys):
+    """The same refusal names the flag under the command and the argument from Python."""
+    from tfpipe import Source, write_shards
+    from tfpipe.errors import TfpipeError
+
+    out = str(tmp_path / "out")
+    args = ["--csv", labeled_folder["csv"], "--images", labeled_folder["images"], "--out", out, "--image-size", "16"]
+    assert write(args) == 0 and write(args) == 2
+    assert "already holds shards; pass --overwrite to replace them" in capsys.readouterr().err
+    with pytest.raises(TfpipeError, match=r"already holds shards; pass overwrite=True to replace them"):
+        write_shards(Source(labeled_folder["images"], csv=labeled_folder["csv"]), out, workers=0, progress=False)

@@ -1,10 +1,21 @@
 """One exception type for problems the user can fix, and the CLI edge that prints it."""
+import contextvars
 import sys
 import warnings
+
+_COMMAND = contextvars.ContextVar("tfpipe_command", default=None)  # the running command's name, under run_cli
 
 
 class TfpipeError(Exception):
     """Bad input or configuration: shown to the user as one line, no traceback."""
+
+
+def option(name, value=None):
+    """A setting as the user wrote it: ``--skip-bad`` / ``--folds 4`` under a command, ``skip_bad=True`` /
+    ``folds=4`` from Python, so an error names what the user can change where they are."""
+    if _COMMAND.get():
+        return f"--{name.replace('_', '-')}" + ("" if value is None or value is True else f" {value}")
+    return f"{name}={'...' if value is None else repr(value)}"
 
 
 def renamed(old, new, stacklevel=3):
@@ -19,6 +30,7 @@ def run_cli(prog, fn, *args):
     A ``TfpipeError`` becomes ``prog: error: message`` on stderr and exit code 2;
     Ctrl-C becomes exit code 130. Anything else is a bug and keeps its traceback.
     """
+    token = _COMMAND.set(prog)
     try:
         fn(*args)
     except TfpipeError as e:
@@ -27,4 +39,6 @@ def run_cli(prog, fn, *args):
     except KeyboardInterrupt as e:
         print(f"{prog}: interrupted" + (f": {e}" if str(e) else ""), file=sys.stderr)
         return 130
+    finally:
+        _COMMAND.reset(token)
     return 0

@@ -1,7 +1,7 @@
 """Multi-label stratified K-fold assignment (iterative stratification)."""
 import numpy as np
 
-from tfpipe.errors import TfpipeError
+from tfpipe.errors import TfpipeError, option
 from tfpipe.schema import multi_hot
 
 
@@ -19,9 +19,9 @@ def assign_folds(targets, num_classes, k, seed=0):
 
     n = len(targets)
     if k < 2:
-        raise TfpipeError(f"--folds must be at least 2 (got {k})")
+        raise TfpipeError(f"{option('folds')} must be at least 2 (got {k})")
     if k > n:
-        raise TfpipeError(f"--folds {k} is more than the {n} images")
+        raise TfpipeError(f"{option('folds', k)} is more than the {n} images")
     y = multi_hot(targets, num_classes, np.int8)
     y = np.concatenate([y, (y.sum(axis=1, keepdims=True) == 0)], axis=1)  # stratify "no label" like a class
     folds = np.zeros(n, np.int64)

@@ -242,7 +242,7 @@ def prepare_image(data, spec, name):
         raise TfpipeError(f"{name}: image has zero size {size[0]}x{size[1]}")
     if size[0] * size[1] > spec.max_pixels:
         raise TfpipeError(f"{name}: {size[0]}x{size[1]} is {size[0] * size[1] / 1e6:.0f} MP, above the "
-                          f"{spec.max_pixels / 1e6:g} MP limit (raise --max-pixels to write it, or --skip-bad)")
+                          f"{spec.max_pixels / 1e6:g} MP limit (raise --max-pixels / ImageSpec.max_pixels to write it, or skip bad images: --skip-bad / skip_bad=True)")
     if fmt == "JPEG" and not jpeg_is_complete(data):
         raise TfpipeError(f"{name}: JPEG data is truncated (no end-of-image marker)")
     if can_pass_through(fmt, mode, orientation, spec):

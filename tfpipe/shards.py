@@ -168,10 +168,10 @@ def select_folds(shards, folds, records):
     k = (shards.manifest or {}).get("folds")
     if not k:
         raise TfpipeError(f"{records}: folds {list(folds)} were asked for, but these shards were written without "
-                          "--folds")
+                          "folds (tfpipe.write --folds K)")
     outside = [f for f in folds if f not in range(k)]
     if outside:
-        raise TfpipeError(f"{records}: folds {outside} outside 0..{k - 1} (written with --folds {k})")
+        raise TfpipeError(f"{records}: folds {outside} outside 0..{k - 1} (written with {k} folds)")
     fold_of = {s["file"]: s["fold"] for s in shards.manifest["shards"]}
     keep = set(folds)
     return Shards(tuple(f for f in shards.files if fold_of.get(posixpath.basename(f)) in keep), shards.manifest)
@@ -181,7 +181,7 @@ def fold_split(records, fold):
     """(training folds, validation folds) for validating on ``fold`` of a folded shard folder."""
     k = (open_shards(records).manifest or {}).get("folds")
     if not k:
-        raise TfpipeError(f"{records}: written without --folds; cannot pick validation fold {fold}")
+        raise TfpipeError(f"{records}: written without folds; cannot pick validation fold {fold}")
     if fold not in range(k):
         raise TfpipeError(f"{records}: fold {fold} outside 0..{k - 1}")
     return [f for f in range(k) if f != fold], [fold]
@@ -191,7 +191,7 @@ def holdout_split(shards, val_fraction):
     """(training, validation) ``Shards`` holding out the last shards, about ``val_fraction`` of them."""
     files = shards.files
     if len(files) < 2:
-        raise TfpipeError(f"{files[0]}: one shard cannot be split for validation; write with --folds or more --shards")
+        raise TfpipeError(f"{files[0]}: one shard cannot be split for validation; write it with folds or more shards")
     n_val = min(len(files) - 1, max(1, round(val_fraction * len(files))))
     return Shards(files[:-n_val], shards.manifest), Shards(files[-n_val:], shards.manifest)
 

@@ -10,7 +10,7 @@ import dataclasses
 import pandas as pd
 
 from tfpipe import fs
-from tfpipe.errors import TfpipeError
+from tfpipe.errors import TfpipeError, option
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")  # tried, in order, for ids without extension
 FOLDER_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".gif")
@@ -108,7 +108,7 @@ def check_label_spellings(labels, csv_path):
         if len(spellings) > 1:
             a, b = spellings[:2]
             raise TfpipeError(f"{csv_path}: labels {a!r} (row {first_row[a]}) and {b!r} (row {first_row[b]}) differ "
-                              "only in case or a stray separator; make them one spelling (or pass --sep)")
+                              "only in case or a stray separator; make them one spelling (or set the separator: --sep / LabelFormat.sep)")
 
 
 def _require_columns(df, columns, csv_path):
@@ -130,7 +130,7 @@ def _labels(df, fmt, csv_path):
         return out
     if fmt.labels_col not in df.columns:
         raise TfpipeError(f"{csv_path}: column {fmt.labels_col!r} not found (columns: {', '.join(df.columns)}); "
-                          "name the labels with --labels-col, --label-cols or --class-col")
+                          "name the labels with --labels-col, --label-cols or --class-col (LabelFormat in Python)")
     sep = fmt.sep or None
     # Whitespace around labels and empty items (doubled or trailing separators) are dropped; a repeated
     # label counts once.
@@ -271,12 +271,12 @@ def class_names(items, classes=None):
         numeric = all(n.lstrip("-").isdigit() for n in names)
         return sorted(names, key=int) if numeric and names else sorted(names)
     if len(set(classes)) != len(classes):
-        raise TfpipeError(f"--classes lists a class twice: {', '.join(classes)}")
+        raise TfpipeError(f"{option('classes')} lists a class twice: {', '.join(classes)}")
     known = set(classes)
     for item in items:
         for label in item.labels:
             if label not in known:
-                raise TfpipeError(f"unknown label {label!r} for image {item.name!r} (not in --classes)")
+                raise TfpipeError(f"unknown label {label!r} for image {item.name!r} (not in {option('classes')})")
     return list(classes)
 
 

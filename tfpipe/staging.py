@@ -12,7 +12,7 @@ import math
 import posixpath
 
 from tfpipe import fs
-from tfpipe.errors import TfpipeError
+from tfpipe.errors import TfpipeError, option
 from tfpipe.shards import PROGRESS, STAGING, remove_outputs, shard_name, write_manifest
 from tfpipe.tfrecord import RecordWriter
 
@@ -91,7 +91,7 @@ class StagedShards:
         progress = self._read_progress() if self.resume else None
         if progress is not None and progress["fingerprint"] != self.fingerprint:
             raise TfpipeError(f"{self.staging}: the interrupted write there had other inputs or settings; "
-                              "run without --resume to start over")
+                              f"run without {option('resume', True)} to start over")
         if progress is None:
             if fs.exists(self.staging):
                 fs.rmtree(self.staging)
@@ -101,7 +101,7 @@ class StagedShards:
             index = entry["index"]
             if not fs.exists(self.staged_path(index)):
                 raise TfpipeError(f"{self.staged_path(index)} is listed as finished but missing; "
-                                  "run without --resume to start over")
+                                  f"run without {option('resume', True)} to start over")
             self.counts[index], self.skipped[index] = entry["count"], entry["skipped"]
             self.finished.add(index)
         return self

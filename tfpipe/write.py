@@ -18,7 +18,7 @@ import time
 
 from tfpipe import __version__, fs, schema
 from tfpipe.deps import require
-from tfpipe.errors import TfpipeError, renamed, run_cli
+from tfpipe.errors import TfpipeError, option, renamed, run_cli
 from tfpipe.encode import encode_item
 from tfpipe.images import FITS, FORMATS, ImageSpec
 from tfpipe.shards import MANIFEST, existing_shards
@@ -237,8 +237,8 @@ def _check_runner(runner, resume):
     if runner not in RUNNERS:
         raise TfpipeError(f"unknown runner {runner!r}: use {' or '.join(RUNNERS)}")
     if runner == "beam" and resume:
-        raise TfpipeError("--resume works with the default runner; with --runner beam run the job again "
-                          "(Beam runners retry failed work themselves)")
+        raise TfpipeError(f"{option('resume', True)} works with the default runner; with {option('runner', 'beam')} "
+                          "run the job again (Beam runners retry failed work themselves)")
 
 
 def _write_local(batches, staged, job, skip_bad, progress, start, out):
@@ -292,13 +292,13 @@ def _folds(item_targets, num_classes, k, seed):
     from tfpipe.folds import assign_folds
 
     if item_targets is None:
-        raise TfpipeError("--folds needs labels; an unlabeled split cannot be stratified")
+        raise TfpipeError(f"{option('folds')} needs labels; an unlabeled source cannot be stratified")
     return assign_folds(item_targets, num_classes, k, seed)
 
 
 def _check_output(out, overwrite):
     if existing_shards(out) and not overwrite:
-        raise TfpipeError(f"{out} already holds shards; pass --overwrite to replace them")
+        raise TfpipeError(f"{out} already holds shards; pass {option('overwrite', True)} to replace them")
 
 
 def _manifest(job, spec, staged):

@@ -26,7 +26,7 @@ import tensorflow as tf  # noqa: E402
 import tfpipe
 from tfpipe import fs
 from tfpipe.augment import NO_AUGMENT, Augment
-from tfpipe.errors import TfpipeError, run_cli
+from tfpipe.errors import TfpipeError, option, run_cli
 from tfpipe.shards import fold_split, holdout_split, open_shards
 from train.models import MODELS, build_model
 from train.schedules import SCHEDULES, make_schedule, scaled_lr
@@ -207,7 +207,8 @@ def write_state(out, state):
 def check_out(cfg):
     started = fs.exists(f"{cfg.out}/{STATE}") or fs.exists(f"{cfg.out}/history.csv")
     if started and not cfg.resume:
-        raise TfpipeError(f"{cfg.out} already holds a run; pass --resume to continue it or choose another --out")
+        raise TfpipeError(f"{cfg.out} already holds a run; pass {option('resume', True)} to continue it or choose "
+                          f"another {option('out')}")
     fs.makedirs(cfg.out)
 
 
@@ -272,9 +273,9 @@ def prepare(cfg, shards):
                           "the classes and folds)")
     image_size = cfg.image_size or shards.image_size
     if not image_size:
-        raise TfpipeError(f"{cfg.records}: images were stored without a fixed size; pass --image-size")
+        raise TfpipeError(f"{cfg.records}: images were stored without a fixed size; pass {option('image_size')}")
     if not 0 <= cfg.swa_epochs <= cfg.epochs:
-        raise TfpipeError(f"--swa-epochs must be in 0..--epochs ({cfg.epochs}); got {cfg.swa_epochs}")
+        raise TfpipeError(f"{option('swa_epochs')} must be in 0..{cfg.epochs} (the epochs); got {cfg.swa_epochs}")
     single_label = shards.manifest.get("single_label", False) if cfg.single_label is None else cfg.single_label
     seed = (0 if cfg.seed is None else cfg.seed) if cfg.deterministic else cfg.seed  # seeded input order
     weights = None if cfg.weights in (None, "none") else cfg.weights  # "none": the command line's word for None

@@ -24,7 +24,7 @@ import tensorflow as tf  # noqa: E402
 
 import tfpipe
 from tfpipe import fs
-from tfpipe.errors import TfpipeError, run_cli
+from tfpipe.errors import TfpipeError, option, run_cli
 from tfpipe.shards import read_manifest
 from train.strategy import STRATEGIES, resolve_strategy
 
@@ -60,7 +60,7 @@ def load_run(run):
     config = json.loads(fs.read_text(path))
     model_path = f"{run}/model.keras"
     if not fs.exists(model_path):
-        raise TfpipeError(f"{run}: no model.keras; the run did not finish (continue it with --resume)")
+        raise TfpipeError(f"{run}: no model.keras; the run did not finish (continue it with train.fit --resume)")
     return load_model(model_path), config
 
 
@@ -78,7 +78,7 @@ def predict_probabilities(model, source, strategy, *, batch_size, image_size, nu
     rows (at the end, in written order) are dropped.
     """
     if not 1 <= tta <= len(TTA_VIEWS):
-        raise TfpipeError(f"--tta must be in 1..{len(TTA_VIEWS)} (got {tta})")
+        raise TfpipeError(f"{option('tta')} must be in 1..{len(TTA_VIEWS)} (got {tta})")
     n = tfpipe.count_examples(source, folds)
     global_batch = batch_size * strategy.num_replicas_in_sync
     steps = math.ceil(n / global_batch)
