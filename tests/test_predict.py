@@ -97,7 +97,7 @@ def test_tta_one_view_equals_plain_prediction_and_more_views_average(trained_run
     two = predict_probabilities(model, test, strategy, tta=2, **args)
     mirrored = model.predict(images[:, :, ::-1], verbose=0)
     np.testing.assert_allclose(two, (plain + mirrored) / 2, atol=1e-5)
-    with pytest.raises(tfpipe.TfpipeError, match="--tta"):
+    with pytest.raises(tfpipe.TfpipeError, match=r"^tta must be in 1\.\.8 \(got 9\)"):
         predict_probabilities(model, test, strategy, tta=len(TTA_VIEWS) + 1, **args)
 
 

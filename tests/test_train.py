@@ -71,7 +71,7 @@ def test_existing_run_is_refused_without_resume(shard_dir, tmp_path):
     before = dataclasses.replace(cfg)
     assert fit(cfg)["strategy_class"] == "_DefaultDistributionStrategy"
     assert cfg == before  # fit decides single_label, seed and input size on a copy: the config can be reused
-    with pytest.raises(TfpipeError, match="--resume"):
+    with pytest.raises(TfpipeError, match="already holds a run; pass resume=True to continue it"):
         fit(tiny_config(shard_dir, tmp_path / "run", epochs=1))
 
 

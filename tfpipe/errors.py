@@ -11,11 +11,12 @@ class TfpipeError(Exception):
 
 
 def option(name, value=None):
-    """A setting as the user wrote it: ``--skip-bad`` / ``--folds 4`` under a command, ``skip_bad=True`` /
-    ``folds=4`` from Python, so an error names what the user can change where they are."""
+    """A setting as the user wrote it: ``--skip-bad`` / ``--folds 4`` / ``--tta`` under a command,
+    ``skip_bad=True`` / ``folds=4`` / ``tta`` from Python, so an error names what the user can change where
+    they are."""
     if _COMMAND.get():
         return f"--{name.replace('_', '-')}" + ("" if value is None or value is True else f" {value}")
-    return f"{name}={'...' if value is None else repr(value)}"
+    return name if value is None else f"{name}={value!r}"
 
 
 def renamed(old, new, stacklevel=3):

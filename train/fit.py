@@ -208,7 +208,7 @@ def check_out(cfg):
     started = fs.exists(f"{cfg.out}/{STATE}") or fs.exists(f"{cfg.out}/history.csv")
     if started and not cfg.resume:
         raise TfpipeError(f"{cfg.out} already holds a run; pass {option('resume', True)} to continue it or choose "
-                          f"another {option('out')}")
+                          f"another {option('out')} folder")
     fs.makedirs(cfg.out)
 
 
