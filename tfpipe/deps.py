@@ -63,8 +63,11 @@ def require_keras(prog):
 
     Keras 3 cannot train with ``steps_per_execution > 1`` under MirroredStrategy (keras-team/keras#19246),
     so training uses tf-keras. When it is missing or of another release: one line and exit code 2 when
-    ``prog`` (e.g. "train.fit") is the running command, else ``MissingDependency``.
+    ``prog`` (e.g. "train.fit") is the running command, else ``MissingDependency``. The running command
+    (only) also quiets TensorFlow's C++ info lines before TensorFlow is imported; an import changes nothing.
     """
+    if _is_command(prog):
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     try:
         tf = require("tensorflow")
         problem = keras_problem(tf.__version__)

@@ -13,7 +13,6 @@ import argparse
 import dataclasses
 import json
 import math
-import os
 import statistics
 import sys
 import time
@@ -413,7 +412,6 @@ def run(args):
 
 
 def main(argv=None):
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ info lines (the command's, not the library's)
     return run_cli("train.fit", run, build_parser().parse_args(argv))
 
 

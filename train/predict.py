@@ -12,7 +12,6 @@ batches are padded to static shapes and the padding rows are dropped.
 import argparse
 import json
 import math
-import os
 import sys
 
 import numpy as np
@@ -189,7 +188,6 @@ def run(args):
 
 
 def main(argv=None):
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ info lines (the command's, not the library's)
     return run_cli("train.predict", run, build_parser().parse_args(argv))
 
 
