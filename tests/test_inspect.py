@@ -86,3 +86,11 @@ def test_count_mismatch_is_reported(shard_dir, tmp_path):
             w.write(r)
     with pytest.raises(TfpipeError, match=victim):
         inspect_shards(out, do_verify=True, out=io.StringIO())
+
+
+@pytest.mark.parametrize("flag", ["--sheet-count", "--scan-records"])
+def test_counts_below_one_are_one_line_errors(shard_dir, flag, capsys):
+    from tfpipe.inspect import main
+
+    assert main([shard_dir[0], flag, "0", "--no-sheet"]) == 2
+    assert capsys.readouterr().err.strip() == f"tfpipe.inspect: error: {flag} must be at least 1 (got 0)"

@@ -17,7 +17,7 @@ import numpy as np
 from google.protobuf.message import DecodeError
 
 from tfpipe import fs, schema
-from tfpipe.errors import TfpipeError, run_cli
+from tfpipe.errors import TfpipeError, option, run_cli
 from tfpipe.shards import open_shards, verify
 from tfpipe.tfrecord import CorruptRecord, read_records
 
@@ -137,6 +137,9 @@ def inspect_shards(records, *, scan_records=SCAN_RECORDS, sheet=None, sheet_coun
     Raises:
       TfpipeError: when ``do_verify`` finds a corrupt, truncated or miscounted shard.
     """
+    for name, value in (("scan_records", scan_records), ("sheet_count", sheet_count)):
+        if value < 1:
+            raise TfpipeError(f"{option(name)} must be at least 1 (got {value})")
     shards = open_shards(records)
     rows, unreadable = scan(shards, scan_records)
     fields = infer_schema(rows)
@@ -193,7 +196,7 @@ def verify_and_report(shards, out):
 
 
 def run(args):
-    inspect_shards(args.records, scan_records=args.scan, sheet=None if args.no_sheet else args.sheet,
+    inspect_shards(args.records, scan_records=args.scan_records, sheet=None if args.no_sheet else args.sheet,
                    sheet_count=args.sheet_count, do_verify=args.verify, image_key=args.image_key, label_key=args.label_key)
 
 
@@ -207,7 +210,7 @@ def main(argv=None):
     p.add_argument("--sheet", default="contact_sheet.png", help="contact sheet PNG (default: contact_sheet.png)")
     p.add_argument("--no-sheet", action="store_true", help="do not write a contact sheet")
     p.add_argument("--sheet-count", type=int, default=32, help="images on the sheet (default: 32)")
-    p.add_argument("--scan", type=int, default=SCAN_RECORDS, help=f"records scanned (default: {SCAN_RECORDS})")
+    p.add_argument("--scan-records", type=int, default=SCAN_RECORDS, help=f"records scanned (default: {SCAN_RECORDS})")
     p.add_argument("--image-key", help="feature holding the encoded image (default: guessed)")
     p.add_argument("--label-key", help="int64 feature holding the labels (default: target/label/labels/class)")
     return run_cli("tfpipe.inspect", run, p.parse_args(argv))
