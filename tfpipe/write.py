@@ -169,8 +169,9 @@ def write_shards(source, out, *, spec=ImageSpec(), classes=None, split="train", 
                 _write_with_beam(staged, job, spec, skip_bad, beam_options)
             else:
                 start = staged.first_unfinished_record()
-                batches = batches or start_encoding(EncodeDataset(job.items, job.targets, spec, start), workers,
-                                                    start_method)
+                if batches is None:  # a resumed write starts its workers at the first unfinished record
+                    batches = start_encoding(EncodeDataset(job.items, job.targets, spec, start), workers,
+                                             start_method)
                 _write_local(batches, staged, job, skip_bad, progress, start, out)
             if sum(staged.counts) == 0:
                 raise TfpipeError(f"every image was skipped; nothing written to {out}")
