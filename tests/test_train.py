@@ -39,12 +39,11 @@ def test_eight_virtual_replicas_with_steps_per_execution(shard_dir, tmp_path):
     cfg = tiny_config(shard_dir, tmp_path / "run", schedule="cosine", warmup_epochs=1)
     m = fit(cfg)
     saved = json.loads((tmp_path / "run" / "metrics.json").read_text())
-    # The reported validation AUC is the saved model's on fold 0, the rows that pad batches for 8 replicas not
-    # counted: counted, they moved this figure from 0.40 to 0.20. (Not closer than 0.05: predictions of a model
-    # trained this briefly sit within 0.01 of each other, and AUC's 200 thresholds then flip with the last digit
-    # of a float summed in another order.)
+    # The reported validation AUC is the saved model's on fold 0, computed here from scratch on one device: the
+    # rows that pad batches for 8 replicas are not counted (counted, they moved it from 0.40 to 0.20), and every
+    # replica validates with the saved batch-norm statistics (with its own copy it moved from 0.55 to 0.48).
     assert saved["final"]["val_auc"] == pytest.approx(validation_auc(tmp_path / "run" / "model.keras", shard_dir[0],
-                                                                     [0]), abs=0.05)
+                                                                     [0]), abs=1e-3)
     assert m["replicas"] == 8 and m["steps_per_execution"] == 3 and m["global_batch_size"] == 8
     assert m["strategy_class"] == "MirroredStrategy" and m["precision"] == "float32"
     assert m["train_examples"] + m["val_examples"] == 40 and m["steps_per_epoch"] == m["train_examples"] // 8

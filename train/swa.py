@@ -53,6 +53,20 @@ def batch_norm_layers(model):
     return [layer for layer in model.submodules if isinstance(layer, keras.layers.BatchNormalization)]
 
 
+def sync_batch_norm(model):
+    """Gives every replica the batch-norm statistics the saved model has.
+
+    Keras keeps moving means and variances as sync-on-read variables: under a MirroredStrategy each replica
+    updates and evaluates with its own copy, while saving (a cross-replica read) stores their mean. Without
+    this, scores and predictions made in memory after training describe a slightly different model than the
+    file (seen: a SWA model scored 0.56 in memory, 0.69 as saved, on a tiny validation fold).
+    """
+    with model.distribute_strategy.scope():
+        for layer in batch_norm_layers(model):
+            for variable in (layer.moving_mean, layer.moving_variance):
+                variable.assign(variable.read_value())  # cross-replica read = the mean, assigned to every copy
+
+
 def recompute_batch_norm(model, dataset, steps, loss):
     """Sets every BatchNormalization layer's moving statistics to their mean over ``steps`` training batches.
 
@@ -85,4 +99,5 @@ def recompute_batch_norm(model, dataset, steps, loss):
     finally:
         for layer, m in zip(layers, saved):
             layer.momentum = m
+    sync_batch_norm(model)  # each replica averaged its own batches; the exact mean is the mean of those
     return len(layers)
