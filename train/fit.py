@@ -317,7 +317,6 @@ def fit(cfg):
     throughput = Throughput(steps * global_batch)
     with strategy.scope(), tfpipe.naming_corrupt_shards(plan.records):
         model, swa = train_phases(plan, strategy, shards.num_classes, data, throughput)
-        sync_batch_norm(model)  # what is scored and reported below is exactly what is saved
     save_model(model, f"{plan.out}/model.keras")
     write_state(plan.out, dict(read_state(plan.out), burn_done=bool(plan.burn_epochs), finished=True))
     metrics = summarise(plan, kind, strategy, global_batch, steps, n_train, n_val, precision, model,
