@@ -167,13 +167,13 @@ def test_duplicate_ids_are_named_with_their_rows(labeled_folder, tmp_path, capsy
     assert_one_line_error(capsys, "dup.csv", "'img03'", "rows 4 and 13")
 
 
-@pytest.mark.parametrize("bad,clash", [("Cat", "'Cat'"), ("cat,", "'cat,'")])
-def test_label_spellings_never_become_a_new_class(labeled_folder, tmp_path, capsys, bad, clash):
+@pytest.mark.parametrize("bad,needles", [("Cat", ("'Cat'", "'cat'")), ("cat,", ("'dog cat,'", "','"))])
+def test_label_spellings_never_become_a_new_class(labeled_folder, tmp_path, capsys, bad, needles):
     rows = list(labeled_folder["rows"])
     rows[5] = (rows[5][0], f"dog {bad}")
     csv_path = write_csv(tmp_path / "labels.csv", ["image", "labels"], rows)
     assert write(["--csv", str(csv_path), "--images", labeled_folder["images"], "--out", str(tmp_path / "o")]) == 2
-    assert_one_line_error(capsys, "labels.csv", clash, "'cat'", "row 6")
+    assert_one_line_error(capsys, "labels.csv", "row 6", *needles)
 
 
 def test_stray_whitespace_and_separators_are_normalised(labeled_folder, tmp_path):

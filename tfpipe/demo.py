@@ -8,7 +8,6 @@ are none) and an unlabeled ``test.csv``. Shapes sit in distinct cells of a
 2x2 grid, so none hides another and every label is visible. Deterministic
 for a given seed.
 """
-import argparse
 import csv
 import os
 import sys
@@ -16,7 +15,7 @@ import sys
 import cv2
 import numpy as np
 
-from tfpipe.errors import TfpipeError, run_cli
+from tfpipe.errors import ArgumentParser, TfpipeError, run_cli
 
 SHAPES = ("circle", "cross", "square", "star", "triangle")
 MAX_SHAPES = 4  # one per cell of a 2x2 grid
@@ -102,7 +101,7 @@ def run(args):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m tfpipe.demo", description=__doc__.split("\n\n")[0])
+    p = ArgumentParser(prog="python -m tfpipe.demo", description=__doc__.split("\n\n")[0])
     p.add_argument("out", help="output folder")
     p.add_argument("--train", type=int, default=2000, help="labeled images (default: 2000)")
     p.add_argument("--test", type=int, default=400, help="unlabeled images (default: 400)")

@@ -1,4 +1,5 @@
 """One exception type for problems the user can fix, and the CLI edge that prints it."""
+import argparse
 import contextvars
 import sys
 import warnings
@@ -19,22 +20,58 @@ def option(name, value=None):
     return name if value is None else f"{name}={value!r}"
 
 
+def check_at_least(low, **values):
+    """Refuses settings below ``low`` (``None`` means "not set" and passes), naming the setting as the user wrote
+    it: ``--epochs must be at least 1 (got 0)``. Every numeric setting with a floor goes through here, so the
+    command line and the Python API refuse the same values."""
+    for name, value in values.items():
+        if value is not None and not value >= low:  # "not >=" also refuses NaN
+            raise TfpipeError(f"{option(name)} must be at least {low} (got {value})")
+
+
+def check_positive(**values):
+    """Refuses settings that must be above 0 (learning rates, fractions); ``None`` passes."""
+    for name, value in values.items():
+        if value is not None and not value > 0:
+            raise TfpipeError(f"{option(name)} must be above 0 (got {value})")
+
+
+def check_path(**values):
+    """Refuses empty paths (an unset shell variable: ``--out "$OUT"``), which would otherwise mean the working
+    folder."""
+    for name, value in values.items():
+        if value is not None and not str(value).strip():
+            raise TfpipeError(f"{option(name)} is empty (an unset variable?); give a path")
+
+
 def renamed(old, new, stacklevel=3):
     """Warns that ``old`` (a name from tfpipe 0.1) is now ``new``; the old name keeps working for this release."""
     warnings.warn(f"{old} is renamed {new} (tfpipe 0.2); the old name will be removed in 0.3", FutureWarning,
                   stacklevel=stacklevel)
 
 
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse with one-line errors: ``prog: error: argument --epochs: invalid int value: 'x' (see --help)``
+    and exit code 2, instead of the full usage block before it."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
 def run_cli(prog, fn, *args):
     """Runs ``fn(*args)`` for an entry point and returns its exit code.
 
-    A ``TfpipeError`` becomes ``prog: error: message`` on stderr and exit code 2;
+    A ``TfpipeError`` becomes ``prog: error: message`` on stderr and exit code 2, and so does an ``OSError``
+    (a full disk, an unreadable file: the machine's problem, not a bug, and its message names the file);
     Ctrl-C becomes exit code 130. Anything else is a bug and keeps its traceback.
     """
     token = _COMMAND.set(prog)
     try:
         fn(*args)
     except TfpipeError as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as e:

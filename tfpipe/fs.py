@@ -71,8 +71,13 @@ def write_atomic(path, data):
     """Writes ``data`` (str or bytes) to ``path`` through a temporary name, so ``path`` is complete or absent
     (also on buckets, where rename is copy + delete)."""
     tmp = path + ".tmp"
-    with open(tmp, "wb" if isinstance(data, bytes) else "w") as f:
-        f.write(data)
+    try:
+        with open(tmp, "wb" if isinstance(data, bytes) else "w") as f:
+            f.write(data)
+    except BaseException:  # e.g. a full disk: leave no half-written temporary behind
+        if exists(tmp):
+            remove(tmp)
+        raise
     rename(tmp, path, overwrite=True)
 
 

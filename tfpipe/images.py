@@ -12,12 +12,13 @@ import io
 
 import cv2
 import numpy as np
-from PIL import Image, UnidentifiedImageError
+from PIL import Image, ImageOps, UnidentifiedImageError
 
 from tfpipe.errors import TfpipeError, renamed
 
 FITS = ("stretch", "crop", "pad")
 FORMATS = ("jpeg", "png")
+JPEG_FORMATS = ("JPEG", "MPO")  # MPO: the multi-picture JPEG some phones write; its first picture is a JPEG
 EXIF_ORIENTATION = 0x0112
 PAD_VALUE = 0  # colour of the bars added by fit="pad"
 ALPHA_BACKGROUND = 255  # transparent pixels are composited over white
@@ -75,8 +76,8 @@ def read_header(data, name):
                 exif = Image.Exif()
                 if "exif" in im.info:
                     exif.load(im.info["exif"])
-            else:
-                exif = im.getexif() if im.format in ("JPEG", "WEBP", "TIFF") else {}
+            else:  # JPEG, MPO (phones' multi-picture JPEG), WebP, TIFF, ...: wherever Pillow finds EXIF
+                exif = im.getexif()
             orientation = exif.get(EXIF_ORIENTATION, 1)
             return im.format, im.mode, im.size, orientation if orientation in range(1, 9) else 1
     except UnidentifiedImageError:  # also a header that declares a zero width or height
@@ -170,10 +171,18 @@ def to_bgr8(img):
 
 
 def decode(data, fmt, size, orientation, spec, name):
-    """Decodes to uint8 BGR, upright, using reduced decoding where it is free."""
-    if fmt == "JPEG":
+    """Decodes to uint8 BGR, upright (as Pillow's ``ImageOps.exif_transpose`` shows it), using reduced decoding
+    where it is free.
+
+    JPEG and MPO are decoded by OpenCV with its own orientation handling off and turned here. Other formats
+    with an orientation are decoded by Pillow and turned by ``exif_transpose`` itself: OpenCV applies a TIFF's
+    orientation whatever the flags say, and ignores it in PNG and WebP, so it cannot be trusted there.
+    """
+    if fmt in JPEG_FORMATS:
         k = reduction_factor(*size, spec)
         img = cv2.imdecode(np.frombuffer(data, np.uint8), _REDUCED[k] | cv2.IMREAD_IGNORE_ORIENTATION)
+    elif orientation != 1:
+        return to_bgr8(_decode_upright_with_pillow(data, name))
     else:  # keep alpha and 16-bit depth so that to_bgr8 converts them deliberately
         img = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED)
         if img is None:  # formats OpenCV reads only through the colour path (e.g. some GIFs)
@@ -181,6 +190,24 @@ def decode(data, fmt, size, orientation, spec, name):
     if img is None or img.size == 0:
         raise TfpipeError(f"{name}: image data is corrupt or truncated (could not decode)")
     return orient(to_bgr8(img), orientation)
+
+
+def _decode_upright_with_pillow(data, name):
+    """Pillow's decode turned by its EXIF orientation, as BGR(A) or gray (to_bgr8 finishes the conversion)."""
+    try:
+        with _pillow_size_limit_lifted(), Image.open(io.BytesIO(data)) as im:
+            im = ImageOps.exif_transpose(im)
+            if im.mode in ("I;16", "I;16B", "I;16L", "L", "LA", "RGB", "RGBA"):
+                arr = np.asarray(im)
+            else:  # palette, CMYK, YCbCr, 1-bit, ...: through RGB(A), as Pillow converts them
+                arr = np.asarray(im.convert("RGBA" if "transparency" in im.info or "A" in im.mode else "RGB"))
+    except Exception as e:  # Pillow raises many types for broken data
+        raise TfpipeError(f"{name}: image data is corrupt or truncated ({type(e).__name__})") from None
+    if arr.dtype.kind == "u" and arr.dtype.itemsize == 2:
+        arr = arr.astype(np.uint16)
+    if arr.ndim == 3 and arr.shape[2] in (3, 4):
+        arr = arr[:, :, [2, 1, 0, 3][: arr.shape[2]]]  # RGB(A) -> BGR(A), OpenCV's order
+    return np.ascontiguousarray(arr)
 
 
 def fit_to_square(img, spec):
@@ -243,7 +270,7 @@ def prepare_image(data, spec, name):
     if size[0] * size[1] > spec.max_pixels:
         raise TfpipeError(f"{name}: {size[0]}x{size[1]} is {size[0] * size[1] / 1e6:.0f} MP, above the "
                           f"{spec.max_pixels / 1e6:g} MP limit (raise --max-pixels / ImageSpec.max_pixels to write it, or skip bad images: --skip-bad / skip_bad=True)")
-    if fmt == "JPEG" and not jpeg_is_complete(data):
+    if fmt in JPEG_FORMATS and not jpeg_is_complete(data):
         raise TfpipeError(f"{name}: JPEG data is truncated (no end-of-image marker)")
     if can_pass_through(fmt, mode, orientation, spec):
         return data, size[1], size[0], True

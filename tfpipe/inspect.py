@@ -6,7 +6,6 @@
 Works on shards written by ``tfpipe.write`` and on TFRecords from elsewhere
 (the schema is inferred from the records themselves).
 """
-import argparse
 import collections
 import itertools
 import posixpath
@@ -17,7 +16,7 @@ import numpy as np
 from google.protobuf.message import DecodeError
 
 from tfpipe import fs, schema
-from tfpipe.errors import TfpipeError, option, run_cli
+from tfpipe.errors import ArgumentParser, TfpipeError, option, run_cli
 from tfpipe.shards import open_shards, verify
 from tfpipe.tfrecord import CorruptRecord, read_records
 
@@ -204,7 +203,7 @@ def main(argv=None):
     import os
 
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    p = argparse.ArgumentParser(prog="python -m tfpipe.inspect", description=__doc__.split("\n\n")[0])
+    p = ArgumentParser(prog="python -m tfpipe.inspect", description=__doc__.split("\n\n")[0])
     p.add_argument("records", help="shard folder, glob pattern or file (local or gs://)")
     p.add_argument("--verify", action="store_true", help="read every record (CRC) and check counts; exit 2 if bad")
     p.add_argument("--sheet", default="contact_sheet.png", help="contact sheet PNG (default: contact_sheet.png)")

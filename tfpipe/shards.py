@@ -20,7 +20,7 @@ import re
 from concurrent.futures import ThreadPoolExecutor
 
 from tfpipe import fs
-from tfpipe.errors import TfpipeError
+from tfpipe.errors import TfpipeError, option
 from tfpipe.tfrecord import CorruptRecord, read_records
 
 MANIFEST = "manifest.json"
@@ -45,13 +45,24 @@ def existing_shards(out_dir):
     return sorted(fs.glob(posixpath.join(out_dir, "*" + SHARD_SUFFIX)))
 
 
-def remove_outputs(out_dir):
-    """Deletes the shards and manifest of an earlier write in ``out_dir``."""
-    for path in existing_shards(out_dir):
-        fs.remove(path)
-    manifest = posixpath.join(out_dir, MANIFEST)
-    if fs.exists(manifest):
-        fs.remove(manifest)
+def remove_outputs(out_dir, manifest):
+    """Deletes what an earlier ``tfpipe.write`` wrote in ``out_dir``: its manifest first (so the folder never
+    describes a half-deleted dataset), then the shards that manifest lists -- never other files."""
+    fs.remove(posixpath.join(out_dir, MANIFEST))
+    for s in manifest.get("shards", []):
+        path = posixpath.join(out_dir, s["file"])
+        if fs.exists(path):
+            fs.remove(path)
+
+
+SPLIT_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+
+
+def check_split(split):
+    """A split is the first part of every shard name: letters, digits, ``_ . -``, no folder separators."""
+    if not isinstance(split, str) or not SPLIT_NAME.fullmatch(split):
+        raise TfpipeError(f"{option('split')} {split!r} cannot start a file name: use letters, digits, _ . - (e.g. train, "
+                          "test, extra_2019)")
 
 
 def write_manifest(out_dir, manifest):

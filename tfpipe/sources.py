@@ -5,7 +5,12 @@ Everything here runs in the main process before any image is touched, so a
 missing column, a missing file or an unknown label is reported before work
 starts.
 """
+import ast
+import collections
+import csv
 import dataclasses
+import io
+import posixpath
 
 import pandas as pd
 
@@ -48,7 +53,7 @@ def read_csv(csv_path, *, image_col="image", label_format=LabelFormat(), labeled
     """Reads a CSV into (row number, image id, label names) triples.
 
     Args:
-      csv_path: the CSV file.
+      csv_path: the CSV file (UTF-8, with or without a byte-order mark).
       image_col: column holding the image file name or id.
       label_format: a ``LabelFormat``.
       labeled: False for unlabeled (test) data: label columns are not read.
@@ -56,15 +61,7 @@ def read_csv(csv_path, *, image_col="image", label_format=LabelFormat(), labeled
     Returns:
       A list of (row, id, tuple of label names); ``row`` counts data rows from 1.
     """
-    try:
-        if not fs.exists(csv_path):
-            raise FileNotFoundError(csv_path)
-        with fs.open(csv_path, "r") as f:
-            df = pd.read_csv(f, dtype=str, keep_default_na=False, skipinitialspace=False)
-    except FileNotFoundError:
-        raise TfpipeError(f"{csv_path}: CSV file not found") from None
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
-        raise TfpipeError(f"{csv_path}: cannot parse CSV ({str(e).splitlines()[0]})") from None
+    df = _read_table(csv_path)
     _require_columns(df, [image_col], csv_path)
     ids = [v.strip() for v in df[image_col]]
     _check_ids(ids, image_col, csv_path)
@@ -75,8 +72,31 @@ def read_csv(csv_path, *, image_col="image", label_format=LabelFormat(), labeled
     return [(i + 1, name, labels) for i, (name, labels) in enumerate(zip(ids, labels))]
 
 
+def _read_table(csv_path):
+    """The CSV as a frame of strings; unreadable, undecodable or ambiguous (a column named twice) is an error."""
+    try:
+        if not fs.exists(csv_path):
+            raise TfpipeError(f"{csv_path}: CSV file not found")
+        if fs.isdir(csv_path):
+            raise TfpipeError(f"{csv_path} is a folder; --csv names a CSV file")
+        with fs.open(csv_path, "rb") as f:
+            text = f.read().decode("utf-8-sig")
+        header = next(csv.reader(io.StringIO(text)), [])
+        twice = [c for c, n in collections.Counter(h.strip() for h in header).items() if n > 1]
+        if twice:
+            raise TfpipeError(f"{csv_path}: the header names column {twice[0]!r} twice; which one holds the data "
+                              "is ambiguous, so rename or drop one")
+        return pd.read_csv(io.StringIO(text), dtype=str, keep_default_na=False, skipinitialspace=False)
+    except OSError as e:
+        raise TfpipeError(f"{csv_path}: cannot read the CSV ({e.strerror or e})") from None
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
+        raise TfpipeError(f"{csv_path}: cannot parse CSV ({str(e).splitlines()[0]})") from None
+
+
 def _check_ids(ids, image_col, csv_path):
-    """Ids key the records and the submission: an empty or repeated id is an error naming its rows."""
+    """Ids key the records and the submission: an empty or repeated id, or one reaching outside the images
+    folder (``../``, an absolute path), is an error naming its rows. (Two spellings of one file are caught
+    when ids are matched to files.)"""
     first = {}
     for row, name in enumerate(ids, start=1):
         if not name:
@@ -84,6 +104,10 @@ def _check_ids(ids, image_col, csv_path):
         if name in first:
             raise TfpipeError(f"{csv_path}: id {name!r} appears twice (rows {first[name]} and {row}); "
                               "ids must be unique")
+        parts = name.replace("\\", "/").split("/")
+        if name.startswith(("/", "\\")) or "://" in name or ".." in parts or (len(name) > 1 and name[1] == ":"):
+            raise TfpipeError(f"{csv_path}: row {row}: id {name!r} in column {image_col!r} points outside the "
+                              "images folder; ids are file names (or sub-paths) inside --images")
         first[name] = row
 
 
@@ -124,17 +148,58 @@ def _labels(df, fmt, csv_path):
         _require_columns(df, [fmt.class_col], csv_path)
         out = []
         for row, value in enumerate(df[fmt.class_col], start=1):
-            if not value.strip():
-                raise TfpipeError(f"{csv_path}: row {row}: empty class in column {fmt.class_col!r}")
+            if not value.strip() or value.strip() in MISSING:
+                raise TfpipeError(f"{csv_path}: row {row}: no class in column {fmt.class_col!r} ({value!r}); "
+                                  "single-label data needs one class per row")
             out.append((value.strip(),))
         return out
     if fmt.labels_col not in df.columns:
         raise TfpipeError(f"{csv_path}: column {fmt.labels_col!r} not found (columns: {', '.join(df.columns)}); "
                           "name the labels with --labels-col, --label-cols or --class-col (LabelFormat in Python)")
-    sep = fmt.sep or None
-    # Whitespace around labels and empty items (doubled or trailing separators) are dropped; a repeated
-    # label counts once.
-    return [tuple(dict.fromkeys(t.strip() for t in cell.split(sep) if t.strip())) for cell in df[fmt.labels_col]]
+    return [label_cell(cell, fmt.sep, row, fmt.labels_col, csv_path)
+            for row, cell in enumerate(df[fmt.labels_col], start=1)]
+
+
+LIST_SEP = "list"  # LabelFormat.sep / --sep for cells holding Python lists: ['cat', 'dog']
+MISSING = frozenset({"nan", "NaN", "NAN", "<NA>", "None", "null", "NULL", "N/A", "n/a", "#N/A"})  # pandas' "missing"
+
+
+def label_cell(cell, sep, row, column, csv_path):
+    """One cell of a separated label list -> label names (whitespace around labels and empty items dropped, a
+    repeated label counted once). What cannot be read one way only is an error naming row, column and value:
+    a separator other than ``sep`` glued to a label (``"cat, dog"`` with ``sep=" "``), a Python list without
+    ``sep="list"``, or a missing-value spelling (``nan``, ``None``) standing in for "no labels"."""
+    where = f"{csv_path}: row {row}, column {column!r}: {cell!r}"
+    text = cell.strip()
+    if sep == LIST_SEP:
+        labels = _python_list(text, where)
+    elif text.startswith("[") and text.endswith("]"):
+        raise TfpipeError(f"{where} is a Python list; read such cells with {option('sep', LIST_SEP)}")
+    else:
+        labels = [t.strip() for t in cell.split(sep or None)]
+    labels = tuple(dict.fromkeys(t for t in labels if t))
+    for label in labels:
+        stray = [c for c in STRAY if c in label and c != sep]
+        if stray and sep != LIST_SEP:
+            raise TfpipeError(f"{where} holds {stray[0]!r} but the separator is {sep!r}; set the separator "
+                              f"({option('sep', stray[0])}) or remove the {stray[0]!r}")
+        if label in MISSING:
+            raise TfpipeError(f"{where} holds {label!r}, a missing-value spelling, not a label; leave the cell "
+                              "empty for an image without labels")
+    return labels
+
+
+def _python_list(text, where):
+    """A cell like ``['cat', 'dog']`` (what pandas writes for a list column) -> its strings; ``[]`` or empty: none."""
+    if not text:
+        return []
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        value = None
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, (str, int)) for v in value):
+        raise TfpipeError(f"{where} is not a Python list of labels (expected e.g. ['cat', 'dog'] or [])")
+    return [str(v).strip() for v in value]
 
 
 def _one_hot_labels(df, label_cols, csv_path):
@@ -195,6 +260,8 @@ def collect_items(source, skip_bad):
             raise TfpipeError(f"{source.images}: images folder not found")
         rows = [(i + 1, f, ()) for i, f in enumerate(sorted(fs.listdir(source.images)))
                 if not f.startswith(".") and fs.isfile(fs.join(source.images, f))]
+        for _, f, _ in rows:
+            check_utf8(f, source.images)
         csv_name = source.images
     else:
         rows = read_csv(source.csv, image_col=source.image_col, label_format=source.label_format,
@@ -215,8 +282,11 @@ def resolve_images(rows, images_dir, csv_path):
     """Maps each CSV id to a file in ``images_dir``.
 
     An id may be a relative file name or a name without extension, in which
-    case .jpg, .jpeg and .png are tried. The folder is listed once, so this is
-    fast for large datasets.
+    case .jpg, .jpeg and .png (and their upper-case forms) are tried. The folder
+    is listed once, so this is fast for large datasets. An id matching two
+    files (``x`` with ``x.jpg`` and ``x.png``), and two ids reaching one file
+    (``x`` and ``x.jpg``, ``a/../x.jpg``), are errors naming both: either would
+    silently pick one image or label one image twice.
 
     Returns:
       (items, missing): ``Item``s for the rows found, and (row, id) of those not found.
@@ -224,23 +294,36 @@ def resolve_images(rows, images_dir, csv_path):
     if not fs.isdir(images_dir):
         raise TfpipeError(f"{images_dir}: images folder not found")
     listing = set(fs.listdir(images_dir))
-    items, missing = [], []
+    items, missing, row_of_file = [], [], {}
     for row, name, labels in rows:
-        path = _find_image(name, images_dir, listing)
-        if path is None:
+        found = _find_images(name, images_dir, listing)
+        if len(found) > 1:
+            raise TfpipeError(f"{csv_path}: row {row}: id {name!r} matches {found[0]!r} and {found[1]!r}; "
+                              "name the file with its extension")
+        if not found:
             missing.append((row, name))
-        else:
-            items.append(Item(path, name, labels))
+            continue
+        key = posixpath.normpath(found[0])
+        if key in row_of_file:
+            first_row, first_name = row_of_file[key]
+            raise TfpipeError(f"{csv_path}: rows {first_row} and {row} ({first_name!r} and {name!r}) are both "
+                              f"{found[0]}; one image would be written twice with different labels")
+        row_of_file[key] = (row, name)
+        items.append(Item(fs.join(images_dir, found[0]), name, labels))
     return items, missing
 
 
-def _find_image(name, images_dir, listing):
+def _find_images(name, images_dir, listing):
+    """The files (relative to ``images_dir``) an id names: itself if it is a file, else the id plus each known
+    extension that exists. More than one is ambiguous."""
     candidates = [name] + [name + ext for ext in IMAGE_EXTENSIONS + tuple(e.upper() for e in IMAGE_EXTENSIONS)]
+    found = []
     for candidate in candidates:
-        path = fs.join(images_dir, candidate)
-        if candidate in listing or ("/" in candidate and fs.isfile(path)):  # ids may hold a sub-folder
-            return path
-    return None
+        if candidate in listing or ("/" in candidate and fs.isfile(fs.join(images_dir, candidate))):  # sub-folders
+            if candidate == name:
+                return [candidate]
+            found.append(candidate)
+    return found
 
 
 def read_folder_tree(root):
@@ -249,7 +332,10 @@ def read_folder_tree(root):
         raise TfpipeError(f"{root}: images folder not found")
     items = []
     for cls in sorted(d for d in fs.listdir(root) if not d.startswith(".") and fs.isdir(fs.join(root, d))):
+        check_utf8(cls, root)
         found = [f for f in sorted(fs.listdir(fs.join(root, cls))) if f.lower().endswith(FOLDER_EXTENSIONS)]
+        for f in found:
+            check_utf8(f, fs.join(root, cls))
         if not found:
             raise TfpipeError(f"{fs.join(root, cls)}: class folder holds no images "
                               f"({', '.join(FOLDER_EXTENSIONS)}); remove it or add its images")
@@ -257,6 +343,17 @@ def read_folder_tree(root):
     if not items:
         raise TfpipeError(f"{root}: no class folders with images found (expected {root}/CLASS/*.jpg)")
     return items
+
+
+def check_utf8(name, folder):
+    """A file name becomes an id (UTF-8 text in every record and the submission); one that is not valid UTF-8
+    (``os.listdir`` gives it with surrogates) is an error naming it."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        shown = name.encode("utf-8", "surrogateescape")
+        raise TfpipeError(f"{folder}: file name {shown!r} is not valid UTF-8; ids are stored as UTF-8 text, so "
+                          "rename it (e.g. convmv -f latin1 -t utf-8)") from None
 
 
 def class_names(items, classes=None):

@@ -9,11 +9,18 @@ everything a reader needs are in ``tfpipe.shards``.
 """
 import json
 import math
+import os
 import posixpath
+import socket
+import time
+import uuid
 
 from tfpipe import fs
 from tfpipe.errors import TfpipeError, option
-from tfpipe.shards import PROGRESS, STAGING, remove_outputs, shard_name, write_manifest
+from tfpipe.shards import (MANIFEST, PROGRESS, STAGING, existing_shards, read_manifest, remove_outputs, shard_name,
+                           write_manifest)
+
+LOCK = ".tfpipe-write.lock"  # who is writing this folder now (outside .staging, which a new write clears)
 from tfpipe.tfrecord import RecordWriter
 
 TARGET_SHARD_BYTES = 150 * 2**20  # 100-200 MB shards: big reads, yet many files to spread over readers
@@ -65,6 +72,121 @@ def plan(fold_sizes, total_shards):
     return shards
 
 
+class WriteLock:
+    """One writer per folder: a lock file naming the job (host, pid, fingerprint), taken before anything in the
+    folder is touched and removed when the job ends.
+
+    Locally the file is created exclusively (``O_EXCL``: atomic). On ``gs://`` and other remote filesystems,
+    which have no exclusive create through ``tf.io.gfile``, it is advisory: write, read back, and check again
+    before committing (``check``), the usual answer on object stores. A lock left by a job that died on this
+    host (``kill -9``) is taken over; one from another host is refused with the way out.
+    """
+
+    def __init__(self, out_dir, fingerprint):
+        self.path = posixpath.join(out_dir, LOCK)
+        self.token = {"id": uuid.uuid4().hex, "host": socket.gethostname(), "pid": os.getpid(),
+                      "started": time.strftime("%Y-%m-%d %H:%M:%S"), "fingerprint": fingerprint}
+
+    def __enter__(self):
+        for _ in range(2):  # the second try follows removing a dead job's lock
+            if self._create():
+                return self
+            holder = self._holder()
+            if holder is not None and not self._dead(holder):
+                raise TfpipeError(self._busy(holder))
+            if holder is not None and fs.exists(self.path):
+                fs.remove(self.path)
+        raise TfpipeError(self._busy(self._holder() or {}))
+
+    def _create(self):
+        data = json.dumps(self.token)
+        if fs.is_remote(self.path):
+            if fs.exists(self.path):
+                return False
+            with fs.open(self.path, "w") as f:
+                f.write(data)
+            return self.held()
+        try:
+            fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            return False
+        with os.fdopen(fd, "w") as f:
+            f.write(data)
+        return True
+
+    def _holder(self):
+        try:
+            with fs.open(self.path, "r") as f:
+                return json.loads(f.read())
+        except (OSError, ValueError):  # gone meanwhile, or half-written by its creator
+            return None
+        except Exception as e:  # tf.errors.NotFoundError from a remote filesystem
+            if type(e).__module__.startswith("tensorflow"):
+                return None
+            raise
+
+    def _dead(self, holder):
+        """True for a lock whose job ran on this host and no longer runs."""
+        if holder.get("host") != self.token["host"]:
+            return False
+        try:
+            os.kill(int(holder.get("pid", 0)), 0)
+        except ProcessLookupError:
+            return True
+        except (PermissionError, ValueError, OverflowError):
+            return False
+        return holder.get("pid") == os.getpid()  # our own pid: a lock left by this process, not a live job
+
+    def _busy(self, holder):
+        return (f"{posixpath.dirname(self.path)} is being written by another tfpipe.write (host "
+                f"{holder.get('host', '?')}, pid {holder.get('pid', '?')}, started {holder.get('started', '?')}); "
+                f"wait for it, or if that job is gone delete {self.path}")
+
+    def held(self):
+        """Whether the lock file is still ours (a remote lock can be lost to a writer that raced us)."""
+        holder = self._holder()
+        return holder is not None and holder.get("id") == self.token["id"]
+
+    def check(self):
+        """Before committing: refuse if another writer took the folder meanwhile (remote filesystems)."""
+        if not self.held():
+            raise TfpipeError(self._busy(self._holder() or {}) + "; this job's shards were not committed")
+
+    def __exit__(self, *exc):
+        if self.held():
+            fs.remove(self.path)
+        return False
+
+
+def check_destination(out_dir, split, fingerprint, *, overwrite, resume):
+    """What may happen to ``out_dir``. Returns the manifest when ``resume`` finds this job already finished there
+    (nothing to do), else None; raises when writing would replace or mix with something it must not.
+
+    Never written over: ``*.tfrec`` files a tfpipe manifest does not list (a user's other data), another split's
+    finished dataset, and a finished dataset when neither ``overwrite`` nor (for the same job) ``resume`` says so.
+    """
+    manifest = read_manifest(out_dir) if fs.exists(posixpath.join(out_dir, MANIFEST)) else None
+    listed = {s["file"] for s in (manifest or {}).get("shards", [])}
+    foreign = [p for p in existing_shards(out_dir) if posixpath.basename(p) not in listed]
+    if foreign:
+        more = f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""
+        raise TfpipeError(f"{out_dir} holds {posixpath.basename(foreign[0])}{more}, not written by tfpipe.write "
+                          f"(not in a {MANIFEST}); write into another folder, or move them")
+    if manifest is None:
+        return None
+    if manifest.get("split") != split:
+        raise TfpipeError(f"{out_dir} holds the {manifest.get('split')!r} split; write {split!r} into its own "
+                          f"folder (one split per folder, so no write replaces another split)")
+    if resume and manifest.get("fingerprint") == fingerprint:
+        return manifest
+    if resume:
+        raise TfpipeError(f"{out_dir} holds a finished write of other inputs or settings, which "
+                          f"{option('resume', True)} does not replace; pass {option('overwrite', True)} to replace it")
+    if not overwrite:
+        raise TfpipeError(f"{out_dir} already holds shards; pass {option('overwrite', True)} to replace them")
+    return None
+
+
 class StagedShards:
     """Writes shards under ``out/.staging`` and moves them into place on ``commit``.
 
@@ -73,13 +195,13 @@ class StagedShards:
     error, Ctrl-C or ``kill -9`` -- keeps its finished shards and ``resume=True``
     writes only the rest. ``fingerprint`` identifies the job (inputs, labels,
     plan, image settings): progress from a different job is never reused.
-    Nothing under ``.staging`` ends in ``.tfrec``, and a new write without
-    ``resume`` starts by clearing it.
+    Nothing under ``.staging`` ends in ``.tfrec``. A new write refuses to clear
+    an interrupted one's progress unless ``discard`` (``--overwrite``).
     """
 
-    def __init__(self, out_dir, split, shard_plan, fingerprint="", resume=False):
+    def __init__(self, out_dir, split, shard_plan, fingerprint="", resume=False, discard=False):
         self.out_dir, self.split, self.plan = out_dir, split, shard_plan
-        self.fingerprint, self.resume = fingerprint, resume
+        self.fingerprint, self.resume, self.discard = fingerprint, resume, discard
         self.staging = posixpath.join(out_dir, STAGING)
         self.progress_path = posixpath.join(self.staging, PROGRESS)
         self.counts = [0] * len(shard_plan)
@@ -93,6 +215,9 @@ class StagedShards:
             raise TfpipeError(f"{self.staging}: the interrupted write there had other inputs or settings; "
                               f"run without {option('resume', True)} to start over")
         if progress is None:
+            if not self.resume and not self.discard and self._read_progress() is not None:
+                raise TfpipeError(f"{self.out_dir} holds an interrupted write ({self.staging}); continue it with "
+                                  f"{option('resume', True)} or pass {option('overwrite', True)} to start over")
             if fs.exists(self.staging):
                 fs.rmtree(self.staging)
             fs.makedirs(self.staging)
@@ -155,27 +280,32 @@ class StagedShards:
     def all_skipped(self):
         return [entry for per_shard in self.skipped for entry in per_shard]
 
-    def commit(self, manifest, overwrite=False):
-        """Renames finished shards into place and writes the manifest last.
+    def commit(self, manifest, replace=None):
+        """Moves the finished shards into place, the manifest last; returns the manifest.
 
-        Shards left empty (every record skipped) are dropped. Returns the
-        manifest's shard list.
+        The manifest is written under ``.staging`` first, so a full disk fails before anything moves (the staged
+        shards stay for ``--resume``); a failed move puts back the shards already moved. ``replace``: the
+        manifest of the dataset being replaced (``--overwrite``); only the files it lists are deleted. Shards
+        left empty (every record skipped) are dropped.
         """
         self._close()
-        if overwrite:
-            remove_outputs(self.out_dir)
         kept = [s for s in self.plan if self.counts[s["index"]] > 0]
-        entries = []
+        moves, entries = [], []
         for new_index, s in enumerate(kept):
             name = shard_name(self.split, new_index, len(kept), self.counts[s["index"]], s["fold"])
             staged = self.staged_path(s["index"])
-            if not fs.exists(staged):
-                raise RuntimeError(f"staged shard {staged} is missing")
-            size = fs.size(staged)
-            fs.rename(staged, posixpath.join(self.out_dir, name), overwrite=True)
-            entries.append({"file": name, "count": self.counts[s["index"]], "fold": s["fold"], "bytes": size})
+            moves.append((staged, posixpath.join(self.out_dir, name)))
+            entries.append({"file": name, "count": self.counts[s["index"]], "fold": s["fold"], "bytes": fs.size(staged)})
         manifest = dict(manifest, shards=entries)
-        write_manifest(self.out_dir, manifest)
+        try:
+            write_manifest(self.staging, manifest)
+        except OSError as e:
+            raise TfpipeError(f"cannot write {MANIFEST} ({e.strerror or e}); every shard is finished and kept in "
+                              f"{self.staging}: fix that and run the same command with --resume") from None
+        if replace is not None:
+            remove_outputs(self.out_dir, replace)
+        _move_all(moves)
+        fs.rename(posixpath.join(self.staging, MANIFEST), posixpath.join(self.out_dir, MANIFEST), overwrite=True)
         fs.rmtree(self.staging)
         return manifest
 
@@ -188,3 +318,17 @@ class StagedShards:
         if exc_type is not None and not self.finished and fs.exists(self.staging):
             fs.rmtree(self.staging)  # nothing worth keeping
         return False
+
+
+def _move_all(moves):
+    """Renames (source, destination) pairs; on a failure the ones already done are moved back, so no ``*.tfrec``
+    of an unfinished commit is left in the folder."""
+    done = []
+    try:
+        for src, dst in moves:
+            fs.rename(src, dst, overwrite=True)
+            done.append((src, dst))
+    except BaseException:
+        for src, dst in reversed(done):
+            fs.rename(dst, src, overwrite=True)
+        raise

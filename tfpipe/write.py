@@ -8,8 +8,8 @@ folds -> plan shards -> decode/resize/encode/serialize in a torch DataLoader
 -> write shards in input order under staging names -> rename them into place
 and write ``manifest.json``. See ``python -m tfpipe.write --help``.
 """
-import argparse
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -18,11 +18,12 @@ import time
 
 from tfpipe import __version__, fs, schema
 from tfpipe.deps import require
-from tfpipe.errors import TfpipeError, option, renamed, run_cli
+from tfpipe.errors import (ArgumentParser, TfpipeError, check_at_least, check_path, option, renamed,
+                           run_cli)
 from tfpipe.encode import encode_item
 from tfpipe.images import FITS, FORMATS, ImageSpec
-from tfpipe.shards import MANIFEST, existing_shards
-from tfpipe.staging import StagedShards, num_shards, plan
+from tfpipe.shards import MANIFEST, check_split, read_manifest
+from tfpipe.staging import StagedShards, WriteLock, check_destination, num_shards, plan
 from tfpipe.sources import LabelFormat, Source, class_names, targets  # noqa: F401  (Source: tfpipe.write.Source)
 from tfpipe.tfds_source import TfdsSource
 
@@ -50,10 +51,35 @@ def _keep_batch(batch):
     return batch  # a list of (index, record, error); no tensors involved
 
 
-def _worker_init(_):
+def _worker_init(parent_pid, _):
     import cv2
 
+    die_with_parent(parent_pid)
     cv2.setNumThreads(1)  # one process per core already; OpenCV threads would oversubscribe
+
+
+def die_with_parent(parent_pid, poll_seconds=1.0):
+    """Ends this (worker) process when ``parent_pid`` ends, however it ends (``kill -9``, SIGTERM).
+
+    torch's own check runs only while a worker waits for work; a worker blocked writing results into a full
+    pipe nobody reads any more would wait forever. On Linux the kernel sends SIGKILL at the parent's death
+    (``PR_SET_PDEATHSIG``); elsewhere a daemon thread watches the parent id.
+    """
+    import ctypes
+    import signal
+    import threading
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+    except (AttributeError, OSError):  # not Linux: poll instead
+        def watch():
+            while os.getppid() == parent_pid:
+                time.sleep(poll_seconds)
+            os._exit(1)
+
+        threading.Thread(target=watch, daemon=True, name="tfpipe-parent-watch").start()
+    if os.getppid() != parent_pid:  # the parent died before the line above took effect
+        os._exit(1)
 
 
 def start_encoding(dataset, num_workers, start_method):
@@ -73,7 +99,8 @@ def start_encoding(dataset, num_workers, start_method):
         start_method = "spawn" if "tensorflow" in sys.modules or remote else "fork"
 
     loader = DataLoader(dataset, batch_size=LOADER_BATCH, shuffle=False, num_workers=num_workers,
-                        collate_fn=_keep_batch, worker_init_fn=_worker_init if num_workers else None,
+                        collate_fn=_keep_batch,
+                        worker_init_fn=functools.partial(_worker_init, os.getpid()) if num_workers else None,
                         multiprocessing_context=start_method if num_workers else None,
                         prefetch_factor=4 if num_workers else None)
     return iter(loader)
@@ -131,10 +158,13 @@ def write_shards(source, out, *, spec=ImageSpec(), classes=None, split="train", 
       folds: K for stratified K-fold assignment; shards never mix folds.
       seed: seed of the fold assignment.
       skip_bad: skip unreadable or missing images (listed in the manifest) instead of stopping.
-      overwrite: replace shards already in ``out``.
+      overwrite: replace the dataset an earlier ``tfpipe.write`` left in ``out`` (only the files its
+        manifest lists are deleted), or start over after an interrupted write. Never replaces another
+        split's dataset or ``*.tfrec`` files tfpipe did not write: those are refused.
       resume: continue an interrupted write of the same job into ``out``: shards
         it finished are kept, the rest are written; the result is identical to
-        an uninterrupted write.
+        an uninterrupted write. If the same job already finished there, nothing is done; a finished
+        write of other inputs is refused. One writer at a time per folder (a lock file).
       workers: DataLoader workers (default: CPU count; 0 runs in this process, the default when
         every input is a JPEG and no ``spec.image_size`` is set, i.e. bytes are mostly copied as they are).
       start_method: "auto" (fork unless TensorFlow is already imported, else
@@ -152,6 +182,11 @@ def write_shards(source, out, *, spec=ImageSpec(), classes=None, split="train", 
     """
     source, out, workers = _old_arguments(source, out, workers, num_workers)
     started = time.perf_counter()
+    check_path(out=out)
+    check_split(split)
+    check_at_least(1, shards=shards)
+    check_at_least(2, folds=folds)
+    check_at_least(0, workers=workers)
     _check_runner(runner, resume)
     job = plan_job(source, spec, classes=classes, split=split, shards=shards, folds=folds, seed=seed,
                    skip_bad=skip_bad)
@@ -163,23 +198,39 @@ def write_shards(source, out, *, spec=ImageSpec(), classes=None, split="train", 
     if runner == "local" and not resume:
         batches = start_encoding(EncodeDataset(job.items, job.targets, spec), workers, start_method)
     try:
-        _check_output(out, overwrite or resume)
-        with StagedShards(out, split, job.shard_plan, job.fingerprint, resume=resume) as staged:
-            if runner == "beam":
-                _write_with_beam(staged, job, spec, skip_bad, beam_options)
-            else:
-                start = staged.first_unfinished_record()
-                if batches is None:  # a resumed write starts its workers at the first unfinished record
-                    batches = start_encoding(EncodeDataset(job.items, job.targets, spec, start), workers,
-                                             start_method)
-                _write_local(batches, staged, job, skip_bad, progress, start, out)
-            if sum(staged.counts) == 0:
-                raise TfpipeError(f"every image was skipped; nothing written to {out}")
-            manifest = staged.commit(_manifest(job, spec, staged), overwrite=overwrite or resume)
+        if fs.exists(out) and not fs.isdir(out):
+            raise TfpipeError(f"{out} is a file; {option('out')} names a folder")
+        fs.makedirs(out)
+        with WriteLock(out, job.fingerprint) as lock:  # one writer per folder, before anything in it is touched
+            finished = check_destination(out, split, job.fingerprint, overwrite=overwrite, resume=resume)
+            if finished is not None:
+                print(f"{out}: this write already finished ({finished['num_examples']} images); nothing to do")
+                return finished
+            replace = read_manifest(out) if fs.exists(fs.join(out, MANIFEST)) else None
+            with StagedShards(out, split, job.shard_plan, job.fingerprint, resume=resume, discard=overwrite) as staged:
+                batches = _encode(staged, job, spec, runner, batches, workers, start_method, skip_bad, beam_options,
+                                  progress, out)
+                if sum(staged.counts) == 0:
+                    raise TfpipeError(f"every image was skipped; nothing written to {out}")
+                lock.check()
+                manifest = staged.commit(_manifest(job, spec, staged), replace=replace)
     finally:
         shutdown(batches)  # no orphan workers after an error or Ctrl-C
     _summary(manifest, out, time.perf_counter() - started)
     return manifest
+
+
+def _encode(staged, job, spec, runner, batches, workers, start_method, skip_bad, beam_options, progress, out):
+    """Encodes every record not yet finished into ``staged`` with the chosen runner; returns the DataLoader
+    iterator (to be shut down by the caller) or None."""
+    if runner == "beam":
+        _write_with_beam(staged, job, spec, skip_bad, beam_options)
+        return batches
+    start = staged.first_unfinished_record()
+    if batches is None:  # a resumed write starts its workers at the first unfinished record
+        batches = start_encoding(EncodeDataset(job.items, job.targets, spec, start), workers, start_method)
+    _write_local(batches, staged, job, skip_bad, progress, start, out)
+    return batches
 
 
 @dataclasses.dataclass(frozen=True)
@@ -297,11 +348,6 @@ def _folds(item_targets, num_classes, k, seed):
     return assign_folds(item_targets, num_classes, k, seed)
 
 
-def _check_output(out, overwrite):
-    if existing_shards(out) and not overwrite:
-        raise TfpipeError(f"{out} already holds shards; pass {option('overwrite', True)} to replace them")
-
-
 def _manifest(job, spec, staged):
     return {
         "tfpipe_version": __version__,
@@ -309,6 +355,7 @@ def _manifest(job, spec, staged):
         "split": job.split,
         "labeled": job.source.labeled,
         "id_column": job.source.id_column,  # the submission's key column
+        "label_format": dataclasses.asdict(job.source.label_format) if hasattr(job.source, "label_format") else None,
         "single_label": job.source.single_label,
         "classes": job.classes,
         "num_classes": len(job.classes),
@@ -316,6 +363,7 @@ def _manifest(job, spec, staged):
         "image": dataclasses.asdict(spec),
         "folds": job.folds,
         "seed": job.seed,
+        "fingerprint": job.fingerprint,  # --resume on a finished folder: the same job (nothing to do) or refused
         "skipped": job.skipped + staged.all_skipped(),
     }
 
@@ -333,13 +381,14 @@ def _summary(manifest, out, seconds):
 
 
 def build_parser():
-    p = argparse.ArgumentParser(prog="python -m tfpipe.write", description=__doc__.split("\n\n")[0])
+    p = ArgumentParser(prog="python -m tfpipe.write", description=__doc__.split("\n\n")[0])
     src = p.add_argument_group("source")
     src.add_argument("--csv", help="Kaggle-style CSV; without it --images is a folder per class")
     src.add_argument("--images", help="folder holding the images")
     src.add_argument("--image-col", default="image", help="CSV column with the file name or id (default: image)")
     src.add_argument("--labels-col", default="labels", help="CSV column with a separated label list (default: labels)")
-    src.add_argument("--sep", default=" ", help="separator of --labels-col (default: space)")
+    src.add_argument("--sep", default=" ",
+                     help="separator of --labels-col (default: space); 'list' for cells like ['cat', 'dog']")
     src.add_argument("--label-cols", help="one-hot label columns, comma-separated (e.g. healthy,rust,scab)")
     src.add_argument("--class-col", help="CSV column with a single class per row (single-label data)")
     src.add_argument("--classes", help="class names in index order, comma-separated (default: sorted labels)")
@@ -368,7 +417,7 @@ def _image_and_output_args(p):
     out.add_argument("--folds", type=int, help="assign K stratified folds; shards never mix folds")
     out.add_argument("--seed", type=int, default=0, help="seed of the fold assignment (default: 0)")
     out.add_argument("--skip-bad", action="store_true", help="skip unreadable/missing images and list them")
-    out.add_argument("--overwrite", action="store_true", help="replace shards already in --out")
+    out.add_argument("--overwrite", action="store_true", help="replace the dataset tfpipe.write wrote in --out (only files its manifest lists)")
     out.add_argument("--resume", action="store_true",
                      help="continue an interrupted write into --out (same command): keep its finished shards")
     run = p.add_argument_group("run")
@@ -397,6 +446,7 @@ def _unlabeled(args):
 
 def run(args, pipeline_args=()):
     """Turns parsed arguments (and Beam options, given after ``--``) into a ``write_shards`` call."""
+    check_path(csv=args.csv, images=args.images, data_dir=args.data_dir)
     if pipeline_args and args.runner != "beam":
         raise TfpipeError(f"options after -- ({' '.join(pipeline_args)}) are Beam pipeline options; "
                           "they need --runner beam")

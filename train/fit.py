@@ -9,7 +9,6 @@ datasets -> build and compile the model inside ``strategy.scope()`` ->
 (optionally) train the head with the backbone frozen -> fine-tune everything
 -> save ``model.keras``, ``history.csv``, ``metrics.json``.
 """
-import argparse
 import dataclasses
 import json
 import math
@@ -25,7 +24,7 @@ import tensorflow as tf  # noqa: E402
 import tfpipe
 from tfpipe import fs
 from tfpipe.augment import NO_AUGMENT, Augment
-from tfpipe.errors import TfpipeError, option, run_cli
+from tfpipe.errors import ArgumentParser, TfpipeError, option, run_cli
 from tfpipe.shards import fold_split, holdout_split, open_shards
 from train.models import MODELS, build_model
 from train.schedules import SCHEDULES, make_schedule, scaled_lr
@@ -359,7 +358,7 @@ def train_phases(plan, strategy, num_classes, data, throughput):
 
 def build_parser():
     d = FitConfig()
-    p = argparse.ArgumentParser(prog="python -m train.fit", description=__doc__.split("\n\n")[0])
+    p = ArgumentParser(prog="python -m train.fit", description=__doc__.split("\n\n")[0])
     p.add_argument("--records", default=d.records, help=f"shard folder from tfpipe.write (default: {d.records})")
     p.add_argument("--out", default=d.out, help=f"run folder (default: {d.out})")
     p.add_argument("--strategy", choices=STRATEGIES, default=d.strategy, help="auto: TPU, then GPUs, then CPU")

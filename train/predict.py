@@ -9,7 +9,6 @@ run; ``--threshold`` overrides); ``--probabilities`` writes one column per
 class instead (the Plant Pathology 2020 format). Works under any strategy:
 batches are padded to static shapes and the padding rows are dropped.
 """
-import argparse
 import json
 import math
 import sys
@@ -23,7 +22,7 @@ import tensorflow as tf  # noqa: E402
 
 import tfpipe
 from tfpipe import fs
-from tfpipe.errors import TfpipeError, option, run_cli
+from tfpipe.errors import ArgumentParser, TfpipeError, option, run_cli
 from tfpipe.shards import read_manifest
 from train.strategy import STRATEGIES, resolve_strategy
 
@@ -165,7 +164,7 @@ def _thresholds(run, classes, threshold, config):
 
 
 def build_parser():
-    p = argparse.ArgumentParser(prog="python -m train.predict", description=__doc__.split("\n\n")[0])
+    p = ArgumentParser(prog="python -m train.predict", description=__doc__.split("\n\n")[0])
     p.add_argument("--run", required=True, help="run folder written by train.fit")
     p.add_argument("--records", required=True, help="shards to predict (e.g. written with --split test)")
     p.add_argument("--out", default="submission.csv", help="CSV to write (default: submission.csv)")

@@ -1,0 +1,372 @@
+"""The hostile tester's cases (issue #16), one test each, grouped by the principle they break.
+
+1. A label is never silently changed, merged, split or dropped.
+2. No data is lost or deleted that tfpipe did not write in this job; a finished dataset or run is never replaced
+   by a command that was not asked to replace it.
+3. Shards and runs are checked against what they claim before they are used.
+4. Every process tfpipe starts ends when its parent ends.
+5. Bad input or a bad flag is one line and exit code 2, naming the culprit.
+"""
+import errno
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import tfpipe
+from tests.conftest import save, write_csv
+from tests.test_reliability import (ENV, ROOT, alive, assert_identical, children, finished_shards,  # noqa: F401
+                                    slow_source)
+from tfpipe.errors import TfpipeError
+from tfpipe.write import main as write_main
+
+
+def write(args):
+    return write_main(args + ["--no-progress", "--workers", "0"])
+
+
+def one_line_error(capsys, *needles):
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    for needle in needles:
+        assert needle in err, err
+    return err
+
+
+def source_args(folder, size="16"):
+    return ["--csv", folder["csv"], "--images", folder["images"], "--image-size", size]
+
+
+def tfrec_files(out):
+    return sorted(f for f in os.listdir(out) if f.endswith(".tfrec")) if os.path.isdir(out) else []
+
+
+# ---------------------------------------------------------------- 2: nothing lost, nothing replaced unasked
+
+@pytest.mark.slow
+def test_a_second_writer_into_the_same_folder_is_refused_while_the_first_runs(slow_source, tmp_path, capsys):
+    args, reference = slow_source
+    out = str(tmp_path / "out")
+    first = subprocess.Popen([sys.executable, "-m", "tfpipe.write", *args, "--out", out, "--workers", "1",
+                              "--no-progress"], env=ENV, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
+    deadline = time.time() + 120
+    while finished_shards(out) < 1:
+        assert first.poll() is None and time.time() < deadline, first.communicate()
+        time.sleep(0.01)
+    other = ["--csv", args[1], "--images", args[3], "--image-size", "48"]  # another job, same folder
+    assert write(other + ["--out", out, "--overwrite"]) == 2
+    one_line_error(capsys, "being written by another tfpipe.write", f"pid {first.pid}")
+    assert first.wait(300) == 0, first.communicate()
+    assert_identical(out, reference)  # the first job's records are its own
+
+
+def test_a_lock_left_by_a_dead_job_is_taken_over_and_a_live_one_refused(labeled_folder, tmp_path, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    lock = out / ".tfpipe-write.lock"
+    lock.write_text(json.dumps({"id": "x", "host": socket.gethostname(), "pid": int(dead.stdout), "started": "-"}))
+    assert write(source_args(labeled_folder) + ["--out", str(out)]) == 0
+    assert not lock.exists() and tfpipe.count_examples(str(out)) == 12
+    lock.write_text(json.dumps({"id": "y", "host": "another-host", "pid": 1, "started": "today"}))
+    assert write(source_args(labeled_folder) + ["--out", str(out), "--overwrite"]) == 2
+    one_line_error(capsys, "another-host", "delete", ".tfpipe-write.lock")
+
+
+def test_a_remote_lock_lost_to_another_writer_commits_nothing(labeled_folder, monkeypatch):
+    import tensorflow as tf
+
+    from tfpipe.images import ImageSpec
+    from tfpipe.staging import WriteLock
+    from tfpipe.write import Source, write_shards
+
+    out = "ram://hostile-lock/out"
+    original = WriteLock.check
+
+    def raced_then_check(self):  # another host's writer replaced the advisory lock while this job encoded
+        tf.io.gfile.remove(self.path)  # (ram:// appends on "w"; a bucket replaces)
+        with tf.io.gfile.GFile(self.path, "w") as f:
+            f.write(json.dumps({"id": "other", "host": "h2", "pid": 7, "started": "now"}))
+        return original(self)
+
+    monkeypatch.setattr(WriteLock, "check", raced_then_check)
+    with pytest.raises(TfpipeError, match="h2.*not committed"):
+        write_shards(Source(labeled_folder["images"], csv=labeled_folder["csv"]), out, spec=ImageSpec(image_size=16),
+                     workers=0, progress=False)
+    assert not tf.io.gfile.glob(f"{out}/*.tfrec") and not tf.io.gfile.exists(f"{out}/manifest.json")
+    assert tf.io.gfile.exists(f"{out}/.tfpipe-write.lock")  # the other writer's lock is left alone
+
+
+def test_resume_on_a_finished_folder_never_replaces_it(labeled_folder, tmp_path, capsys):
+    out = str(tmp_path / "out")
+    assert write(source_args(labeled_folder) + ["--out", out]) == 0
+    before = {f: os.path.getmtime(os.path.join(out, f)) for f in os.listdir(out)}
+    assert write(source_args(labeled_folder) + ["--out", out, "--resume"]) == 0  # same job: nothing to do
+    assert "already finished" in capsys.readouterr().out
+    other = write_csv(tmp_path / "other.csv", ["image", "labels"], labeled_folder["rows"][:6])
+    assert write(["--csv", str(other), "--images", labeled_folder["images"], "--image-size", "24", "--out", out,
+                  "--resume"]) == 2
+    one_line_error(capsys, "finished write of other inputs", "--overwrite")
+    assert {f: os.path.getmtime(os.path.join(out, f)) for f in os.listdir(out)} == before
+
+
+def test_overwrite_deletes_only_what_tfpipe_wrote_and_never_another_split(labeled_folder, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert write(source_args(labeled_folder) + ["--out", str(out)]) == 0
+    (out / "mine.tfrec").write_bytes(b"a user's other dataset")
+    assert write(source_args(labeled_folder) + ["--out", str(out), "--overwrite"]) == 2
+    one_line_error(capsys, "mine.tfrec", "not written by tfpipe.write")
+    assert (out / "mine.tfrec").read_bytes() == b"a user's other dataset"
+    (out / "mine.tfrec").unlink()
+    train_files = tfrec_files(out)
+    assert write(source_args(labeled_folder) + ["--out", str(out), "--split", "test", "--unlabeled",
+                                                "--overwrite"]) == 2
+    one_line_error(capsys, "'train' split", "own folder")
+    assert tfrec_files(out) == train_files
+    assert write(source_args(labeled_folder, "24") + ["--out", str(out), "--overwrite", "--shards", "2"]) == 0
+    assert len(tfrec_files(out)) == 2 and tfpipe.open_shards(str(out)).image_size == 24  # asked: replaced
+
+
+def test_a_full_disk_at_the_manifest_leaves_no_shards_and_resume_finishes(labeled_folder, tmp_path, capsys,
+                                                                          monkeypatch):
+    import tfpipe.staging
+
+    out = tmp_path / "out"
+    real = tfpipe.staging.write_manifest
+
+    def full(folder, manifest):
+        raise OSError(errno.ENOSPC, "No space left on device", os.path.join(folder, "manifest.json"))
+
+    monkeypatch.setattr(tfpipe.staging, "write_manifest", full)
+    assert write(source_args(labeled_folder) + ["--out", str(out)]) == 2
+    one_line_error(capsys, "No space left on device", "--resume")
+    assert tfrec_files(out) == [] and not (out / "manifest.json").exists()
+    monkeypatch.setattr(tfpipe.staging, "write_manifest", real)
+    assert write(source_args(labeled_folder) + ["--out", str(out), "--resume"]) == 0
+    assert tfpipe.count_examples(str(out)) == 12
+
+
+def test_a_failed_move_puts_every_shard_back(labeled_folder, tmp_path, monkeypatch):
+    from tfpipe import fs
+
+    out = tmp_path / "out"
+    real, moved = fs.rename, []
+
+    def failing(src, dst, overwrite=False):
+        if dst.endswith(".tfrec"):
+            if len(moved) == 2:
+                raise OSError(errno.EIO, "Input/output error", dst)
+            moved.append(dst)
+        return real(src, dst, overwrite)
+
+    monkeypatch.setattr(fs, "rename", failing)
+    assert write(source_args(labeled_folder) + ["--out", str(out), "--shards", "4"]) == 2
+    assert len(moved) == 2 and tfrec_files(out) == [] and not (out / "manifest.json").exists()
+    assert len(os.listdir(out / ".staging")) == 4 + 2  # every shard back, the progress and the staged manifest
+
+
+def test_an_interrupted_write_is_not_cleared_by_a_new_one_unless_asked(slow_source, tmp_path, capsys):
+    args, _ = slow_source
+    out = tmp_path / "out"
+    (out / ".staging").mkdir(parents=True)
+    (out / ".staging" / "progress.json").write_text(json.dumps({"fingerprint": "f", "shards": []}))
+    assert write(args + ["--out", str(out)]) == 2
+    one_line_error(capsys, "interrupted write", "--resume", "--overwrite")
+    assert (out / ".staging" / "progress.json").exists()
+
+
+@pytest.mark.parametrize("out,needle", [("", "--out is empty"), (" ", "--out is empty"),
+                                        ("FILE", "is a file; --out names a folder")])
+def test_output_that_is_empty_or_a_file_is_refused_before_writing(labeled_folder, tmp_path, capsys, monkeypatch,
+                                                                  out, needle):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "FILE").write_text("keep me")
+    assert write(source_args(labeled_folder) + ["--out", out]) == 2
+    one_line_error(capsys, needle)
+    assert sorted(os.listdir(tmp_path)) == ["FILE", "images", "train.csv"]  # nothing written into the cwd
+    assert (tmp_path / "FILE").read_text() == "keep me"
+
+
+# ---------------------------------------------------------------- 4: workers die with their parent
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_writer_workers_die_with_their_parent(slow_source, tmp_path, sig):
+    args, _ = slow_source
+    out = str(tmp_path / "out")
+    # PNG at 256 px: each batch of results is larger than a pipe's buffer, so workers block writing it once
+    # nobody reads -- where torch's own parent check never runs.
+    cmd = [sys.executable, "-m", "tfpipe.write", *args[:4], "--image-size", "256", "--format", "png", "--out", out,
+           "--workers", "2", "--no-progress"]
+    proc = subprocess.Popen(cmd, env=ENV, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.time() + 120
+    workers = []
+    while len(workers) < 2 or finished_shards(out) < 1:
+        assert proc.poll() is None and time.time() < deadline, proc.communicate()
+        workers = children(proc.pid)
+        time.sleep(0.01)
+    time.sleep(1.0)  # let the workers fill their pipes
+    proc.send_signal(sig)
+    proc.wait(30)
+    deadline = time.time() + 3
+    while any(alive(w) for w in workers) and time.time() < deadline:
+        time.sleep(0.05)
+    leftover = [w for w in workers if alive(w)]
+    for w in leftover:
+        os.kill(w, signal.SIGKILL)
+    assert not leftover, f"workers {leftover} outlived their parent"
+
+
+# ---------------------------------------------------------------- 1: labels and images are never silently changed
+
+def _with_orientation(fmt, orientation):
+    """A 24x40 image with an unmistakable corner, saved as ``fmt`` carrying an EXIF orientation."""
+    import io
+
+    from PIL import Image
+
+    rgb = np.zeros((24, 40, 3), np.uint8)
+    rgb[:8, :12] = (255, 40, 0)
+    rgb[:, :, 1] += (np.arange(40) * 5).astype(np.uint8)
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    extra = {"MPO": {"save_all": True, "append_images": [Image.fromarray(rgb)]}, "WEBP": {"lossless": True},
+             "JPEG": {"quality": 98}}.get(fmt, {})
+    buf = io.BytesIO()
+    Image.fromarray(rgb).save(buf, fmt, exif=exif, **extra)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("fmt", ["JPEG", "MPO", "PNG", "WEBP", "TIFF"])
+def test_every_format_is_stored_upright_as_pillow_shows_it(fmt):
+    import io
+
+    import cv2
+    from PIL import Image, ImageOps
+
+    from tfpipe.images import ImageSpec, prepare_image
+
+    for orientation in range(1, 9):
+        data = _with_orientation(fmt, orientation)
+        with Image.open(io.BytesIO(data)) as im:
+            assert im.format == fmt and im.getexif().get(0x0112) == orientation  # the file really says so
+            expected = np.asarray(ImageOps.exif_transpose(im).convert("RGB")).astype(int)
+        stored, height, width, _ = prepare_image(data, ImageSpec(format="png"), f"x.{fmt.lower()}")
+        got = cv2.imdecode(np.frombuffer(stored, np.uint8), cv2.IMREAD_COLOR)[:, :, ::-1].astype(int)
+        assert got.shape == expected.shape, (fmt, orientation)
+        assert np.abs(got - expected).mean() < 3, (fmt, orientation)  # JPEG decoders differ by a level or two
+
+
+def _labels_csv(folder, tmp_path, cells, header=("image", "labels")):
+    rows = [(name, cell) for (name, _), cell in zip(folder["rows"], cells)] + list(folder["rows"][len(cells):])
+    return str(write_csv(tmp_path / "labels.csv", list(header), [r + (r[1],) * (len(header) - 2) for r in rows]))
+
+
+@pytest.mark.parametrize("cell,needles", [
+    ("cat, dog", ["row 1", "'labels'", "'cat, dog'", "','", "--sep ,"]),
+    ("cat,dog", ["row 1", "'cat,dog'", "--sep ,"]),
+    ("['cat', 'dog']", ["row 1", "Python list", "--sep list"]),
+    ("[]", ["row 1", "'[]'", "--sep list"]),
+    ("nan", ["row 1", "'nan'", "missing-value"]),
+    ("cat None", ["row 1", "'None'", "missing-value"]),
+])
+def test_label_cells_read_one_way_only_or_are_named(labeled_folder, tmp_path, capsys, cell, needles):
+    csv_path = _labels_csv(labeled_folder, tmp_path, [cell])
+    assert write(["--csv", csv_path, "--images", labeled_folder["images"], "--out", str(tmp_path / "o")]) == 2
+    one_line_error(capsys, "labels.csv", *needles)
+    assert not (tmp_path / "o").exists() or not tfrec_files(tmp_path / "o")
+
+
+def test_python_list_cells_are_read_as_lists_when_asked(labeled_folder, tmp_path):
+    cells = ["['cat', 'dog']", "[]", "['dog']", "", "['bird', 'cat']"]
+    csv_path = _labels_csv(labeled_folder, tmp_path, cells)
+    rows = [r[1] for r in labeled_folder["rows"][len(cells):]]
+    lists = [f"{r.split()!r}" for r in rows]  # the rest as lists too: "cat dog" -> ['cat', 'dog']
+    csv_path = _labels_csv(labeled_folder, tmp_path, cells + lists)
+    out = str(tmp_path / "o")
+    assert write(["--csv", csv_path, "--images", labeled_folder["images"], "--out", out, "--sep", "list"]) == 0
+    targets = tfpipe.read_targets(out, 3)
+    names = tfpipe.image_names(out)
+    row = {n: targets[names.index(n)].tolist() for n in names}
+    assert row["img00"] == [0, 1, 1] and row["img01"] == [0, 0, 0] and row["img04"] == [1, 1, 0]
+    manifest = json.loads(open(os.path.join(out, "manifest.json")).read())
+    assert manifest["label_format"]["sep"] == "list"
+
+
+def test_a_column_named_twice_is_refused(labeled_folder, tmp_path, capsys):
+    csv_path = _labels_csv(labeled_folder, tmp_path, [], header=("image", "labels", "labels"))
+    assert write(["--csv", csv_path, "--images", labeled_folder["images"], "--out", str(tmp_path / "o")]) == 2
+    one_line_error(capsys, "labels.csv", "'labels' twice")
+
+
+def test_a_missing_class_in_a_single_label_column_is_named(tmp_path, capsys):
+    (tmp_path / "images").mkdir()
+    for i in range(3):
+        save(tmp_path / "images" / f"{i}.jpg", seed=i)
+    csv_path = write_csv(tmp_path / "c.csv", ["image", "label"], [("0.jpg", "a"), ("1.jpg", "nan"), ("2.jpg", "b")])
+    assert write(["--csv", str(csv_path), "--images", str(tmp_path / "images"), "--class-col", "label",
+                  "--out", str(tmp_path / "o")]) == 2
+    one_line_error(capsys, "row 2", "'nan'")
+
+
+@pytest.mark.parametrize("ids,needles", [
+    (["img00", "img00.jpg"], ["rows 1 and 2", "'img00'", "'img00.jpg'", "img00.jpg"]),
+    (["img00.jpg", "./img00.jpg"], ["rows 1 and 2", "'./img00.jpg'"]),
+    (["../train.csv"], ["row 1", "'../train.csv'", "outside"]),
+    (["/etc/hostname"], ["row 1", "'/etc/hostname'", "outside"]),
+    (["twin"], ["row 1", "'twin'", "twin.jpg", "twin.png"]),
+])
+def test_ids_name_one_file_inside_images_and_one_file_one_row(labeled_folder, tmp_path, capsys, ids, needles):
+    save(os.path.join(labeled_folder["images"], "twin.jpg"))
+    save(os.path.join(labeled_folder["images"], "twin.png"), kind="png")
+    csv_path = write_csv(tmp_path / "ids.csv", ["image", "labels"], [(i, "cat") for i in ids])
+    assert write(["--csv", str(csv_path), "--images", labeled_folder["images"], "--out", str(tmp_path / "o")]) == 2
+    one_line_error(capsys, "ids.csv", *needles)
+
+
+def test_a_file_name_that_is_not_utf8_is_named(tmp_path, capsys):
+    tree = tmp_path / "tree"
+    (tree / "cat").mkdir(parents=True)
+    save(tree / "cat" / "ok.jpg")
+    save(os.path.join(os.fsencode(tree / "cat"), b"caf\xe9.jpg").decode("utf-8", "surrogateescape"))
+    assert write(["--images", str(tree), "--out", str(tmp_path / "o")]) == 2
+    one_line_error(capsys, "caf\\xe9.jpg", "not valid UTF-8")
+
+
+@pytest.mark.parametrize("flag,make,needle", [
+    ("--csv", lambda p: p.mkdir(), "is a folder"),
+    ("--csv", lambda p: p.write_bytes(b"image,labels\nx,\xff\xfe\n"), "cannot parse CSV"),
+    ("--images", lambda p: p.write_text("not a folder"), "images folder not found"),
+    ("--csv", None, "--csv is empty"),  # an unset variable: would have read --images as a folder per class
+    ("--images", None, "--images is empty"),
+])
+def test_unreadable_csv_or_folder_is_one_line(labeled_folder, tmp_path, capsys, flag, make, needle):
+    args = {"--csv": labeled_folder["csv"], "--images": labeled_folder["images"]}
+    args[flag] = ""
+    if make is not None:
+        make(tmp_path / "bad")
+        args[flag] = str(tmp_path / "bad")
+    assert write(["--csv", args["--csv"], "--images", args["--images"], "--out", str(tmp_path / "o")]) == 2
+    one_line_error(capsys, needle)
+
+
+def test_an_unreadable_file_is_one_line(labeled_folder, tmp_path, capsys, monkeypatch):
+    import builtins
+
+    real = builtins.open
+
+    def denied(path, *args, **kwargs):  # tests run as root here, where chmod 000 does not stop reading
+        if str(path) == labeled_folder["csv"]:
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", denied)
+    assert write(source_args(labeled_folder) + ["--out", str(tmp_path / "o")]) == 2
+    one_line_error(capsys, "train.csv", "Permission denied")
