@@ -85,13 +85,12 @@ def jpeg_bytes(rgb, quality=95):
 
 def validation_auc(model_path, records, folds):
     """Keras' macro AUC (what fit reports) of a saved model on ``folds``, computed here from scratch."""
-    import tf_keras as keras
-
     import tfpipe
+    from train.fit import make_auc
     from train.predict import load_model
 
     model = load_model(model_path)
-    auc = keras.metrics.AUC(multi_label=True, num_labels=model.output_shape[-1])
+    auc = make_auc(model.output_shape[-1])
     for images, targets in tfpipe.make_dataset(records, 8, folds=folds):
         auc.update_state(targets, model(images, training=False))
     return float(auc.result())
@@ -121,3 +120,43 @@ def shard_dir(tmp_path_factory):
                             shards=8, workers=0, progress=False)
     labels = {name: lab.split() for name, lab in rows}
     return out, labels, manifest
+
+
+@pytest.fixture(scope="session")
+def slow_source(tmp_path_factory):
+    """400 noisy 800x600 JPEGs (slow enough to decode that a write can be interrupted half-way)."""
+    root = tmp_path_factory.mktemp("slow")
+    images = root / "images"
+    images.mkdir()
+    rng = np.random.default_rng(0)
+    rows = []
+    for i in range(400):
+        img = rng.integers(0, 256, (600, 800, 3), dtype=np.uint8)
+        cv2.imwrite(str(images / f"p{i:03d}.jpg"), img, [cv2.IMWRITE_JPEG_QUALITY, 90])
+        rows.append((f"p{i:03d}", ["x", "y", "x y", ""][i % 4]))
+    csv_path = write_csv(root / "train.csv", ["image", "labels"], rows)
+    args = ["--csv", str(csv_path), "--images", str(images), "--image-size", "32", "--shards", "16", "--folds", "4"]
+    reference = str(root / "reference")
+    from tfpipe.write import main as write_main
+
+    assert write_main(args + ["--out", reference, "--no-progress", "--workers", "0"]) == 0  # the uninterrupted run
+    return args, reference
+
+
+@pytest.fixture(scope="session")
+def trained_run(shard_dir, tmp_path_factory):
+    """A tiny run on 8 virtual replicas with SWA over its last 2 epochs, and unlabeled test shards."""
+    from tfpipe.augment import NO_AUGMENT
+    from tfpipe.images import ImageSpec
+    from tfpipe.write import Source, write_shards
+    from train.fit import FitConfig, fit
+
+    out = tmp_path_factory.mktemp("run") / "run"
+    cfg = FitConfig(records=shard_dir[0], out=str(out), strategy="cpu", replicas=8, model="small-cnn", batch_size=1,
+                    epochs=3, steps_per_execution=3, lr=1e-3, augment=NO_AUGMENT, verbose=0, seed=1, swa_epochs=2)
+    metrics = fit(cfg)
+    root = os.path.dirname(shard_dir[0])
+    test = str(tmp_path_factory.mktemp("test") / "records")
+    write_shards(Source(f"{root}/images", csv=f"{root}/train.csv", labeled=False), test, spec=ImageSpec(image_size=32),
+                 split="test", shards=3, workers=0, progress=False)
+    return str(out), metrics, test

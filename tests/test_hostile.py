@@ -21,8 +21,8 @@ import pytest
 
 import tfpipe
 from tests.conftest import save, write_csv
-from tests.test_reliability import (ENV, ROOT, alive, assert_identical, children, finished_shards,  # noqa: F401
-                                    slow_source)
+from tests.test_reliability import ENV, ROOT, alive, assert_identical, children, finished_shards
+from tfpipe.augment import NO_AUGMENT
 from tfpipe.errors import TfpipeError
 from tfpipe.write import main as write_main
 
@@ -370,3 +370,152 @@ def test_an_unreadable_file_is_one_line(labeled_folder, tmp_path, capsys, monkey
     monkeypatch.setattr(builtins, "open", denied)
     assert write(source_args(labeled_folder) + ["--out", str(tmp_path / "o")]) == 2
     one_line_error(capsys, "train.csv", "Permission denied")
+
+
+# ---------------------------------------------------------------- 3: shards and runs checked against their claims
+
+def test_a_glob_that_picks_up_a_foreign_tfrec_names_it(shard_dir, tmp_path):
+    import shutil
+
+    from tfpipe.tfrecord import RecordWriter
+
+    folder = tmp_path / "mixed"
+    shutil.copytree(shard_dir[0], folder)
+    with RecordWriter(str(folder / "zz-other.tfrec")) as w:  # another dataset's records: an Example without image
+        w.write(tfpipe.schema.encode_example({"image_name": "x", "height": 1}))
+    with pytest.raises(TfpipeError, match="zz-other.tfrec.*no 'image' bytes feature"):
+        tfpipe.make_dataset(str(folder / "*.tfrec"), 4, num_classes=3, image_size=32)
+    with RecordWriter(str(folder / "zz-other.tfrec")) as w:
+        w.write(b"\x01\x02 not a protobuf \xff")
+    with pytest.raises(TfpipeError, match="zz-other.tfrec.*not tf.train.Example"):
+        tfpipe.count_examples([str(folder / "zz-other.tfrec")])
+    assert tfpipe.inspect_shards(str(folder / "train-*.tfrec"), sheet=None)["files"]  # ours still read
+
+
+def test_training_on_unlabeled_shards_is_refused(trained_run, tmp_path):
+    from train.fit import FitConfig, fit
+
+    _, _, unlabeled = trained_run
+    with pytest.raises(TfpipeError, match="unlabeled.*training needs"):
+        fit(FitConfig(records=unlabeled, out=str(tmp_path / "run"), strategy="cpu", model="small-cnn"))
+    with pytest.raises(TfpipeError, match="unlabeled.*training needs labels"):
+        tfpipe.make_dataset(unlabeled, 4, training=True)
+    assert not (tmp_path / "run").exists()
+
+
+def test_predict_refuses_a_run_of_other_classes_or_image_size(trained_run, tmp_path, labeled_folder):
+    from tfpipe.images import ImageSpec
+    from tfpipe.write import Source, write_shards
+    from train.predict import predict
+
+    run, _, test = trained_run
+    source = Source(labeled_folder["images"], csv=labeled_folder["csv"], labeled=True)
+    other = str(tmp_path / "other-classes")
+    write_shards(source, other, spec=ImageSpec(image_size=32), workers=0, progress=False)  # bird/cat/dog, not a/b/c
+    with pytest.raises(TfpipeError, match="classes .*bird, cat, dog.* are not the run's .*a, b, c"):
+        predict(run, other, str(tmp_path / "s.csv"), strategy="cpu")
+    bigger = str(tmp_path / "bigger")
+    write_shards(Source(labeled_folder["images"], labeled=False), bigger, spec=ImageSpec(image_size=48), split="test",
+                 workers=0, progress=False)
+    manifest = json.loads(open(os.path.join(bigger, "manifest.json")).read())
+    assert manifest["classes"] == []  # unlabeled shards carry no classes: only the size is checked
+    with pytest.raises(TfpipeError, match="stored at 48 px, the run was trained at 32 px"):
+        predict(run, bigger, str(tmp_path / "s.csv"), strategy="cpu")
+    assert not (tmp_path / "s.csv").exists()
+
+
+def test_fit_resume_never_trains_over_a_finished_run_or_with_other_settings(trained_run, shard_dir, tmp_path):
+    import shutil
+
+    from train.fit import FitConfig, fit
+
+    run, metrics, _ = trained_run
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    before = {p: os.path.getmtime(os.path.join(copy, p)) for p in os.listdir(copy)}
+    cfg = FitConfig(records=shard_dir[0], out=str(copy), strategy="cpu", replicas=8, model="small-cnn", batch_size=1,
+                    epochs=3, steps_per_execution=3, lr=1e-3, augment=NO_AUGMENT, verbose=0, seed=1,
+                    swa_epochs=2, resume=True)
+    with pytest.raises(TfpipeError, match="finished run.*another"):
+        fit(cfg)
+    assert {p: os.path.getmtime(os.path.join(copy, p)) for p in os.listdir(copy)} == before
+    state = json.loads((copy / "state.json").read_text())
+    (copy / "state.json").write_text(json.dumps(dict(state, finished=False)))  # as if interrupted
+    import dataclasses
+
+    with pytest.raises(TfpipeError, match="started with lr=0.001, not 0.01"):
+        fit(dataclasses.replace(cfg, lr=1e-2))
+
+
+def _fit_cli(args):
+    from train.fit import main
+
+    try:
+        return main(args + ["--strategy", "cpu", "--model", "small-cnn", "--verbose", "0"])
+    except SystemExit as e:  # argparse's own errors exit
+        return e.code
+
+
+@pytest.mark.parametrize("flags,needle", [
+    (["--epochs", "0"], "--epochs must be at least 1 (got 0)"),
+    (["--batch-size", "0"], "--batch-size must be at least 1 (got 0)"),
+    (["--steps-per-execution", "0"], "--steps-per-execution must be at least 1 (got 0)"),
+    (["--lr", "-1"], "--lr must be above 0 (got -1.0)"),
+    (["--lr", "nan"], "--lr must be above 0 (got nan)"),
+    (["--replicas", "-2"], "--replicas must be at least 1 (got -2)"),
+    (["--image-size", "7"], "--image-size 7 is below small-cnn's smallest input (8 px)"),
+    (["--val-fraction", "1.5"], "--val-fraction must be between 0 and 1"),
+    (["--epochs", "x"], "argument --epochs: invalid int value: 'x'"),
+    (["--out", ""], "--out is empty"),
+])
+def test_fit_refuses_nonsense_numbers_in_one_line(shard_dir, tmp_path, capsys, flags, needle):
+    assert _fit_cli(["--records", shard_dir[0], "--out", str(tmp_path / "run"), *flags]) == 2
+    one_line_error(capsys, needle)
+    assert not (tmp_path / "run").exists()
+
+
+def test_fit_fold_on_shards_without_folds_is_refused(labeled_folder, tmp_path, capsys):
+    out = str(tmp_path / "r")
+    assert write(source_args(labeled_folder) + ["--out", out, "--shards", "4"]) == 0
+    assert _fit_cli(["--records", out, "--out", str(tmp_path / "run"), "--fold", "9"]) == 2
+    one_line_error(capsys, "written without folds", "--fold 9")
+
+
+@pytest.mark.parametrize("flags,needle", [
+    (["--batch-size", "0"], "--batch-size must be at least 1 (got 0)"),
+    (["--tta", "9"], "--tta must be in 1..8"),
+    (["--replicas", "0"], "--replicas must be at least 1 (got 0)"),
+    (["--out", ""], "--out is empty"),
+])
+def test_predict_refuses_bad_flags_before_predicting(trained_run, tmp_path, capsys, flags, needle):
+    from train.predict import main
+
+    run, _, test = trained_run
+    assert main(["--run", run, "--records", test, "--out", str(tmp_path / "s.csv"), "--strategy", "cpu", *flags]) == 2
+    one_line_error(capsys, needle)
+
+
+def test_predict_into_a_missing_folder_creates_it_and_a_folder_as_out_is_refused(trained_run, tmp_path, capsys):
+    from train.predict import main
+
+    run, _, test = trained_run
+    out = tmp_path / "new" / "deeper" / "submission.csv"
+    assert main(["--run", run, "--records", test, "--out", str(out), "--strategy", "cpu"]) == 0
+    assert len(out.read_text().splitlines()) == 41
+    capsys.readouterr()
+    assert main(["--run", run, "--records", test, "--out", str(tmp_path), "--strategy", "cpu"]) == 2
+    one_line_error(capsys, "is a folder")
+
+
+def test_the_headline_auc_is_the_exact_one_and_the_estimate_is_labelled(trained_run, shard_dir):
+    from sklearn.metrics import roc_auc_score
+
+    run, metrics, _ = trained_run
+    val = __import__("pandas").read_csv(os.path.join(run, "val_predictions.csv"), keep_default_na=False)
+    truth = np.array([[c in t.split() for c in "abc"] for t in val["true"]], float)
+    exact = roc_auc_score(truth, val[["a", "b", "c"]].to_numpy(), average="macro")
+    assert metrics["report"]["roc_auc_macro"] == pytest.approx(exact, abs=1e-6)
+    from train.fit import _headline_auc
+
+    line = _headline_auc(metrics)
+    assert line.startswith(f"{exact:.4f} (exact; Keras' binned estimate ")

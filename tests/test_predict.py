@@ -22,23 +22,6 @@ from train.swa import average_weights, recompute_batch_norm
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-@pytest.fixture(scope="session")
-def trained_run(shard_dir, tmp_path_factory):
-    """A tiny run on 8 virtual replicas with SWA over its last 2 epochs, and unlabeled test shards."""
-    from tfpipe.images import ImageSpec
-    from tfpipe.write import Source, write_shards
-
-    out = tmp_path_factory.mktemp("run") / "run"
-    cfg = FitConfig(records=shard_dir[0], out=str(out), strategy="cpu", replicas=8, model="small-cnn", batch_size=1,
-                    epochs=3, steps_per_execution=3, lr=1e-3, augment=NO_AUGMENT, verbose=0, seed=1, swa_epochs=2)
-    metrics = fit(cfg)
-    root = os.path.dirname(shard_dir[0])
-    test = str(tmp_path_factory.mktemp("test") / "records")
-    write_shards(Source(f"{root}/images", csv=f"{root}/train.csv", labeled=False), test, spec=ImageSpec(image_size=32),
-                 split="test", shards=3, workers=0, progress=False)
-    return str(out), metrics, test
-
-
 def test_run_leaves_thresholds_predictions_and_valid_pictures(trained_run, shard_dir):
     out, metrics, _ = trained_run
     for name in ("learning_curves.png", "roc.png", "predictions.png", "roc-swa.png", "predictions-swa.png"):

@@ -31,25 +31,6 @@ def write(args):
     return write_main(args + ["--no-progress", "--workers", "0"])
 
 
-@pytest.fixture(scope="session")
-def slow_source(tmp_path_factory):
-    """400 noisy 800x600 JPEGs (slow enough to decode that a write can be interrupted half-way)."""
-    root = tmp_path_factory.mktemp("slow")
-    images = root / "images"
-    images.mkdir()
-    rng = np.random.default_rng(0)
-    rows = []
-    for i in range(400):
-        img = rng.integers(0, 256, (600, 800, 3), dtype=np.uint8)
-        cv2.imwrite(str(images / f"p{i:03d}.jpg"), img, [cv2.IMWRITE_JPEG_QUALITY, 90])
-        rows.append((f"p{i:03d}", ["x", "y", "x y", ""][i % 4]))
-    csv_path = write_csv(root / "train.csv", ["image", "labels"], rows)
-    args = ["--csv", str(csv_path), "--images", str(images), "--image-size", "32", "--shards", "16", "--folds", "4"]
-    reference = str(root / "reference")
-    assert write(args + ["--out", reference]) == 0  # the uninterrupted run to compare with
-    return args, reference
-
-
 def finished_shards(out):
     path = os.path.join(out, ".staging", "progress.json")
     try:

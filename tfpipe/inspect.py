@@ -13,8 +13,6 @@ import sys
 
 import numpy as np
 
-from google.protobuf.message import DecodeError
-
 from tfpipe import fs, schema
 from tfpipe.errors import ArgumentParser, TfpipeError, option, run_cli
 from tfpipe.shards import open_shards, verify
@@ -47,10 +45,7 @@ def scan(shards, limit):
 
 
 def _parse(raw, path):
-    try:
-        example = schema.Example.FromString(raw)
-    except DecodeError:
-        raise TfpipeError(f"{path}: its records are not tf.train.Example protos; tfpipe reads only those") from None
+    example = schema.parse_record(raw, path)
     return {key: (feature.WhichOneof("kind"), _values(feature)) for key, feature in example.features.feature.items()}
 
 
@@ -139,7 +134,7 @@ def inspect_shards(records, *, scan_records=SCAN_RECORDS, sheet=None, sheet_coun
     for name, value in (("scan_records", scan_records), ("sheet_count", sheet_count)):
         if value < 1:
             raise TfpipeError(f"{option(name)} must be at least 1 (got {value})")
-    shards = open_shards(records)
+    shards = open_shards(records, any_schema=True)  # inspect also reads other writers' records
     rows, unreadable = scan(shards, scan_records)
     fields = infer_schema(rows)
     image_key, label_key = pick_keys(rows, image_key, label_key)

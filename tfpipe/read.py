@@ -168,6 +168,8 @@ def make_dataset(records, batch_size, *, image_size=None, training=False, folds=
     """
     options = _with_old_options(options, shuffle_buffer, cache_budget)
     shards = open_shards(records, folds)
+    if training and not shards.labeled:
+        raise TfpipeError(f"{records}: written unlabeled ({MANIFEST}: labeled false); training needs labels")
     size, classes = _checked_output(records, shards, image_size, num_classes, label_mode)
     files, shard_records = shard_for_input(shards.files, input_context)
     cached = use_cache(cache, shards, size, options.cache_budget)

@@ -99,6 +99,16 @@ def encode_example(values):
     return example.SerializeToString(deterministic=True)
 
 
+def parse_record(raw, path):
+    """A record's bytes -> ``Example`` (no TensorFlow); bytes that are not an Example are an error naming ``path``."""
+    from google.protobuf.message import DecodeError
+
+    try:
+        return Example.FromString(raw)
+    except DecodeError:
+        raise TfpipeError(f"{path}: its records are not tf.train.Example protos; tfpipe reads only those") from None
+
+
 def decode_example(data):
     """Parses a serialized record into a dict (no TensorFlow; for tools and tests)."""
     example = Example.FromString(data)

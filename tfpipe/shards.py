@@ -19,7 +19,7 @@ import posixpath
 import re
 from concurrent.futures import ThreadPoolExecutor
 
-from tfpipe import fs
+from tfpipe import fs, schema
 from tfpipe.errors import TfpipeError, option
 from tfpipe.tfrecord import CorruptRecord, read_records
 
@@ -141,13 +141,15 @@ class Shards:
         return (self.manifest or {}).get("labeled", True)
 
 
-def open_shards(records, folds=None):
+def open_shards(records, folds=None, any_schema=False):
     """Opens what a user calls ``records``: the one resolver behind every reader, ``inspect`` and ``train``.
 
     Args:
       records: a folder written by ``tfpipe.write`` (local or ``gs://``), a glob pattern, a list of files,
         or ``Shards`` already opened.
       folds: fold numbers to keep (the folder must have been written with ``--folds``); None keeps all.
+      any_schema: accept files without a manifest whose records are not tfpipe's (``inspect``); otherwise the
+        first record of each such file must hold tfpipe's ``image`` feature.
 
     Returns:
       ``Shards`` with files sorted by name (the written order), sizes checked against the manifest.
@@ -171,7 +173,42 @@ def open_shards(records, folds=None):
         raise TfpipeError(f"{records or repr(records)}: no shard files found")
     if shards.manifest and not isinstance(records, Shards):
         check_sizes(shards.files, shards.manifest)
+    elif not shards.manifest and not isinstance(records, Shards) and not any_schema:
+        check_first_records(shards.files)
     return shards
+
+
+def check_first_records(files):
+    """For shards without a manifest (a glob, a list): the first record of each file must be a
+    ``tf.train.Example`` with tfpipe's ``image`` bytes, so a foreign ``.tfrec`` the glob picked up is named here
+    instead of failing later inside TensorFlow (``Feature: image is required``, no file named)."""
+    def problem(path):
+        try:
+            raw = next(read_records(path), None)
+        except CorruptRecord as e:
+            return str(e)
+        if raw is None:
+            return None  # an empty shard reads as nothing
+        try:
+            features = schema.parse_record(raw, path).features.feature
+        except TfpipeError as e:
+            return str(e)
+        if schema.IMAGE not in features or features[schema.IMAGE].WhichOneof("kind") != "bytes_list":
+            return (f"{path}: its records have no {schema.IMAGE!r} bytes feature (features: "
+                    f"{', '.join(sorted(features)) or 'none'}); not written by tfpipe.write -- leave it out of "
+                    "the glob or list")
+        return None
+
+    raise_first_problem(problem, files)
+
+
+def raise_first_problem(problem, files):
+    """Runs ``problem(path)`` for every file at once (one request each is slow on a bucket) and raises the first
+    message, in file order, as a ``TfpipeError``."""
+    with ThreadPoolExecutor(STAT_THREADS) as pool:
+        for message in pool.map(problem, files):
+            if message:
+                raise TfpipeError(message)
 
 
 def select_folds(shards, folds, records):
@@ -223,10 +260,7 @@ def check_sizes(files, manifest):
                     "check with python -m tfpipe.inspect --verify)")
         return None
 
-    with ThreadPoolExecutor(STAT_THREADS) as pool:
-        for message in pool.map(problem, files):
-            if message:
-                raise TfpipeError(message)
+    raise_first_problem(problem, files)
 
 
 def verify(shards):

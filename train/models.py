@@ -76,6 +76,12 @@ MODELS.update({f"efficientnet-b{i}": _efficientnet(f"B{i}") for i in range(8)})
 MODELS.update({f"efficientnetv2-{v.lower()}": _efficientnet_v2(v) for v in ("S", "M", "L", "B0", "B1", "B2", "B3")})
 
 
+def min_image_size(name):
+    """The smallest input side a model takes: EfficientNets downsample 32x (Keras refuses below 32);
+    small-cnn's three poolings need 8."""
+    return 8 if name == "small-cnn" else 32
+
+
 def build_model(name, num_classes, image_size, *, weights=None, multi_label=True, dropout=DROPOUT):
     """Builds ``uint8 image -> cast -> normalise -> backbone -> pool -> dropout -> dense``.
 

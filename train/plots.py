@@ -13,6 +13,9 @@ from tfpipe import fs
 from tfpipe.deps import require
 
 RIGHT, WRONG = "tab:blue", "tab:red"
+# Keras' AUC during training is a binned estimate; the exact figure of the saved model is in roc.png and
+# metrics.json (report.roc_auc_macro), and the two are not the same number.
+TITLES = {"auc": "AUC (Keras' binned estimate)"}
 
 
 def subplots(rows, columns, figsize):
@@ -37,8 +40,9 @@ def learning_curves(history, path):
         ax.plot(epochs, history[name], marker=".", label="train" if name != "lr" else "learning rate")
         if f"val_{name}" in history:
             ax.plot(epochs, history[f"val_{name}"], marker=".", label="validation")
-        ax.set_title(name)
+        ax.set_title(TITLES.get(name, name))
         ax.set_xlabel("epoch")
+        ax.xaxis.set_major_locator(require("matplotlib.ticker").MaxNLocator(integer=True))  # whole epochs
         ax.grid(alpha=0.3)
         ax.legend()
     save(fig, path)

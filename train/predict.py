@@ -11,6 +11,7 @@ batches are padded to static shapes and the padding rows are dropped.
 """
 import json
 import math
+import posixpath
 import sys
 
 import numpy as np
@@ -22,7 +23,7 @@ import tensorflow as tf  # noqa: E402
 
 import tfpipe
 from tfpipe import fs
-from tfpipe.errors import ArgumentParser, TfpipeError, option, run_cli
+from tfpipe.errors import ArgumentParser, TfpipeError, check_at_least, check_path, option, run_cli
 from tfpipe.shards import read_manifest
 from train.strategy import STRATEGIES, resolve_strategy
 
@@ -50,12 +51,17 @@ def tta_view(images, k):
     return tf.reverse(images, axis=[2]) if flip else images
 
 
-def load_run(run):
-    """(model, run config) of a ``train.fit`` run folder."""
+def read_run_config(run):
+    """A ``train.fit`` run folder's ``config.json`` (classes, input size, head, settings)."""
     path = f"{run}/{RUN_CONFIG}"
     if not fs.exists(path):
         raise TfpipeError(f"{run}: no {RUN_CONFIG}; is this a run folder written by train.fit?")
-    config = json.loads(fs.read_text(path))
+    return json.loads(fs.read_text(path))
+
+
+def load_run(run):
+    """(model, run config) of a ``train.fit`` run folder."""
+    config = read_run_config(run)
     model_path = f"{run}/model.keras"
     if not fs.exists(model_path):
         raise TfpipeError(f"{run}: no model.keras; the run did not finish (continue it with train.fit --resume)")
@@ -75,8 +81,7 @@ def predict_probabilities(model, source, strategy, *, batch_size, image_size, nu
     Every replica gets a full padded batch, so shapes stay static; the padding
     rows (at the end, in written order) are dropped.
     """
-    if not 1 <= tta <= len(TTA_VIEWS):
-        raise TfpipeError(f"{option('tta')} must be in 1..{len(TTA_VIEWS)} (got {tta})")
+    check_tta(tta)
     n = tfpipe.count_examples(source, folds)
     global_batch = batch_size * strategy.num_replicas_in_sync
     steps = math.ceil(n / global_batch)
@@ -90,6 +95,11 @@ def predict_probabilities(model, source, strategy, *, batch_size, image_size, nu
         ds = strategy.distribute_datasets_from_function(dataset_fn)
         total += model.predict(ds, steps=steps, verbose=0)[:n]
     return (total / tta).astype(np.float32)
+
+
+def check_tta(tta):
+    if not 1 <= tta <= len(TTA_VIEWS):
+        raise TfpipeError(f"{option('tta')} must be in 1..{len(TTA_VIEWS)} (got {tta})")
 
 
 def labels_at(probs, classes, thresholds, single_label):
@@ -126,6 +136,12 @@ def predict(run, records, out="submission.csv", *, tta=1, threshold=None, probab
     """
     import pandas as pd
 
+    check_path(run=run, records=records)
+    check_at_least(1, batch_size=batch_size, replicas=replicas)
+    check_tta(tta)
+    _check_destination(out)
+    config = read_run_config(run)
+    check_run_fits_records(config, records)
     strat, _ = resolve_strategy(strategy, replicas)
     with strat.scope():  # variables placed on every replica
         model, config = load_run(run)
@@ -144,6 +160,37 @@ def predict(run, records, out="submission.csv", *, tta=1, threshold=None, probab
     if out:
         fs.write_atomic(out, df.to_csv(index=False))  # complete or absent, also on gs://
     return df
+
+
+def _check_destination(out):
+    """Before any predicting: ``out`` must be a file name whose folder exists (created if missing)."""
+    if not out:
+        return
+    if fs.isdir(out):
+        raise TfpipeError(f"{out} is a folder; {option('out')} names the CSV file to write")
+    folder = posixpath.dirname(out)
+    if folder and not fs.isdir(folder):
+        if fs.exists(folder):
+            raise TfpipeError(f"{folder} is a file, so {out} cannot be written")
+        fs.makedirs(folder)
+
+
+def check_run_fits_records(config, records):
+    """A run predicts only shards of its own classes (in its order) at its own input size: anything else would
+    be a full submission of wrong labels, or of silently resized images. Shards without a manifest (a glob)
+    carry no claims to check."""
+    shards = tfpipe.open_shards(records)
+    if shards.classes and list(shards.classes) != list(config["classes"]):  # unlabeled shards list none
+        raise TfpipeError(f"{records}: its classes ({_listed(shards.classes)}) are not the run's "
+                          f"({_listed(config['classes'])}); predict with a run trained on these classes")
+    if shards.image_size and shards.image_size != config["image_size"]:
+        raise TfpipeError(f"{records}: images stored at {shards.image_size} px, the run was trained at "
+                          f"{config['image_size']} px; write the shards again with --image-size "
+                          f"{config['image_size']}")
+
+
+def _listed(classes, most=6):
+    return ", ".join(classes[:most]) + (f", ... {len(classes)} in all" if len(classes) > most else "")
 
 
 def _id_column(records):
@@ -180,6 +227,7 @@ def build_parser():
 
 
 def run(args):
+    check_path(out=args.out)
     df = predict(args.run, args.records, args.out, tta=args.tta, threshold=args.threshold,
                  probabilities=args.probabilities, strategy=args.strategy, replicas=args.replicas,
                  batch_size=args.batch_size, id_column=args.id_column)

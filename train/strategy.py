@@ -3,7 +3,7 @@ import glob
 import os
 
 from tfpipe.deps import require
-from tfpipe.errors import TfpipeError
+from tfpipe.errors import TfpipeError, option
 
 tf = require("tensorflow")
 
@@ -65,6 +65,9 @@ def resolve_strategy(name="auto", replicas=None):
         return name, strategy_kind(name)
     if name not in STRATEGIES:
         raise TfpipeError(f"unknown strategy {name!r}: use one of {', '.join(STRATEGIES)}")
+    if replicas is not None and replicas != 1 and name in ("tpu", "gpu"):
+        raise TfpipeError(f"{option('replicas')} sets virtual CPU replicas (--strategy cpu); a {name.upper()} "
+                          "strategy uses every core or device it finds")
     if name == "tpu" or (name == "auto" and tpu_present()):
         return connect_tpu(), "tpu"
     if replicas and replicas > 1 and name in ("cpu", "auto"):
