@@ -14,6 +14,8 @@ import platform
 import subprocess
 import sys
 
+from tfpipe.processes import child_of_this_process
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FULL = {"n": 300, "writer_reps": 3, "times": 8, "reps": 3, "epochs": 3, "steps": 64}
 SMOKE = {"n": 4, "writer_reps": 1, "times": 1, "reps": 1, "epochs": 2, "steps": 4}
@@ -36,6 +38,7 @@ def bench(module, args, work, only=None):
         with open(out) as f:
             return json.load(f)
     subprocess.run([sys.executable, "-m", f"bench.{module}", *args, "--json", out], check=True, cwd=ROOT,
+                   preexec_fn=child_of_this_process(),  # a killed benchmark leaves no process behind
                    env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=ROOT))
     with open(out) as f:
         return json.load(f)

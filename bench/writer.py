@@ -19,6 +19,7 @@ import tempfile
 import time
 
 from bench.common import dump, replicate_corpus
+from tfpipe.processes import child_of_this_process
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SIZE = 256
@@ -61,7 +62,9 @@ def codec_limit(csv_path, images):
 
     with open(csv_path) as f:
         paths = [os.path.join(images, row["image"] + ".jpg") for row in csv.DictReader(f)]
-    with multiprocessing.get_context("fork").Pool(os.cpu_count()) as pool:
+    from tfpipe.processes import die_with_parent
+
+    with multiprocessing.get_context("fork").Pool(os.cpu_count(), die_with_parent, (os.getpid(),)) as pool:
         sum(pool.map(_codec_work, paths, chunksize=8))
 
 
@@ -95,6 +98,7 @@ def time_process(name, csv_path, images):
         start = time.perf_counter()
         proc = subprocess.run([sys.executable, "-m", "bench.writer", "--one", name, "--csv", csv_path, "--images",
                                images, "--out", out], capture_output=True, text=True, cwd=ROOT,
+                              preexec_fn=child_of_this_process(),
                               env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=ROOT))
         seconds = time.perf_counter() - start
     if proc.returncode:

@@ -519,3 +519,44 @@ def test_the_headline_auc_is_the_exact_one_and_the_estimate_is_labelled(trained_
 
     line = _headline_auc(metrics)
     assert line.startswith(f"{exact:.4f} (exact; Keras' binned estimate ")
+
+
+def test_a_benchmark_child_dies_with_its_parent(tmp_path):
+    """bench/ starts each contender as a subprocess (``preexec_fn=child_of_this_process()``)."""
+    pid_file = tmp_path / "child.pid"
+    child_code = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(600)"
+    script = tmp_path / "parent.py"
+    script.write_text("import subprocess, sys\nfrom tfpipe.processes import child_of_this_process\n"
+                      f"subprocess.run([sys.executable, '-c', {child_code!r}], preexec_fn=child_of_this_process())\n")
+    parent = subprocess.Popen([sys.executable, str(script)], env=ENV, cwd=ROOT)
+    deadline = time.time() + 60
+    while not pid_file.exists() or not pid_file.read_text():
+        assert parent.poll() is None and time.time() < deadline
+        time.sleep(0.05)
+    child = int(pid_file.read_text())
+    parent.kill()
+    parent.wait(10)
+    deadline = time.time() + 3
+    while alive(child) and time.time() < deadline:
+        time.sleep(0.05)
+    if alive(child):
+        os.kill(child, signal.SIGKILL)
+        pytest.fail("the child outlived its parent")
+
+
+def test_predict_replaces_only_an_earlier_submission(trained_run, tmp_path, capsys):
+    from train.predict import main
+
+    run, _, test = trained_run
+    victim = tmp_path / "train.csv"
+    victim.write_text("image,labels\nx,cat\n")
+    assert main(["--run", run, "--records", test, "--out", str(victim), "--strategy", "cpu"]) == 2
+    one_line_error(capsys, "train.csv exists and is not an earlier submission for these records")
+    assert victim.read_text() == "image,labels\nx,cat\n"
+    manifest = os.path.join(test, "manifest.json")
+    before = open(manifest).read()
+    assert main(["--run", run, "--records", test, "--out", manifest, "--strategy", "cpu"]) == 2
+    assert open(manifest).read() == before
+    out = tmp_path / "submission.csv"
+    assert main(["--run", run, "--records", test, "--out", str(out), "--strategy", "cpu"]) == 0
+    assert main(["--run", run, "--records", test, "--out", str(out), "--strategy", "cpu"]) == 0  # a re-run replaces

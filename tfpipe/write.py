@@ -22,6 +22,7 @@ from tfpipe.errors import (ArgumentParser, TfpipeError, check_at_least, check_pa
                            run_cli)
 from tfpipe.encode import encode_item
 from tfpipe.images import FITS, FORMATS, ImageSpec
+from tfpipe.processes import die_with_parent
 from tfpipe.shards import MANIFEST, check_split, read_manifest
 from tfpipe.staging import StagedShards, WriteLock, check_destination, num_shards, plan
 from tfpipe.sources import LabelFormat, Source, class_names, targets  # noqa: F401  (Source: tfpipe.write.Source)
@@ -56,30 +57,6 @@ def _worker_init(parent_pid, _):
 
     die_with_parent(parent_pid)
     cv2.setNumThreads(1)  # one process per core already; OpenCV threads would oversubscribe
-
-
-def die_with_parent(parent_pid, poll_seconds=1.0):
-    """Ends this (worker) process when ``parent_pid`` ends, however it ends (``kill -9``, SIGTERM).
-
-    torch's own check runs only while a worker waits for work; a worker blocked writing results into a full
-    pipe nobody reads any more would wait forever. On Linux the kernel sends SIGKILL at the parent's death
-    (``PR_SET_PDEATHSIG``); elsewhere a daemon thread watches the parent id.
-    """
-    import ctypes
-    import signal
-    import threading
-
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
-    except (AttributeError, OSError):  # not Linux: poll instead
-        def watch():
-            while os.getppid() == parent_pid:
-                time.sleep(poll_seconds)
-            os._exit(1)
-
-        threading.Thread(target=watch, daemon=True, name="tfpipe-parent-watch").start()
-    if os.getppid() != parent_pid:  # the parent died before the line above took effect
-        os._exit(1)
 
 
 def start_encoding(dataset, num_workers, start_method):

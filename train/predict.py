@@ -139,9 +139,12 @@ def predict(run, records, out="submission.csv", *, tta=1, threshold=None, probab
     check_path(run=run, records=records)
     check_at_least(1, batch_size=batch_size, replicas=replicas)
     check_tta(tta)
-    _check_destination(out)
     config = read_run_config(run)
     check_run_fits_records(config, records)
+    id_column = id_column or _id_column(records)
+    columns = [id_column, *(config["classes"] if probabilities else ["labels"])]
+    ids = tfpipe.image_names(records)
+    _check_destination(out, columns, ids)
     strat, _ = resolve_strategy(strategy, replicas)
     with strat.scope():  # variables placed on every replica
         model, config = load_run(run)
@@ -149,8 +152,6 @@ def predict(run, records, out="submission.csv", *, tta=1, threshold=None, probab
     with tfpipe.naming_corrupt_shards(records):
         probs = predict_probabilities(model, records, strat, batch_size=batch_size, image_size=size,
                                       num_classes=len(classes), tta=tta)
-    ids = tfpipe.image_names(records)
-    id_column = id_column or _id_column(records)
     if probabilities:
         df = pd.DataFrame(probs, columns=classes)
         df.insert(0, id_column, ids)
@@ -162,17 +163,35 @@ def predict(run, records, out="submission.csv", *, tta=1, threshold=None, probab
     return df
 
 
-def _check_destination(out):
-    """Before any predicting: ``out`` must be a file name whose folder exists (created if missing)."""
+def _check_destination(out, columns, ids):
+    """Before any predicting: ``out`` must be a file name whose folder exists (created if missing). An existing
+    file there is replaced only when it is an earlier submission for these records (same columns, same ids in
+    the same order: a re-run), never a CSV, manifest or anything else named as ``out`` by mistake -- a
+    ``train.csv`` often has a submission's header, but not the test ids."""
     if not out:
         return
     if fs.isdir(out):
         raise TfpipeError(f"{out} is a folder; {option('out')} names the CSV file to write")
+    if fs.exists(out) and not _is_submission(out, columns, ids):
+        raise TfpipeError(f"{out} exists and is not an earlier submission for these records (columns "
+                          f"{','.join(columns)}, {len(ids)} ids in order); it is not replaced -- remove it or choose "
+                          f"another {option('out')}")
     folder = posixpath.dirname(out)
     if folder and not fs.isdir(folder):
         if fs.exists(folder):
             raise TfpipeError(f"{folder} is a file, so {out} cannot be written")
         fs.makedirs(folder)
+
+
+def _is_submission(path, columns, ids):
+    import pandas as pd
+
+    try:
+        with fs.open(path, "rb") as f:
+            table = pd.read_csv(f, dtype=str, keep_default_na=False)
+    except (ValueError, UnicodeDecodeError):  # not a CSV at all (pandas' parser errors are ValueErrors)
+        return False
+    return list(table.columns) == list(columns) and table.iloc[:, 0].tolist() == list(ids)
 
 
 def check_run_fits_records(config, records):
