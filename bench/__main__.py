@@ -1,6 +1,6 @@
-"""Every benchmark in one run: corpus -> writer -> reader -> training; a table, bench/results.md and a chart.
+"""Every benchmark in one run: corpus -> writer -> reader -> training -> TPU dry run; bench/results.md and a chart.
 
-    python -m bench               # make bench: ~20 min on 2 cores
+    python -m bench               # make bench: ~40 min on 2 cores
     python -m bench --smoke       # a handful of images, to check the benchmarks still run
 
 Each benchmark runs in its own process (the training one needs 8 virtual CPU
@@ -97,7 +97,7 @@ def main(argv=None):
     p.add_argument("--smoke", action="store_true", help="tiny sizes: checks that every benchmark runs")
     p.add_argument("--work", default=os.path.join(ROOT, "bench", "out"), help="corpus and shards (reused)")
     p.add_argument("--results", default=os.path.join(ROOT, "bench", "results.md"))
-    p.add_argument("--only", choices=("writer", "reader", "training", "none"),
+    p.add_argument("--only", choices=("writer", "reader", "training", "dry_run", "none"),
                    help="rerun one benchmark (none: just rewrite the report); the others' figures come from "
                         "their last run in --work")
     args = p.parse_args(argv)
@@ -115,15 +115,19 @@ def main(argv=None):
     training = bench("training", [*common, "--steps", str(cfg["steps"]), "--reps", str(cfg["reps"])], args.work,
                      args.only)
 
-    from bench import reader as reader_lib, training as training_lib, writer as writer_lib
+    dry_run = bench("dry_run", ["--work", args.work, *(["--smoke"] if args.smoke else [])], args.work, args.only)
 
-    rows = ratios(writer, reader, training)
+    from bench import dry_run as dry_run_lib, reader as reader_lib, training as training_lib, writer as writer_lib
+
+    rows = ratios(writer, reader, training) + [
+        ("TPU dry run: 1 / 8 replicas, train.fit", 1 / dry_run_lib.ratios(dry_run)["fit"], 0.5),
+        ("TPU dry run: 1 / 8 replicas, train.predict", 1 / dry_run_lib.ratios(dry_run)["predict"], 1 / 1.5)]
     summary = ["| figure | measured | goal |", "|---|---|---|"] + [
         f"| {name} | {value:.2f} | {'' if goal is None else ('<= 1.25' if 'RSS' in name else f'>= {goal}')} |"
         for name, value, goal in rows]
     text = "\n\n".join([f"# Benchmark results{' (smoke run: sizes too small to mean anything)' if args.smoke else ''}",
                         machine(), "\n".join(summary), writer_lib.report(writer), reader_lib.report(reader),
-                        training_lib.report(training),
+                        training_lib.report(training), dry_run_lib.report(dry_run),
                         "Reproduce: `make bench` (or `python -m bench`). Each figure is a ratio of two things measured "
                         "in this run on the same data."]) + "\n"
     with open(args.results, "w") as f:

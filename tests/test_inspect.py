@@ -11,7 +11,7 @@ from PIL import Image
 
 from tests.conftest import gradient_image, jpeg_bytes
 from tfpipe.errors import TfpipeError
-from tfpipe.inspect import inspect_shards
+from tfpipe.inspect import CAPTION_HEIGHT, inspect_shards
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -26,7 +26,7 @@ def test_our_shards_schema_labels_and_sheet(shard_dir, tmp_path):
     assert info["label_counts"] == {0: 16, 1: 16, 2: 24}  # a, b, c over the 40 records
     assert "8 files, 40 records" in buf.getvalue() and "verified" in buf.getvalue()
     with Image.open(sheet) as im:
-        assert im.format == "PNG" and im.size[0] == 8 * 128 and im.size[1] == 2 * (128 + 16)
+        assert im.format == "PNG" and im.size[0] == 8 * 128 and im.size[1] == 2 * (128 + CAPTION_HEIGHT)
 
 
 def foreign_example(i):
@@ -94,3 +94,14 @@ def test_counts_below_one_are_one_line_errors(shard_dir, flag, capsys):
 
     assert main([shard_dir[0], flag, "0", "--no-sheet"]) == 2
     assert capsys.readouterr().err.strip() == f"tfpipe.inspect: error: {flag} must be at least 1 (got 0)"
+
+
+def test_sheet_captions_carry_the_id_and_say_unlabeled_or_no_labels():
+    from tfpipe.inspect import _caption_id, _caption_labels
+
+    row = {"image_name": ("bytes_list", [b"folder/some-rather-long-image-name-0042.jpg"]), "target": ("int64_list", [])}
+    assert _caption_id(row).endswith("name-0042.jpg") and len(_caption_id(row)) <= 24
+    assert _caption_labels(row, "target", ["a", "b"], labeled=True) == "no labels"
+    assert _caption_labels(row, "target", ["a", "b"], labeled=False) == "unlabeled"
+    row["target"] = ("int64_list", [1, 0])
+    assert _caption_labels(row, "target", ["a", "b"], labeled=True) == "b a"

@@ -65,3 +65,15 @@ def test_functions_in_tfpipe_are_small():
                 if node.end_lineno - start + 1 > MAX_FUNCTION_LINES:
                     long.append(f"{os.path.relpath(path, ROOT)}:{node.lineno} {node.name}")
     assert long == []
+
+
+def test_the_names_the_command_lines_offer_match_the_tables():
+    from train import names
+    from train.inference import TTA_VIEWS
+    from train.models import MODELS
+    from train.schedules import make_schedule
+
+    assert sorted(MODELS) == sorted(names.MODEL_NAMES)
+    assert len(TTA_VIEWS) == names.TTA_VIEW_COUNT
+    for schedule in names.SCHEDULES:
+        make_schedule(schedule, 1e-3, 10, 2, 1.0)  # each name builds

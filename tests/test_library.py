@@ -1,5 +1,7 @@
 """tfpipe behaves like a library: importing it changes nothing in the host process, optional dependencies are
 imported where used, and a missing one is one line naming the pip install (each case in a fresh process)."""
+import argparse
+import importlib
 import os
 import subprocess
 import sys
@@ -74,13 +76,14 @@ def test_writer_without_torch_is_one_line(labeled_folder):
 
 
 @pytest.mark.parametrize("how", ["python -m", "console script"])
-def test_fit_without_tf_keras_is_one_line(how):
+def test_fit_without_tf_keras_is_one_line(how, shard_dir, tmp_path):
     import tensorflow as tf
 
+    args = f"'--records', {shard_dir[0]!r}, '--out', {str(tmp_path / 'run')!r}"
     if how == "python -m":
-        code = HIDE + "import runpy\nsys.argv = ['train.fit', '--help']\nrunpy.run_module('train.fit', run_name='__main__', alter_sys=True)"
+        code = HIDE + f"import runpy\nsys.argv = ['train.fit', {args}]\nrunpy.run_module('train.fit', run_name='__main__', alter_sys=True)"
     else:
-        code = HIDE + "sys.argv = ['/venv/bin/tfpipe-fit', '--help']\nfrom train.fit import main\nsys.exit(main())"
+        code = HIDE + f"sys.argv = ['/venv/bin/tfpipe-fit', {args}]\nfrom train.fit import main\nsys.exit(main())"
     done = python(code, "tf_keras")
     release = ".".join(tf.__version__.split(".")[:2])
     assert done.returncode == 2, done.stderr
@@ -91,8 +94,8 @@ def test_fit_without_tf_keras_is_one_line(how):
 
 
 def test_fit_imported_without_tf_keras_raises_import_error():
-    done = python(HIDE + "try:\n    import train.fit\nexcept ImportError as e:\n    print(type(e).__name__, '|', e)",
-                  "tf_keras")
+    done = python(HIDE + "import train.fit\ntry:\n    train.fit.compile_model\nexcept ImportError as e:\n"
+                  "    print(type(e).__name__, '|', e)", "tf_keras")
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("MissingDependency | training needs tf-keras"), done.stdout
 
@@ -126,3 +129,64 @@ def test_readme_cells_are_there_and_compile():
     assert cells[0].strip().splitlines()[-1].startswith('%pip install -q "tfpipe[train] @ git+https://')
     for cell in cells[1:]:
         compile(cell, "<readme cell>", "exec")
+
+
+COMMANDS = ("tfpipe.write", "tfpipe.inspect", "tfpipe.demo", "train.fit", "train.predict")
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_help_answers_at_once_without_tensorflow_and_shows_defaults(command):
+    code = ("import sys, time, runpy, contextlib, io\nt = time.perf_counter()\nout = io.StringIO()\n"
+            f"sys.argv = [{command!r}, '--help']\n"
+            "with contextlib.redirect_stdout(out):\n"
+            "    try:\n"
+            f"        runpy.run_module({command!r}, run_name='__main__', alter_sys=True)\n"
+            "    except SystemExit:\n        pass\n"
+            "print(time.perf_counter() - t, 'tensorflow' in sys.modules, 'torch' in sys.modules)\n"
+            "print(out.getvalue())")
+    done = python(code)
+    assert done.returncode == 0, done.stderr
+    first, text = done.stdout.split("\n", 1)
+    seconds, tensorflow, torch = first.split()
+    assert (tensorflow, torch) == ("False", "False") and float(seconds) < 3.0, first
+    assert "usage: python -m " + command in text
+    flat = " ".join(text.split())
+    for action in importlib.import_module(command).build_parser()._actions:  # every value default is shown
+        if action.option_strings and action.default not in (None, False, argparse.SUPPRESS):
+            assert f"default: {action.default}" in flat or "default" in (action.help or ""), action.option_strings
+
+
+def test_tensorflow_start_up_lines_are_held_back_unless_asked_for(shard_dir, tmp_path):
+    """A command that starts TensorFlow and fails at once: exactly its one error line; TFPIPE_VERBOSE=1 shows
+    TensorFlow's own lines again."""
+    env = {k: v for k, v in os.environ.items() if k not in ("TF_CPP_MIN_LOG_LEVEL", "TFPIPE_VERBOSE")}
+    cmd = [sys.executable, "-m", "train.predict", "--run", str(tmp_path / "no-run"), "--records", shard_dir[0]]
+    quiet = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
+    assert quiet.returncode == 2
+    assert quiet.stderr.strip().splitlines() == [f"train.predict: error: {tmp_path / 'no-run'}: no config.json; is "
+                                                 "this a run folder written by train.fit?"]
+    loud = subprocess.run(cmd, capture_output=True, text=True, env=dict(env, TFPIPE_VERBOSE="1"), cwd=ROOT)
+    assert "absl::InitializeLog()" in loud.stderr and len(loud.stderr.strip().splitlines()) > 1
+
+
+def test_the_stderr_filter_passes_progress_bars_and_drops_whole_noise_lines():
+    import threading
+
+    from tfpipe.console import _forward
+
+    src_r, src_w = os.pipe()
+    dst_r, dst_w = os.pipe()
+    thread = threading.Thread(target=_forward, args=(src_r, dst_w))
+    thread.start()
+    for part in (b"write train:  50%|##   | 6/12\r", b"write train: 100%|#####| 12/12\n",
+                 b"I0000 00:00:1795412900.936833   27851 port.cc:153] oneDNN custom operations are on.\n",
+                 b"E0000 00:00:17", b"95412900.9 1 cuda_executor.cc:1] failed call to cuInit\n",
+                 b"Epoch 1/2\n", b"tfpipe.write: error: x\n"):
+        os.write(src_w, part)
+    os.close(src_w)
+    thread.join(5)
+    os.close(dst_w)
+    with os.fdopen(dst_r, "rb") as f:
+        got = f.read()
+    assert got == (b"write train:  50%|##   | 6/12\rwrite train: 100%|#####| 12/12\nEpoch 1/2\n"
+                   b"tfpipe.write: error: x\n")

@@ -190,3 +190,28 @@ def test_reads_from_ram_filesystem(shards):
     assert read.image_names(remote) == read.image_names(out)
     x, _ = next(iter(read.make_dataset(remote, 4, training=True)))
     assert x.shape == (4, 32, 32, 3)
+
+
+def test_the_readme_snippet_for_canonical_kaggle_readers_gives_multi_hot_batches(shard_dir):
+    """The README's two lines for the usual notebook reader: without them .batch() fails on our variable-length
+    targets; with them the batches equal make_dataset's."""
+    import os
+
+    from tests.readme_cells import fenced_blocks
+
+    readme = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")
+    (snippet,) = fenced_blocks(readme, "canonical")
+    namespace = {"GCS_PATH": shard_dir[0]}
+    exec(snippet, namespace)
+    images, labels = [np.concatenate(parts) for parts in zip(*[(i.numpy(), t.numpy()) for i, t in namespace["ds"]])]
+    expected_images, expected = [np.concatenate(parts) for parts in zip(*[
+        (i.numpy(), t.numpy()) for i, t in read.make_dataset(shard_dir[0], 16)])]
+    np.testing.assert_array_equal(labels, expected)
+    np.testing.assert_array_equal(images, expected_images)
+    assert labels.sum(1).min() == 0 and labels.sum(1).max() == 3  # empty lists and three labels both present
+    without = snippet.replace('tf.reduce_sum(tf.one_hot(example["target"], NUM_CLASSES), axis=0)', 'example["target"]')
+    assert without != snippet
+    namespace = {"GCS_PATH": shard_dir[0]}
+    exec(without, namespace)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="Cannot add tensor to the batch"):
+        list(namespace["ds"])

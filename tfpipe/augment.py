@@ -14,9 +14,9 @@ mix the multi-hot targets by the same weights as the pixels.
 """
 import dataclasses
 
-from tfpipe.deps import require
+from tfpipe.deps import lazy_module
 
-tf = require("tensorflow")
+tf = lazy_module("tensorflow")  # imported when first used: Augment (a configuration) needs no TensorFlow
 
 
 @dataclasses.dataclass(frozen=True)

@@ -100,13 +100,17 @@ def run(args):
     print(f"demo dataset: {args.train} train + {args.test} test images, classes {' '.join(SHAPES)} -> {args.out}")
 
 
-def main(argv=None):
+def build_parser():
     p = ArgumentParser(prog="python -m tfpipe.demo", description=__doc__.split("\n\n")[0])
     p.add_argument("out", help="output folder")
-    p.add_argument("--train", type=int, default=2000, help="labeled images (default: 2000)")
-    p.add_argument("--test", type=int, default=400, help="unlabeled images (default: 400)")
-    p.add_argument("--seed", type=int, default=0)
-    return run_cli("tfpipe.demo", run, p.parse_args(argv))
+    p.add_argument("--train", type=int, default=2000, help="labeled images")
+    p.add_argument("--test", type=int, default=400, help="unlabeled images")
+    p.add_argument("--seed", type=int, default=0, help="seed of the drawing")
+    return p
+
+
+def main(argv=None):
+    return run_cli("tfpipe.demo", run, build_parser().parse_args(argv))
 
 
 if __name__ == "__main__":

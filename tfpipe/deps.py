@@ -7,8 +7,6 @@ tfpipe's core (pyproject.toml ``dependencies``) needs neither TensorFlow nor tor
 import importlib
 import importlib.metadata
 import importlib.util
-import os
-import sys
 
 from tfpipe.errors import TfpipeError
 
@@ -21,7 +19,6 @@ OPTIONAL = {
     "efficientnet": ("'tfpipe[train]'", "the EfficientNet models"),
     "matplotlib": ("'tfpipe[train]'", "the run's pictures"),
 }
-COMMANDS = {"train.fit": "tfpipe-fit", "train.predict": "tfpipe-predict"}  # console scripts (pyproject.toml)
 
 
 class MissingDependency(TfpipeError, ImportError):
@@ -58,31 +55,32 @@ def keras_problem(tf_version):
     return None
 
 
-def require_keras(prog):
-    """Returns the ``tf_keras`` module for the ``train`` modules; TensorFlow and tf-keras must be the same release.
+def require_keras():
+    """Returns the ``tf_keras`` module for the ``train`` engine; TensorFlow and tf-keras must be the same release.
 
     Keras 3 cannot train with ``steps_per_execution > 1`` under MirroredStrategy (keras-team/keras#19246),
-    so training uses tf-keras. When it is missing or of another release: one line and exit code 2 when
-    ``prog`` (e.g. "train.fit") is the running command, else ``MissingDependency``. The running command
-    (only) also quiets TensorFlow's C++ info lines before TensorFlow is imported; an import changes nothing.
+    so training uses tf-keras. When it is missing or of another release: ``MissingDependency`` saying what to
+    install (a ``TfpipeError``: one line and exit code 2 under a command).
     """
-    if _is_command(prog):
-        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     try:
         tf = require("tensorflow")
         problem = keras_problem(tf.__version__)
     except MissingDependency as e:
         problem = str(e)
-    if problem is None:
-        return importlib.import_module("tf_keras")
-    if _is_command(prog):
-        print(f"{prog}: error: {problem}", file=sys.stderr)
-        sys.exit(2)
-    raise MissingDependency(problem)
+    if problem is not None:
+        raise MissingDependency(problem)
+    return importlib.import_module("tf_keras")
 
 
-def _is_command(prog):
-    """Whether ``prog`` runs as ``python -m prog`` or as its console script (not imported from a notebook)."""
-    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
-    script = os.path.basename(sys.argv[0]) if sys.argv else ""
-    return (spec is not None and spec.name == prog) or script == COMMANDS.get(prog)
+def lazy_module(name):
+    """A stand-in for module ``name`` that imports it (through ``require``) when an attribute is first used:
+    modules whose functions use TensorFlow can be imported by TensorFlow-free code (configuration classes,
+    ``--help``) without starting it."""
+    class Lazy:
+        def __getattr__(self, attr):
+            return getattr(require(name), attr)
+
+        def __repr__(self):
+            return f"<lazy module {name!r}>"
+
+    return Lazy()

@@ -50,9 +50,24 @@ def renamed(old, new, stacklevel=3):
                   stacklevel=stacklevel)
 
 
+class DefaultsFormatter(argparse.HelpFormatter):
+    """``--help`` shows every option's default: ``(default: X)`` is added unless the help already says it or
+    there is none to show (a flag's False, an unset None)."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if "default" in text or action.default in (None, False, argparse.SUPPRESS) or not action.option_strings:
+            return text
+        return f"{text} (default: {action.default})"
+
+
 class ArgumentParser(argparse.ArgumentParser):
     """argparse with one-line errors: ``prog: error: argument --epochs: invalid int value: 'x' (see --help)``
-    and exit code 2, instead of the full usage block before it."""
+    and exit code 2, instead of the full usage block before it; ``--help`` shows the defaults."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", DefaultsFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
@@ -61,13 +76,17 @@ class ArgumentParser(argparse.ArgumentParser):
 def run_cli(prog, fn, *args):
     """Runs ``fn(*args)`` for an entry point and returns its exit code.
 
-    A ``TfpipeError`` becomes ``prog: error: message`` on stderr and exit code 2, and so does an ``OSError``
+    TensorFlow's start-up lines are held back meanwhile (``tfpipe.console``). A ``TfpipeError`` becomes
+    ``prog: error: message`` on stderr and exit code 2, and so does an ``OSError``
     (a full disk, an unreadable file: the machine's problem, not a bug, and its message names the file);
     Ctrl-C becomes exit code 130. Anything else is a bug and keeps its traceback.
     """
+    from tfpipe.console import quiet_tensorflow
+
     token = _COMMAND.set(prog)
     try:
-        fn(*args)
+        with quiet_tensorflow():  # TensorFlow's start-up lines held back (TFPIPE_VERBOSE=1 shows them)
+            fn(*args)
     except TfpipeError as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 2

@@ -21,7 +21,8 @@ from tfpipe.tfrecord import CorruptRecord, read_records
 SCAN_RECORDS = 5000  # records read for the schema and label frequencies
 SHEET_COLUMNS = 8
 SHEET_TILE = 128  # pixels per contact-sheet tile
-CAPTION_HEIGHT = 16
+CAPTION_HEIGHT = 32  # two lines: the id, then the labels
+CAPTION_CHARS = 24  # what fits a tile at the caption's font size
 IMAGE_MAGIC = (b"\xff\xd8", b"\x89PNG")
 LABEL_KEYS = ("target", "label", "labels", "class")  # tried in order when --label-key is not given
 
@@ -85,8 +86,9 @@ def label_frequencies(records, label_key):
     return counts, empty
 
 
-def contact_sheet(rows, image_key, label_key, class_names, count):
-    """A grid of the first ``count`` images, each captioned with its labels. Returns BGR uint8."""
+def contact_sheet(rows, image_key, label_key, class_names, count, labeled=True):
+    """A grid of the first ``count`` images, each captioned with its id and its labels ("no labels" for an empty
+    list, "unlabeled" for shards written without labels). Returns BGR uint8."""
     import cv2
 
     tiles = []
@@ -96,15 +98,29 @@ def contact_sheet(rows, image_key, label_key, class_names, count):
         tile = np.zeros((SHEET_TILE + CAPTION_HEIGHT, SHEET_TILE, 3), np.uint8)
         if img is not None:
             tile[:SHEET_TILE] = cv2.resize(img, (SHEET_TILE, SHEET_TILE), interpolation=cv2.INTER_AREA)
-        labels = row.get(label_key, ("", []))[1] if label_key else []
-        text = " ".join(class_names[v] if 0 <= v < len(class_names) else str(v) for v in labels) or "-"
-        cv2.putText(tile, text[:24], (2, SHEET_TILE + 12), cv2.FONT_HERSHEY_SIMPLEX, 0.35, (255, 255, 255), 1,
-                    cv2.LINE_AA)
+        for line, text in enumerate((_caption_id(row), _caption_labels(row, label_key, class_names, labeled))):
+            cv2.putText(tile, text, (2, SHEET_TILE + 12 + 14 * line), cv2.FONT_HERSHEY_SIMPLEX, 0.35,
+                        (255, 255, 255) if line else (170, 200, 255), 1, cv2.LINE_AA)
         tiles.append(tile)
     while len(tiles) % SHEET_COLUMNS:
         tiles.append(np.zeros_like(tiles[0]))
     rows = [np.hstack(tiles[i:i + SHEET_COLUMNS]) for i in range(0, len(tiles), SHEET_COLUMNS)]
     return np.vstack(rows)
+
+
+def _caption_id(row):
+    """The record's id, shortened from the left (the end of a path or id is what tells images apart)."""
+    name = row.get(schema.IMAGE_NAME, ("", [b""]))[1]
+    text = (name[0] if name else b"").decode("utf-8", "replace") or "(no id)"
+    return text if len(text) <= CAPTION_CHARS else ".." + text[-(CAPTION_CHARS - 2):]
+
+
+def _caption_labels(row, label_key, class_names, labeled):
+    if not labeled or not label_key:
+        return "unlabeled"
+    labels = row.get(label_key, ("", []))[1]
+    text = " ".join(class_names[v] if 0 <= v < len(class_names) else str(v) for v in labels) or "no labels"
+    return text if len(text) <= CAPTION_CHARS else text[:CAPTION_CHARS - 2] + ".."
 
 
 def save_png(image, path):
@@ -145,7 +161,7 @@ def inspect_shards(records, *, scan_records=SCAN_RECORDS, sheet=None, sheet_coun
     for f in unreadable:
         print(f"  WARNING {posixpath.basename(f)}: corrupt or truncated (run with --verify)", file=out)
     if sheet and image_key and rows:
-        save_png(contact_sheet(rows, image_key, label_key, classes, sheet_count), sheet)
+        save_png(contact_sheet(rows, image_key, label_key, classes, sheet_count, shards.labeled), sheet)
         print(f"contact sheet: {sheet}", file=out)
     problems = verify_and_report(shards, out) if do_verify else []
     return {"files": list(shards.files), "schema": fields, "label_counts": dict(counts), "problems": problems,
@@ -194,20 +210,21 @@ def run(args):
                    sheet_count=args.sheet_count, do_verify=args.verify, image_key=args.image_key, label_key=args.label_key)
 
 
-def main(argv=None):
-    import os
-
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+def build_parser():
     p = ArgumentParser(prog="python -m tfpipe.inspect", description=__doc__.split("\n\n")[0])
     p.add_argument("records", help="shard folder, glob pattern or file (local or gs://)")
     p.add_argument("--verify", action="store_true", help="read every record (CRC) and check counts; exit 2 if bad")
-    p.add_argument("--sheet", default="contact_sheet.png", help="contact sheet PNG (default: contact_sheet.png)")
+    p.add_argument("--sheet", default="contact_sheet.png", help="contact sheet PNG")
     p.add_argument("--no-sheet", action="store_true", help="do not write a contact sheet")
-    p.add_argument("--sheet-count", type=int, default=32, help="images on the sheet (default: 32)")
-    p.add_argument("--scan-records", type=int, default=SCAN_RECORDS, help=f"records scanned (default: {SCAN_RECORDS})")
+    p.add_argument("--sheet-count", type=int, default=32, help="images on the sheet")
+    p.add_argument("--scan-records", type=int, default=SCAN_RECORDS, help="records scanned")
     p.add_argument("--image-key", help="feature holding the encoded image (default: guessed)")
     p.add_argument("--label-key", help="int64 feature holding the labels (default: target/label/labels/class)")
-    return run_cli("tfpipe.inspect", run, p.parse_args(argv))
+    return p
+
+
+def main(argv=None):
+    return run_cli("tfpipe.inspect", run, build_parser().parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -185,29 +185,27 @@ def write_shards(source, out, *, spec=ImageSpec(), classes=None, split="train", 
                 return finished
             replace = read_manifest(out) if fs.exists(fs.join(out, MANIFEST)) else None
             with StagedShards(out, split, job.shard_plan, job.fingerprint, resume=resume, discard=overwrite) as staged:
-                batches = _encode(staged, job, spec, runner, batches, workers, start_method, skip_bad, beam_options,
-                                  progress, out)
+                if runner == "local" and batches is None:  # a resumed write starts at the first unfinished record
+                    batches = start_encoding(EncodeDataset(job.items, job.targets, spec,
+                                                           staged.first_unfinished_record()), workers, start_method)
+                pace = _encode(staged, job, spec, runner, batches, skip_bad, beam_options, progress, out)
                 if sum(staged.counts) == 0:
                     raise TfpipeError(f"every image was skipped; nothing written to {out}")
                 lock.check()
                 manifest = staged.commit(_manifest(job, spec, staged), replace=replace)
     finally:
         shutdown(batches)  # no orphan workers after an error or Ctrl-C
-    _summary(manifest, out, time.perf_counter() - started)
+    _summary(manifest, out, time.perf_counter() - started, pace)
     return manifest
 
 
-def _encode(staged, job, spec, runner, batches, workers, start_method, skip_bad, beam_options, progress, out):
-    """Encodes every record not yet finished into ``staged`` with the chosen runner; returns the DataLoader
-    iterator (to be shut down by the caller) or None."""
+def _encode(staged, job, spec, runner, batches, skip_bad, beam_options, progress, out):
+    """Encodes every record not yet finished into ``staged`` with the chosen runner. Returns the writing pace
+    (images after the first batch, seconds since it arrived) of the default runner, None for Beam."""
     if runner == "beam":
         _write_with_beam(staged, job, spec, skip_bad, beam_options)
-        return batches
-    start = staged.first_unfinished_record()
-    if batches is None:  # a resumed write starts its workers at the first unfinished record
-        batches = start_encoding(EncodeDataset(job.items, job.targets, spec, start), workers, start_method)
-    _write_local(batches, staged, job, skip_bad, progress, start, out)
-    return batches
+        return None
+    return _write_local(batches, staged, job, skip_bad, progress, staged.first_unfinished_record(), out)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -276,16 +274,23 @@ def _write_local(batches, staged, job, skip_bad, progress, start, out):
 
     bar = tqdm(total=len(job.items), initial=start, unit="img", disable=not progress, desc=f"write {job.split}")
     try:
-        _write_records(batches, staged, job.items, job.shard_of, job.last_of_shard, skip_bad, bar)
+        return _write_records(batches, staged, job.items, job.shard_of, job.last_of_shard, skip_bad, bar)
     except KeyboardInterrupt:
         raise KeyboardInterrupt(f"{len(staged.finished)} of {len(job.shard_plan)} shards were finished and "
                                 f"are kept in {out}/.staging; continue with --resume") from None
 
 
 def _write_records(batches, staged, items, shard_of, last_of_shard, skip_bad, bar):
-    """Appends encoded records to their shards in input order, marking each shard finished after its last record."""
+    """Appends encoded records to their shards in input order, marking each shard finished after its last record.
+    Returns (images after the first batch, seconds since the first batch arrived): the pace of the work itself,
+    without the start-up (workers starting, the first images decoding)."""
+    first, after_first = None, 0
     with bar:
         for batch in batches:
+            if first is None:
+                first = time.perf_counter()
+            else:
+                after_first += len(batch)
             for i, record, error in batch:
                 if error is not None:
                     if not skip_bad:
@@ -296,6 +301,7 @@ def _write_records(batches, staged, items, shard_of, last_of_shard, skip_bad, ba
                 if i in last_of_shard:
                     staged.finish(last_of_shard[i])
             bar.update(len(batch))
+    return after_first, (time.perf_counter() - first) if first is not None else 0.0
 
 
 def _beam_options(pipeline_args):
@@ -345,11 +351,16 @@ def _manifest(job, spec, staged):
     }
 
 
-def _summary(manifest, out, seconds):
-    n = manifest["num_examples"]
+def _summary(manifest, out, seconds, pace):
+    """``wrote 2000 images in 8 shards, 2.4 MB, in 1.6 s: 0.9 s start-up, then 2,950 images/s -> OUT``: the rate
+    counts the work (from the first encoded batch on), start-up (reading the source, starting workers, the first
+    batch) apart; a write too short to measure a pace says only its time."""
+    n, shards = manifest["num_examples"], len(manifest["shards"])
     size = sum(fs.size(f"{out}/{s['file']}") for s in manifest["shards"])
-    print(f"wrote {n} images in {len(manifest['shards'])} shards, {size / 1e6:.1f} MB, "
-          f"{seconds:.1f} s, {n / seconds:.0f} images/s -> {out}")
+    images, work = pace if pace is not None else (0, 0.0)
+    rate = f": {seconds - work:.1f} s start-up, then {images / work:,.0f} images/s" if images and work > 0.05 else ""
+    print(f"wrote {n} image{'s' * (n != 1)} in {shards} shard{'s' * (shards != 1)}, {size / 1e6:.1f} MB, "
+          f"in {seconds:.1f} s{rate} -> {out}")
     if manifest["skipped"]:
         listed = ", ".join(s["image"] for s in manifest["skipped"][:MAX_LISTED_SKIPS])
         more = f" and {len(manifest['skipped']) - MAX_LISTED_SKIPS} more" if len(
@@ -453,7 +464,6 @@ def run(args, pipeline_args=()):
 
 
 def main(argv=None):
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     argv = list(sys.argv[1:] if argv is None else argv)
     cut = argv.index("--") if "--" in argv else len(argv)  # after "--": Beam's options (it has its own --runner)
     return run_cli("tfpipe.write", run, build_parser().parse_args(argv[:cut]), argv[cut + 1:])

@@ -8,7 +8,7 @@ import tensorflow as tf
 from tfpipe.deps import require, require_keras
 from tfpipe.errors import TfpipeError
 
-keras = require_keras(__name__)
+keras = require_keras()
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)  # the efficientnet package's 'torch' preprocessing
 IMAGENET_STD = (0.229, 0.224, 0.225)

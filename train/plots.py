@@ -6,6 +6,7 @@ Each function takes plain arrays / a DataFrame and writes one PNG (through
 the process's (a notebook's) matplotlib backend is never changed.
 """
 import io
+import textwrap
 
 import numpy as np
 
@@ -16,6 +17,7 @@ RIGHT, WRONG = "tab:blue", "tab:red"
 # Keras' AUC during training is a binned estimate; the exact figure of the saved model is in roc.png and
 # metrics.json (report.roc_auc_macro), and the two are not the same number.
 TITLES = {"auc": "AUC (Keras' binned estimate)"}
+GRID_CHARS = 26  # characters of a caption line that fit a 2.2-inch grid cell at 8 pt
 
 
 def subplots(rows, columns, figsize):
@@ -64,16 +66,26 @@ def roc_curves(targets, probs, classes, path):
     save(fig, path)
 
 
+def wrapped(text, width=GRID_CHARS, most_lines=3):
+    """A caption wrapped to a grid cell's width, at most ``most_lines`` lines (the rest elided)."""
+    lines = textwrap.wrap(text, width) or [""]
+    return "\n".join(lines[:most_lines - 1] + [" ".join(lines[most_lines - 1:])[:width - 2] + ".."]) \
+        if len(lines) > most_lines else "\n".join(lines)
+
+
 def prediction_grid(images, true_labels, predicted_labels, path, columns=6):
     """Images titled "true / predicted", blue when the label sets agree, red when they do not."""
     n = len(images)
     rows = max(1, -(-n // columns))
-    fig, axes = subplots(rows, columns, figsize=(2.2 * columns, 2.5 * rows))
+    titles = [f"{wrapped(true or 'no labels')}\n{wrapped(pred or 'no labels')}" for true, pred in
+              zip(true_labels, predicted_labels)]
+    lines = max([t.count("\n") + 1 for t in titles] + [2])
+    # Each row gets the height of its tallest title, so long label lists never run into the images above.
+    fig, axes = subplots(rows, columns, figsize=(2.2 * columns, (2.2 + 0.16 * lines) * rows))
     for ax in axes.flat:
         ax.axis("off")
-    for ax, image, true, pred in zip(axes.flat, images, true_labels, predicted_labels):
+    for ax, image, title, true, pred in zip(axes.flat, images, titles, true_labels, predicted_labels):
         ax.imshow(np.asarray(image))
-        ax.set_title(f"{true or '-'}\n{pred or '-'}", fontsize=8, color=RIGHT if set(true.split()) == set(pred.split())
-                     else WRONG)
+        ax.set_title(title, fontsize=8, color=RIGHT if set(true.split()) == set(pred.split()) else WRONG)
     fig.suptitle("validation: true (top) / predicted (bottom)", fontsize=10)
     save(fig, path)

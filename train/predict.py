@@ -2,246 +2,58 @@
 
     python -m train.predict --run runs/demo --records records/demo/test --out submission.csv --tta 4
 
-Rows follow the shards' written order and are keyed by the CSV id stored in
-each record. By default each row holds the predicted labels, space-separated,
-at the per-class thresholds tuned on validation (``thresholds.json`` of the
-run; ``--threshold`` overrides); ``--probabilities`` writes one column per
-class instead (the Plant Pathology 2020 format). Works under any strategy:
-batches are padded to static shapes and the padding rows are dropped.
+Rows follow the shards' written order and are keyed by the CSV id stored in each record. By default each
+row holds the predicted labels, space-separated, at the per-class thresholds tuned on validation
+(``thresholds.json`` of the run; ``--threshold`` overrides); ``--probabilities`` writes one column per class
+instead (the Plant Pathology 2020 format). This module is the command line and imports no TensorFlow
+(``--help`` answers at once); ``predict`` runs the engine in ``train.inference``, whose other names are
+reachable from here too.
 """
-import json
-import math
-import posixpath
+import importlib
 import sys
 
-import numpy as np
+from tfpipe.errors import ArgumentParser, check_path, run_cli
+from train.names import STRATEGIES, TTA_VIEW_COUNT
 
-from tfpipe.deps import require_keras
-
-keras = require_keras("train.predict")  # tf-keras of TensorFlow's release, or one line saying what to install
-import tensorflow as tf  # noqa: E402
-
-import tfpipe
-from tfpipe import fs
-from tfpipe.errors import ArgumentParser, TfpipeError, check_at_least, check_path, option, run_cli
-from tfpipe.shards import read_manifest
-from train.strategy import STRATEGIES, resolve_strategy
-
-RUN_CONFIG = "config.json"  # written by train.fit: classes, image size, head type
-THRESHOLDS = "thresholds.json"  # per-class thresholds tuned on validation by train.fit
-ZOOM = 0.875  # TTA crops keep 87.5% of the side (the usual 224/256)
-# TTA views, in order: (crop box [y1, x1, y2, x2] in relative coordinates, horizontal flip).
-_C = (1 - ZOOM) / 2
-TTA_VIEWS = (
-    ((0, 0, 1, 1), False), ((0, 0, 1, 1), True),  # the image and its mirror
-    ((_C, _C, 1 - _C, 1 - _C), False), ((_C, _C, 1 - _C, 1 - _C), True),  # centre zoom
-    ((0, 0, ZOOM, ZOOM), False), ((0, 1 - ZOOM, ZOOM, 1), True),  # corner zooms
-    ((1 - ZOOM, 0, 1, ZOOM), True), ((1 - ZOOM, 1 - ZOOM, 1, 1), False),
-)
+ENGINE = "train.inference"
 
 
-def tta_view(images, k):
-    """View ``k`` of a uint8 batch [B, S, S, 3]: view 0 is the batch itself, then mirror and zoomed crops."""
-    box, flip = TTA_VIEWS[k]
-    if box != (0, 0, 1, 1):
-        n, size = tf.shape(images)[0], images.shape[1:3]
-        boxes = tf.tile(tf.constant([box], tf.float32), [n, 1])
-        crops = tf.image.crop_and_resize(tf.cast(images, tf.float32), boxes, tf.range(n), size)
-        images = tf.saturate_cast(tf.round(crops), tf.uint8)
-    return tf.reverse(images, axis=[2]) if flip else images
-
-
-def read_run_config(run):
-    """A ``train.fit`` run folder's ``config.json`` (classes, input size, head, settings)."""
-    path = f"{run}/{RUN_CONFIG}"
-    if not fs.exists(path):
-        raise TfpipeError(f"{run}: no {RUN_CONFIG}; is this a run folder written by train.fit?")
-    return json.loads(fs.read_text(path))
-
-
-def load_run(run):
-    """(model, run config) of a ``train.fit`` run folder."""
-    config = read_run_config(run)
-    model_path = f"{run}/model.keras"
-    if not fs.exists(model_path):
-        raise TfpipeError(f"{run}: no model.keras; the run did not finish (continue it with train.fit --resume)")
-    return load_model(model_path), config
-
-
-def load_model(path):
-    from train.models import custom_objects
-
-    return keras.models.load_model(path, custom_objects=custom_objects(), compile=False)
-
-
-def predict_probabilities(model, source, strategy, *, batch_size, image_size, num_classes, folds=None, tta=1):
-    """Model outputs [N, C] for every record of ``source`` in written order, averaged over ``tta`` views.
-
-    The model must have been built in ``strategy.scope()`` (or loaded there).
-    Every replica gets a full padded batch, so shapes stay static; the padding
-    rows (at the end, in written order) are dropped.
-    """
-    check_tta(tta)
-    n = tfpipe.count_examples(source, folds)
-    global_batch = batch_size * strategy.num_replicas_in_sync
-    steps = math.ceil(n / global_batch)
-    total = np.zeros((n, num_classes), np.float64)
-    for k in range(tta):
-        def dataset_fn(ctx, k=k):
-            ds = tfpipe.make_dataset(source, ctx.get_per_replica_batch_size(global_batch), image_size=image_size,
-                                     folds=folds, num_classes=num_classes, pad_batches=True, input_context=ctx)
-            return ds.map(lambda images, targets, weights: tta_view(images, k))
-
-        ds = strategy.distribute_datasets_from_function(dataset_fn)
-        total += model.predict(ds, steps=steps, verbose=0)[:n]
-    return (total / tta).astype(np.float32)
-
-
-def check_tta(tta):
-    if not 1 <= tta <= len(TTA_VIEWS):
-        raise TfpipeError(f"{option('tta')} must be in 1..{len(TTA_VIEWS)} (got {tta})")
-
-
-def labels_at(probs, classes, thresholds, single_label):
-    """Space-separated predicted class names per row: argmax for single-label, else every class above its threshold."""
-    if single_label:
-        return [classes[i] for i in probs.argmax(axis=1)]
-    above = probs >= np.asarray(thresholds)[None, :]
-    return [" ".join(c for c, on in zip(classes, row) if on) for row in above]
-
-
-def tune_thresholds(probs, targets, default):
-    """Per-class thresholds maximising validation F1 (``default`` for a class with no positive)."""
-    from sklearn.metrics import precision_recall_curve
-
-    out = []
-    for c in range(targets.shape[1]):
-        if targets[:, c].sum() == 0:
-            out.append(default)
-            continue
-        precision, recall, thresholds = precision_recall_curve(targets[:, c], probs[:, c])
-        f1 = 2 * precision * recall / np.maximum(precision + recall, 1e-12)
-        out.append(float(thresholds[int(np.argmax(f1[:-1]))]))
-    return out
-
-
-def predict(run, records, out="submission.csv", *, tta=1, threshold=None, probabilities=False, strategy="auto",
-            replicas=None, batch_size=32, id_column=None):
+def predict(run, records, out="submission.csv", **kwargs):
     """Writes the submission of run folder ``run`` on the shards ``records``; returns it as a DataFrame.
+
+    Keyword arguments: ``tta``, ``threshold``, ``probabilities``, ``strategy``, ``replicas``, ``batch_size``,
+    ``id_column`` (as on the command line), ``progress`` (a progress bar; default True).
 
     Example::
 
         from train.predict import predict
         df = predict("runs/demo", "records/demo/test", "submission.csv", tta=2)
     """
-    import pandas as pd
-
-    check_path(run=run, records=records)
-    check_at_least(1, batch_size=batch_size, replicas=replicas)
-    check_tta(tta)
-    config = read_run_config(run)
-    check_run_fits_records(config, records)
-    id_column = id_column or _id_column(records)
-    columns = [id_column, *(config["classes"] if probabilities else ["labels"])]
-    ids = tfpipe.image_names(records)
-    _check_destination(out, columns, ids)
-    strat, _ = resolve_strategy(strategy, replicas)
-    with strat.scope():  # variables placed on every replica
-        model, config = load_run(run)
-    classes, size = config["classes"], config["image_size"]
-    with tfpipe.naming_corrupt_shards(records):
-        probs = predict_probabilities(model, records, strat, batch_size=batch_size, image_size=size,
-                                      num_classes=len(classes), tta=tta)
-    if probabilities:
-        df = pd.DataFrame(probs, columns=classes)
-        df.insert(0, id_column, ids)
-    else:
-        thresholds = _thresholds(run, classes, threshold, config)
-        df = pd.DataFrame({id_column: ids, "labels": labels_at(probs, classes, thresholds, config["single_label"])})
-    if out:
-        fs.write_atomic(out, df.to_csv(index=False))  # complete or absent, also on gs://
-    return df
+    return importlib.import_module(ENGINE).predict(run, records, out, **kwargs)
 
 
-def _check_destination(out, columns, ids):
-    """Before any predicting: ``out`` must be a file name whose folder exists (created if missing). An existing
-    file there is replaced only when it is an earlier submission for these records (same columns, same ids in
-    the same order: a re-run), never a CSV, manifest or anything else named as ``out`` by mistake -- a
-    ``train.csv`` often has a submission's header, but not the test ids."""
-    if not out:
-        return
-    if fs.isdir(out):
-        raise TfpipeError(f"{out} is a folder; {option('out')} names the CSV file to write")
-    if fs.exists(out) and not _is_submission(out, columns, ids):
-        raise TfpipeError(f"{out} exists and is not an earlier submission for these records (columns "
-                          f"{','.join(columns)}, {len(ids)} ids in order); it is not replaced -- remove it or choose "
-                          f"another {option('out')}")
-    folder = posixpath.dirname(out)
-    if folder and not fs.isdir(folder):
-        if fs.exists(folder):
-            raise TfpipeError(f"{folder} is a file, so {out} cannot be written")
-        fs.makedirs(folder)
-
-
-def _is_submission(path, columns, ids):
-    import pandas as pd
-
-    try:
-        with fs.open(path, "rb") as f:
-            table = pd.read_csv(f, dtype=str, keep_default_na=False)
-    except (ValueError, UnicodeDecodeError):  # not a CSV at all (pandas' parser errors are ValueErrors)
-        return False
-    return list(table.columns) == list(columns) and table.iloc[:, 0].tolist() == list(ids)
-
-
-def check_run_fits_records(config, records):
-    """A run predicts only shards of its own classes (in its order) at its own input size: anything else would
-    be a full submission of wrong labels, or of silently resized images. Shards without a manifest (a glob)
-    carry no claims to check."""
-    shards = tfpipe.open_shards(records)
-    if shards.classes and list(shards.classes) != list(config["classes"]):  # unlabeled shards list none
-        raise TfpipeError(f"{records}: its classes ({_listed(shards.classes)}) are not the run's "
-                          f"({_listed(config['classes'])}); predict with a run trained on these classes")
-    if shards.image_size and shards.image_size != config["image_size"]:
-        raise TfpipeError(f"{records}: images stored at {shards.image_size} px, the run was trained at "
-                          f"{config['image_size']} px; write the shards again with --image-size "
-                          f"{config['image_size']}")
-
-
-def _listed(classes, most=6):
-    return ", ".join(classes[:most]) + (f", ... {len(classes)} in all" if len(classes) > most else "")
-
-
-def _id_column(records):
-    try:
-        return read_manifest(records).get("id_column", "image")
-    except TfpipeError:  # a glob or a list of files: no manifest
-        return "image"
-
-
-def _thresholds(run, classes, threshold, config):
-    if threshold is not None:
-        return [threshold] * len(classes)
-    path = f"{run}/{THRESHOLDS}"
-    if fs.exists(path):
-        tuned = json.loads(fs.read_text(path))
-        return [tuned[c] for c in classes]
-    return [config.get("threshold", 0.5)] * len(classes)
+def __getattr__(name):
+    """``from train.predict import predict_probabilities`` and the like: the engine's names, imported when first
+    asked for."""
+    if name.startswith("__"):
+        raise AttributeError(name)
+    return getattr(importlib.import_module(ENGINE), name)
 
 
 def build_parser():
     p = ArgumentParser(prog="python -m train.predict", description=__doc__.split("\n\n")[0])
     p.add_argument("--run", required=True, help="run folder written by train.fit")
     p.add_argument("--records", required=True, help="shards to predict (e.g. written with --split test)")
-    p.add_argument("--out", default="submission.csv", help="CSV to write (default: submission.csv)")
-    p.add_argument("--tta", type=int, default=1, help=f"test-time augmentation views to average (1..{len(TTA_VIEWS)})")
+    p.add_argument("--out", default="submission.csv", help="CSV to write")
+    p.add_argument("--tta", type=int, default=1, help=f"test-time augmentation views to average (1..{TTA_VIEW_COUNT})")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--threshold", type=float, help="one threshold for every class (default: tuned per class)")
     g.add_argument("--probabilities", action="store_true", help="one probability column per class")
     p.add_argument("--id-column", help="name of the id column (default: the CSV's, from the manifest)")
-    p.add_argument("--strategy", choices=STRATEGIES, default="auto")
+    p.add_argument("--strategy", choices=STRATEGIES, default="auto", help="auto: TPU, then GPUs, then CPU")
     p.add_argument("--replicas", type=int, help="with --strategy cpu: N virtual CPU replicas")
     p.add_argument("--batch-size", type=int, default=32, help="per replica")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
 
 
@@ -249,7 +61,7 @@ def run(args):
     check_path(out=args.out)
     df = predict(args.run, args.records, args.out, tta=args.tta, threshold=args.threshold,
                  probabilities=args.probabilities, strategy=args.strategy, replicas=args.replicas,
-                 batch_size=args.batch_size, id_column=args.id_column)
+                 batch_size=args.batch_size, id_column=args.id_column, progress=not args.no_progress)
     print(f"wrote {len(df)} rows ({args.tta} view{'s' if args.tta > 1 else ''}) -> {args.out}")
 
 

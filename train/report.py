@@ -16,7 +16,7 @@ import pandas as pd
 import tfpipe
 from tfpipe import fs
 from train import plots
-from train.predict import labels_at, predict_probabilities, tune_thresholds
+from train.inference import labels_at, predict_probabilities, tune_thresholds
 
 GRID_IMAGES = 24
 

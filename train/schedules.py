@@ -12,10 +12,9 @@ import tensorflow as tf
 
 from tfpipe.errors import TfpipeError
 from tfpipe.deps import require_keras
+from train.names import SCHEDULES  # noqa: F401  (the command line offers them without TensorFlow)
 
-keras = require_keras(__name__)
-
-SCHEDULES = ("cosine", "onecycle", "kaggle", "constant")
+keras = require_keras()
 
 
 def scaled_lr(base_lr, replicas):

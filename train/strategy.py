@@ -4,10 +4,10 @@ import os
 
 from tfpipe.deps import require
 from tfpipe.errors import TfpipeError, option
+from train.names import STRATEGIES  # noqa: F401  (re-exported)
 
 tf = require("tensorflow")
 
-STRATEGIES = ("auto", "tpu", "gpu", "cpu")
 TPU_HINTS = ("TPU_NAME", "COLAB_TPU_ADDR", "TPU_ACCELERATOR_TYPE", "KAGGLE_TPU")  # env vars set next to a TPU
 
 

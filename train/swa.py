@@ -16,7 +16,7 @@ import tensorflow as tf
 from tfpipe import fs
 from tfpipe.deps import require_keras
 
-keras = require_keras(__name__)
+keras = require_keras()
 
 
 def average_weights(average, count, weights):

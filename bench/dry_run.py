@@ -1,0 +1,193 @@
+"""The TPU dry run on 8 virtual CPU replicas against one replica: total time, where it goes, and prediction.
+
+    python -m bench.dry_run --work bench/out
+
+The issue's case: EfficientNet-B0 at 64 px, 2 epochs over 300 images, ``steps_per_execution`` 4, batch 4 per
+replica; then ``train.predict`` of the same 300 images with each run. Every contender runs in a fresh process
+(virtual devices must exist before TensorFlow starts, and nothing is cached between runs: TensorFlow keeps no
+compiled functions across processes), the two replica counts take turns, and each keeps its best round.
+Reported: whole-process wall time (start-up and imports included), the time to the first training step, the
+steady-state training images/s (epoch 2), and the breakdown of the step's compilation measured in-process
+(Python tracing of the step vs its first call: graph optimisation, placement, executor creation).
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+from bench.common import dump
+from tfpipe.processes import child_of_this_process
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FULL = {"model": "efficientnet-b0", "size": 64, "images": 300, "epochs": 2, "spe": 4, "batch": 4, "rounds": 2}
+SMOKE = {"model": "small-cnn", "size": 16, "images": 24, "epochs": 2, "spe": 2, "batch": 1, "rounds": 1}
+
+
+def shards(work, cfg):
+    """The demo dataset's first ``images`` images written at ``size`` px with 5 folds (reused between runs)."""
+    from tfpipe.demo import make_demo
+    from tfpipe.images import ImageSpec
+    from tfpipe.write import Source, write_shards
+
+    out = os.path.join(work, f"dry-run-{cfg['images']}-{cfg['size']}")
+    if not os.path.exists(os.path.join(out, "manifest.json")):
+        data = os.path.join(work, f"dry-run-demo-{cfg['images']}")
+        make_demo(data, cfg["images"], 0, 0)
+        write_shards(Source(os.path.join(data, "images"), csv=os.path.join(data, "train.csv")), out,
+                     spec=ImageSpec(image_size=cfg["size"]), folds=5, overwrite=True, progress=False)
+    return out
+
+
+def one_fit(records, out, replicas, cfg, started):
+    """Runs train.fit in this process; returns its timings (seconds from process start)."""
+    import tf_keras as keras
+
+    from tfpipe.augment import NO_AUGMENT
+    from train.fit import FitConfig, fit
+
+    class FirstStep(keras.callbacks.Callback):
+        first = None
+
+        def on_train_batch_end(self, batch, logs=None):
+            FirstStep.first = FirstStep.first or time.perf_counter() - started
+
+    m = fit(FitConfig(records=records, out=out, strategy="cpu", replicas=replicas, model=cfg["model"],
+                      batch_size=cfg["batch"], epochs=cfg["epochs"], steps_per_execution=cfg["spe"],
+                      augment=NO_AUGMENT, verbose=0, report=False, callbacks=(FirstStep(),)))
+    return {"total": time.perf_counter() - started, "first_step": FirstStep.first, "images_per_sec": m["images_per_sec"]}
+
+
+def one_predict(records, run, replicas, started):
+    from train.predict import predict
+
+    predict(run, records, os.path.join(run, "submission.csv"), strategy="cpu", replicas=replicas, batch_size=8,
+            progress=False)
+    return {"total": time.perf_counter() - started}
+
+
+def one_trace(records, replicas, cfg, started):
+    """The step's compilation taken apart: Python tracing of the train function, then its first call."""
+    from tfpipe import make_dataset, open_shards
+    from train.fit import FitConfig
+    from train.models import build_model
+    from train.strategy import resolve_strategy
+    from train.trainer import compile_model, prepare
+
+    strategy, _ = resolve_strategy("cpu", replicas)
+    shards_ = open_shards(records)
+    plan = prepare(FitConfig(records=records, model=cfg["model"], batch_size=cfg["batch"],
+                             steps_per_execution=cfg["spe"]), shards_)
+    global_batch = cfg["batch"] * replicas
+    ds = strategy.distribute_datasets_from_function(lambda ctx: make_dataset(
+        records, ctx.get_per_replica_batch_size(global_batch), training=True, input_context=ctx))
+    with strategy.scope():
+        model, _ = build_model(cfg["model"], shards_.num_classes, cfg["size"])
+        compile_model(model, plan, 1e-3, shards_.num_classes)
+    iterator = iter(ds)
+    function = model.make_train_function()
+    t = time.perf_counter()
+    concrete = function.get_concrete_function(iterator)
+    traced = time.perf_counter()
+    function(iterator)
+    first = time.perf_counter()
+    function(iterator)
+    second = time.perf_counter()
+    return {"trace": traced - t, "first_call": first - traced, "next_call": second - first,
+            "graph_nodes": len(concrete.graph.as_graph_def().node)}
+
+
+def contender(kind, replicas, records, run, cfg):
+    """One measurement in a fresh process (the replica count must be set before TensorFlow starts)."""
+    out = subprocess.run([sys.executable, "-m", "bench.dry_run", "--one", kind, "--replicas", str(replicas),
+                          "--records", records, "--run", run, "--config", json.dumps(cfg)],
+                         capture_output=True, text=True, cwd=ROOT, preexec_fn=child_of_this_process(),
+                         env=dict(os.environ, PYTHONPATH=ROOT))
+    if out.returncode:
+        raise RuntimeError(f"{kind} on {replicas} replicas failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def run(work, cfg):
+    import shutil
+
+    records = shards(work, cfg)
+    best = {}
+    for _ in range(cfg["rounds"]):  # the replica counts take turns; each keeps its best round
+        for replicas in (1, 8):
+            run_dir = os.path.join(work, f"dry-run-run-{replicas}")
+            shutil.rmtree(run_dir, ignore_errors=True)
+            for kind, key in (("fit", "fit"), ("predict", "predict"), ("trace", "trace")):
+                if kind == "trace" and (key, replicas) in best:
+                    continue  # the breakdown once: it explains the totals, which are what the rounds compare
+                got = contender(kind, replicas, records, run_dir, cfg)
+                keep = best.setdefault((key, replicas), got)
+                if got.get("total", got.get("trace")) < keep.get("total", keep.get("trace")):
+                    best[(key, replicas)] = got
+    return {"config": cfg, "results": {f"{k}/{r}": v for (k, r), v in best.items()}}
+
+
+def ratios(result):
+    r = result["results"]
+    return {"fit": r["fit/8"]["total"] / r["fit/1"]["total"],
+            "predict": r["predict/8"]["total"] / r["predict/1"]["total"]}
+
+
+def report(result):
+    cfg, r = result["config"], result["results"]
+    q = ratios(result)
+    rows = ["| | 1 replica | 8 replicas | 8 / 1 | goal |", "|---|---|---|---|---|",
+            f"| train.fit, whole process (s) | {r['fit/1']['total']:.0f} | {r['fit/8']['total']:.0f} | "
+            f"{q['fit']:.2f} | <= 2 |",
+            f"| time to the first step (s) | {r['fit/1']['first_step']:.0f} | {r['fit/8']['first_step']:.0f} | "
+            f"{r['fit/8']['first_step'] / r['fit/1']['first_step']:.2f} | |",
+            f"| steady state, epoch 2 (images/s) | {r['fit/1']['images_per_sec']} | {r['fit/8']['images_per_sec']}"
+            f" | {r['fit/8']['images_per_sec'] / r['fit/1']['images_per_sec']:.2f} | |",
+            f"| step compilation: Python tracing (s) | {r['trace/1']['trace']:.1f} | {r['trace/8']['trace']:.1f} | "
+            f"{r['trace/8']['trace'] / r['trace/1']['trace']:.1f} | |",
+            f"| step compilation: first call (s) | {r['trace/1']['first_call']:.1f} | "
+            f"{r['trace/8']['first_call']:.1f} | {r['trace/8']['first_call'] / r['trace/1']['first_call']:.1f} | |",
+            f"| next call, {cfg['spe']} steps (s) | {r['trace/1']['next_call']:.2f} | {r['trace/8']['next_call']:.2f}"
+            f" | {r['trace/8']['next_call'] / r['trace/1']['next_call']:.1f} | 8 (8x the images) |",
+            f"| graph nodes of the step | {r['trace/1']['graph_nodes']} | {r['trace/8']['graph_nodes']} | "
+            f"{r['trace/8']['graph_nodes'] / r['trace/1']['graph_nodes']:.1f} | |",
+            f"| train.predict, whole process (s) | {r['predict/1']['total']:.0f} | {r['predict/8']['total']:.0f} | "
+            f"{q['predict']:.2f} | <= 1.5 |"]
+    return (f"## TPU dry run: 8 virtual CPU replicas vs 1\n\n{cfg['model']}, {cfg['size']} px, {cfg['images']} "
+            f"images, {cfg['epochs']} epochs, steps_per_execution {cfg['spe']}, batch {cfg['batch']} per replica; "
+            f"best of {cfg['rounds']} alternating rounds, each in a fresh process.\n\n" + "\n".join(rows))
+
+
+def main(argv=None):
+    started = time.perf_counter()
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--work", default=os.path.join(ROOT, "bench", "out"))
+    p.add_argument("--smoke", action="store_true")
+    p.add_argument("--json", help="also write the raw figures here")
+    p.add_argument("--one", choices=("fit", "predict", "trace"), help=argparse.SUPPRESS)
+    p.add_argument("--replicas", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--records", help=argparse.SUPPRESS)
+    p.add_argument("--run", help=argparse.SUPPRESS)
+    p.add_argument("--config", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.one:
+        from train.strategy import resolve_strategy
+
+        cfg = json.loads(args.config)
+        resolve_strategy("cpu", args.replicas)  # the virtual devices, before anything starts TensorFlow's
+        if args.one == "fit":
+            got = one_fit(args.records, args.run, args.replicas, cfg, started)
+        elif args.one == "predict":
+            got = one_predict(args.records, args.run, args.replicas, started)
+        else:
+            got = one_trace(args.records, args.replicas, cfg, started)
+        print(json.dumps(got))
+        return
+    result = run(args.work, SMOKE if args.smoke else FULL)
+    dump(result, args.json)
+    print(report(result))
+
+
+if __name__ == "__main__":
+    main()

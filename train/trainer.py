@@ -1,0 +1,414 @@
+"""The training engine behind ``train.fit`` (TensorFlow and tf-keras): datasets, model, phases, outputs.
+
+``train.fit`` holds the configuration and the command line (no TensorFlow, so ``--help`` is instant) and calls
+``fit`` here. Steps: resolve the strategy -> split train/validation by fold -> build distributed datasets ->
+build and compile the model inside ``strategy.scope()`` -> (optionally) train the head with the backbone
+frozen -> fine-tune everything -> save ``model.keras``, ``history.csv``, ``metrics.json``.
+"""
+import dataclasses
+import json
+import math
+import statistics
+import sys
+import time
+
+from tfpipe.deps import require_keras
+
+keras = require_keras()  # tf-keras of TensorFlow's release, or MissingDependency saying what to install
+import tensorflow as tf  # noqa: E402
+
+import tfpipe
+from tfpipe import fs
+from tfpipe.augment import Augment
+from tfpipe.errors import TfpipeError, check_at_least, check_path, check_positive, option
+from tfpipe.shards import fold_split, holdout_split, open_shards
+from train.models import build_model, min_image_size
+from train.schedules import make_schedule, scaled_lr
+from train.report import learning_curves, validation_report
+from train.strategy import default_precision, resolve_strategy
+from train.swa import AverageWeights, recompute_batch_norm, sync_batch_norm
+
+STATE = "state.json"  # which phases are finished, for --resume
+# Keras' default 200 thresholds could not tell apart predictions squeezed into 0.463-0.483 (a run reported 0.52
+# for an exact 0.61); 1000 costs nothing measurable (a [1000, C] counter update per batch).
+AUC_THRESHOLDS = 1000
+# Settings a resumed run must share with the run it continues (others, such as verbose, may change).
+RESUME_KEYS = ("records", "model", "image_size", "batch_size", "epochs", "steps_per_execution", "lr", "schedule",
+               "optimizer", "fold", "val_fraction", "burn_epochs", "single_label", "swa_epochs", "classes")
+
+
+def split_sources(shards, fold, val_fraction):
+    """(train shards, train folds, val shards, val folds): by fold when the shards have folds, else
+    the last shards (about ``val_fraction`` of them) are held out."""
+    if shards.manifest.get("folds"):
+        train_folds, val_folds = fold_split(shards, fold)
+        return shards, train_folds, shards, val_folds
+    train_shards, val_shards = holdout_split(shards, val_fraction)
+    return train_shards, None, val_shards, None
+
+
+def build_datasets(cfg, strategy, num_classes, split):
+    """Distributed training and validation datasets, and their sizes."""
+    train_src, train_folds, val_src, val_folds = split
+    n_train, n_val = tfpipe.count_examples(train_src, train_folds), tfpipe.count_examples(val_src, val_folds)
+    global_batch = cfg.batch_size * strategy.num_replicas_in_sync
+    common = {"image_size": cfg.image_size, "num_classes": num_classes,
+              "label_mode": "one_hot" if cfg.single_label else "multi_hot"}
+
+    def train_fn(ctx):
+        return tfpipe.make_dataset(train_src, ctx.get_per_replica_batch_size(global_batch), training=True,
+                                   folds=train_folds, augment=cfg.augment, seed=cfg.seed, input_context=ctx, **common)
+
+    def val_fn(ctx):  # padded to static shapes; weight 0 on padding keeps the metrics exact
+        return tfpipe.make_dataset(val_src, ctx.get_per_replica_batch_size(global_batch), folds=val_folds,
+                                   pad_batches=True, input_context=ctx, **common)
+
+    train_ds = strategy.distribute_datasets_from_function(train_fn)
+    val_ds = strategy.distribute_datasets_from_function(val_fn)
+    return train_ds, val_ds, n_train, n_val, global_batch
+
+
+@keras.utils.register_keras_serializable(package="tfpipe")
+class F1Score(keras.metrics.F1Score):
+    """Keras' F1Score as a weighted metric: compile passes it [B, 1] sample weights, which its own update
+    expands once more (to [B, 1, 1]) and then fails on; it gets them as [B]."""
+
+    def update_state(self, y_true, y_pred, sample_weight=None):
+        if sample_weight is not None:
+            sample_weight = tf.reshape(sample_weight, [-1])
+        return super().update_state(y_true, y_pred, sample_weight)
+
+
+def make_auc(num_classes):
+    """Keras' macro AUC, as tracked per epoch: an estimate from predictions binned at ``AUC_THRESHOLDS`` evenly
+    spaced thresholds (the exact AUC of the saved model is ``report.roc_auc_macro``, computed after training)."""
+    return keras.metrics.AUC(name="auc", multi_label=True, num_labels=num_classes, num_thresholds=AUC_THRESHOLDS)
+
+
+def make_metrics(num_classes, single_label, threshold):
+    if single_label:
+        return [keras.metrics.CategoricalAccuracy(name="accuracy"), make_auc(num_classes)]
+    return [make_auc(num_classes),  # macro over classes
+            F1Score(name="f1", average="macro", threshold=threshold),
+            keras.metrics.BinaryAccuracy(name="accuracy", threshold=threshold)]
+
+
+def make_optimizer(name, lr, weight_decay):
+    if name == "adam":
+        return keras.optimizers.Adam(lr)
+    if name == "adamw":
+        return keras.optimizers.AdamW(lr, weight_decay=weight_decay)
+    if name == "sgd":
+        return keras.optimizers.SGD(lr, momentum=0.9, nesterov=True)
+    raise TfpipeError(f"unknown optimizer {name!r}: use adam, adamw or sgd")
+
+
+def compile_model(model, cfg, lr, num_classes):
+    loss = (keras.losses.CategoricalCrossentropy(label_smoothing=cfg.label_smoothing) if cfg.single_label
+            else keras.losses.BinaryCrossentropy(label_smoothing=cfg.label_smoothing))
+    # weighted_metrics, not metrics: Keras' plain metrics ignore sample weights, so the weight-0 rows that pad
+    # validation batches to static shapes would count as negatives (a tiny fold on 8 replicas reported an AUC
+    # of 0.20 for a model whose AUC on the real rows is 0.40).
+    model.compile(optimizer=make_optimizer(cfg.optimizer, lr, cfg.weight_decay), loss=loss,
+                  weighted_metrics=make_metrics(num_classes, cfg.single_label, cfg.threshold),
+                  steps_per_execution=cfg.steps_per_execution)
+
+
+class Throughput(keras.callbacks.Callback):
+    """Training images/s per epoch, timed from epoch start to the start of validation."""
+
+    def __init__(self, images_per_epoch):
+        super().__init__()
+        self.images_per_epoch, self.rates, self._start = images_per_epoch, [], None
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._start = time.perf_counter()
+
+    def on_test_begin(self, logs=None):
+        if self._start is not None:
+            self.rates.append(self.images_per_epoch / (time.perf_counter() - self._start))
+            self._start = None
+
+
+class SyncBatchNorm(keras.callbacks.Callback):
+    """Before each validation, every replica gets the batch-norm statistics a checkpoint saves (their mean):
+    otherwise each replica validates with its own copy, and the epoch's scores describe another model than
+    the one saved (a 40-image test reported 0.48 for a model.keras that scores 0.55)."""
+
+    def on_test_begin(self, logs=None):
+        sync_batch_norm(self.model)
+
+
+class StartupProgress(keras.callbacks.Callback):
+    """Says what happens while nothing else does: compiling the first training and validation steps (minutes
+    for a large graph on CPU replicas), then, in the first epoch, where it is every ``every`` seconds -- Keras'
+    one line per epoch (``verbose=2``) would otherwise leave the terminal silent until the epoch ends."""
+
+    def __init__(self, replicas, steps_per_execution, steps, every=15.0, out=sys.stdout):
+        super().__init__()
+        self.replicas, self.spe, self.steps, self.every, self.out = replicas, steps_per_execution, steps, every, out
+        self._start = self._last = self._epoch = None
+        self._first_step_seen = self._validation_seen = self._first_epoch_over = False
+
+    def _say(self, text):
+        print(f"train.fit: {text}", file=self.out, flush=True)
+
+    def on_train_begin(self, logs=None):
+        self._start = time.perf_counter()
+        self._say(f"compiling the training step for {self.replicas} replica{'s' * (self.replicas > 1)} "
+                  f"(steps_per_execution {self.spe}); the first steps wait for it")
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = None if self._first_epoch_over else epoch
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self._epoch is None:
+            return
+        now = time.perf_counter()
+        if not self._first_step_seen:
+            self._first_step_seen, self._last = True, now
+            self._say(f"compiled; the first {batch + 1} step{'s' * (batch > 0)} done after {now - self._start:.0f} s")
+        elif now - self._last >= self.every:
+            self._last = now
+            self._say(f"epoch {self._epoch + 1}: step {batch + 1}/{self.steps}, {now - self._start:.0f} s")
+
+    def on_epoch_end(self, epoch, logs=None):
+        self._first_epoch_over, self._epoch = True, None
+
+    def on_test_begin(self, logs=None):
+        if not self._validation_seen:
+            self._validation_seen = True
+            self._say("compiling the validation step")
+
+
+class LogLearningRate(keras.callbacks.Callback):
+    """Adds to the logs (so to history.csv) the learning rate the epoch's last step used."""
+
+    def on_epoch_end(self, epoch, logs=None):
+        logs["lr"] = float(keras.backend.get_value(self.model.optimizer.learning_rate))
+
+
+def run_phase(model, cfg, name, lr_schedule, epochs, initial_epoch, data, num_classes, throughput, first=()):
+    """Compiles and fits one phase, backed up every epoch so ``--resume`` continues it.
+
+    ``first``: callbacks that run before the backup at the end of an epoch.
+    """
+    train_ds, val_ds, steps, val_steps = data
+    compile_model(model, cfg, lr_schedule, num_classes)
+    callbacks = [
+        SyncBatchNorm(),
+        *([StartupProgress(model.distribute_strategy.num_replicas_in_sync, cfg.steps_per_execution, steps)]
+          if cfg.verbose == 2 else []),
+        *first,
+        keras.callbacks.BackupAndRestore(f"{cfg.out}/backup/{name}", save_freq="epoch"),
+        throughput,
+        LogLearningRate(),
+        keras.callbacks.CSVLogger(f"{cfg.out}/history.csv", append=True),
+        keras.callbacks.TensorBoard(f"{cfg.out}/logs", update_freq="epoch", profile_batch=0),
+        keras.callbacks.ModelCheckpoint(f"{cfg.out}/checkpoints/best", monitor="val_auc", mode="max",
+                                        save_best_only=True, save_weights_only=True),
+        *cfg.callbacks,
+    ]
+    model.fit(train_ds, epochs=initial_epoch + epochs, initial_epoch=initial_epoch, steps_per_epoch=steps,
+              validation_data=val_ds, validation_steps=val_steps, callbacks=callbacks, verbose=cfg.verbose)
+
+
+def set_trainable(backbone, trainable):
+    backbone.trainable = trainable  # a frozen backbone also runs its BatchNorm layers in inference mode
+
+
+def read_state(out):
+    path = f"{out}/{STATE}"
+    return json.loads(fs.read_text(path)) if fs.exists(path) else {}
+
+
+def write_state(out, state):
+    fs.write_atomic(f"{out}/{STATE}", json.dumps(state))
+
+
+def check_out(cfg, classes):
+    """A run folder is continued only by ``resume`` with the settings it started with, and a finished run is never
+    trained over: each is an error naming the way out."""
+    if fs.exists(cfg.out) and not fs.isdir(cfg.out):
+        raise TfpipeError(f"{cfg.out} is a file; {option('out')} names the run folder")
+    started = fs.exists(f"{cfg.out}/{STATE}") or fs.exists(f"{cfg.out}/history.csv")
+    if started and not cfg.resume:
+        raise TfpipeError(f"{cfg.out} already holds a run; pass {option('resume', True)} to continue it or choose "
+                          f"another {option('out')} folder")
+    if cfg.resume and read_state(cfg.out).get("finished"):
+        raise TfpipeError(f"{cfg.out} holds a finished run (model.keras); {option('resume', True)} continues an "
+                          f"interrupted one -- choose another {option('out')} folder to train again")
+    if cfg.resume and fs.exists(f"{cfg.out}/config.json"):
+        before = json.loads(fs.read_text(f"{cfg.out}/config.json"))
+        now = dict(dataclasses.asdict(cfg), classes=classes)
+        changed = [k for k in RESUME_KEYS if k in before and json.loads(json.dumps(now[k], default=str)) != before[k]]
+        if changed:
+            k = changed[0]
+            raise TfpipeError(f"{cfg.out} was started with {k}={before[k]!r}, not {now[k]!r}; {option('resume', True)} "
+                              "continues a run with its own settings")
+    fs.makedirs(cfg.out)
+
+
+def summarise(cfg, kind, strategy, global_batch, steps, n_train, n_val, precision, model, seconds,
+              throughput):
+    """metrics.json: the run's configuration, speed and validation scores (from history.csv)."""
+    import pandas as pd
+
+    with fs.open(f"{cfg.out}/history.csv") as f:
+        history = pd.read_csv(f)
+    val_cols = [c for c in history.columns if c.startswith("val_")]
+    best = history.loc[history["val_auc"].idxmax()] if "val_auc" in history else history.iloc[-1]
+    rates = throughput.rates[1:] or throughput.rates  # the first epoch includes tracing and compilation
+    return {
+        "strategy": kind, "strategy_class": type(strategy).__name__, "replicas": strategy.num_replicas_in_sync,
+        "steps_per_execution": cfg.steps_per_execution, "per_replica_batch_size": cfg.batch_size,
+        "global_batch_size": global_batch, "base_lr": cfg.lr, "scaled_lr": scaled_lr(cfg.lr, strategy.num_replicas_in_sync),
+        "schedule": cfg.schedule, "model": cfg.model, "image_size": cfg.image_size, "precision": precision,
+        "epochs": int(len(history)), "burn_epochs": cfg.burn_epochs, "steps_per_epoch": steps,
+        "optimizer_steps": int(model.optimizer.iterations.numpy()), "train_examples": n_train,
+        "val_examples": n_val, "fold": cfg.fold, "images_per_sec": round(statistics.median(rates), 1) if rates else None,
+        "seconds": round(seconds, 1),
+        "final": {c: float(history[c].iloc[-1]) for c in val_cols},
+        "best": dict({c: float(best[c]) for c in val_cols}, epoch=int(best["epoch"]) + 1),
+    }
+
+
+def save_model(model, path):
+    """Saves through a temporary name: a crash while saving never leaves a half-written model file."""
+    tmp = path[: -len(".keras")] + ".tmp.keras"
+    model.save(tmp)
+    fs.rename(tmp, path, overwrite=True)
+
+
+def write_run_config(plan, manifest):
+    """config.json: what predicting with this run needs (classes, input size, head), plus the settings used."""
+    settings = {k: v for k, v in dataclasses.asdict(plan).items() if k != "callbacks"}
+    config = dict(settings, classes=manifest["classes"])
+    fs.write_atomic(f"{plan.out}/config.json", json.dumps(config, indent=1, default=str) + "\n")
+
+
+def finish_swa(model, swa, strategy, cfg, data, report_args):
+    """Loads the averaged weights, re-estimates batch-norm statistics, saves ``model-swa.keras`` and scores it."""
+    train_ds, val_ds, steps, val_steps = data
+    model.set_weights(swa.average)
+    recompute_batch_norm(model, train_ds, steps, model.loss)
+    with strategy.scope():
+        compile_model(model, cfg, 0.0, len(report_args["classes"]))  # metrics again, for evaluate
+    save_model(model, f"{cfg.out}/model-swa.keras")
+    scores = model.evaluate(val_ds, steps=val_steps, return_dict=True, verbose=0)
+    result = {"epochs_averaged": swa.count, **{f"val_{k}": float(v) for k, v in scores.items()}}
+    if cfg.report:
+        result["report"] = validation_report(model, strategy, cfg.out, suffix="-swa", **report_args)
+    return result
+
+
+def prepare(cfg, shards):
+    """The plan: ``cfg`` with what it leaves open decided from the shards (single- or multi-label, input size,
+    the seed of a deterministic run). A copy: the caller's config is never changed, so it can be reused."""
+    if shards.manifest is None:
+        raise TfpipeError(f"{cfg.records}: train.fit needs a folder written by tfpipe.write (its manifest gives "
+                          "the classes and folds)")
+    if not shards.labeled:
+        raise TfpipeError(f"{cfg.records}: written unlabeled (manifest: labeled false, e.g. --split test); "
+                          "training needs labeled shards")
+    check_numbers(cfg)
+    image_size = cfg.image_size or shards.image_size
+    if not image_size:
+        raise TfpipeError(f"{cfg.records}: images were stored without a fixed size; pass {option('image_size')}")
+    if image_size < min_image_size(cfg.model):
+        raise TfpipeError(f"{option('image_size')} {image_size} is below {cfg.model}'s smallest input "
+                          f"({min_image_size(cfg.model)} px)")
+    if cfg.fold is not None and not shards.manifest.get("folds"):
+        raise TfpipeError(f"{cfg.records}: written without folds, so {option('fold', cfg.fold)} has nothing to pick; "
+                          f"drop it (the last shards are held out, {option('val_fraction')}) or write with --folds")
+    if not 0 <= cfg.swa_epochs <= cfg.epochs:
+        raise TfpipeError(f"{option('swa_epochs')} must be in 0..{cfg.epochs} (the epochs); got {cfg.swa_epochs}")
+    single_label = shards.manifest.get("single_label", False) if cfg.single_label is None else cfg.single_label
+    seed = (0 if cfg.seed is None else cfg.seed) if cfg.deterministic else cfg.seed  # seeded input order
+    weights = None if cfg.weights in (None, "none") else cfg.weights  # "none": the command line's word for None
+    fold = 0 if cfg.fold is None and shards.manifest.get("folds") else cfg.fold
+    return dataclasses.replace(cfg, image_size=image_size, single_label=single_label, seed=seed, weights=weights,
+                               fold=fold, augment=cfg.augment or Augment())
+
+
+def check_numbers(cfg):
+    """Every numeric setting in its range (the command line and Python refuse the same values)."""
+    check_at_least(1, epochs=cfg.epochs, batch_size=cfg.batch_size, steps_per_execution=cfg.steps_per_execution,
+                   replicas=cfg.replicas)
+    check_at_least(0, burn_epochs=cfg.burn_epochs, swa_epochs=cfg.swa_epochs, warmup_epochs=cfg.warmup_epochs,
+                   weight_decay=cfg.weight_decay, label_smoothing=cfg.label_smoothing, fold=cfg.fold)
+    check_positive(lr=cfg.lr, burn_lr=cfg.burn_lr)
+    for name in ("val_fraction", "threshold"):
+        if not 0 < getattr(cfg, name) < 1:
+            raise TfpipeError(f"{option(name)} must be between 0 and 1 (got {getattr(cfg, name)})")
+    if not cfg.label_smoothing < 1:
+        raise TfpipeError(f"{option('label_smoothing')} must be below 1 (got {cfg.label_smoothing})")
+
+
+def fit(cfg):
+    """Trains per ``cfg`` (a ``FitConfig``); returns the metrics dict also written to ``metrics.json``.
+
+    Called through ``train.fit.fit`` (see its example).
+    """
+    started = time.perf_counter()
+    if cfg.deterministic:
+        keras.utils.set_random_seed(0 if cfg.seed is None else cfg.seed)  # weight initialisation, dropout
+        tf.config.experimental.enable_op_determinism()
+    check_path(records=cfg.records, out=cfg.out)
+    check_at_least(1, replicas=cfg.replicas)
+    strategy, kind = resolve_strategy(cfg.strategy, cfg.replicas)  # first: virtual CPUs need a fresh TensorFlow
+    shards = open_shards(cfg.records)
+    plan = prepare(cfg, shards)
+    check_out(plan, shards.classes)
+    write_run_config(plan, shards.manifest)
+    precision = plan.precision or default_precision(kind)
+    keras.mixed_precision.set_global_policy(precision)
+    split = split_sources(shards, plan.fold, plan.val_fraction)
+    train_ds, val_ds, n_train, n_val, global_batch = build_datasets(plan, strategy, shards.num_classes, split)
+    steps = max(1, n_train // global_batch)
+    data = (train_ds, val_ds, steps, math.ceil(n_val / global_batch))
+    throughput = Throughput(steps * global_batch)
+    if plan.verbose == 2:
+        print(f"train.fit: building {plan.model} at {plan.image_size} px on {strategy.num_replicas_in_sync} "
+              f"{kind} replica{'s' * (strategy.num_replicas_in_sync > 1)}; {n_train} training, {n_val} validation "
+              "images", flush=True)
+    with strategy.scope(), tfpipe.naming_corrupt_shards(plan.records):
+        model, swa = train_phases(plan, strategy, shards.num_classes, data, throughput)
+    save_model(model, f"{plan.out}/model.keras")
+    write_state(plan.out, dict(read_state(plan.out), burn_done=bool(plan.burn_epochs), finished=True))
+    metrics = summarise(plan, kind, strategy, global_batch, steps, n_train, n_val, precision, model,
+                        time.perf_counter() - started, throughput)
+    report_args = {"classes": shards.classes, "single_label": plan.single_label, "source": split[2],
+                   "folds": split[3], "image_size": plan.image_size, "batch_size": plan.batch_size,
+                   "threshold": plan.threshold}
+    if plan.report:
+        metrics["report"] = validation_report(model, strategy, plan.out, **report_args)
+        learning_curves(plan.out)
+    if plan.swa_epochs:
+        metrics["swa"] = finish_swa(model, swa, strategy, plan, data, report_args)
+    fs.write_atomic(f"{plan.out}/metrics.json", json.dumps(metrics, indent=1) + "\n")
+    return metrics
+
+
+def train_phases(plan, strategy, num_classes, data, throughput):
+    """Builds the model (inside ``strategy.scope()``), trains the head with the backbone frozen when asked, then
+    everything. Returns (model, the SWA average)."""
+    replicas, steps = strategy.num_replicas_in_sync, data[2]
+    model, backbone = build_model(plan.model, num_classes, plan.image_size,
+                                  weights=plan.weights,
+                                  multi_label=not plan.single_label)
+    state = read_state(plan.out) if plan.resume else {}
+    if plan.burn_epochs and not state.get("burn_done"):
+        set_trainable(backbone, False)
+        run_phase(model, plan, "burn", scaled_lr(plan.burn_lr or plan.lr, replicas), plan.burn_epochs, 0, data,
+                  num_classes, throughput)
+        model.save_weights(f"{plan.out}/checkpoints/burn-done")
+        write_state(plan.out, dict(state, burn_done=True))
+    elif plan.burn_epochs:
+        model.load_weights(f"{plan.out}/checkpoints/burn-done")
+    set_trainable(backbone, True)
+    schedule = make_schedule(plan.schedule, scaled_lr(plan.lr, replicas), steps, plan.epochs, plan.warmup_epochs)
+    swa = AverageWeights(plan.burn_epochs + plan.epochs - plan.swa_epochs, f"{plan.out}/swa-average.npz")
+    run_phase(model, plan, "fine-tune", schedule, plan.epochs, plan.burn_epochs, data, num_classes, throughput,
+              first=[swa] if plan.swa_epochs else [])
+    return model, swa
