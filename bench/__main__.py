@@ -30,6 +30,22 @@ def machine():
             f"{os.cpu_count()} CPUs · Python {platform.python_version()} · {versions}")
 
 
+def check_sizes(work, cfg):
+    """A work folder holds the corpus, shards and figures of one set of sizes: reusing a smoke run's 16-photo
+    corpus or its figures in a full report would publish numbers that mean nothing."""
+    stamp = os.path.join(work, "sizes.json")
+    if os.path.exists(stamp):
+        with open(stamp) as f:
+            held = json.load(f)
+        if held != cfg:
+            print(f"bench: error: {work} holds a run of other sizes ({held}); remove it or choose another --work",
+                  file=sys.stderr)
+            sys.exit(2)
+    os.makedirs(work, exist_ok=True)
+    with open(stamp, "w") as f:
+        json.dump(cfg, f)
+
+
 def bench(module, args, work, only=None):
     """Runs ``bench.<module>`` in a fresh process and returns its figures (or, with ``only`` naming another
     benchmark, the figures of its last run)."""
@@ -95,14 +111,16 @@ def chart(rows, path):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--smoke", action="store_true", help="tiny sizes: checks that every benchmark runs")
-    p.add_argument("--work", default=os.path.join(ROOT, "bench", "out"), help="corpus and shards (reused)")
+    p.add_argument("--work", help="corpus, shards and figures, reused by later runs of the same sizes "
+                                  "(default: bench/out, or bench/out-smoke with --smoke)")
     p.add_argument("--results", default=os.path.join(ROOT, "bench", "results.md"))
     p.add_argument("--only", choices=("writer", "reader", "training", "dry_run", "none"),
                    help="rerun one benchmark (none: just rewrite the report); the others' figures come from "
                         "their last run in --work")
     args = p.parse_args(argv)
     cfg = SMOKE if args.smoke else FULL
-    os.makedirs(args.work, exist_ok=True)
+    args.work = args.work or os.path.join(ROOT, "bench", "out-smoke" if args.smoke else "out")
+    check_sizes(args.work, cfg)
     corpus = os.path.join(args.work, "corpus")
     if not os.path.exists(os.path.join(corpus, "train.csv")):
         from bench.corpus import make_corpus
@@ -123,7 +141,7 @@ def main(argv=None):
         ("TPU dry run: 1 / 8 replicas, train.fit", 1 / dry_run_lib.ratios(dry_run)["fit"], 0.5),
         ("TPU dry run: 1 / 8 replicas, train.predict", 1 / dry_run_lib.ratios(dry_run)["predict"], 1 / 1.5)]
     summary = ["| figure | measured | goal |", "|---|---|---|"] + [
-        f"| {name} | {value:.2f} | {'' if goal is None else ('<= 1.25' if 'RSS' in name else f'>= {goal}')} |"
+        f"| {name} | {value:.2f} | {'' if goal is None else ('<= 1.25' if 'RSS' in name else f'>= {goal:.3g}')} |"
         for name, value, goal in rows]
     text = "\n\n".join([f"# Benchmark results{' (smoke run: sizes too small to mean anything)' if args.smoke else ''}",
                         machine(), "\n".join(summary), writer_lib.report(writer), reader_lib.report(reader),

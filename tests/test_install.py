@@ -36,12 +36,19 @@ CASES = {"oldest": ("2.18.1", "2.18.0"), "2.19": ("2.19.1", "2.19.0"),
 TORCH = _lock("torch")  # a CPU build is on this machine's disk; the user's image has its own torch
 PACKAGE_FILES = ("pyproject.toml", "setup.py", "README.md", "tfpipe", "train")
 KEPT = ("tensorflow", "tf-keras", "torch", "numpy")  # never replaced by installing tfpipe
+START_UP_WORDS = ("cuInit", "cudart", "cuFFT", "cuDNN", "cuBLAS", "oneDNN", "InitializeLog")  # whatever the format
 
 
-def run(cmd, cwd, env, timeout=900):
-    """Runs ``cmd`` and returns its stdout; a failure shows the command's own output."""
+def run(cmd, cwd, env, timeout=900, quiet=False):
+    """Runs ``cmd`` and returns its stdout; a failure shows the command's own output. ``quiet``: one of our
+    commands, which shows none of TensorFlow's start-up lines, in this TensorFlow release's format either."""
+    from tfpipe.console import NOISE
+
     done = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, f"{' '.join(map(str, cmd))} -> {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
+    noise = [line for line in done.stderr.splitlines()
+             if NOISE.match(line.encode()) or any(word in line for word in START_UP_WORDS)]
+    assert not (quiet and noise), f"{' '.join(map(str, cmd))} showed TensorFlow's start-up lines: {noise[:3]}"
     return done.stdout
 
 
@@ -84,17 +91,18 @@ def versions(env, cwd):
 
 def write_fit_predict(work, env):
     """Demo data -> shards -> 8-replica training with steps_per_execution 2 -> submission, via the installed commands."""
-    run(["tfpipe-demo", "data", "--train", "96", "--test", "16"], work, env)
+    run(["tfpipe-demo", "data", "--train", "96", "--test", "16"], work, env, quiet=True)
     run(["python", "-m", "tfpipe.write", "--csv", "data/train.csv",
          "--images", "data/images", "--out", "records/train", "--image-size", "32", "--folds", "3",
-         "--no-progress"], work, env)
+         "--no-progress"], work, env, quiet=True)
     run(["tfpipe-write", "--csv", "data/test.csv", "--images", "data/images", "--out", "records/test", "--split",
-         "test", "--unlabeled", "--image-size", "32", "--no-progress"], work, env)
+         "test", "--unlabeled", "--image-size", "32", "--no-progress"], work, env, quiet=True)
     run(["python", "-m", "train.fit", "--records", "records/train", "--out", "run", "--strategy", "cpu",
          "--replicas", "8", "--steps-per-execution", "2", "--model", "small-cnn", "--batch-size", "2",
-         "--epochs", "1", "--verbose", "0"], work, env)
+         "--epochs", "1", "--verbose", "0"], work, env, quiet=True)
+    # A fresh process on 8 replicas: nothing may start TensorFlow's devices before the strategy is made.
     run(["tfpipe-predict", "--run", "run", "--records", "records/test", "--out", "submission.csv", "--strategy",
-         "cpu", "--replicas", "8"], work, env)
+         "cpu", "--replicas", "8"], work, env, quiet=True)
     with open(os.path.join(work, "run", "metrics.json")) as f:
         metrics = json.load(f)
     with open(os.path.join(work, "submission.csv")) as f:

@@ -181,6 +181,8 @@ def test_the_stderr_filter_passes_progress_bars_and_drops_whole_noise_lines():
     for part in (b"write train:  50%|##   | 6/12\r", b"write train: 100%|#####| 12/12\n",
                  b"I0000 00:00:1795412900.936833   27851 port.cc:153] oneDNN custom operations are on.\n",
                  b"E0000 00:00:17", b"95412900.9 1 cuda_executor.cc:1] failed call to cuInit\n",
+                 b"2026-11-23 07:13:30.538873: E external/local_xla/xla/stream_executor/cuda/cuda_fft.cc:467] "
+                 b"Unable to register cuFFT factory\n",  # TensorFlow 2.18 / 2.19
                  b"Epoch 1/2\n", b"tfpipe.write: error: x\n"):
         os.write(src_w, part)
     os.close(src_w)

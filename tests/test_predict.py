@@ -141,8 +141,10 @@ def test_predict_cli_writes_submission_and_rejects_a_missing_run(trained_run, tm
     run, _, test = trained_run
     env = dict(os.environ, PYTHONPATH=ROOT)
     out = tmp_path / "sub.csv"
+    # A fresh process on 8 virtual replicas: nothing may touch TensorFlow's devices before the strategy is made.
     r = subprocess.run([sys.executable, "-m", "train.predict", "--run", run, "--records", test, "--out", str(out),
-                        "--tta", "2", "--threshold", "0.5"], capture_output=True, text=True, env=env, cwd=ROOT)
+                        "--tta", "2", "--threshold", "0.5", "--strategy", "cpu", "--replicas", "8"],
+                       capture_output=True, text=True, env=env, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "wrote 40 rows" in r.stdout and len(pd.read_csv(out)) == 40
     r = subprocess.run([sys.executable, "-m", "train.predict", "--run", str(tmp_path / "nope"), "--records", test],

@@ -243,3 +243,31 @@ def test_a_model_learns_the_demo_shapes(tmp_path):
     m = fit(FitConfig(records=str(tmp_path / "records"), out=str(tmp_path / "run"), strategy="cpu", model="small-cnn",
                       batch_size=16, epochs=20, lr=1e-3, steps_per_execution=4, verbose=0, report=False, seed=0))
     assert m["final"]["val_auc"] >= 0.85  # chance is 0.5; measured 0.89 on this machine
+
+
+@pytest.mark.parametrize("replicas", [1, 8])
+def test_start_up_progress_says_what_happens_until_the_first_epoch_is_over(replicas):
+    """The lines a user sees while Keras' per-epoch line is minutes away: compiling (and why it is slower on
+    several replicas), the first step, where the first epoch is, the validation compile -- once each."""
+    import io
+
+    from train.trainer import StartupProgress
+
+    out = io.StringIO()
+    progress = StartupProgress(replicas, steps_per_execution=4, steps=10, every=0.0, out=out)
+    progress.on_train_begin()
+    progress.on_epoch_begin(0)
+    for batch in (3, 7, 9):
+        progress.on_train_batch_end(batch)
+    progress.on_test_begin()
+    progress.on_epoch_end(0)
+    progress.on_epoch_begin(1)
+    progress.on_train_batch_end(3)  # the second epoch: Keras' own line says enough
+    progress.on_test_begin()
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 5 and all(line.startswith("train.fit: ") for line in lines), lines
+    assert f"compiling the training step for {replicas} replica" in lines[0]
+    assert ("traced once per replica" in lines[0]) == (replicas > 1)
+    assert "the first 4 steps done after" in lines[1]
+    assert "epoch 1: step 8/10" in lines[2] and "epoch 1: step 10/10" in lines[3]
+    assert lines[4] == "train.fit: compiling the validation step"

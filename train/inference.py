@@ -133,13 +133,13 @@ def predict(run, records, out="submission.csv", *, tta=1, threshold=None, probab
     check_path(run=run, records=records)
     check_at_least(1, batch_size=batch_size, replicas=replicas)
     check_tta(tta)
+    strat, _ = resolve_strategy(strategy, replicas)  # first: virtual CPUs need a TensorFlow that has run nothing
     config = read_run_config(run)
     check_run_fits_records(config, records)
     id_column = id_column or _id_column(records)
     columns = [id_column, *(config["classes"] if probabilities else ["labels"])]
     ids = tfpipe.image_names(records)
     _check_destination(out, columns, ids)
-    strat, _ = resolve_strategy(strategy, replicas)
     with strat.scope():  # variables placed on every replica
         model, config = load_run(run)
     classes, size = config["classes"], config["image_size"]

@@ -155,8 +155,10 @@ class StartupProgress(keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None):
         self._start = time.perf_counter()
+        many = (f"; it is traced once per replica, so this takes about {self.replicas}x as long as on one replica "
+                "(minutes for an EfficientNet on CPU replicas)") if self.replicas > 1 else ""
         self._say(f"compiling the training step for {self.replicas} replica{'s' * (self.replicas > 1)} "
-                  f"(steps_per_execution {self.spe}); the first steps wait for it")
+                  f"(steps_per_execution {self.spe}); the first steps wait for it{many}")
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = None if self._first_epoch_over else epoch
