@@ -10,6 +10,7 @@
 import errno
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -272,6 +273,8 @@ def _labels_csv(folder, tmp_path, cells, header=("image", "labels")):
 @pytest.mark.parametrize("cell,needles", [
     ("cat, dog", ["row 1", "'labels'", "'cat, dog'", "','", "--sep ,"]),
     ("cat,dog", ["row 1", "'cat,dog'", "--sep ,"]),
+    ("cat\tdog", ["row 1", "'cat\\tdog'", "'\\t'", "--sep $'\\t'"]),  # a tab is no space: no class 'cat\tdog'
+    ("cat dog|bird", ["row 1", "'|'", "--sep '|'"]),
     ("['cat', 'dog']", ["row 1", "Python list", "--sep list"]),
     ("[]", ["row 1", "'[]'", "--sep list"]),
     ("nan", ["row 1", "'nan'", "missing-value"]),
@@ -474,6 +477,29 @@ def test_fit_refuses_nonsense_numbers_in_one_line(shard_dir, tmp_path, capsys, f
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize("kwargs,needle", [
+    ({"batch_size": 0}, "batch_size must be at least 1 (got 0)"),
+    ({"batch_size": -1}, "batch_size must be at least 1 (got -1)"),
+    ({"batch_size": 2.5}, "batch_size must be a whole number (got 2.5)"),
+    ({"batch_size": True}, "batch_size must be a whole number (got True)"),
+    ({"batch_size": 2, "num_classes": 0}, "num_classes must be at least 1 (got 0)"),  # not "from the manifest"
+    ({"batch_size": 2, "image_size": 0}, "image_size must be at least 1 (got 0)"),
+])
+def test_make_dataset_refuses_nonsense_numbers_by_name(shard_dir, kwargs, needle):
+    """The Python API refuses what the command line refuses, naming the argument (TensorFlow's own message
+    named BatchDatasetV2, and 0 classes or 0 px quietly meant "from the manifest")."""
+    with pytest.raises(TfpipeError, match=re.escape(needle)):
+        tfpipe.make_dataset(shard_dir[0], **kwargs)
+
+
+def test_fit_from_python_refuses_fractional_counts(shard_dir, tmp_path):
+    from train.fit import FitConfig, fit
+
+    with pytest.raises(TfpipeError, match=re.escape("epochs must be a whole number (got 2.5)")):
+        fit(FitConfig(records=shard_dir[0], out=str(tmp_path / "run"), epochs=2.5))
+    assert not (tmp_path / "run").exists()
+
+
 def test_fit_fold_on_shards_without_folds_is_refused(labeled_folder, tmp_path, capsys):
     out = str(tmp_path / "r")
     assert write(source_args(labeled_folder) + ["--out", out, "--shards", "4"]) == 0
@@ -486,6 +512,8 @@ def test_fit_fold_on_shards_without_folds_is_refused(labeled_folder, tmp_path, c
     (["--tta", "9"], "--tta must be in 1..8"),
     (["--replicas", "0"], "--replicas must be at least 1 (got 0)"),
     (["--out", ""], "--out is empty"),
+    (["--threshold", "5"], "--threshold must be between 0 and 1 (got 5.0)"),  # an empty submission otherwise
+    (["--threshold", "nan"], "--threshold must be between 0 and 1 (got nan)"),
 ])
 def test_predict_refuses_bad_flags_before_predicting(trained_run, tmp_path, capsys, flags, needle):
     from train.predict import main

@@ -2,6 +2,7 @@
 import argparse
 import contextvars
 import sys
+import numbers
 import warnings
 
 _COMMAND = contextvars.ContextVar("tfpipe_command", default=None)  # the running command's name, under run_cli
@@ -16,8 +17,18 @@ def option(name, value=None):
     ``skip_bad=True`` / ``folds=4`` / ``tta`` from Python, so an error names what the user can change where
     they are."""
     if _COMMAND.get():
-        return f"--{name.replace('_', '-')}" + ("" if value is None or value is True else f" {value}")
+        return f"--{name.replace('_', '-')}" + ("" if value is None or value is True else f" {_shell_word(value)}")
     return name if value is None else f"{name}={value!r}"
+
+
+def _shell_word(value):
+    """A value as typed in a shell: ``,`` stays ``,``; a space is ``' '``, a tab ``$'\\t'``."""
+    import shlex
+
+    text = str(value)
+    if not text.isprintable():
+        return "$'" + text.encode("unicode_escape").decode("ascii").replace("'", "\\'") + "'"
+    return shlex.quote(text)
 
 
 def check_at_least(low, **values):
@@ -29,11 +40,27 @@ def check_at_least(low, **values):
             raise TfpipeError(f"{option(name)} must be at least {low} (got {value})")
 
 
+def check_count(low, **values):
+    """Refuses counts (batch sizes, epochs, classes, pixels) that are not whole numbers of at least ``low``:
+    ``batch_size=2.5`` or ``True`` is a mistake, not a batch of 2. ``None`` passes."""
+    for name, value in values.items():
+        if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral)):
+            raise TfpipeError(f"{option(name)} must be a whole number (got {value!r})")
+    check_at_least(low, **values)
+
+
 def check_positive(**values):
     """Refuses settings that must be above 0 (learning rates, fractions); ``None`` passes."""
     for name, value in values.items():
         if value is not None and not value > 0:
             raise TfpipeError(f"{option(name)} must be above 0 (got {value})")
+
+
+def check_fraction(**values):
+    """Refuses settings that must lie strictly between 0 and 1 (thresholds, fractions); ``None`` passes."""
+    for name, value in values.items():
+        if value is not None and not 0 < value < 1:  # also refuses NaN
+            raise TfpipeError(f"{option(name)} must be between 0 and 1 (got {value})")
 
 
 def check_path(**values):

@@ -16,7 +16,7 @@ from tfpipe.deps import require
 tf = require("tensorflow")  # or one line saying what to install
 from tfpipe import augment as aug_lib  # noqa: E402
 from tfpipe import schema  # noqa: E402
-from tfpipe.errors import TfpipeError, renamed  # noqa: E402
+from tfpipe.errors import TfpipeError, check_count, renamed  # noqa: E402
 from tfpipe.shards import MANIFEST, Shards, fold_split, open_shards, verify  # noqa: E402, F401 (re-exported)
 
 AUTOTUNE = tf.data.AUTOTUNE
@@ -167,6 +167,7 @@ def make_dataset(records, batch_size, *, image_size=None, training=False, folds=
       ``pad_batches``, then ``image_names`` with ``with_ids``).
     """
     options = _with_old_options(options, shuffle_buffer, cache_budget)
+    check_count(1, batch_size=batch_size)
     shards = open_shards(records, folds)
     if training and not shards.labeled:
         raise TfpipeError(f"{records}: written unlabeled ({MANIFEST}: labeled false); training needs labels")
@@ -206,6 +207,7 @@ def _checked_output(records, shards, image_size, num_classes, label_mode):
     """(image side, number of classes): given, or from the manifest; a disagreement with the manifest is an error."""
     if label_mode not in LABEL_MODES:
         raise TfpipeError(f"label_mode must be one of {', '.join(LABEL_MODES)} (got {label_mode!r})")
+    check_count(1, image_size=image_size, num_classes=num_classes)  # 0 is a mistake, not "from the manifest"
     size = image_size or shards.image_size
     if not size:
         raise TfpipeError(f"{records}: stored images have no fixed size; pass image_size")

@@ -111,7 +111,7 @@ def _check_ids(ids, image_col, csv_path):
         first[name] = row
 
 
-STRAY = ",;|"  # separators that, left inside a label, would silently create a new class
+STRAY = ",;|\t\n\r\v\f"  # separators that, left inside a label, would silently create a new class
 
 
 def check_label_spellings(labels, csv_path):

@@ -18,7 +18,7 @@ import time
 
 from tfpipe import __version__, fs, schema
 from tfpipe.deps import require
-from tfpipe.errors import (ArgumentParser, TfpipeError, check_at_least, check_path, option, renamed,
+from tfpipe.errors import (ArgumentParser, TfpipeError, check_count, check_path, option, renamed,
                            run_cli)
 from tfpipe.encode import encode_item
 from tfpipe.images import FITS, FORMATS, ImageSpec
@@ -161,9 +161,9 @@ def write_shards(source, out, *, spec=ImageSpec(), classes=None, split="train", 
     started = time.perf_counter()
     check_path(out=out)
     check_split(split)
-    check_at_least(1, shards=shards)
-    check_at_least(2, folds=folds)
-    check_at_least(0, workers=workers)
+    check_count(1, shards=shards)
+    check_count(2, folds=folds)
+    check_count(0, workers=workers)
     _check_runner(runner, resume)
     job = plan_job(source, spec, classes=classes, split=split, shards=shards, folds=folds, seed=seed,
                    skip_bad=skip_bad)

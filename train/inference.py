@@ -17,7 +17,7 @@ import tensorflow as tf  # noqa: E402
 
 import tfpipe
 from tfpipe import fs
-from tfpipe.errors import TfpipeError, check_at_least, check_path, option
+from tfpipe.errors import TfpipeError, check_count, check_fraction, check_path, option
 from tfpipe.shards import read_manifest
 from train.strategy import resolve_strategy
 
@@ -131,7 +131,8 @@ def predict(run, records, out="submission.csv", *, tta=1, threshold=None, probab
     import pandas as pd
 
     check_path(run=run, records=records)
-    check_at_least(1, batch_size=batch_size, replicas=replicas)
+    check_count(1, batch_size=batch_size, replicas=replicas)
+    check_fraction(threshold=threshold)
     check_tta(tta)
     strat, _ = resolve_strategy(strategy, replicas)  # first: virtual CPUs need a TensorFlow that has run nothing
     config = read_run_config(run)

@@ -20,7 +20,8 @@ import tensorflow as tf  # noqa: E402
 import tfpipe
 from tfpipe import fs
 from tfpipe.augment import Augment
-from tfpipe.errors import TfpipeError, check_at_least, check_path, check_positive, option
+from tfpipe.errors import (TfpipeError, check_at_least, check_count, check_fraction, check_path,
+                           check_positive, option)
 from tfpipe.shards import fold_split, holdout_split, open_shards
 from train.models import build_model, min_image_size
 from train.schedules import make_schedule, scaled_lr
@@ -335,14 +336,13 @@ def prepare(cfg, shards):
 
 def check_numbers(cfg):
     """Every numeric setting in its range (the command line and Python refuse the same values)."""
-    check_at_least(1, epochs=cfg.epochs, batch_size=cfg.batch_size, steps_per_execution=cfg.steps_per_execution,
+    check_count(1, epochs=cfg.epochs, batch_size=cfg.batch_size, steps_per_execution=cfg.steps_per_execution,
                    replicas=cfg.replicas)
-    check_at_least(0, burn_epochs=cfg.burn_epochs, swa_epochs=cfg.swa_epochs, warmup_epochs=cfg.warmup_epochs,
-                   weight_decay=cfg.weight_decay, label_smoothing=cfg.label_smoothing, fold=cfg.fold)
+    check_count(0, burn_epochs=cfg.burn_epochs, swa_epochs=cfg.swa_epochs, fold=cfg.fold)
+    check_at_least(0, warmup_epochs=cfg.warmup_epochs, weight_decay=cfg.weight_decay,
+                   label_smoothing=cfg.label_smoothing)
     check_positive(lr=cfg.lr, burn_lr=cfg.burn_lr)
-    for name in ("val_fraction", "threshold"):
-        if not 0 < getattr(cfg, name) < 1:
-            raise TfpipeError(f"{option(name)} must be between 0 and 1 (got {getattr(cfg, name)})")
+    check_fraction(val_fraction=cfg.val_fraction, threshold=cfg.threshold)
     if not cfg.label_smoothing < 1:
         raise TfpipeError(f"{option('label_smoothing')} must be below 1 (got {cfg.label_smoothing})")
 
@@ -357,7 +357,7 @@ def fit(cfg):
         keras.utils.set_random_seed(0 if cfg.seed is None else cfg.seed)  # weight initialisation, dropout
         tf.config.experimental.enable_op_determinism()
     check_path(records=cfg.records, out=cfg.out)
-    check_at_least(1, replicas=cfg.replicas)
+    check_count(1, replicas=cfg.replicas)
     strategy, kind = resolve_strategy(cfg.strategy, cfg.replicas)  # first: virtual CPUs need a fresh TensorFlow
     shards = open_shards(cfg.records)
     plan = prepare(cfg, shards)
