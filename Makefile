@@ -24,6 +24,7 @@ demo: setup
 		--image-size $(DEMO_SIZE) --folds 5 --overwrite
 	$(PY) -m tfpipe.write --csv $(DEMO_DIR)/test.csv --images $(DEMO_DIR)/images --out $(RECORDS)/test \
 		--split test --unlabeled --image-size $(DEMO_SIZE) --overwrite
+	rm -f $(RECORDS)/contact_sheet.png  # the demo's own sheet (one written before sheets carried their mark)
 	$(PY) -m tfpipe.inspect $(RECORDS)/train --sheet $(RECORDS)/contact_sheet.png
 	rm -rf $(RUN)
 	$(PY) -m train.fit --records $(RECORDS)/train --out $(RUN) --strategy cpu --replicas 8 \

@@ -588,3 +588,45 @@ def test_predict_replaces_only_an_earlier_submission(trained_run, tmp_path, caps
     out = tmp_path / "submission.csv"
     assert main(["--run", run, "--records", test, "--out", str(out), "--strategy", "cpu"]) == 0
     assert main(["--run", run, "--records", test, "--out", str(out), "--strategy", "cpu"]) == 0  # a re-run replaces
+
+
+# Principle 2 beyond the writer: the demo and the contact sheet write only over what they wrote before.
+
+def test_inspect_sheet_replaces_only_a_sheet_it_wrote(shard_dir, tmp_path, capsys):
+    from PIL import Image
+
+    from tfpipe.inspect import main as inspect_main
+
+    csv_file, photo = tmp_path / "train.csv", tmp_path / "contact_sheet.png"
+    csv_file.write_text("image,labels\na,cat\n")
+    Image.new("RGB", (4, 4), "red").save(photo)  # the user's own PNG of that name
+    for victim in (csv_file, photo):
+        before = victim.read_bytes()
+        assert inspect_main([shard_dir[0], "--sheet", str(victim)]) == 2
+        one_line_error(capsys, str(victim), "not a contact sheet tfpipe.inspect wrote", "--no-sheet")
+        assert victim.read_bytes() == before
+    sheet = tmp_path / "sheet.png"
+    for _ in range(2):  # its own sheet: written, then replaced by the re-run
+        assert inspect_main([shard_dir[0], "--sheet", str(sheet)]) == 0
+        with Image.open(sheet) as im:
+            assert im.text["Software"] == "tfpipe.inspect contact sheet" and im.size[0] > 100
+    assert inspect_main([shard_dir[0], "--sheet", str(tmp_path)]) == 2
+
+
+def test_the_demo_never_writes_over_a_users_dataset(tmp_path, capsys):
+    from tfpipe.demo import main as demo_main
+
+    users = tmp_path / "kaggle"
+    users.mkdir()
+    (users / "train.csv").write_text("image,labels\nmine,cat\n")
+    assert demo_main([str(users), "--train", "3", "--test", "1"]) == 2
+    one_line_error(capsys, "train.csv", "the demo did not write")
+    assert (users / "train.csv").read_text() == "image,labels\nmine,cat\n" and sorted(os.listdir(users)) == ["train.csv"]
+    ours = tmp_path / "demo"
+    for _ in range(2):  # a new folder, then over itself
+        assert demo_main([str(ours), "--train", "3", "--test", "1"]) == 0
+    assert (ours / "train.csv").read_text().splitlines()[1].startswith("train_00000,")
+    os.remove(ours / ".tfpipe-demo.json")  # a demo folder written before the mark existed is still the demo's
+    assert demo_main([str(ours), "--train", "3", "--test", "1"]) == 0
+    (tmp_path / "file").write_text("x")
+    assert demo_main([str(tmp_path / "file")]) == 2

@@ -9,6 +9,7 @@ are none) and an unlabeled ``test.csv``. Shapes sit in distinct cells of a
 for a given seed.
 """
 import csv
+import json
 import os
 import sys
 
@@ -18,6 +19,7 @@ import numpy as np
 from tfpipe.errors import ArgumentParser, TfpipeError, run_cli
 
 SHAPES = ("circle", "cross", "square", "star", "triangle")
+MARK = ".tfpipe-demo.json"  # written first into a demo folder: what a later demo may write over
 MAX_SHAPES = 4  # one per cell of a 2x2 grid
 SIDE_RANGE = (144, 224)  # width and height in pixels, drawn independently: photos are rarely square
 JPEG_QUALITY = 92
@@ -73,10 +75,15 @@ def draw_image(rng):
 
 
 def make_demo(out, train=2000, test=400, seed=0):
-    """Writes the demo dataset into ``out`` and returns the paths of the two CSVs."""
+    """Writes the demo dataset into ``out`` and returns the paths of the two CSVs.
+
+    ``out`` must be new, empty or an earlier demo folder: the demo never writes over a user's ``train.csv``."""
+    check_demo_folder(out)
     rng = np.random.default_rng(seed)
     images = os.path.join(out, "images")
     os.makedirs(images, exist_ok=True)
+    with open(os.path.join(out, MARK), "w") as f:  # first: a re-run may replace an interrupted demo
+        json.dump({"train": train, "test": test, "seed": seed}, f)
     paths = {}
     for split, count in (("train", train), ("test", test)):
         rows = []
@@ -91,6 +98,30 @@ def make_demo(out, train=2000, test=400, seed=0):
             w.writerow(["image", "labels"] if split == "train" else ["image"])
             w.writerows(rows if split == "train" else [(name,) for name, _ in rows])
     return paths
+
+
+def check_demo_folder(out):
+    """Refuses a folder holding anything the demo did not write (its mark file, or a demo of tfpipe 0.2.0, which
+    wrote none: ``images/``, ``train.csv`` starting with ``train_00000`` and ``test.csv``)."""
+    if not str(out).strip():
+        raise TfpipeError("the demo folder is empty (an unset variable?); give a path")
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise TfpipeError(f"{out} is a file; the demo writes a folder")
+    held = sorted(os.listdir(out)) if os.path.isdir(out) else []
+    if not held or MARK in held or _earlier_demo(out, held):
+        return
+    raise TfpipeError(f"{out} holds files the demo did not write ({', '.join(held[:3])}{', ...' * (len(held) > 3)}); "
+                      "it writes only into a new or empty folder or over an earlier demo -- choose another folder")
+
+
+def _earlier_demo(out, held):
+    if not set(held) <= {"images", "train.csv", "test.csv"}:
+        return False
+    try:
+        with open(os.path.join(out, "train.csv")) as f:
+            return f.readline().strip() == "image,labels" and f.readline().startswith("train_00000,")
+    except (OSError, UnicodeDecodeError):
+        return False
 
 
 def run(args):

@@ -14,13 +14,14 @@ import sys
 import numpy as np
 
 from tfpipe import fs, schema
-from tfpipe.errors import ArgumentParser, TfpipeError, option, run_cli
+from tfpipe.errors import ArgumentParser, TfpipeError, check_count, option, run_cli
 from tfpipe.shards import open_shards, verify
 from tfpipe.tfrecord import CorruptRecord, read_records
 
 SCAN_RECORDS = 5000  # records read for the schema and label frequencies
 SHEET_COLUMNS = 8
 SHEET_TILE = 128  # pixels per contact-sheet tile
+SHEET_MARK = ("Software", "tfpipe.inspect contact sheet")  # a PNG text chunk: what a later --sheet may replace
 CAPTION_HEIGHT = 32  # two lines: the id, then the labels
 CAPTION_CHARS = 24  # what fits a tile at the caption's font size
 IMAGE_MAGIC = (b"\xff\xd8", b"\x89PNG")
@@ -123,10 +124,37 @@ def _caption_labels(row, label_key, class_names, labeled):
     return text if len(text) <= CAPTION_CHARS else text[:CAPTION_CHARS - 2] + ".."
 
 
-def save_png(image, path):
-    import cv2
+def save_sheet(image, path):
+    """Writes a BGR contact sheet as a PNG carrying ``SHEET_MARK``, so a later ``--sheet`` may replace it."""
+    import io
 
-    fs.write_atomic(path, cv2.imencode(".png", image)[1].tobytes())
+    from PIL import Image, PngImagePlugin
+
+    info = PngImagePlugin.PngInfo()
+    info.add_text(*SHEET_MARK)
+    buffer = io.BytesIO()
+    Image.fromarray(np.ascontiguousarray(image[..., ::-1])).save(buffer, "PNG", pnginfo=info)
+    fs.write_atomic(path, buffer.getvalue())
+
+
+def check_sheet(path):
+    """``--sheet`` replaces only a contact sheet written before, never a file named by mistake (``--sheet
+    train.csv``) or a user's own ``contact_sheet.png`` in the working folder."""
+    if fs.isdir(path):
+        raise TfpipeError(f"{path} is a folder; {option('sheet')} names the PNG file to write")
+    if fs.exists(path) and not _is_sheet(path):
+        raise TfpipeError(f"{path} exists and is not a contact sheet tfpipe.inspect wrote; it is not replaced -- "
+                          f"remove it, choose another {option('sheet')} or pass {option('no_sheet', True)}")
+
+
+def _is_sheet(path):
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with fs.open(path, "rb") as f, Image.open(f) as image:
+            return image.format == "PNG" and image.text.get(SHEET_MARK[0]) == SHEET_MARK[1]
+    except (UnidentifiedImageError, OSError, ValueError):
+        return False
 
 
 def inspect_shards(records, *, scan_records=SCAN_RECORDS, sheet=None, sheet_count=32, do_verify=False, image_key=None,
@@ -147,9 +175,9 @@ def inspect_shards(records, *, scan_records=SCAN_RECORDS, sheet=None, sheet_coun
     Raises:
       TfpipeError: when ``do_verify`` finds a corrupt, truncated or miscounted shard.
     """
-    for name, value in (("scan_records", scan_records), ("sheet_count", sheet_count)):
-        if value < 1:
-            raise TfpipeError(f"{option(name)} must be at least 1 (got {value})")
+    check_count(1, scan_records=scan_records, sheet_count=sheet_count)
+    if sheet:
+        check_sheet(sheet)
     shards = open_shards(records, any_schema=True)  # inspect also reads other writers' records
     rows, unreadable = scan(shards, scan_records)
     fields = infer_schema(rows)
@@ -161,7 +189,7 @@ def inspect_shards(records, *, scan_records=SCAN_RECORDS, sheet=None, sheet_coun
     for f in unreadable:
         print(f"  WARNING {posixpath.basename(f)}: corrupt or truncated (run with --verify)", file=out)
     if sheet and image_key and rows:
-        save_png(contact_sheet(rows, image_key, label_key, classes, sheet_count, shards.labeled), sheet)
+        save_sheet(contact_sheet(rows, image_key, label_key, classes, sheet_count, shards.labeled), sheet)
         print(f"contact sheet: {sheet}", file=out)
     problems = verify_and_report(shards, out) if do_verify else []
     return {"files": list(shards.files), "schema": fields, "label_counts": dict(counts), "problems": problems,
