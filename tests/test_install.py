@@ -185,6 +185,8 @@ def errors(cell):
 def readme_cells_in_a_notebook(venv, env, work):
     import nbformat
 
+    work = work / "notebook"  # its own folder: the submission.csv of the command-line run is of other records
+    work.mkdir()
     run(["pip", "install", "--quiet", "nbclient", "ipykernel"], str(work), env)
     run(["pip", "uninstall", "--yes", "--quiet", "tfpipe"], str(work), env)  # the install cell must bring it back
     cells = notebook_cells(os.path.join(ROOT, "README.md"))
