@@ -507,6 +507,27 @@ def test_fit_fold_on_shards_without_folds_is_refused(labeled_folder, tmp_path, c
     one_line_error(capsys, "written without folds", "--fold 9")
 
 
+def test_predict_never_joins_a_class_name_holding_a_space(trained_run, tmp_path, capsys):
+    """Classes from one-hot columns or folder names may hold spaces (`New York`); joined with spaces in a
+    multi-label submission they would read back as two labels."""
+    import shutil
+
+    from train.predict import main as predict_main, predict
+
+    run, _, test = trained_run
+    spaced = tmp_path / "run"
+    shutil.copytree(run, spaced)
+    config = json.loads((spaced / "config.json").read_text())
+    config["classes"][0] = "New York"
+    (spaced / "config.json").write_text(json.dumps(config))
+    out = tmp_path / "sub.csv"
+    assert predict_main(["--run", str(spaced), "--records", test, "--out", str(out), "--no-progress"]) == 2
+    one_line_error(capsys, "'New York' holds a space", "--probabilities")
+    assert not out.exists()
+    df = predict(str(spaced), test, str(out), probabilities=True, progress=False)
+    assert "New York" in df.columns and len(df) == 40
+
+
 @pytest.mark.parametrize("flags,needle", [
     (["--batch-size", "0"], "--batch-size must be at least 1 (got 0)"),
     (["--tta", "9"], "--tta must be in 1..8"),

@@ -137,6 +137,8 @@ def predict(run, records, out="submission.csv", *, tta=1, threshold=None, probab
     strat, _ = resolve_strategy(strategy, replicas)  # first: virtual CPUs need a TensorFlow that has run nothing
     config = read_run_config(run)
     check_run_fits_records(config, records)
+    if not probabilities:
+        check_labels_can_be_joined(config["classes"], config["single_label"])
     id_column = id_column or _id_column(records)
     columns = [id_column, *(config["classes"] if probabilities else ["labels"])]
     ids = tfpipe.image_names(records)
@@ -201,6 +203,15 @@ def check_run_fits_records(config, records):
         raise TfpipeError(f"{records}: images stored at {shards.image_size} px, the run was trained at "
                           f"{config['image_size']} px; write the shards again with --image-size "
                           f"{config['image_size']}")
+
+
+def check_labels_can_be_joined(classes, single_label):
+    """A multi-label submission joins each row's labels with spaces: a class named ``New York`` (a one-hot
+    column or a folder name) would be read back as two labels, so such runs write probabilities instead."""
+    spaced = [c for c in classes if not c or any(ch.isspace() for ch in c)]
+    if spaced and not single_label:
+        raise TfpipeError(f"class {spaced[0]!r} holds a space, so a space-separated labels column would read back "
+                          f"as other labels; write one probability column per class ({option('probabilities', True)})")
 
 
 def _listed(classes, most=6):
