@@ -651,3 +651,17 @@ def test_the_demo_never_writes_over_a_users_dataset(tmp_path, capsys):
     assert demo_main([str(ours), "--train", "3", "--test", "1"]) == 0
     (tmp_path / "file").write_text("x")
     assert demo_main([str(tmp_path / "file")]) == 2
+
+
+def test_demo_counts_are_checked_from_python_and_the_command_line(tmp_path, capsys):
+    from tfpipe.demo import main as demo_main
+    from tfpipe.demo import make_demo
+
+    for kwargs, culprit in (({"train": 0}, "train must be at least 1"), ({"test": -1}, "test must be at least 0"),
+                            ({"train": 2.5}, "train must be a whole number")):
+        with pytest.raises(TfpipeError, match=culprit):
+            make_demo(str(tmp_path / "py"), **kwargs)
+    assert not (tmp_path / "py").exists()  # refused before anything is written
+    assert demo_main([str(tmp_path / "cli"), "--train", "0"]) == 2
+    one_line_error(capsys, "--train must be at least 1 (got 0)")
+    assert not (tmp_path / "cli").exists()

@@ -16,7 +16,7 @@ import sys
 import cv2
 import numpy as np
 
-from tfpipe.errors import ArgumentParser, TfpipeError, run_cli
+from tfpipe.errors import ArgumentParser, TfpipeError, check_count, run_cli
 
 SHAPES = ("circle", "cross", "square", "star", "triangle")
 MARK = ".tfpipe-demo.json"  # written first into a demo folder: what a later demo may write over
@@ -78,6 +78,8 @@ def make_demo(out, train=2000, test=400, seed=0):
     """Writes the demo dataset into ``out`` and returns the paths of the two CSVs.
 
     ``out`` must be new, empty or an earlier demo folder: the demo never writes over a user's ``train.csv``."""
+    check_count(1, train=train)
+    check_count(0, test=test)
     check_demo_folder(out)
     rng = np.random.default_rng(seed)
     images = os.path.join(out, "images")
@@ -125,8 +127,6 @@ def _earlier_demo(out, held):
 
 
 def run(args):
-    if args.train < 1 or args.test < 0:
-        raise TfpipeError("--train must be at least 1 and --test at least 0")
     make_demo(args.out, args.train, args.test, args.seed)
     print(f"demo dataset: {args.train} train + {args.test} test images, classes {' '.join(SHAPES)} -> {args.out}")
 

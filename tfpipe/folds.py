@@ -1,7 +1,7 @@
 """Multi-label stratified K-fold assignment (iterative stratification)."""
 import numpy as np
 
-from tfpipe.errors import TfpipeError, option
+from tfpipe.errors import TfpipeError, check_count, option
 from tfpipe.schema import multi_hot
 
 
@@ -18,8 +18,7 @@ def assign_folds(targets, num_classes, k, seed=0):
     from iterstrat.ml_stratifiers import MultilabelStratifiedKFold
 
     n = len(targets)
-    if k < 2:
-        raise TfpipeError(f"{option('folds')} must be at least 2 (got {k})")
+    check_count(2, folds=k)
     if k > n:
         raise TfpipeError(f"{option('folds', k)} is more than the {n} images")
     y = multi_hot(targets, num_classes, np.int8)
