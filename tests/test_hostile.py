@@ -665,3 +665,19 @@ def test_demo_counts_are_checked_from_python_and_the_command_line(tmp_path, caps
     assert demo_main([str(tmp_path / "cli"), "--train", "0"]) == 2
     one_line_error(capsys, "--train must be at least 1 (got 0)")
     assert not (tmp_path / "cli").exists()
+
+
+@pytest.mark.parametrize("seed,needle", [("-1", "--seed must be at least 0 (got -1)"),
+                                         (str(2 ** 32), "--seed must be below 2**32 (got 4294967296)")])
+def test_a_seed_numpy_cannot_take_is_one_line_before_anything_is_written(labeled_folder, shard_dir, tmp_path,
+                                                                         capsys, seed, needle):
+    """--seed -1 was NumPy's / scikit-learn's traceback from deep inside the demo, the fold split or fit."""
+    from tfpipe.demo import main as demo_main
+
+    assert demo_main([str(tmp_path / "demo"), "--train", "3", "--seed", seed]) == 2
+    one_line_error(capsys, needle)
+    assert write(source_args(labeled_folder) + ["--out", str(tmp_path / "rec"), "--folds", "2", "--seed", seed]) == 2
+    one_line_error(capsys, needle)
+    assert _fit_cli(["--records", shard_dir[0], "--out", str(tmp_path / "run"), "--seed", seed]) == 2
+    one_line_error(capsys, needle)
+    assert not [p for p in ("demo", "rec", "run") if (tmp_path / p).exists()]

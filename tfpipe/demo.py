@@ -16,7 +16,7 @@ import sys
 import cv2
 import numpy as np
 
-from tfpipe.errors import ArgumentParser, TfpipeError, check_count, run_cli
+from tfpipe.errors import ArgumentParser, TfpipeError, check_count, check_seed, run_cli
 
 SHAPES = ("circle", "cross", "square", "star", "triangle")
 MARK = ".tfpipe-demo.json"  # written first into a demo folder: what a later demo may write over
@@ -80,6 +80,7 @@ def make_demo(out, train=2000, test=400, seed=0):
     ``out`` must be new, empty or an earlier demo folder: the demo never writes over a user's ``train.csv``."""
     check_count(1, train=train)
     check_count(0, test=test)
+    check_seed(seed=seed)
     check_demo_folder(out)
     rng = np.random.default_rng(seed)
     images = os.path.join(out, "images")

@@ -49,6 +49,15 @@ def check_count(low, **values):
     check_at_least(low, **values)
 
 
+def check_seed(**values):
+    """Refuses seeds NumPy and scikit-learn cannot take (whole numbers in 0..2**32-1): ``--seed -1`` was their
+    traceback after the job had started. ``None`` passes."""
+    check_count(0, **values)
+    for name, value in values.items():
+        if value is not None and value >= 2 ** 32:
+            raise TfpipeError(f"{option(name)} must be below 2**32 (got {value})")
+
+
 def check_positive(**values):
     """Refuses settings that must be above 0 (learning rates, fractions); ``None`` passes."""
     for name, value in values.items():

@@ -18,8 +18,8 @@ import time
 
 from tfpipe import __version__, fs, schema
 from tfpipe.deps import require
-from tfpipe.errors import (ArgumentParser, TfpipeError, check_count, check_path, option, renamed,
-                           run_cli)
+from tfpipe.errors import (ArgumentParser, TfpipeError, check_count, check_path, check_seed, option,
+                           renamed, run_cli)
 from tfpipe.encode import encode_item
 from tfpipe.images import FITS, FORMATS, ImageSpec
 from tfpipe.processes import die_with_parent
@@ -164,6 +164,7 @@ def write_shards(source, out, *, spec=ImageSpec(), classes=None, split="train", 
     check_count(1, shards=shards)
     check_count(2, folds=folds)
     check_count(0, workers=workers)
+    check_seed(seed=seed)
     _check_runner(runner, resume)
     job = plan_job(source, spec, classes=classes, split=split, shards=shards, folds=folds, seed=seed,
                    skip_bad=skip_bad)

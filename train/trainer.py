@@ -21,7 +21,7 @@ import tfpipe
 from tfpipe import fs
 from tfpipe.augment import Augment
 from tfpipe.errors import (TfpipeError, check_at_least, check_count, check_fraction, check_path,
-                           check_positive, option)
+                           check_positive, check_seed, option)
 from tfpipe.shards import fold_split, holdout_split, open_shards
 from train.models import build_model, min_image_size
 from train.schedules import make_schedule, scaled_lr
@@ -342,6 +342,7 @@ def check_numbers(cfg):
     check_at_least(0, warmup_epochs=cfg.warmup_epochs, weight_decay=cfg.weight_decay,
                    label_smoothing=cfg.label_smoothing)
     check_positive(lr=cfg.lr, burn_lr=cfg.burn_lr)
+    check_seed(seed=cfg.seed)
     check_fraction(val_fraction=cfg.val_fraction, threshold=cfg.threshold)
     if not cfg.label_smoothing < 1:
         raise TfpipeError(f"{option('label_smoothing')} must be below 1 (got {cfg.label_smoothing})")
