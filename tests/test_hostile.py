@@ -459,6 +459,27 @@ def _fit_cli(args):
         return e.code
 
 
+@pytest.mark.slow
+def test_a_second_fit_into_the_same_run_folder_is_refused_while_the_first_runs(shard_dir, tmp_path, capsys):
+    """Two fits into one --out used to both train: one history.csv held both runs' rows and both ended in a
+    traceback. The first now runs alone (the writer's lock, taken by train.fit on its run folder)."""
+    run = tmp_path / "run"
+    args = ["--records", shard_dir[0], "--out", str(run), "--epochs", "30"]  # long enough to be caught
+    first = subprocess.Popen([sys.executable, "-m", "train.fit", *args, "--strategy", "cpu", "--model", "small-cnn",
+                              "--verbose", "0", "--no-report"], env=ENV, cwd=ROOT, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while not (run / "config.json").exists():  # written under the lock, before training
+        assert first.poll() is None and time.time() < deadline, first.communicate()
+        time.sleep(0.01)
+    assert _fit_cli(args) == 2
+    one_line_error(capsys, "being written by another train.fit", f"pid {first.pid}")
+    assert first.wait(300) == 0, first.communicate()
+    assert len((run / "history.csv").read_text().splitlines()) == 1 + 30  # the header and its own 30 epochs
+    assert json.loads((run / "metrics.json").read_text())["epochs"] == 30
+    assert not (run / ".tfpipe-write.lock").exists()
+
+
 @pytest.mark.parametrize("flags,needle", [
     (["--epochs", "0"], "--epochs must be at least 1 (got 0)"),
     (["--batch-size", "0"], "--batch-size must be at least 1 (got 0)"),

@@ -20,8 +20,9 @@ from tfpipe.errors import TfpipeError, option
 from tfpipe.shards import (MANIFEST, PROGRESS, STAGING, existing_shards, read_manifest, remove_outputs, shard_name,
                            write_manifest)
 
-LOCK = ".tfpipe-write.lock"  # who is writing this folder now (outside .staging, which a new write clears)
 from tfpipe.tfrecord import RecordWriter
+
+LOCK = ".tfpipe-write.lock"  # who is writing this folder now (outside .staging, which a new write clears)
 
 TARGET_SHARD_BYTES = 150 * 2**20  # 100-200 MB shards: big reads, yet many files to spread over readers
 MIN_SHARD_RECORDS = 64  # below this a shard costs more in file opens than it gives in parallelism
@@ -72,9 +73,18 @@ def plan(fold_sizes, total_shards):
     return shards
 
 
+def locked_folder(out_dir, job, fingerprint=None):
+    """``out_dir`` made (never over a file) and a ``WriteLock`` on it for ``job`` (``tfpipe.write``, ``train.fit``):
+    ``with locked_folder(out, "train.fit") as lock:``."""
+    if fs.exists(out_dir) and not fs.isdir(out_dir):
+        raise TfpipeError(f"{out_dir} is a file; {option('out')} names a folder")
+    fs.makedirs(out_dir)
+    return WriteLock(out_dir, fingerprint, job)
+
+
 class WriteLock:
-    """One writer per folder: a lock file naming the job (host, pid, fingerprint), taken before anything in the
-    folder is touched and removed when the job ends.
+    """One job per folder (a dataset's writer, a run's trainer): a lock file naming the job (host, pid,
+    fingerprint), taken before anything in the folder is touched and removed when the job ends.
 
     Locally the file is created exclusively (``O_EXCL``: atomic). On ``gs://`` and other remote filesystems,
     which have no exclusive create through ``tf.io.gfile``, it is advisory: write, read back, and check again
@@ -82,8 +92,8 @@ class WriteLock:
     host (``kill -9``) is taken over; one from another host is refused with the way out.
     """
 
-    def __init__(self, out_dir, fingerprint):
-        self.path = posixpath.join(out_dir, LOCK)
+    def __init__(self, out_dir, fingerprint, job="tfpipe.write"):
+        self.path, self.job = posixpath.join(out_dir, LOCK), job
         self.token = {"id": uuid.uuid4().hex, "host": socket.gethostname(), "pid": os.getpid(),
                       "started": time.strftime("%Y-%m-%d %H:%M:%S"), "fingerprint": fingerprint}
 
@@ -138,7 +148,7 @@ class WriteLock:
         return holder.get("pid") == os.getpid()  # our own pid: a lock left by this process, not a live job
 
     def _busy(self, holder):
-        return (f"{posixpath.dirname(self.path)} is being written by another tfpipe.write (host "
+        return (f"{posixpath.dirname(self.path)} is being written by another {self.job} (host "
                 f"{holder.get('host', '?')}, pid {holder.get('pid', '?')}, started {holder.get('started', '?')}); "
                 f"wait for it, or if that job is gone delete {self.path}")
 
@@ -150,7 +160,7 @@ class WriteLock:
     def check(self):
         """Before committing: refuse if another writer took the folder meanwhile (remote filesystems)."""
         if not self.held():
-            raise TfpipeError(self._busy(self._holder() or {}) + "; this job's shards were not committed")
+            raise TfpipeError(self._busy(self._holder() or {}) + "; this job's output was not committed")
 
     def __exit__(self, *exc):
         if self.held():

@@ -24,7 +24,7 @@ from tfpipe.encode import encode_item
 from tfpipe.images import FITS, FORMATS, ImageSpec
 from tfpipe.processes import die_with_parent
 from tfpipe.shards import MANIFEST, check_split, read_manifest
-from tfpipe.staging import StagedShards, WriteLock, check_destination, num_shards, plan
+from tfpipe.staging import StagedShards, check_destination, locked_folder, num_shards, plan
 from tfpipe.sources import LabelFormat, Source, class_names, targets  # noqa: F401  (Source: tfpipe.write.Source)
 from tfpipe.tfds_source import TfdsSource
 
@@ -176,10 +176,8 @@ def write_shards(source, out, *, spec=ImageSpec(), classes=None, split="train", 
     if runner == "local" and not resume:
         batches = start_encoding(EncodeDataset(job.items, job.targets, spec), workers, start_method)
     try:
-        if fs.exists(out) and not fs.isdir(out):
-            raise TfpipeError(f"{out} is a file; {option('out')} names a folder")
-        fs.makedirs(out)
-        with WriteLock(out, job.fingerprint) as lock:  # one writer per folder, before anything in it is touched
+        # One writer per folder, locked before anything in it is touched.
+        with locked_folder(out, "tfpipe.write", job.fingerprint) as lock:
             finished = check_destination(out, split, job.fingerprint, overwrite=overwrite, resume=resume)
             if finished is not None:
                 print(f"{out}: this write already finished ({finished['num_examples']} images); nothing to do")

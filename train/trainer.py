@@ -23,6 +23,7 @@ from tfpipe.augment import Augment
 from tfpipe.errors import (TfpipeError, check_at_least, check_count, check_fraction, check_path,
                            check_positive, check_seed, option)
 from tfpipe.shards import fold_split, holdout_split, open_shards
+from tfpipe.staging import locked_folder
 from train.models import build_model, min_image_size
 from train.schedules import make_schedule, scaled_lr
 from train.report import learning_curves, validation_report
@@ -231,9 +232,7 @@ def write_state(out, state):
 
 def check_out(cfg, classes):
     """A run folder is continued only by ``resume`` with the settings it started with, and a finished run is never
-    trained over: each is an error naming the way out."""
-    if fs.exists(cfg.out) and not fs.isdir(cfg.out):
-        raise TfpipeError(f"{cfg.out} is a file; {option('out')} names the run folder")
+    trained over: each is an error naming the way out. Called holding the folder's lock."""
     started = fs.exists(f"{cfg.out}/{STATE}") or fs.exists(f"{cfg.out}/history.csv")
     if started and not cfg.resume:
         raise TfpipeError(f"{cfg.out} already holds a run; pass {option('resume', True)} to continue it or choose "
@@ -249,7 +248,6 @@ def check_out(cfg, classes):
             k = changed[0]
             raise TfpipeError(f"{cfg.out} was started with {k}={before[k]!r}, not {now[k]!r}; {option('resume', True)} "
                               "continues a run with its own settings")
-    fs.makedirs(cfg.out)
 
 
 def summarise(cfg, kind, strategy, global_batch, steps, n_train, n_val, precision, model, seconds,
@@ -362,7 +360,14 @@ def fit(cfg):
     strategy, kind = resolve_strategy(cfg.strategy, cfg.replicas)  # first: virtual CPUs need a fresh TensorFlow
     shards = open_shards(cfg.records)
     plan = prepare(cfg, shards)
-    check_out(plan, shards.classes)
+    # One job per run folder: two fits started together would interleave one history.csv and one model.keras.
+    with locked_folder(plan.out, "train.fit") as lock:
+        check_out(plan, shards.classes)
+        return train_and_report(plan, shards, strategy, kind, lock, started)
+
+
+def train_and_report(plan, shards, strategy, kind, lock, started):
+    """The run itself, in ``plan.out`` (locked by ``lock``): config, training, model.keras, reports, metrics.json."""
     write_run_config(plan, shards.manifest)
     precision = plan.precision or default_precision(kind)
     keras.mixed_precision.set_global_policy(precision)
@@ -377,6 +382,7 @@ def fit(cfg):
               "images", flush=True)
     with strategy.scope(), tfpipe.naming_corrupt_shards(plan.records):
         model, swa = train_phases(plan, strategy, shards.num_classes, data, throughput)
+    lock.check()  # on gs:// the lock is advisory: a job that lost it saves nothing
     save_model(model, f"{plan.out}/model.keras")
     write_state(plan.out, dict(read_state(plan.out), burn_done=bool(plan.burn_epochs), finished=True))
     metrics = summarise(plan, kind, strategy, global_batch, steps, n_train, n_val, precision, model,
