@@ -132,7 +132,8 @@ def run(args):
     cfg = config_from_args(args)
     m = fit(cfg)
     print(f"validation AUC {_headline_auc(m)}, {m['epochs']} epochs, {m['optimizer_steps']} steps, "
-          f"{m['replicas']} replicas x {m['per_replica_batch_size']} = {m['global_batch_size']} per step, "
+          f"{m['replicas']} replica{'s' * (m['replicas'] > 1)} x {m['per_replica_batch_size']} = "
+          f"{m['global_batch_size']} per step, "
           f"steps_per_execution {m['steps_per_execution']}, {m['images_per_sec']} images/s -> {cfg.out}")
     if "swa" in m:
         print(f"SWA of the last {m['swa']['epochs_averaged']} epochs: validation AUC {_headline_auc(m['swa'])}"
