@@ -513,6 +513,21 @@ def test_make_dataset_refuses_nonsense_numbers_by_name(shard_dir, kwargs, needle
         tfpipe.make_dataset(shard_dir[0], **kwargs)
 
 
+def test_fit_without_the_report_packages_is_refused_before_training(shard_dir, tmp_path, monkeypatch, capsys):
+    """Installed without [train]'s matplotlib, a run used to train to the end and then fail on its pictures,
+    leaving a 'finished' run with no metrics.json. The report's packages are checked before anything starts."""
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "matplotlib" else find_spec(name, *a))
+    run = tmp_path / "run"
+    assert _fit_cli(["--records", shard_dir[0], "--out", str(run)]) == 2
+    one_line_error(capsys, "matplotlib is not installed", "pip install 'tfpipe[train]'")
+    assert not run.exists()
+    assert _fit_cli(["--records", shard_dir[0], "--out", str(run), "--epochs", "1", "--no-report"]) == 0  # not needed
+
+
 def test_fit_from_python_refuses_fractional_counts(shard_dir, tmp_path):
     from train.fit import FitConfig, fit
 

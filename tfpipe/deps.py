@@ -37,9 +37,20 @@ def require(module):
     except ImportError as e:
         if e.name is None or e.name.split(".")[0] != top:
             raise
-        install, needed_for = OPTIONAL.get(top, (top, "this feature"))
-        raise MissingDependency(f"{top} is not installed, and is needed for {needed_for}: pip install {install}") \
-            from None
+        raise _missing(top) from None
+
+
+def check_installed(module):
+    """Raises ``MissingDependency`` when ``module`` is not installed, without importing it: for what a command
+    needs only at its end (train.fit's pictures, after minutes of training), checked before it starts."""
+    top = module.split(".")[0]
+    if importlib.util.find_spec(top) is None:
+        raise _missing(top)
+
+
+def _missing(top):
+    install, needed_for = OPTIONAL.get(top, (top, "this feature"))
+    return MissingDependency(f"{top} is not installed, and is needed for {needed_for}: pip install {install}")
 
 
 def keras_problem(tf_version):

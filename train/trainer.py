@@ -12,7 +12,7 @@ import statistics
 import sys
 import time
 
-from tfpipe.deps import require_keras
+from tfpipe.deps import check_installed, require_keras
 
 keras = require_keras()  # tf-keras of TensorFlow's release, or MissingDependency saying what to install
 import tensorflow as tf  # noqa: E402
@@ -357,6 +357,8 @@ def fit(cfg):
         tf.config.experimental.enable_op_determinism()
     check_path(records=cfg.records, out=cfg.out)
     check_count(1, replicas=cfg.replicas)
+    if cfg.report:
+        check_installed("matplotlib")  # the pictures come last: a missing package must not cost a whole run
     strategy, kind = resolve_strategy(cfg.strategy, cfg.replicas)  # first: virtual CPUs need a fresh TensorFlow
     shards = open_shards(cfg.records)
     plan = prepare(cfg, shards)
