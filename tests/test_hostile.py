@@ -636,7 +636,7 @@ def test_predict_replaces_only_an_earlier_submission(trained_run, tmp_path, caps
     victim = tmp_path / "train.csv"
     victim.write_text("image,labels\nx,cat\n")
     assert main(["--run", run, "--records", test, "--out", str(victim), "--strategy", "cpu"]) == 2
-    one_line_error(capsys, "train.csv exists and is not an earlier submission for these records")
+    one_line_error(capsys, "train.csv exists and was not written by train.predict")
     assert victim.read_text() == "image,labels\nx,cat\n"
     manifest = os.path.join(test, "manifest.json")
     before = open(manifest).read()

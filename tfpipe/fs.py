@@ -71,8 +71,9 @@ def write_atomic(path, data):
     """Writes ``data`` (str or bytes) to ``path`` through a temporary name, so ``path`` is complete or absent
     (also on buckets, where rename is copy + delete)."""
     tmp = path + ".tmp"
+    data = data.encode("utf-8") if isinstance(data, str) else data  # UTF-8 whatever the locale says
     try:
-        with open(tmp, "wb" if isinstance(data, bytes) else "w") as f:
+        with open(tmp, "wb") as f:
             f.write(data)
     except BaseException:  # e.g. a full disk: leave no half-written temporary behind
         if exists(tmp):
@@ -82,8 +83,17 @@ def write_atomic(path, data):
 
 
 def read_text(path):
-    with open(path, "r") as f:
-        return f.read()
+    with open(path, "rb") as f:
+        return f.read().decode("utf-8")
+
+
+def identity(path):
+    """(size, modification time in ns) of a file: what tells a changed input from the one written before."""
+    if is_remote(path):
+        st = _gfile().stat(path)
+        return st.length, st.mtime_nsec
+    st = os.stat(path)
+    return st.st_size, st.st_mtime_ns
 
 
 def size(path):

@@ -217,7 +217,17 @@ def _checked_output(records, shards, image_size, num_classes, label_mode):
     classes = num_classes or shards.num_classes
     if not classes:
         raise TfpipeError(f"{records}: no {MANIFEST} to read the classes from; pass num_classes")
+    check_label_mode(records, shards, label_mode)
     return size, classes
+
+
+def check_label_mode(records, shards, label_mode):
+    """One-hot and class-id targets keep one label per image: on shards whose manifest says an image can hold
+    more, that would silently drop the others, so it is refused (shards without a manifest carry no claim)."""
+    if label_mode != "multi_hot" and shards.multi_label:
+        raise TfpipeError(f"{records}: {shards.describe_labels()}, so label_mode={label_mode!r} would keep one "
+                          "label per image and drop the rest; use label_mode='multi_hot' (sigmoid outputs), or "
+                          "write the shards with one class per image (--class-col)")
 
 
 def _batches_per_pipeline(ctx):
@@ -227,7 +237,7 @@ def _batches_per_pipeline(ctx):
 
 def _local_count(shards, files, shard_records, ctx):
     """Records this input pipeline reads."""
-    total = Shards(tuple(files), shards.manifest).num_examples if not shard_records else shards.num_examples
+    total = dataclasses.replace(shards, files=tuple(files)).num_examples if not shard_records else shards.num_examples
     if total is None:
         raise TfpipeError("pad_batches needs record counts (a manifest or counts in the shard names)")
     if shard_records:

@@ -14,19 +14,17 @@ All file access goes through ``tfpipe.fs`` (``tf.io.gfile`` for ``gs://`` and
 other remote paths), so a bucket works like a folder.
 """
 import dataclasses
-import json
+import os
 import posixpath
 import re
 from concurrent.futures import ThreadPoolExecutor
 
 from tfpipe import fs, schema
 from tfpipe.errors import TfpipeError, option
+from tfpipe.manifest import (MANIFEST, PROGRESS, SHARD_SUFFIX, SPLIT_NAME, STAGING, Manifest,  # noqa: F401
+                             StoredImages)
 from tfpipe.tfrecord import CorruptRecord, read_records
 
-MANIFEST = "manifest.json"
-STAGING = ".staging"
-PROGRESS = "progress.json"  # finished staged shards, for --resume
-SHARD_SUFFIX = ".tfrec"
 COUNT_IN_NAME = re.compile(r"-(\d+)\.tfrec$")  # the record count shard_name puts at the end
 STAT_THREADS = 16  # size checks run at once: one stat per file is slow on a bucket
 
@@ -47,15 +45,13 @@ def existing_shards(out_dir):
 
 def remove_outputs(out_dir, manifest):
     """Deletes what an earlier ``tfpipe.write`` wrote in ``out_dir``: its manifest first (so the folder never
-    describes a half-deleted dataset), then the shards that manifest lists -- never other files."""
+    describes a half-deleted dataset), then the shards that (validated) manifest lists -- plain ``*.tfrec`` names
+    inside the folder, never other files."""
     fs.remove(posixpath.join(out_dir, MANIFEST))
-    for s in manifest.get("shards", []):
-        path = posixpath.join(out_dir, s["file"])
-        if fs.exists(path):
-            fs.remove(path)
-
-
-SPLIT_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+    for name in manifest.files:
+        path = posixpath.join(out_dir, name)
+        if fs.exists(path) and not fs.isdir(path):
+            fs.remove(path)  # a link is removed itself, never what it points to
 
 
 def check_split(split):
@@ -65,32 +61,9 @@ def check_split(split):
                           "test, extra_2019)")
 
 
-def write_manifest(out_dir, manifest):
-    """Writes ``manifest.json`` through a temporary name, so it is never half-written."""
-    fs.write_atomic(posixpath.join(out_dir, MANIFEST), json.dumps(manifest, indent=1, ensure_ascii=False) + "\n")
-
-
-def read_manifest(out_dir):
-    """Reads ``manifest.json`` from a shard folder."""
-    path = posixpath.join(out_dir, MANIFEST)
-    if not fs.exists(path):
-        if fs.exists(posixpath.join(out_dir, STAGING, PROGRESS)):
-            raise TfpipeError(f"{out_dir}: no {MANIFEST}: its write was interrupted; finish it with "
-                              "python -m tfpipe.write ... --resume")
-        if not fs.exists(out_dir):
-            raise TfpipeError(f"{out_dir}: folder not found")
-        raise TfpipeError(f"{out_dir}: no {MANIFEST} (not a folder written by tfpipe.write); to read other "
-                          f"shards pass a glob such as {out_dir}/*.tfrec with num_classes and image_size")
-    with fs.open(path, "r") as f:
-        try:
-            return json.loads(f.read())
-        except json.JSONDecodeError as e:
-            raise TfpipeError(f"{path}: manifest is not valid JSON ({e})") from None
-
-
 def shard_counts(files, manifest=None):
     """Records per file, from the manifest or else the count at the end of the name (None: unknown)."""
-    listed = {s["file"]: s["count"] for s in (manifest or {}).get("shards", [])}
+    listed = {s.file: s.count for s in manifest.shards} if manifest else {}
     out = {}
     for f in files:
         name = posixpath.basename(f)
@@ -101,13 +74,12 @@ def shard_counts(files, manifest=None):
 
 @dataclasses.dataclass(frozen=True)
 class Shards:
-    """Opened ``records``: files in written order, and the folder's manifest (None for a glob or a list)."""
+    """Opened ``records``: files in written order, the folder's validated ``Manifest`` and the folder (both None
+    for a glob or a list). Pass it on instead of the path: it is opened and checked once."""
 
     files: tuple
-    manifest: dict | None = None
-
-    def _image(self, key):
-        return ((self.manifest or {}).get("image") or {}).get(key)
+    manifest: Manifest | None = None
+    folder: str | None = None
 
     @property
     def counts(self):
@@ -120,25 +92,72 @@ class Shards:
         return None if None in counts else sum(counts)
 
     @property
+    def images(self) -> StoredImages | None:
+        return self.manifest.image if self.manifest else None
+
+    @property
     def image_size(self):
-        return self._image("image_size") or self._image("size")  # "size": manifests of tfpipe 0.1
+        return self.manifest.image.image_size if self.manifest else None
 
     @property
     def image_format(self):
-        return self._image("format")
+        return self.manifest.image.format if self.manifest else None
 
     @property
     def num_classes(self):
-        return (self.manifest or {}).get("num_classes")
+        return self.manifest.num_classes if self.manifest else None
 
     @property
     def classes(self):
-        return (self.manifest or {}).get("classes")
+        return list(self.manifest.classes) if self.manifest else None
 
     @property
     def labeled(self):
         """False when the manifest says the records carry no ``target``; True for unknown (foreign) shards."""
-        return (self.manifest or {}).get("labeled", True)
+        return self.manifest.labeled if self.manifest else True
+
+    @property
+    def folds(self):
+        """K of shards written with ``--folds K``; None without folds or without a manifest."""
+        return self.manifest.folds if self.manifest else None
+
+    @property
+    def single_label(self):
+        return self.manifest.single_label if self.manifest else None
+
+    @property
+    def multi_label(self):
+        """True when the manifest says an image may hold several labels (one-hot targets would drop some)."""
+        return self.manifest is not None and self.manifest.labeled and not self.manifest.one_label_each
+
+    def describe_labels(self):
+        """``multi-label data (up to 3 labels an image; manifest.json: single_label false)``, for messages."""
+        most = self.manifest.max_labels if self.manifest else None
+        return (f"multi-label data ({f'up to {most} labels an image' if most else 'several labels an image'}; "
+                f"{MANIFEST}: single_label false)")
+
+    @property
+    def id_column(self):
+        """The source's id column (a submission's key): ``image`` when unknown."""
+        return self.manifest.id_column if self.manifest else "image"
+
+    @property
+    def dataset_id(self):
+        return self.manifest.dataset_id if self.manifest else None
+
+    def check_unchanged(self):
+        """Raises if the folder was rewritten (another dataset id, or no manifest) since it was opened: a job
+        reading it must not go on claiming classes or records the folder no longer holds."""
+        if self.manifest is None:
+            return
+        try:
+            now = Manifest.load(self.folder).dataset_id
+        except TfpipeError:
+            now = None
+        if now != self.manifest.dataset_id:
+            raise TfpipeError(f"{self.folder} was rewritten while this job read it (dataset id "
+                              f"{self.manifest.dataset_id}, now {now or 'none: no valid manifest'}); nothing of this "
+                              "job is kept as finished -- run it again on the new shards")
 
 
 def open_shards(records, folds=None, any_schema=False):
@@ -163,8 +182,8 @@ def open_shards(records, folds=None, any_schema=False):
     elif isinstance(records, (list, tuple)):
         shards = Shards(tuple(sorted(records)))
     elif records and fs.isdir(records):
-        manifest = read_manifest(records)
-        shards = Shards(tuple(sorted(posixpath.join(records, s["file"]) for s in manifest["shards"])), manifest)
+        manifest = Manifest.load(records)
+        shards = Shards(tuple(sorted(posixpath.join(records, name) for name in manifest.files)), manifest, records)
     else:
         shards = Shards(tuple(sorted(fs.glob(records))) if records else ())
     if folds is not None:
@@ -172,7 +191,7 @@ def open_shards(records, folds=None, any_schema=False):
     if not shards.files:
         raise TfpipeError(f"{records or repr(records)}: no shard files found")
     if shards.manifest and not isinstance(records, Shards):
-        check_sizes(shards.files, shards.manifest)
+        check_sizes(shards.files, shards.manifest, records)
     elif not shards.manifest and not isinstance(records, Shards) and not any_schema:
         check_first_records(shards.files)
     return shards
@@ -213,21 +232,21 @@ def raise_first_problem(problem, files):
 
 def select_folds(shards, folds, records):
     """The shards of ``folds`` only; folds the shards were not written with are an error."""
-    k = (shards.manifest or {}).get("folds")
+    k = shards.folds
     if not k:
         raise TfpipeError(f"{records}: folds {list(folds)} were asked for, but these shards were written without "
                           "folds (tfpipe.write --folds K)")
     outside = [f for f in folds if f not in range(k)]
     if outside:
         raise TfpipeError(f"{records}: folds {outside} outside 0..{k - 1} (written with {k} folds)")
-    fold_of = {s["file"]: s["fold"] for s in shards.manifest["shards"]}
+    fold_of = {s.file: s.fold for s in shards.manifest.shards}
     keep = set(folds)
-    return Shards(tuple(f for f in shards.files if fold_of.get(posixpath.basename(f)) in keep), shards.manifest)
+    return dataclasses.replace(shards, files=tuple(f for f in shards.files if fold_of.get(posixpath.basename(f)) in keep))
 
 
 def fold_split(records, fold):
     """(training folds, validation folds) for validating on ``fold`` of a folded shard folder."""
-    k = (open_shards(records).manifest or {}).get("folds")
+    k = open_shards(records).folds
     if not k:
         raise TfpipeError(f"{records}: written without folds; cannot pick validation fold {fold}")
     if fold not in range(k):
@@ -241,19 +260,22 @@ def holdout_split(shards, val_fraction):
     if len(files) < 2:
         raise TfpipeError(f"{files[0]}: one shard cannot be split for validation; write it with folds or more shards")
     n_val = min(len(files) - 1, max(1, round(val_fraction * len(files))))
-    return Shards(files[:-n_val], shards.manifest), Shards(files[-n_val:], shards.manifest)
+    return dataclasses.replace(shards, files=files[:-n_val]), dataclasses.replace(shards, files=files[-n_val:])
 
 
-def check_sizes(files, manifest):
-    """Compares each file's size with the manifest: a missing or truncated shard is named before reading starts."""
-    listed = {s["file"]: s.get("bytes") for s in manifest["shards"]}
+def check_sizes(files, manifest, folder):
+    """Compares each file's size with the manifest: a missing or truncated shard is named before reading starts,
+    and so is one that is not a file of the folder (a folder, or a link to outside it)."""
+    listed = {s.file: s.bytes for s in manifest.shards}
 
     def problem(path):
         expected = listed.get(posixpath.basename(path))
-        if expected is None:
-            return None
         if not fs.exists(path):
             return f"{path}: shard listed in {MANIFEST} is missing"
+        if fs.isdir(path) or _links_out(path, folder):
+            return f"{path}: listed in {MANIFEST} but not a shard file of {folder} (a folder or a link out of it)"
+        if expected is None:
+            return None
         size = fs.size(path)
         if size != expected:
             return (f"{path}: shard is {size} bytes, {MANIFEST} says {expected} (truncated or replaced; "
@@ -261,6 +283,13 @@ def check_sizes(files, manifest):
         return None
 
     raise_first_problem(problem, files)
+
+
+def _links_out(path, folder):
+    """A local shard that resolves (through links) to somewhere outside its folder."""
+    if fs.is_remote(path):
+        return False
+    return os.path.dirname(os.path.realpath(path)) != os.path.realpath(folder)
 
 
 def verify(shards):

@@ -7,6 +7,7 @@ Finished staged shards are listed in ``.staging/progress.json`` as they
 complete, which is what ``--resume`` continues from. Names, the manifest and
 everything a reader needs are in ``tfpipe.shards``.
 """
+import dataclasses
 import json
 import math
 import os
@@ -17,8 +18,8 @@ import uuid
 
 from tfpipe import fs
 from tfpipe.errors import TfpipeError, option
-from tfpipe.shards import (MANIFEST, PROGRESS, STAGING, existing_shards, read_manifest, remove_outputs, shard_name,
-                           write_manifest)
+from tfpipe.manifest import MANIFEST, PROGRESS, STAGING, Manifest, ShardEntry
+from tfpipe.shards import existing_shards, remove_outputs, shard_name
 
 from tfpipe.tfrecord import RecordWriter
 
@@ -168,33 +169,46 @@ class WriteLock:
         return False
 
 
+def write_manifest(folder, manifest):
+    """Saves ``manifest`` in ``folder`` (a seam: tests fill the disk here)."""
+    manifest.save(folder)
+
+
+def existing_manifest(out_dir):
+    """The validated manifest of an earlier write in ``out_dir``, or None when there is none."""
+    return Manifest.load(out_dir) if fs.exists(posixpath.join(out_dir, MANIFEST)) else None
+
+
 def check_destination(out_dir, split, fingerprint, *, overwrite, resume):
-    """What may happen to ``out_dir``. Returns the manifest when ``resume`` finds this job already finished there
-    (nothing to do), else None; raises when writing would replace or mix with something it must not.
+    """What may happen to ``out_dir``. Returns (finished, replace): the manifest when ``resume`` finds this job
+    already finished there (nothing to do), and the manifest of the dataset an ``overwrite`` replaces (only the
+    files it lists are deleted); raises when writing would replace or mix with something it must not.
 
     Never written over: ``*.tfrec`` files a tfpipe manifest does not list (a user's other data), another split's
-    finished dataset, and a finished dataset when neither ``overwrite`` nor (for the same job) ``resume`` says so.
+    finished dataset, a finished dataset when neither ``overwrite`` nor (for the same job) ``resume`` says so,
+    and anything a manifest that fails validation lists (an edited manifest naming ``../precious.txt``).
     """
-    manifest = read_manifest(out_dir) if fs.exists(posixpath.join(out_dir, MANIFEST)) else None
-    listed = {s["file"] for s in (manifest or {}).get("shards", [])}
+    manifest = existing_manifest(out_dir)
+    listed = set(manifest.files) if manifest else set()
     foreign = [p for p in existing_shards(out_dir) if posixpath.basename(p) not in listed]
     if foreign:
         more = f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""
         raise TfpipeError(f"{out_dir} holds {posixpath.basename(foreign[0])}{more}, not written by tfpipe.write "
                           f"(not in a {MANIFEST}); write into another folder, or move them")
     if manifest is None:
-        return None
-    if manifest.get("split") != split:
-        raise TfpipeError(f"{out_dir} holds the {manifest.get('split')!r} split; write {split!r} into its own "
+        return None, None
+    if manifest.split != split:
+        raise TfpipeError(f"{out_dir} holds the {manifest.split!r} split; write {split!r} into its own "
                           f"folder (one split per folder, so no write replaces another split)")
-    if resume and manifest.get("fingerprint") == fingerprint:
-        return manifest
+    if resume and manifest.fingerprint == fingerprint:
+        return manifest, None
     if resume:
-        raise TfpipeError(f"{out_dir} holds a finished write of other inputs or settings, which "
-                          f"{option('resume', True)} does not replace; pass {option('overwrite', True)} to replace it")
+        raise TfpipeError(f"{out_dir} holds a finished write whose inputs or settings changed since (an image's "
+                          f"size or time, a label, a setting); {option('resume', True)} does not replace it -- pass "
+                          f"{option('overwrite', True)} to write it again")
     if not overwrite:
         raise TfpipeError(f"{out_dir} already holds shards; pass {option('overwrite', True)} to replace them")
-    return None
+    return None, manifest
 
 
 class StagedShards:
@@ -222,8 +236,9 @@ class StagedShards:
     def __enter__(self):
         progress = self._read_progress() if self.resume else None
         if progress is not None and progress["fingerprint"] != self.fingerprint:
-            raise TfpipeError(f"{self.staging}: the interrupted write there had other inputs or settings; "
-                              f"run without {option('resume', True)} to start over")
+            raise TfpipeError(f"{self.staging}: the interrupted write there had other inputs or settings (an "
+                              f"image's size or time, a label, a setting changed since); run with "
+                              f"{option('overwrite', True)} instead of {option('resume', True)} to start over")
         if progress is None:
             if not self.resume and not self.discard and self._read_progress() is not None:
                 raise TfpipeError(f"{self.out_dir} holds an interrupted write ({self.staging}); continue it with "
@@ -242,10 +257,19 @@ class StagedShards:
         return self
 
     def _read_progress(self):
+        """The progress file, validated: a damaged one is an error, never a resume from wrong offsets."""
         if not fs.exists(self.progress_path):
             return None
-        with fs.open(self.progress_path, "r") as f:
-            return json.loads(f.read())
+        try:
+            progress = json.loads(fs.read_text(self.progress_path))
+        except ValueError:
+            progress = None
+        if _valid_progress(progress, self.plan):
+            return progress
+        if not self.resume:
+            return {"fingerprint": None, "shards": []}  # an interrupted write all the same
+        raise TfpipeError(f"{self.progress_path} is damaged; run with {option('overwrite', True)} instead of "
+                          f"{option('resume', True)} to start over")
 
     def staged_path(self, index):
         return posixpath.join(self.staging, f"{self.split}-{index:05d}.part")
@@ -305,8 +329,8 @@ class StagedShards:
             name = shard_name(self.split, new_index, len(kept), self.counts[s["index"]], s["fold"])
             staged = self.staged_path(s["index"])
             moves.append((staged, posixpath.join(self.out_dir, name)))
-            entries.append({"file": name, "count": self.counts[s["index"]], "fold": s["fold"], "bytes": fs.size(staged)})
-        manifest = dict(manifest, shards=entries)
+            entries.append(ShardEntry(name, self.counts[s["index"]], s["fold"], fs.size(staged)))
+        manifest = dataclasses.replace(manifest, shards=tuple(entries)).with_id()
         try:
             write_manifest(self.staging, manifest)
         except OSError as e:
@@ -328,6 +352,21 @@ class StagedShards:
         if exc_type is not None and not self.finished and fs.exists(self.staging):
             fs.rmtree(self.staging)  # nothing worth keeping
         return False
+
+
+def _valid_progress(progress, shard_plan):
+    """A progress file names the job and lists finished shards of this plan with counts that fit them."""
+    if not isinstance(progress, dict) or not isinstance(progress.get("fingerprint"), str):
+        return False
+    entries = progress.get("shards")
+    if not isinstance(entries, list):
+        return False
+    for e in entries:
+        if not (isinstance(e, dict) and type(e.get("index")) is int and 0 <= e["index"] < len(shard_plan)
+                and type(e.get("count")) is int and 0 <= e["count"] <= shard_plan[e["index"]]["size"]
+                and isinstance(e.get("skipped"), list)):
+            return False
+    return True
 
 
 def _move_all(moves):

@@ -146,6 +146,9 @@ def _headline_auc(m):
     keras_auc = m["final"]["val_auc"] if "final" in m else m.get("val_auc", float("nan"))
     best = f", best {m['best'].get('val_auc', float('nan')):.4f} at epoch {m['best']['epoch']}" if "best" in m else ""
     exact = (m.get("report") or {}).get("roc_auc_macro")
+    if m.get("report") and exact is None:  # no class has both positive and negative validation images
+        return "undefined (no class has both positive and negative validation images; Keras' binned estimate " \
+               f"{keras_auc:.4f} means nothing here)"
     if exact is None:
         return f"{keras_auc:.4f} (Keras' binned estimate{best})"
     return f"{exact:.4f} (exact; Keras' binned estimate {keras_auc:.4f}{best})"

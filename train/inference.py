@@ -4,9 +4,11 @@
 Rows follow the shards' written order and are keyed by the CSV id stored in each record. Works under any
 strategy: batches are padded to static shapes and the padding rows are dropped.
 """
+import hashlib
 import json
 import math
 import posixpath
+import sys
 
 import numpy as np
 
@@ -18,11 +20,9 @@ import tensorflow as tf  # noqa: E402
 import tfpipe
 from tfpipe import fs
 from tfpipe.errors import TfpipeError, check_count, check_fraction, check_path, option
-from tfpipe.shards import read_manifest
+from train import run as run_files
+from train.run import RunConfig
 from train.strategy import resolve_strategy
-
-RUN_CONFIG = "config.json"  # written by train.fit: classes, image size, head type
-THRESHOLDS = "thresholds.json"  # per-class thresholds tuned on validation by train.fit
 ZOOM = 0.875  # TTA crops keep 87.5% of the side (the usual 224/256)
 # TTA views, in order: (crop box [y1, x1, y2, x2] in relative coordinates, horizontal flip).
 _C = (1 - ZOOM) / 2
@@ -46,20 +46,22 @@ def tta_view(images, k):
 
 
 def read_run_config(run):
-    """A ``train.fit`` run folder's ``config.json`` (classes, input size, head, settings)."""
-    path = f"{run}/{RUN_CONFIG}"
-    if not fs.exists(path):
-        raise TfpipeError(f"{run}: no {RUN_CONFIG}; is this a run folder written by train.fit?")
-    return json.loads(fs.read_text(path))
+    """A ``train.fit`` run folder's validated ``RunConfig`` (``train.run``)."""
+    return RunConfig.load(run)
 
 
-def load_run(run):
-    """(model, run config) of a ``train.fit`` run folder."""
-    config = read_run_config(run)
-    model_path = f"{run}/model.keras"
+def load_run(run, config=None):
+    """(model, run config) of a ``train.fit`` run folder; the model must output the run's classes."""
+    config = config or RunConfig.load(run)
+    model_path = run_files.path(run, run_files.MODEL)
     if not fs.exists(model_path):
-        raise TfpipeError(f"{run}: no model.keras; the run did not finish (continue it with train.fit --resume)")
-    return load_model(model_path), config
+        raise TfpipeError(f"{run}: no {run_files.MODEL}; the run did not finish (continue it with train.fit --resume)")
+    model = load_model(model_path)
+    outputs = model.output_shape[-1]
+    if outputs != len(config.classes):
+        raise TfpipeError(f"{model_path} outputs {outputs} classes, but {run_files.CONFIG} lists "
+                          f"{len(config.classes)}; the model file belongs to another run")
+    return model, config
 
 
 def load_model(path):
@@ -123,10 +125,11 @@ def tune_thresholds(probs, targets, default):
 
 
 def predict(run, records, out="submission.csv", *, tta=1, threshold=None, probabilities=False, strategy="auto",
-            replicas=None, batch_size=32, id_column=None, progress=True):
+            replicas=None, batch_size=32, id_column=None, overwrite=False, progress=True):
     """Writes the submission of run folder ``run`` on the shards ``records``; returns it as a DataFrame.
 
-    Called through ``train.predict.predict`` (see its example).
+    Called through ``train.predict.predict`` (see its example). Everything the run and the shards claim is
+    checked against each other before the model is loaded; the records are opened once.
     """
     import pandas as pd
 
@@ -135,44 +138,62 @@ def predict(run, records, out="submission.csv", *, tta=1, threshold=None, probab
     check_fraction(threshold=threshold)
     check_tta(tta)
     strat, _ = resolve_strategy(strategy, replicas)  # first: virtual CPUs need a TensorFlow that has run nothing
-    config = read_run_config(run)
-    check_run_fits_records(config, records)
+    config = RunConfig.load(run)
+    shards = tfpipe.open_shards(records)
+    check_destination(out, overwrite)
+    check_run_fits_records(config, shards, records)
     if not probabilities:
-        check_labels_can_be_joined(config["classes"], config["single_label"])
-    id_column = id_column or _id_column(records)
-    columns = [id_column, *(config["classes"] if probabilities else ["labels"])]
-    ids = tfpipe.image_names(records)
-    _check_destination(out, columns, ids)
+        check_labels_can_be_joined(config.classes, config.single_label)
+    thresholds = None if probabilities else _thresholds(run, config, threshold)
+    id_column = id_column or shards.id_column
+    columns = [id_column, *(config.classes if probabilities else ["labels"])]
+    ids = tfpipe.image_names(shards)
+    batch_size = _batch_for(shards.num_examples, batch_size, strat.num_replicas_in_sync, progress)
     with strat.scope():  # variables placed on every replica
-        model, config = load_run(run)
-    classes, size = config["classes"], config["image_size"]
-    with tfpipe.naming_corrupt_shards(records):
-        probs = predict_probabilities(model, records, strat, batch_size=batch_size, image_size=size,
+        model, config = load_run(run, config)
+    classes = list(config.classes)
+    with tfpipe.naming_corrupt_shards(shards):
+        probs = predict_probabilities(model, shards, strat, batch_size=batch_size, image_size=config.image_size,
                                       num_classes=len(classes), tta=tta, progress=progress)
     if probabilities:
         df = pd.DataFrame(probs, columns=classes)
         df.insert(0, id_column, ids)
     else:
-        thresholds = _thresholds(run, classes, threshold, config)
-        df = pd.DataFrame({id_column: ids, "labels": labels_at(probs, classes, thresholds, config["single_label"])})
+        df = pd.DataFrame({id_column: ids, "labels": labels_at(probs, classes, thresholds, config.single_label)})
+    df = df[columns]
+    shards.check_unchanged()  # the ids and predictions above are of the shards that were opened
     if out:
-        fs.write_atomic(out, df.to_csv(index=False))  # complete or absent, also on gs://
+        write_submission(out, df.to_csv(index=False), overwrite)
     return df
 
 
-def _check_destination(out, columns, ids):
+def _batch_for(n, batch_size, replicas, progress):
+    """The per-replica batch: a global batch larger than the records would only predict padding (gigabytes of
+    it), so it is capped, with a line saying so."""
+    most = max(1, math.ceil(n / replicas))
+    if batch_size <= most:
+        return batch_size
+    if progress:
+        print(f"train.predict: {option('batch_size', batch_size)} is more than {n} images need on {replicas} "
+              f"replica{'s' * (replicas > 1)}; using {most}", flush=True)
+    return most
+
+
+WRITTEN = ".tfpipe-written.json"  # beside a submission: the files train.predict wrote there, with their hashes
+
+
+def check_destination(out, overwrite):
     """Before any predicting: ``out`` must be a file name whose folder exists (created if missing). An existing
-    file there is replaced only when it is an earlier submission for these records (same columns, same ids in
-    the same order: a re-run), never a CSV, manifest or anything else named as ``out`` by mistake -- a
-    ``train.csv`` often has a submission's header, but not the test ids."""
+    file is replaced only when ``train.predict`` wrote it and nobody changed it since (its hash is recorded in
+    ``.tfpipe-written.json`` beside it), or with ``overwrite``: never a ``train.csv``, a manifest or anything
+    else named as ``out`` by mistake, whatever its columns."""
     if not out:
         return
     if fs.isdir(out):
         raise TfpipeError(f"{out} is a folder; {option('out')} names the CSV file to write")
-    if fs.exists(out) and not _is_submission(out, columns, ids):
-        raise TfpipeError(f"{out} exists and is not an earlier submission for these records (columns "
-                          f"{','.join(columns)}, {len(ids)} ids in order); it is not replaced -- remove it or choose "
-                          f"another {option('out')}")
+    if fs.exists(out) and not overwrite and not _wrote_it(out):
+        raise TfpipeError(f"{out} exists and was not written by train.predict (or was changed since); it is not "
+                          f"replaced -- choose another {option('out')} or pass {option('overwrite', True)}")
     folder = posixpath.dirname(out)
     if folder and not fs.isdir(folder):
         if fs.exists(folder):
@@ -180,29 +201,56 @@ def _check_destination(out, columns, ids):
         fs.makedirs(folder)
 
 
-def _is_submission(path, columns, ids):
-    import pandas as pd
-
+def _written_record(out):
+    path = posixpath.join(posixpath.dirname(out) or ".", WRITTEN)
     try:
-        with fs.open(path, "rb") as f:
-            table = pd.read_csv(f, dtype=str, keep_default_na=False)
-    except (ValueError, UnicodeDecodeError):  # not a CSV at all (pandas' parser errors are ValueErrors)
-        return False
-    return list(table.columns) == list(columns) and table.iloc[:, 0].tolist() == list(ids)
+        record = json.loads(fs.read_text(path)) if fs.exists(path) else {}
+    except (ValueError, UnicodeDecodeError):
+        record = {}
+    return path, record if isinstance(record, dict) else {}
 
 
-def check_run_fits_records(config, records):
-    """A run predicts only shards of its own classes (in its order) at its own input size: anything else would
-    be a full submission of wrong labels, or of silently resized images. Shards without a manifest (a glob)
-    carry no claims to check."""
-    shards = tfpipe.open_shards(records)
-    if shards.classes and list(shards.classes) != list(config["classes"]):  # unlabeled shards list none
+def _wrote_it(out):
+    """Whether ``out`` is byte for byte a file train.predict wrote there."""
+    _, record = _written_record(out)
+    with fs.open(out, "rb") as f:
+        return record.get(posixpath.basename(out)) == hashlib.sha256(f.read()).hexdigest()
+
+
+def write_submission(out, text, overwrite):
+    """Writes ``out`` whole (complete or absent, also on gs://) and records its hash beside it."""
+    check_destination(out, overwrite)  # again: another job may have put a file there while this one predicted
+    data = text.encode("utf-8")
+    fs.write_atomic(out, data)
+    path, record = _written_record(out)
+    record[posixpath.basename(out)] = hashlib.sha256(data).hexdigest()
+    fs.write_atomic(path, json.dumps(record, indent=1, ensure_ascii=False) + "\n")
+
+
+def check_run_fits_records(config, shards, records):
+    """A run predicts only shards made the way its training shards were: its own classes (in its order), its
+    input size, the same fit (stretch/crop/pad); a single-label run never predicts multi-label shards. Anything
+    else would be a full submission of wrong labels, or of differently framed images. Labeled shards the run
+    trained on get a warning. Shards without a manifest (a glob) carry no claims to check."""
+    if shards.manifest is None:
+        return
+    if shards.classes and list(shards.classes) != list(config.classes):  # unlabeled shards list none
         raise TfpipeError(f"{records}: its classes ({_listed(shards.classes)}) are not the run's "
-                          f"({_listed(config['classes'])}); predict with a run trained on these classes")
-    if shards.image_size and shards.image_size != config["image_size"]:
+                          f"({_listed(config.classes)}); predict with a run trained on these classes")
+    if shards.image_size and shards.image_size != config.image_size:
         raise TfpipeError(f"{records}: images stored at {shards.image_size} px, the run was trained at "
-                          f"{config['image_size']} px; write the shards again with --image-size "
-                          f"{config['image_size']}")
+                          f"{config.image_size} px; write the shards again with --image-size {config.image_size}")
+    fit = shards.images.effective_fit
+    if config.fit and fit != config.fit:
+        raise TfpipeError(f"{records}: images fitted to a square by {fit!r}, the run's training images by "
+                          f"{config.fit!r}; write the shards again with --fit {config.fit}")
+    if config.single_label and shards.multi_label:
+        raise TfpipeError(f"{records}: {shards.describe_labels()}, but the run is single-label (one class an "
+                          "image); predict them with a multi-label run")
+    if shards.labeled and config.dataset_id and shards.dataset_id == config.dataset_id:
+        print(f"train.predict: warning: {records} are the shards this run trained on (dataset id "
+              f"{config.dataset_id}): predictions of its training images say nothing about unseen images",
+              file=sys.stderr, flush=True)
 
 
 def check_labels_can_be_joined(classes, single_label):
@@ -218,18 +266,9 @@ def _listed(classes, most=6):
     return ", ".join(classes[:most]) + (f", ... {len(classes)} in all" if len(classes) > most else "")
 
 
-def _id_column(records):
-    try:
-        return read_manifest(records).get("id_column", "image")
-    except TfpipeError:  # a glob or a list of files: no manifest
-        return "image"
-
-
-def _thresholds(run, classes, threshold, config):
+def _thresholds(run, config, threshold):
+    """Per-class thresholds: ``threshold`` for all, else the run's tuned ones (validated), else the run's default."""
     if threshold is not None:
-        return [threshold] * len(classes)
-    path = f"{run}/{THRESHOLDS}"
-    if fs.exists(path):
-        tuned = json.loads(fs.read_text(path))
-        return [tuned[c] for c in classes]
-    return [config.get("threshold", 0.5)] * len(classes)
+        return [threshold] * len(config.classes)
+    tuned = run_files.load_thresholds(run, list(config.classes))
+    return tuned if tuned is not None else [config.settings.get("threshold", 0.5)] * len(config.classes)

@@ -22,7 +22,7 @@ def predict(run, records, out="submission.csv", **kwargs):
     """Writes the submission of run folder ``run`` on the shards ``records``; returns it as a DataFrame.
 
     Keyword arguments: ``tta``, ``threshold``, ``probabilities``, ``strategy``, ``replicas``, ``batch_size``,
-    ``id_column`` (as on the command line), ``progress`` (a progress bar; default True).
+    ``id_column``, ``overwrite`` (as on the command line), ``progress`` (a progress bar; default True).
 
     Example::
 
@@ -44,7 +44,9 @@ def build_parser():
     p = ArgumentParser(prog="python -m train.predict", description=__doc__.split("\n\n")[0])
     p.add_argument("--run", required=True, help="run folder written by train.fit")
     p.add_argument("--records", required=True, help="shards to predict (e.g. written with --split test)")
-    p.add_argument("--out", default="submission.csv", help="CSV to write")
+    p.add_argument("--out", default="submission.csv",
+                   help="CSV to write (replaces only a file train.predict wrote there and nobody changed since)")
+    p.add_argument("--overwrite", action="store_true", help="replace --out whatever it holds")
     p.add_argument("--tta", type=int, default=1, help=f"test-time augmentation views to average (1..{TTA_VIEW_COUNT})")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--threshold", type=float, help="one threshold for every class (default: tuned per class)")
@@ -61,7 +63,8 @@ def run(args):
     check_path(out=args.out)
     df = predict(args.run, args.records, args.out, tta=args.tta, threshold=args.threshold,
                  probabilities=args.probabilities, strategy=args.strategy, replicas=args.replicas,
-                 batch_size=args.batch_size, id_column=args.id_column, progress=not args.no_progress)
+                 batch_size=args.batch_size, id_column=args.id_column, overwrite=args.overwrite,
+                 progress=not args.no_progress)
     print(f"wrote {len(df)} rows ({args.tta} view{'s' if args.tta > 1 else ''}) -> {args.out}")
 
 

@@ -8,7 +8,6 @@
 
 A SWA model writes the same files with a ``-swa`` suffix (no learning curves).
 """
-import json
 
 import numpy as np
 import pandas as pd
@@ -16,6 +15,7 @@ import pandas as pd
 import tfpipe
 from tfpipe import fs
 from train import plots
+from train import run as run_files
 from train.inference import labels_at, predict_probabilities, tune_thresholds
 
 GRID_IMAGES = 24
@@ -37,7 +37,7 @@ def validation_report(model, strategy, out, *, classes, single_label, source, fo
     table = pd.concat([table, pd.DataFrame(probs, columns=classes)], axis=1)
     fs.write_atomic(f"{out}/val_predictions{suffix}.csv", table.to_csv(index=False))
     if not single_label:
-        fs.write_atomic(f"{out}/thresholds{suffix}.json", json.dumps(dict(zip(classes, thresholds)), indent=1) + "\n")
+        run_files.save_thresholds(out, classes, thresholds, suffix)
     plots.roc_curves(targets, probs, classes, f"{out}/roc{suffix}.png")
     images = next(iter(tfpipe.make_dataset(source, GRID_IMAGES, image_size=image_size, folds=folds,
                                            num_classes=len(classes))))[0].numpy()
@@ -54,6 +54,6 @@ def validation_report(model, strategy, out, *, classes, single_label, source, fo
 
 
 def learning_curves(out):
-    with fs.open(f"{out}/history.csv") as f:
+    with fs.open(run_files.path(out, run_files.HISTORY)) as f:
         history = pd.read_csv(f)
     plots.learning_curves(history, f"{out}/learning_curves.png")

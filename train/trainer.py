@@ -5,9 +5,13 @@
 build and compile the model inside ``strategy.scope()`` -> (optionally) train the head with the backbone
 frozen -> fine-tune everything -> save ``model.keras``, ``history.csv``, ``metrics.json``.
 """
+import contextlib
 import dataclasses
+import errno
 import json
 import math
+import os
+import shutil
 import statistics
 import sys
 import time
@@ -24,13 +28,15 @@ from tfpipe.errors import (TfpipeError, check_at_least, check_count, check_fract
                            check_positive, check_seed, option)
 from tfpipe.shards import fold_split, holdout_split, open_shards
 from tfpipe.staging import locked_folder
+from train import run as run_files
+from train.run import RunConfig, read_state, write_state
 from train.models import build_model, min_image_size
 from train.schedules import make_schedule, scaled_lr
 from train.report import learning_curves, validation_report
 from train.strategy import default_precision, resolve_strategy
 from train.swa import AverageWeights, recompute_batch_norm, sync_batch_norm
 
-STATE = "state.json"  # which phases are finished, for --resume
+BURN_DONE = f"{run_files.CHECKPOINTS}/burn-done"  # weights after the burn-in phase, for --resume
 # Keras' default 200 thresholds could not tell apart predictions squeezed into 0.463-0.483 (a run reported 0.52
 # for an exact 0.61); 1000 costs nothing measurable (a [1000, C] counter update per batch).
 AUC_THRESHOLDS = 1000
@@ -42,7 +48,7 @@ RESUME_KEYS = ("records", "model", "image_size", "batch_size", "epochs", "steps_
 def split_sources(shards, fold, val_fraction):
     """(train shards, train folds, val shards, val folds): by fold when the shards have folds, else
     the last shards (about ``val_fraction`` of them) are held out."""
-    if shards.manifest.get("folds"):
+    if shards.folds:
         train_folds, val_folds = fold_split(shards, fold)
         return shards, train_folds, shards, val_folds
     train_shards, val_shards = holdout_split(shards, val_fraction)
@@ -204,13 +210,13 @@ def run_phase(model, cfg, name, lr_schedule, epochs, initial_epoch, data, num_cl
         *([StartupProgress(model.distribute_strategy.num_replicas_in_sync, cfg.steps_per_execution, steps)]
           if cfg.verbose == 2 else []),
         *first,
-        keras.callbacks.BackupAndRestore(f"{cfg.out}/backup/{name}", save_freq="epoch"),
+        keras.callbacks.BackupAndRestore(run_files.path(cfg.out, f"{run_files.BACKUP}/{name}"), save_freq="epoch"),
         throughput,
         LogLearningRate(),
-        keras.callbacks.CSVLogger(f"{cfg.out}/history.csv", append=True),
-        keras.callbacks.TensorBoard(f"{cfg.out}/logs", update_freq="epoch", profile_batch=0),
-        keras.callbacks.ModelCheckpoint(f"{cfg.out}/checkpoints/best", monitor="val_auc", mode="max",
-                                        save_best_only=True, save_weights_only=True),
+        keras.callbacks.CSVLogger(run_files.path(cfg.out, run_files.HISTORY), append=True),
+        keras.callbacks.TensorBoard(run_files.path(cfg.out, run_files.LOGS), update_freq="epoch", profile_batch=0),
+        keras.callbacks.ModelCheckpoint(run_files.path(cfg.out, f"{run_files.CHECKPOINTS}/best"), monitor="val_auc",
+                                        mode="max", save_best_only=True, save_weights_only=True),
         *cfg.callbacks,
     ]
     model.fit(train_ds, epochs=initial_epoch + epochs, initial_epoch=initial_epoch, steps_per_epoch=steps,
@@ -221,27 +227,24 @@ def set_trainable(backbone, trainable):
     backbone.trainable = trainable  # a frozen backbone also runs its BatchNorm layers in inference mode
 
 
-def read_state(out):
-    path = f"{out}/{STATE}"
-    return json.loads(fs.read_text(path)) if fs.exists(path) else {}
-
-
-def write_state(out, state):
-    fs.write_atomic(f"{out}/{STATE}", json.dumps(state))
-
-
-def check_out(cfg, classes):
-    """A run folder is continued only by ``resume`` with the settings it started with, and a finished run is never
-    trained over: each is an error naming the way out. Called holding the folder's lock."""
-    started = fs.exists(f"{cfg.out}/{STATE}") or fs.exists(f"{cfg.out}/history.csv")
+def check_out(cfg, shards):
+    """A run folder is continued only by ``resume`` with the settings it started with, on the same shards, and a
+    finished run is never trained over: each is an error naming the way out. Called holding the folder's lock."""
+    classes = shards.classes
+    started = any(fs.exists(run_files.path(cfg.out, n)) for n in (run_files.STATE, run_files.HISTORY))
     if started and not cfg.resume:
         raise TfpipeError(f"{cfg.out} already holds a run; pass {option('resume', True)} to continue it or choose "
                           f"another {option('out')} folder")
     if cfg.resume and read_state(cfg.out).get("finished"):
         raise TfpipeError(f"{cfg.out} holds a finished run (model.keras); {option('resume', True)} continues an "
                           f"interrupted one -- choose another {option('out')} folder to train again")
-    if cfg.resume and fs.exists(f"{cfg.out}/config.json"):
-        before = json.loads(fs.read_text(f"{cfg.out}/config.json"))
+    if cfg.resume and fs.exists(run_files.path(cfg.out, run_files.CONFIG)):
+        config = RunConfig.load(cfg.out)
+        if config.dataset_id and config.dataset_id != shards.dataset_id:
+            raise TfpipeError(f"{cfg.records} was rewritten since {cfg.out} started (dataset id {config.dataset_id}, "
+                              f"now {shards.dataset_id}); {option('resume', True)} continues a run on its own shards "
+                              f"-- choose another {option('out')} folder to train on the new ones")
+        before = config.settings
         now = dict(dataclasses.asdict(cfg), classes=classes)
         changed = [k for k in RESUME_KEYS if k in before and json.loads(json.dumps(now[k], default=str)) != before[k]]
         if changed:
@@ -255,7 +258,7 @@ def summarise(cfg, kind, strategy, global_batch, steps, n_train, n_val, precisio
     """metrics.json: the run's configuration, speed and validation scores (from history.csv)."""
     import pandas as pd
 
-    with fs.open(f"{cfg.out}/history.csv") as f:
+    with fs.open(run_files.path(cfg.out, run_files.HISTORY)) as f:
         history = pd.read_csv(f)
     val_cols = [c for c in history.columns if c.startswith("val_")]
     best = history.loc[history["val_auc"].idxmax()] if "val_auc" in history else history.iloc[-1]
@@ -281,11 +284,13 @@ def save_model(model, path):
     fs.rename(tmp, path, overwrite=True)
 
 
-def write_run_config(plan, manifest):
-    """config.json: what predicting with this run needs (classes, input size, head), plus the settings used."""
+def write_run_config(plan, shards):
+    """config.json: what predicting with this run depends on (classes, input size, how the images were fitted,
+    single- or multi-label, the shards' dataset id, the validation fold), plus every setting used."""
     settings = {k: v for k, v in dataclasses.asdict(plan).items() if k != "callbacks"}
-    config = dict(settings, classes=manifest["classes"])
-    fs.write_atomic(f"{plan.out}/config.json", json.dumps(config, indent=1, default=str) + "\n")
+    RunConfig(classes=tuple(shards.classes), image_size=plan.image_size, single_label=plan.single_label,
+              fit=shards.images.effective_fit, dataset_id=shards.dataset_id, fold=plan.fold, records=plan.records,
+              settings=json.loads(json.dumps(settings, default=str))).save(plan.out)
 
 
 def finish_swa(model, swa, strategy, cfg, data, report_args):
@@ -295,7 +300,7 @@ def finish_swa(model, swa, strategy, cfg, data, report_args):
     recompute_batch_norm(model, train_ds, steps, model.loss)
     with strategy.scope():
         compile_model(model, cfg, 0.0, len(report_args["classes"]))  # metrics again, for evaluate
-    save_model(model, f"{cfg.out}/model-swa.keras")
+    save_model(model, run_files.path(cfg.out, run_files.MODEL_SWA))
     scores = model.evaluate(val_ds, steps=val_steps, return_dict=True, verbose=0)
     result = {"epochs_averaged": swa.count, **{f"val_{k}": float(v) for k, v in scores.items()}}
     if cfg.report:
@@ -319,15 +324,18 @@ def prepare(cfg, shards):
     if image_size < min_image_size(cfg.model):
         raise TfpipeError(f"{option('image_size')} {image_size} is below {cfg.model}'s smallest input "
                           f"({min_image_size(cfg.model)} px)")
-    if cfg.fold is not None and not shards.manifest.get("folds"):
+    if cfg.fold is not None and not shards.folds:
         raise TfpipeError(f"{cfg.records}: written without folds, so {option('fold', cfg.fold)} has nothing to pick; "
                           f"drop it (the last shards are held out, {option('val_fraction')}) or write with --folds")
     if not 0 <= cfg.swa_epochs <= cfg.epochs:
         raise TfpipeError(f"{option('swa_epochs')} must be in 0..{cfg.epochs} (the epochs); got {cfg.swa_epochs}")
-    single_label = shards.manifest.get("single_label", False) if cfg.single_label is None else cfg.single_label
+    if cfg.single_label and shards.multi_label:
+        raise TfpipeError(f"{cfg.records}: {shards.describe_labels()}; {option('single_label', True)} (softmax, one "
+                          "class an image) would keep one label per image and drop the rest -- leave it out")
+    single_label = shards.single_label if cfg.single_label is None else cfg.single_label
     seed = (0 if cfg.seed is None else cfg.seed) if cfg.deterministic else cfg.seed  # seeded input order
     weights = None if cfg.weights in (None, "none") else cfg.weights  # "none": the command line's word for None
-    fold = 0 if cfg.fold is None and shards.manifest.get("folds") else cfg.fold
+    fold = 0 if cfg.fold is None and shards.folds else cfg.fold
     return dataclasses.replace(cfg, image_size=image_size, single_label=single_label, seed=seed, weights=weights,
                                fold=fold, augment=cfg.augment or Augment())
 
@@ -364,17 +372,20 @@ def fit(cfg):
     plan = prepare(cfg, shards)
     # One job per run folder: two fits started together would interleave one history.csv and one model.keras.
     with locked_folder(plan.out, "train.fit") as lock:
-        check_out(plan, shards.classes)
+        check_out(plan, shards)
         return train_and_report(plan, shards, strategy, kind, lock, started)
 
 
 def train_and_report(plan, shards, strategy, kind, lock, started):
-    """The run itself, in ``plan.out`` (locked by ``lock``): config, training, model.keras, reports, metrics.json."""
-    write_run_config(plan, shards.manifest)
+    """The run itself, in ``plan.out`` (locked by ``lock``): config, training, model.keras, reports, metrics.json.
+    The shards are checked against their dataset id at every epoch's end and before each output: a folder
+    rewritten meanwhile stops the run, and no finished run claims classes or records the shards no longer hold."""
+    write_run_config(plan, shards)
     precision = plan.precision or default_precision(kind)
     keras.mixed_precision.set_global_policy(precision)
     split = split_sources(shards, plan.fold, plan.val_fraction)
     train_ds, val_ds, n_train, n_val, global_batch = build_datasets(plan, strategy, shards.num_classes, split)
+    check_batch_fits(plan, strategy, n_train)
     steps = max(1, n_train // global_batch)
     data = (train_ds, val_ds, steps, math.ceil(n_val / global_batch))
     throughput = Throughput(steps * global_batch)
@@ -382,29 +393,97 @@ def train_and_report(plan, shards, strategy, kind, lock, started):
         print(f"train.fit: building {plan.model} at {plan.image_size} px on {strategy.num_replicas_in_sync} "
               f"{kind} replica{'s' * (strategy.num_replicas_in_sync > 1)}; {n_train} training, {n_val} validation "
               "images", flush=True)
-    with strategy.scope(), tfpipe.naming_corrupt_shards(plan.records):
-        model, swa = train_phases(plan, strategy, shards.num_classes, data, throughput)
+    with strategy.scope(), tfpipe.naming_corrupt_shards(shards), stopping_cleanly(plan, shards):
+        model, swa = train_phases(plan, strategy, shards, data, throughput)
     lock.check()  # on gs:// the lock is advisory: a job that lost it saves nothing
-    save_model(model, f"{plan.out}/model.keras")
-    write_state(plan.out, dict(read_state(plan.out), burn_done=bool(plan.burn_epochs), finished=True))
+    shards.check_unchanged()
+    save_model(model, run_files.path(plan.out, run_files.MODEL))
     metrics = summarise(plan, kind, strategy, global_batch, steps, n_train, n_val, precision, model,
                         time.perf_counter() - started, throughput)
     report_args = {"classes": shards.classes, "single_label": plan.single_label, "source": split[2],
                    "folds": split[3], "image_size": plan.image_size, "batch_size": plan.batch_size,
                    "threshold": plan.threshold}
-    if plan.report:
-        metrics["report"] = validation_report(model, strategy, plan.out, **report_args)
-        learning_curves(plan.out)
-    if plan.swa_epochs:
-        metrics["swa"] = finish_swa(model, swa, strategy, plan, data, report_args)
-    fs.write_atomic(f"{plan.out}/metrics.json", json.dumps(metrics, indent=1) + "\n")
+    with unfinished_on_error(plan.out):
+        if plan.report:
+            metrics["report"] = validation_report(model, strategy, plan.out, **report_args)
+            learning_curves(plan.out)
+        if plan.swa_epochs:
+            metrics["swa"] = finish_swa(model, swa, strategy, plan, data, report_args)
+        shards.check_unchanged()
+    fs.write_atomic(run_files.path(plan.out, run_files.METRICS), json.dumps(metrics, indent=1) + "\n")
+    write_state(plan.out, dict(read_state(plan.out), burn_done=bool(plan.burn_epochs), finished=True))
     return metrics
 
 
-def train_phases(plan, strategy, num_classes, data, throughput):
+def check_batch_fits(plan, strategy, n_train):
+    """A global batch larger than the training set would train on padding-sized nothing (and a huge batch
+    costs gigabytes before failing): refused, naming the numbers."""
+    replicas = strategy.num_replicas_in_sync
+    if plan.batch_size * replicas > n_train:
+        raise TfpipeError(f"{option('batch_size', plan.batch_size)} x {replicas} replica{'s' * (replicas > 1)} = "
+                          f"{plan.batch_size * replicas} images a step, more than the {n_train} training images; "
+                          f"use {option('batch_size')} {max(1, n_train // replicas)} or less")
+
+
+class ShardsUnchanged(keras.callbacks.Callback):
+    """At every epoch's end: stop if the shard folder was rewritten since training started."""
+
+    def __init__(self, shards):
+        super().__init__()
+        self.shards = shards
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.shards.check_unchanged()
+
+
+@contextlib.contextmanager
+def stopping_cleanly(plan, shards):
+    """Turns what stops training from outside into one line: the shards rewritten under it (their files gone
+    mid-epoch), or a full disk while Keras backs up the epoch (its half-written ``*_temp`` folders removed)."""
+    try:
+        yield
+    except (tf.errors.OpError, OSError) as e:
+        shards.check_unchanged()
+        if "No space left" not in str(e) and getattr(e, "errno", None) != errno.ENOSPC:
+            raise
+        removed = remove_temporaries(run_files.path(plan.out, run_files.BACKUP))
+        raise TfpipeError(f"{plan.out}: no space left on the device while saving the epoch's backup "
+                          f"({removed} half-written file{'s' * (removed != 1)} removed); free space and continue "
+                          f"with {option('resume', True)}") from None
+
+
+def remove_temporaries(folder):
+    """Deletes the ``*_temp*`` files and folders TensorFlow's checkpoint writer left under ``folder``."""
+    removed = 0
+    for root, dirs, files in (os.walk(folder) if not fs.is_remote(folder) else ()):
+        for name in [d for d in dirs if "_temp" in d]:
+            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+            dirs.remove(name)
+            removed += 1
+        for name in [f for f in files if "_temp" in f]:
+            os.remove(os.path.join(root, name))
+            removed += 1
+    return removed
+
+
+@contextlib.contextmanager
+def unfinished_on_error(out):
+    """After model.keras is saved, a failure (the shards rewritten, a crash in the report) removes the models
+    this job saved, so the folder never holds a model that looks finished but is not."""
+    try:
+        yield
+    except BaseException:
+        for name in (run_files.MODEL, run_files.MODEL_SWA):
+            if fs.exists(run_files.path(out, name)):
+                fs.remove(run_files.path(out, name))
+        raise
+
+
+def train_phases(plan, strategy, shards, data, throughput):
     """Builds the model (inside ``strategy.scope()``), trains the head with the backbone frozen when asked, then
     everything. Returns (model, the SWA average)."""
-    replicas, steps = strategy.num_replicas_in_sync, data[2]
+    replicas, steps, num_classes = strategy.num_replicas_in_sync, data[2], shards.num_classes
+    watch = ShardsUnchanged(shards)
     model, backbone = build_model(plan.model, num_classes, plan.image_size,
                                   weights=plan.weights,
                                   multi_label=not plan.single_label)
@@ -412,14 +491,15 @@ def train_phases(plan, strategy, num_classes, data, throughput):
     if plan.burn_epochs and not state.get("burn_done"):
         set_trainable(backbone, False)
         run_phase(model, plan, "burn", scaled_lr(plan.burn_lr or plan.lr, replicas), plan.burn_epochs, 0, data,
-                  num_classes, throughput)
-        model.save_weights(f"{plan.out}/checkpoints/burn-done")
+                  num_classes, throughput, first=[watch])
+        model.save_weights(run_files.path(plan.out, BURN_DONE))
         write_state(plan.out, dict(state, burn_done=True))
     elif plan.burn_epochs:
-        model.load_weights(f"{plan.out}/checkpoints/burn-done")
+        model.load_weights(run_files.path(plan.out, BURN_DONE))
     set_trainable(backbone, True)
     schedule = make_schedule(plan.schedule, scaled_lr(plan.lr, replicas), steps, plan.epochs, plan.warmup_epochs)
-    swa = AverageWeights(plan.burn_epochs + plan.epochs - plan.swa_epochs, f"{plan.out}/swa-average.npz")
+    swa = AverageWeights(plan.burn_epochs + plan.epochs - plan.swa_epochs,
+                         run_files.path(plan.out, run_files.SWA_AVERAGE))
     run_phase(model, plan, "fine-tune", schedule, plan.epochs, plan.burn_epochs, data, num_classes, throughput,
-              first=[swa] if plan.swa_epochs else [])
+              first=[watch, swa] if plan.swa_epochs else [watch])
     return model, swa

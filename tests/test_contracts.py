@@ -1,0 +1,426 @@
+"""On-disk contracts (issue #22): a shard folder's manifest and a run folder are input too, validated before use,
+and checked against each other and against the shards while a job uses them."""
+import dataclasses
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+import tfpipe
+from tests.conftest import save, write_csv
+from tests.test_hostile import one_line_error, source_args, tfrec_files, write
+from tests.test_reliability import ENV, ROOT
+from tfpipe.augment import NO_AUGMENT
+from tfpipe.errors import TfpipeError
+from tfpipe.images import ImageSpec
+from tfpipe.manifest import Manifest
+from tfpipe.write import Source, write_shards
+
+
+def copy_records(shard_dir, tmp_path, name="records"):
+    dst = tmp_path / name
+    shutil.copytree(shard_dir[0], dst)
+    return dst
+
+
+def edit_manifest(folder, change):
+    """Edits manifest.json in place as a person would (the dataset id is left as it was)."""
+    path = folder / "manifest.json"
+    data = json.loads(path.read_text())
+    change(data)
+    path.write_text(json.dumps(data, indent=1))
+
+
+def _set(key, value):
+    return lambda d: d.__setitem__(key, value)
+
+
+def _shard0(key, value):
+    return lambda d: d["shards"][0].__setitem__(key, value)
+
+
+# ------------------------------------------------------------------ 1: the manifest, validated on load
+
+@pytest.mark.parametrize("change,needle", [
+    (lambda d: d.pop("shards"), "field 'shards' is required"),
+    (_set("shards", []), "field 'shards' lists no shard"),
+    (_set("num_classes", 7), "field 'num_classes' does not match the 3 classes"),
+    (_shard0("count", 999), "field 'num_examples' does not match the shards' counts"),
+    (_shard0("count", -1), "field 'shards[0].count' must be at least 0"),
+    (_shard0("count", 2.5), "field 'shards[0].count' must be a whole number"),
+    (_shard0("file", "../precious.txt"), "field 'shards[0].file' must be a shard file name inside the folder"),
+    (_shard0("file", "/etc/passwd.tfrec"), "field 'shards[0].file' must be a shard file name inside the folder"),
+    (_shard0("fold", 9), "field 'shards[0].fold' does not fit the 4 folds"),
+    (_set("classes", ["a", "a", "c"]), "field 'classes' lists a class twice"),
+    (_set("classes", ["a", "", "c"]), "field 'classes' must list non-empty strings"),
+    (lambda d: d["image"].__setitem__("fit", "cover"), "field 'image.fit' must be one of stretch, crop, pad"),
+    (lambda d: d["image"].__setitem__("image_size", "32"), "field 'image.image_size' must be a whole number"),
+    (_set("labeled", "yes"), "field 'labeled' must be bool"),
+    (_set("version", 99), "manifest version 99 was written by a newer tfpipe"),
+    (_set("classes", ["x", "b", "c"]), "no longer matches its dataset_id"),  # valid, but not what was written
+])
+def test_an_edited_manifest_is_one_line_naming_the_field(shard_dir, tmp_path, capsys, change, needle):
+    from tfpipe.inspect import main as inspect_main
+
+    folder = copy_records(shard_dir, tmp_path)
+    edit_manifest(folder, change)
+    with pytest.raises(TfpipeError, match="manifest.json: .*" if "newer" not in needle else "newer") as e:
+        tfpipe.open_shards(str(folder))
+    assert needle in str(e.value) and str(folder) in str(e.value)
+    assert inspect_main([str(folder)]) == 2
+    one_line_error(capsys, needle)
+
+
+@pytest.mark.parametrize("text,needle", [("[1, 2]", "not a JSON object"), ("{", "not valid JSON")])
+def test_a_damaged_manifest_is_one_line(shard_dir, tmp_path, text, needle):
+    folder = copy_records(shard_dir, tmp_path)
+    (folder / "manifest.json").write_text(text)
+    with pytest.raises(TfpipeError, match=needle):
+        tfpipe.make_dataset(str(folder), 4)
+
+
+def test_a_manifest_of_tfpipe_0_2_still_reads(shard_dir, tmp_path):
+    """No version, dataset id or label counts: read as version 1, its id derived from its content."""
+    folder = copy_records(shard_dir, tmp_path)
+    edit_manifest(folder, lambda d: [d.pop(k) for k in ("version", "dataset_id", "max_labels")])
+    m = Manifest.load(str(folder))
+    assert m.dataset_id and m.max_labels is None and m.num_examples == 40
+    assert tfpipe.count_examples(str(folder)) == 40
+
+
+def test_a_shard_linking_out_of_the_folder_is_refused(shard_dir, tmp_path):
+    folder = copy_records(shard_dir, tmp_path)
+    name = Manifest.load(str(folder)).files[0]
+    outside = tmp_path / "elsewhere.tfrec"
+    shutil.move(folder / name, outside)
+    os.symlink(outside, folder / name)
+    with pytest.raises(TfpipeError, match="not a shard file of .* a link out of it"):
+        tfpipe.open_shards(str(folder))
+
+
+def test_write_returns_the_typed_manifest_and_old_dict_reads_warn(shard_dir):
+    manifest = shard_dir[2]
+    assert isinstance(manifest, Manifest) and manifest.classes == ("a", "b", "c") and manifest.folds == 4
+    assert manifest.max_labels == 3 and not manifest.one_label_each
+    with pytest.warns(DeprecationWarning, match=r"manifest\['classes'\] is manifest.classes"):
+        assert manifest["classes"] == ["a", "b", "c"]
+
+
+# ------------------------------------------------------------ --overwrite deletes only what a valid manifest lists
+
+@pytest.mark.parametrize("listed", ["../precious.txt", "ABSOLUTE"])
+def test_overwrite_never_deletes_outside_the_folder_whatever_the_manifest_says(labeled_folder, tmp_path, capsys,
+                                                                               listed):
+    out = tmp_path / "out"
+    assert write(source_args(labeled_folder) + ["--out", str(out)]) == 0
+    precious = tmp_path / "precious.txt"
+    precious.write_text("keep me")
+    name = str(precious) if listed == "ABSOLUTE" else listed
+    edit_manifest(out, lambda d: d["shards"].append({"file": name, "count": 0, "fold": None, "bytes": 7}))
+    assert write(source_args(labeled_folder) + ["--out", str(out), "--overwrite"]) == 2
+    one_line_error(capsys, "must be a shard file name inside the folder")
+    assert precious.read_text() == "keep me" and len(tfrec_files(out)) > 0  # nothing deleted at all
+
+
+# ------------------------------------------------------------------------------- 2: a dataset identity
+
+def test_the_dataset_id_names_the_content(labeled_folder, tmp_path):
+    args = source_args(labeled_folder)
+    for name in ("one", "two"):
+        assert write(args + ["--out", str(tmp_path / name)]) == 0
+    one, two = (Manifest.load(str(tmp_path / n)) for n in ("one", "two"))
+    assert one.dataset_id == two.dataset_id  # byte-identical writes: one dataset
+    assert write(args + ["--out", str(tmp_path / "one"), "--overwrite", "--classes", "dog,cat,bird"]) == 0
+    assert Manifest.load(str(tmp_path / "one")).dataset_id != two.dataset_id
+
+
+def _rewrite_after_first_epoch(shard_dir, folder):
+    """A Keras callback that rewrites ``folder`` (a class renamed) once the first epoch ends, as a second
+    ``tfpipe.write --overwrite`` from another terminal would."""
+    import tf_keras as keras
+
+    root = os.path.dirname(shard_dir[0])
+
+    class Rewrite(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            if epoch == 0:
+                write_shards(Source(f"{root}/images", csv=f"{root}/train.csv"), str(folder),
+                             spec=ImageSpec(image_size=32), folds=4, shards=8, workers=0, progress=False,
+                             overwrite=True, classes=["c", "b", "a"])
+
+    return Rewrite()
+
+
+def test_fit_stops_when_its_shards_are_rewritten_and_leaves_no_finished_run(shard_dir, tmp_path):
+    from train.fit import FitConfig, fit
+
+    folder = copy_records(shard_dir, tmp_path)
+    run = tmp_path / "run"
+    cfg = FitConfig(records=str(folder), out=str(run), strategy="cpu", model="small-cnn", batch_size=4, epochs=3,
+                    steps_per_execution=1, augment=NO_AUGMENT, verbose=0,
+                    callbacks=(_rewrite_after_first_epoch(shard_dir, folder),))
+    with pytest.raises(TfpipeError, match="was rewritten while this job read it"):
+        fit(cfg)
+    assert not (run / "model.keras").exists() and not (run / "metrics.json").exists()
+    assert not json.loads((run / "state.json").read_text() if (run / "state.json").exists() else "{}").get("finished")
+    with pytest.raises(TfpipeError, match="rewritten since .* started"):  # and --resume will not continue it
+        fit(dataclasses.replace(cfg, resume=True, callbacks=()))
+
+
+@pytest.mark.slow
+def test_a_rewrite_from_another_process_during_fit_ends_it_in_one_line(shard_dir, tmp_path):
+    folder = copy_records(shard_dir, tmp_path)
+    run = tmp_path / "run"
+    fit = subprocess.Popen([sys.executable, "-m", "train.fit", "--records", str(folder), "--out", str(run),
+                            "--strategy", "cpu", "--model", "small-cnn", "--batch-size", "4", "--epochs", "60",
+                            "--steps-per-execution", "1", "--verbose", "0", "--no-augment"],
+                           env=ENV, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 240
+    history = run / "history.csv"
+    while not (history.exists() and len(history.read_text().splitlines()) >= 2):  # one epoch done
+        assert fit.poll() is None and time.time() < deadline, fit.communicate()
+        time.sleep(0.2)
+    root = os.path.dirname(shard_dir[0])
+    assert write(["--csv", f"{root}/train.csv", "--images", f"{root}/images", "--image-size", "32", "--folds", "4",
+                  "--shards", "8", "--classes", "c,b,a", "--out", str(folder), "--overwrite"]) == 0
+    out, err = fit.communicate(timeout=300)
+    assert fit.returncode == 2, err
+    assert "was rewritten while this job read it" in err and "Traceback" not in err
+    assert not (run / "model.keras").exists() and not (run / "metrics.json").exists()
+
+
+# ------------------------------------------------------------------------------ 3: --resume knows its inputs
+
+def test_resume_after_an_image_changed_is_refused_not_nothing_to_do(labeled_folder, tmp_path, capsys):
+    out = str(tmp_path / "out")
+    args = source_args(labeled_folder) + ["--out", out]
+    assert write(args) == 0
+    assert write(args + ["--resume"]) == 0  # unchanged: nothing to do
+    assert "nothing to do" in capsys.readouterr().out
+    save(os.path.join(labeled_folder["images"], "img03.jpg"), size=(43, 56), seed=99)  # other bytes, same name
+    assert write(args + ["--resume"]) == 2
+    one_line_error(capsys, "inputs or settings changed since", "--overwrite")
+    assert write(args + ["--overwrite"]) == 0
+
+
+def test_a_damaged_progress_file_is_one_line_on_resume(slow_source, tmp_path, capsys):
+    args, _ = slow_source
+    out = tmp_path / "out"
+    (out / ".staging").mkdir(parents=True)
+    (out / ".staging" / "progress.json").write_text('{"fingerprint": "x", "shards": [{"index": "zero"}]}')
+    assert write(args + ["--out", str(out), "--resume"]) == 2
+    one_line_error(capsys, "progress.json is damaged", "--overwrite")
+
+
+# ------------------------------------------------------------------------------- 4: the run folder's contract
+
+def test_the_run_records_what_prediction_depends_on(trained_run, shard_dir):
+    from train.run import RunConfig
+
+    config = RunConfig.load(trained_run[0])
+    assert config.classes == ("a", "b", "c") and config.image_size == 32 and config.fit == "stretch"
+    assert config.dataset_id == Manifest.load(shard_dir[0]).dataset_id and config.fold == 0
+    assert config.single_label is False
+
+
+def _other_fit_shards(labeled_folder, tmp_path, **kwargs):
+    out = str(tmp_path / "test-crop")
+    write_shards(Source(labeled_folder["images"], labeled=False), out, split="test", workers=0, progress=False,
+                 spec=ImageSpec(image_size=32, **kwargs))
+    return out
+
+
+def test_predict_refuses_shards_fitted_another_way(trained_run, labeled_folder, tmp_path):
+    from train.predict import predict
+
+    crop = _other_fit_shards(labeled_folder, tmp_path, fit="crop")
+    with pytest.raises(TfpipeError, match="fitted to a square by 'crop', the run's training images by 'stretch'"):
+        predict(trained_run[0], crop, str(tmp_path / "s.csv"), strategy="cpu")
+    assert not (tmp_path / "s.csv").exists()
+
+
+def copy_run(trained_run, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(trained_run[0], run)
+    return run
+
+
+@pytest.mark.parametrize("change,needle", [
+    (lambda c: c.update(image_size="32"), "field 'image_size' must be a whole number"),
+    (lambda c: c.update(classes=[]), "field 'classes' must list the class names"),
+    (lambda c: c.update(fit="cover"), "field 'fit' must be one of stretch, crop, pad"),
+    (lambda c: c.update(single_label="no"), "field 'single_label' must be true or false"),
+    (lambda c: c.update(run_version=7), "run version 7 was written by a newer tfpipe"),
+])
+def test_an_edited_run_config_is_one_line_before_predicting(trained_run, tmp_path, capsys, change, needle):
+    from train.predict import main
+
+    run = copy_run(trained_run, tmp_path)
+    config = json.loads((run / "config.json").read_text())
+    change(config)
+    (run / "config.json").write_text(json.dumps(config))
+    assert main(["--run", str(run), "--records", trained_run[2], "--out", str(tmp_path / "s.csv"),
+                 "--strategy", "cpu"]) == 2
+    one_line_error(capsys, needle)
+    assert not (tmp_path / "s.csv").exists()
+
+
+def test_a_model_or_thresholds_from_another_run_are_refused(trained_run, tmp_path):
+    from train.predict import load_model, predict
+
+    run = copy_run(trained_run, tmp_path)
+    (run / "thresholds.json").write_text(json.dumps({"x": 0.5, "y": 0.5}))
+    with pytest.raises(TfpipeError, match="thresholds.json: names classes x, y, not the run's"):
+        predict(str(run), trained_run[2], str(tmp_path / "s.csv"), strategy="cpu")
+    (run / "thresholds.json").write_text(json.dumps({"a": 0.5, "b": 2.0, "c": 0.1}))
+    with pytest.raises(TfpipeError, match="threshold of 'b' is 2.0"):
+        predict(str(run), trained_run[2], str(tmp_path / "s.csv"), strategy="cpu")
+    shutil.copy(os.path.join(trained_run[0], "thresholds.json"), run / "thresholds.json")
+    from train.models import build_model
+
+    other, _ = build_model("small-cnn", 5, 32)  # a model of five classes where the run's of three should be
+    other.save(str(run / "model.keras"))
+    assert load_model(str(run / "model.keras")).output_shape[-1] == 5
+    with pytest.raises(TfpipeError, match="outputs 5 classes, but config.json lists 3"):
+        predict(str(run), trained_run[2], str(tmp_path / "s.csv"), strategy="cpu")
+    assert not (tmp_path / "s.csv").exists()
+
+
+def test_predict_on_a_list_of_files_and_on_its_own_training_shards(trained_run, shard_dir, tmp_path, capsys):
+    from train.predict import predict
+
+    files = list(tfpipe.open_shards(trained_run[2]).files)
+    df = predict(trained_run[0], files, str(tmp_path / "s.csv"), strategy="cpu", progress=False)
+    assert len(df) == tfpipe.count_examples(trained_run[2]) and list(df.columns) == ["image", "labels"]
+    capsys.readouterr()
+    predict(trained_run[0], shard_dir[0], str(tmp_path / "t.csv"), strategy="cpu", progress=False)
+    assert "are the shards this run trained on" in capsys.readouterr().err
+
+
+def test_predict_opens_its_records_once(trained_run, tmp_path, monkeypatch):
+    import tfpipe.shards
+    from train.predict import predict
+
+    calls = []
+    real = tfpipe.shards.check_sizes
+    monkeypatch.setattr(tfpipe.shards, "check_sizes", lambda *a: calls.append(a) or real(*a))
+    predict(trained_run[0], trained_run[2], str(tmp_path / "s.csv"), strategy="cpu", tta=2, progress=False)
+    assert len(calls) == 1
+
+
+# --------------------------------------------------------------------------------- 5: label modes are a contract
+
+def test_one_label_modes_on_multi_label_shards_are_refused(shard_dir, tmp_path, capsys):
+    from tests.test_hostile import _fit_cli
+
+    for mode in ("one_hot", "class_id"):
+        with pytest.raises(TfpipeError, match=f"multi-label data .*label_mode='{mode}' would keep one label"):
+            tfpipe.make_dataset(shard_dir[0], 4, label_mode=mode)
+    assert _fit_cli(["--records", shard_dir[0], "--out", str(tmp_path / "run"), "--single-label"]) == 2
+    one_line_error(capsys, "multi-label data (up to 3 labels an image", "--single-label")
+    assert not (tmp_path / "run").exists()
+
+
+def test_one_label_modes_work_where_every_image_has_one_label(labeled_folder, tmp_path):
+    rows = [(name, (lab.split() or ["cat"])[0]) for name, lab in labeled_folder["rows"]]
+    csv = write_csv(tmp_path / "one.csv", ["image", "labels"], rows)  # a labels column, one label each
+    out = str(tmp_path / "out")
+    write_shards(Source(labeled_folder["images"], csv=str(csv)), out, spec=ImageSpec(image_size=16), workers=0,
+                 progress=False)
+    _, ids = next(iter(tfpipe.make_dataset(out, 12, label_mode="class_id")))
+    classes = Manifest.load(out).classes
+    assert [classes[i] for i in ids.numpy()] == [lab for _, lab in rows]
+
+
+# -------------------------------------------------------------------- 6: predict --out replaces only what it wrote
+
+def test_predict_never_replaces_the_ground_truth_csv(shard_dir, tmp_path, capsys):
+    """Un-folded labeled shards predicted into the CSV they were written from: same columns, same ids in order
+    -- the old "is it an earlier submission?" test was true of the ground truth itself."""
+    from train.fit import FitConfig, fit
+    from train.predict import main
+
+    root = tmp_path / "data"
+    shutil.copytree(os.path.dirname(shard_dir[0]) + "/images", root / "images")
+    truth = root / "train.csv"
+    truth.write_text(open(os.path.dirname(shard_dir[0]) + "/train.csv").read())
+    records = str(tmp_path / "records")
+    write_shards(Source(str(root / "images"), csv=str(truth)), records, spec=ImageSpec(image_size=32), shards=4,
+                 workers=0, progress=False)
+    run = str(tmp_path / "run")
+    fit(FitConfig(records=records, out=run, strategy="cpu", model="small-cnn", batch_size=4, epochs=1,
+                  steps_per_execution=1, augment=NO_AUGMENT, verbose=0, report=False))
+    before = truth.read_text()
+    for flags in ([], ["--probabilities"], ["--threshold", "0.5"], ["--tta", "2"]):
+        assert main(["--run", run, "--records", records, "--out", str(truth), "--strategy", "cpu",
+                     "--no-progress"] + flags) == 2
+        one_line_error(capsys, "was not written by train.predict", "--overwrite")
+        assert truth.read_text() == before
+
+
+def test_predict_replaces_its_own_unchanged_submission_only(trained_run, tmp_path, capsys):
+    from train.predict import main
+
+    run, _, test = trained_run
+    out = tmp_path / "submission.csv"
+    args = ["--run", run, "--records", test, "--out", str(out), "--strategy", "cpu", "--no-progress"]
+    assert main(args) == 0
+    assert main(args + ["--probabilities"]) == 0  # its own file: replaced
+    out.write_text(out.read_text() + "\n")  # changed by hand since
+    assert main(args) == 2
+    one_line_error(capsys, "was not written by train.predict (or was changed since)")
+    assert main(args + ["--overwrite"]) == 0 and out.read_text().startswith("image,labels")
+
+
+# ------------------------------------------------------------------------------------ 9: numbers and edge cases
+
+def test_a_global_batch_larger_than_the_data_is_refused_by_fit_and_capped_by_predict(trained_run, shard_dir,
+                                                                                   tmp_path, capsys):
+    from tests.test_hostile import _fit_cli
+    from train.predict import main
+
+    assert _fit_cli(["--records", shard_dir[0], "--out", str(tmp_path / "run"), "--batch-size", "100000"]) == 2
+    one_line_error(capsys, "--batch-size 100000 x 1 replica = 100000 images a step, more than the 29 training")
+    run, _, test = trained_run
+    assert main(["--run", run, "--records", test, "--out", str(tmp_path / "s.csv"), "--strategy", "cpu",
+                 "--replicas", "8", "--batch-size", "100000"]) == 0
+    assert "--batch-size 100000 is more than 40 images need on 8 replicas; using 5" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("folds", [[], ["--folds", "3"]])
+def test_a_labeled_source_without_any_label_is_refused(labeled_folder, tmp_path, capsys, folds):
+    csv = write_csv(tmp_path / "empty.csv", ["image", "labels"], [(n, "") for n, _ in labeled_folder["rows"]])
+    out = tmp_path / "out"
+    assert write(["--csv", str(csv), "--images", labeled_folder["images"], "--out", str(out)] + folds) == 2
+    one_line_error(capsys, "no image has a label", "--unlabeled")
+    assert not out.exists() or tfrec_files(out) == []
+
+
+def test_an_undefined_validation_auc_is_not_reported_as_zero():
+    from train.fit import _headline_auc
+
+    m = {"final": {"val_auc": 0.0}, "best": {"val_auc": 0.0, "epoch": 1}, "report": {"roc_auc_macro": None}}
+    assert _headline_auc(m).startswith("undefined (no class has both positive and negative")
+    assert _headline_auc(dict(m, report={"roc_auc_macro": 0.75})).startswith("0.7500 (exact")
+
+
+def test_a_full_disk_at_the_epoch_backup_is_one_line_and_leaves_no_temporaries(shard_dir, tmp_path, capsys):
+    """The run folder on a 96 kB tmpfs: config and history fit, the first epoch's backup does not."""
+    from tests.test_hostile import _fit_cli
+
+    run = tmp_path / "small"
+    run.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=96k", "tmpfs", str(run)], capture_output=True)
+    assert mounted.returncode == 0, f"this test needs root to mount a tmpfs: {mounted.stderr}"
+    try:
+        assert _fit_cli(["--records", shard_dir[0], "--out", str(run / "run"), "--batch-size", "4", "--epochs", "2",
+                         "--steps-per-execution", "1", "--no-report"]) == 2
+        one_line_error(capsys, "no space left on the device", "--resume")
+        leftovers = [os.path.join(r, n) for r, ds, fs in os.walk(run) for n in ds + fs if "_temp" in n]
+        assert leftovers == [] and not (run / "run" / "model.keras").exists()
+    finally:
+        subprocess.run(["umount", str(run)], check=True)

@@ -1,0 +1,307 @@
+"""``manifest.json``: what a shard folder holds, as one typed, versioned, validated object.
+
+``tfpipe.write`` builds a ``Manifest`` and saves it; every reader loads it back through ``Manifest.load``, which
+checks everything before anything is used: the manifest version, each field's type and range, file names
+confined to the folder, counts that add up, classes that are unique non-empty strings, image settings from the
+known set, and the ``dataset_id`` against the content (an edited manifest no longer matches its id). A manifest
+that fails is one ``TfpipeError`` naming the file and the field. Nothing outside this module reads a manifest by
+key.
+
+``dataset_id`` names one written dataset: a hash of the manifest's own content (inputs' fingerprint, classes,
+shards with their byte sizes, ...), so a byte-identical rewrite keeps its id and any other write gets a new one.
+A run records the id of the shards it trained on; a job reading a folder notices when it was rewritten.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import posixpath
+import re
+import warnings
+from typing import Any
+
+from tfpipe import fs
+from tfpipe.errors import TfpipeError
+
+MANIFEST = "manifest.json"
+STAGING = ".staging"
+PROGRESS = "progress.json"  # finished staged shards, for --resume
+SHARD_SUFFIX = ".tfrec"
+# 1: tfpipe 0.1-0.2 (no version field, no dataset_id); 2: dataset_id, label counts, version field.
+MANIFEST_VERSION = 2
+FITS = ("stretch", "crop", "pad")
+FORMATS = ("jpeg", "png")
+SPLIT_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardEntry:
+    """One shard file of the folder: its name (no folder part), records, fold (None without folds), bytes."""
+
+    file: str
+    count: int
+    fold: int | None = None
+    bytes: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class StoredImages:
+    """How the stored images were made (``ImageSpec`` as written): ``image_size`` None keeps source sizes."""
+
+    image_size: int | None = None
+    fit: str = "stretch"
+    format: str = "jpeg"
+    quality: int = 95
+    max_pixels: int | None = None
+
+    @property
+    def effective_fit(self) -> str:
+        """How a non-square source reached the model's square input: the writer's ``fit`` when it resized,
+        else the reader's resize, which stretches."""
+        return self.fit if self.image_size else "stretch"
+
+
+@dataclasses.dataclass(frozen=True)
+class Manifest:
+    """A shard folder's ``manifest.json``. Build one with the fields; read one with ``Manifest.load(folder)``."""
+
+    split: str
+    classes: tuple[str, ...]
+    shards: tuple[ShardEntry, ...]
+    labeled: bool = True
+    single_label: bool = False
+    max_labels: int | None = None  # most labels on one image (None: not recorded, manifests of tfpipe <= 0.2)
+    id_column: str = "image"
+    image: StoredImages = StoredImages()
+    folds: int | None = None
+    seed: int = 0
+    fingerprint: str | None = None  # the job (inputs, labels, plan, settings): --resume's identity
+    skipped: tuple[dict, ...] = ()
+    label_format: dict | None = None
+    schema: dict | None = None
+    tfpipe_version: str = ""
+    dataset_id: str = ""  # filled in by ``with_id`` / ``load``
+    version: int = MANIFEST_VERSION
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes)
+
+    @property
+    def num_examples(self) -> int:
+        return sum(s.count for s in self.shards)
+
+    @property
+    def files(self) -> tuple[str, ...]:
+        return tuple(s.file for s in self.shards)
+
+    @property
+    def one_label_each(self) -> bool:
+        """Whether every record holds at most one label, so one-hot or class-id targets lose nothing."""
+        return self.single_label or (self.max_labels is not None and self.max_labels <= 1)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form (``num_classes`` and ``num_examples`` included for people and other tools)."""
+        d = dataclasses.asdict(self)
+        d.update(num_classes=self.num_classes, num_examples=self.num_examples, classes=list(self.classes),
+                 shards=[dataclasses.asdict(s) for s in self.shards], skipped=list(self.skipped))
+        return d
+
+    def with_id(self) -> Manifest:
+        """This manifest with ``dataset_id`` set from its content."""
+        return dataclasses.replace(self, dataset_id=content_id(self.to_dict()))
+
+    def save(self, folder: str) -> None:
+        """Writes ``folder/manifest.json`` through a temporary name, so it is never half-written."""
+        text = json.dumps(self.with_id().to_dict(), indent=1, ensure_ascii=False) + "\n"
+        fs.write_atomic(posixpath.join(folder, MANIFEST), text)
+
+    @classmethod
+    def load(cls, folder: str) -> Manifest:
+        """Reads and validates ``folder/manifest.json``; any problem is one ``TfpipeError`` naming the field."""
+        path = posixpath.join(folder, MANIFEST)
+        if not fs.exists(path):
+            raise _missing(folder)
+        try:
+            data = json.loads(fs.read_text(path))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise TfpipeError(f"{path}: manifest is not valid JSON ({e})") from None
+        return from_dict(data, path)
+
+    def __getitem__(self, key: str) -> Any:
+        """``manifest["classes"]``, as when manifests were dicts (tfpipe <= 0.2): warns, use ``manifest.classes``."""
+        warnings.warn(f"manifest[{key!r}] is manifest.{key} (a Manifest, tfpipe 0.3); dict access will be "
+                      "removed in 1.0", DeprecationWarning, stacklevel=2)
+        return self.to_dict()[key]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        warnings.warn(f"manifest.get({key!r}) is manifest.{key} (a Manifest, tfpipe 0.3)", DeprecationWarning,
+                      stacklevel=2)
+        return self.to_dict().get(key, default)
+
+
+def content_id(data: dict) -> str:
+    """The dataset id of a manifest's JSON form: a hash of everything in it except the id itself."""
+    rest = {k: v for k, v in data.items() if k != "dataset_id"}
+    return hashlib.sha256(json.dumps(rest, sort_keys=True, ensure_ascii=False).encode()).hexdigest()[:16]
+
+
+def _missing(folder: str) -> TfpipeError:
+    if fs.exists(posixpath.join(folder, STAGING, PROGRESS)):
+        return TfpipeError(f"{folder}: no {MANIFEST}: its write was interrupted; finish it with "
+                           "python -m tfpipe.write ... --resume")
+    if not fs.exists(folder):
+        return TfpipeError(f"{folder}: folder not found")
+    return TfpipeError(f"{folder}: no {MANIFEST} (not a folder written by tfpipe.write); to read other "
+                       f"shards pass a glob such as {folder}/*.tfrec with num_classes and image_size")
+
+
+class _Fields:
+    """Typed reads of one JSON object, each failure a ``TfpipeError`` naming the file and the field."""
+
+    def __init__(self, data: Any, path: str, prefix: str = ""):
+        if not isinstance(data, dict):
+            raise TfpipeError(f"{path}: {prefix.rstrip('.') or 'the manifest'} is not a JSON object; the "
+                              "manifest is damaged -- write the shards again")
+        self.data, self.path, self.prefix = data, path, prefix
+
+    def bad(self, key: str, what: str) -> TfpipeError:
+        value = self.data.get(key, "(missing)")
+        shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
+        return TfpipeError(f"{self.path}: field '{self.prefix}{key}' {what} (got {shown}); the manifest was "
+                           "edited or damaged -- write the shards again")
+
+    def get(self, key: str, types: type | tuple, *, default: Any = ..., low: int | None = None,
+            choices: tuple | None = None) -> Any:
+        if key not in self.data:
+            if default is ...:
+                raise self.bad(key, "is required")
+            return default
+        value = self.data[key]
+        if value is None and default is None:
+            return None
+        numeric = isinstance(value, int) and not isinstance(value, bool)
+        if not isinstance(value, types) or (types is int and not numeric):
+            names = " or ".join(t.__name__ for t in (types if isinstance(types, tuple) else (types,)))
+            raise self.bad(key, f"must be {'a whole number' if types is int else names}")
+        if low is not None and value < low:
+            raise self.bad(key, f"must be at least {low}")
+        if choices is not None and value not in choices:
+            raise self.bad(key, f"must be one of {', '.join(map(str, choices))}")
+        return value
+
+
+def from_dict(data: Any, path: str) -> Manifest:
+    """Validates a manifest's JSON form (``path`` names it in errors) and returns the ``Manifest``."""
+    f = _Fields(data, path)
+    version = f.get("version", int, default=1, low=1)
+    if version > MANIFEST_VERSION:
+        raise TfpipeError(f"{path}: manifest version {version} was written by a newer tfpipe (this one reads up "
+                          f"to {MANIFEST_VERSION}); upgrade tfpipe")
+    split = f.get("split", str)
+    if not SPLIT_NAME.fullmatch(split):
+        raise f.bad("split", "is not a shard-name prefix")
+    classes = _classes(f)
+    labeled = f.get("labeled", bool, default=True)
+    folds = f.get("folds", int, default=None, low=2)
+    shards = _shards(f, folds)
+    manifest = Manifest(
+        split=split, classes=classes, shards=shards, labeled=labeled,
+        single_label=f.get("single_label", bool, default=False),
+        max_labels=f.get("max_labels", int, default=None, low=0),
+        id_column=_non_empty(f, "id_column", "image"),
+        image=_images(_Fields(f.get("image", dict, default={}), path, "image.")),
+        folds=folds, seed=f.get("seed", int, default=0, low=0),
+        fingerprint=f.get("fingerprint", str, default=None),
+        skipped=tuple(_skipped(f)), label_format=f.get("label_format", dict, default=None),
+        schema=f.get("schema", dict, default=None), tfpipe_version=f.get("tfpipe_version", str, default=""),
+        dataset_id="", version=MANIFEST_VERSION)
+    _check_totals(f, manifest)
+    return dataclasses.replace(manifest, dataset_id=_dataset_id(f, version))
+
+
+def _classes(f: _Fields) -> tuple[str, ...]:
+    classes = f.get("classes", list)
+    if not all(isinstance(c, str) and c.strip() for c in classes):
+        raise f.bad("classes", "must list non-empty strings")
+    if len(set(classes)) != len(classes):
+        raise f.bad("classes", "lists a class twice")
+    return tuple(classes)
+
+
+def _non_empty(f: _Fields, key: str, default: str) -> str:
+    value = f.get(key, str, default=default)
+    if not value.strip():
+        raise f.bad(key, "is empty")
+    return value
+
+
+def _shards(f: _Fields, folds: int | None) -> tuple[ShardEntry, ...]:
+    listed = f.get("shards", list)
+    if not listed:
+        raise f.bad("shards", "lists no shard")
+    entries = []
+    for i, item in enumerate(listed):
+        s = _Fields(item, f.path, f"shards[{i}].")
+        name = s.get("file", str)
+        check_shard_file_name(name, s)
+        fold = s.get("fold", int, default=None, low=0)
+        if (folds is None) != (fold is None) or (fold is not None and fold >= folds):
+            raise s.bad("fold", f"does not fit the {folds or 'no'} folds the manifest declares")
+        entries.append(ShardEntry(name, s.get("count", int, low=0), fold, s.get("bytes", int, default=None, low=0)))
+    names = [e.file for e in entries]
+    if len(set(names)) != len(names):
+        raise f.bad("shards", "lists a file twice")
+    return tuple(entries)
+
+
+def check_shard_file_name(name: str, s: _Fields) -> None:
+    """A listed shard is a plain ``*.tfrec`` name inside the folder: never ``..``, a sub-path or an absolute path,
+    which ``--overwrite`` would otherwise delete and readers read."""
+    if (not name.endswith(SHARD_SUFFIX) or name != posixpath.basename(name) or "\\" in name or name.startswith(".")
+            or "://" in name or "\0" in name):
+        raise s.bad("file", "must be a shard file name inside the folder (*.tfrec, no folder part)")
+
+
+def _images(f: _Fields) -> StoredImages:
+    size = f.get("image_size", int, default=None, low=1)
+    if size is None and "size" in f.data:  # manifests of tfpipe 0.1
+        size = f.get("size", int, default=None, low=1)
+    return StoredImages(image_size=size, fit=f.get("fit", str, default="stretch", choices=FITS),
+                        format=f.get("format", str, default="jpeg", choices=FORMATS),
+                        quality=f.get("quality", int, default=95, choices=tuple(range(1, 101))),
+                        max_pixels=f.get("max_pixels", int, default=None, low=1))
+
+
+def _skipped(f: _Fields) -> list[dict]:
+    skipped = f.get("skipped", list, default=[])
+    for i, item in enumerate(skipped):
+        s = _Fields(item, f.path, f"skipped[{i}].")
+        s.get("image", str)
+        s.get("reason", str)
+    return skipped
+
+
+def _check_totals(f: _Fields, m: Manifest) -> None:
+    """The counts a manifest repeats must agree with its shards and classes."""
+    if "num_classes" in f.data and f.get("num_classes", int, low=0) != m.num_classes:
+        raise f.bad("num_classes", f"does not match the {m.num_classes} classes listed")
+    if "num_examples" in f.data and f.get("num_examples", int, low=0) != m.num_examples:
+        raise f.bad("num_examples", f"does not match the shards' counts, which add up to {m.num_examples}")
+    if m.labeled and not m.classes:
+        raise f.bad("classes", "is empty, but the records are labeled")
+    if m.max_labels is not None and m.max_labels > m.num_classes:
+        raise f.bad("max_labels", f"exceeds the {m.num_classes} classes")
+
+
+def _dataset_id(f: _Fields, version: int) -> str:
+    """The recorded id, checked against the content (version 2); manifests of tfpipe <= 0.2 get one from it."""
+    computed = content_id(f.data)
+    if version < 2:
+        return computed
+    recorded = f.get("dataset_id", str)
+    if recorded != computed:
+        raise TfpipeError(f"{f.path}: its content no longer matches its dataset_id {recorded} (the manifest was "
+                          "edited after tfpipe.write wrote it); write the shards again")
+    return recorded

@@ -1,0 +1,166 @@
+"""A run folder (``train.fit --out``): the one module that knows its file names and reads them back validated.
+
+    runs/NAME/config.json        RunConfig: what predicting needs (classes, input size, fit, single/multi-label,
+                                 the training shards' dataset id, the validation fold) and every setting used
+    runs/NAME/model.keras        the trained model (model-swa.keras: the SWA average)
+    runs/NAME/thresholds.json    per-class thresholds tuned on validation (multi-label)
+    runs/NAME/history.csv        one row per epoch; metrics.json: the run's figures
+    runs/NAME/state.json         finished phases, for --resume; backup/, checkpoints/, logs/: Keras' own
+
+Everything read back (``RunConfig.load``, ``read_state``, ``load_thresholds``) is validated first and a problem
+is one ``TfpipeError`` naming the file and the field. No TensorFlow here.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import posixpath
+from typing import Any
+
+from tfpipe import fs
+from tfpipe.errors import TfpipeError
+from tfpipe.manifest import FITS
+
+CONFIG = "config.json"
+MODEL = "model.keras"
+MODEL_SWA = "model-swa.keras"
+THRESHOLDS = "thresholds.json"
+HISTORY = "history.csv"
+STATE = "state.json"
+METRICS = "metrics.json"
+SWA_AVERAGE = "swa-average.npz"
+BACKUP = "backup"
+CHECKPOINTS = "checkpoints"
+LOGS = "logs"
+# 1: tfpipe <= 0.2 (no version, fit and dataset id unknown); 2: run_version, fit, dataset_id, num_classes.
+RUN_VERSION = 2
+
+
+def path(run: str, name: str) -> str:
+    """``run/name`` for a run folder, local or ``gs://``."""
+    return posixpath.join(run, name)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    """``config.json`` of a run: what prediction depends on, plus ``settings`` (every ``FitConfig`` field used)."""
+
+    classes: tuple[str, ...]
+    image_size: int
+    single_label: bool
+    fit: str | None  # how the training shards' images were made square (None: unknown, runs of tfpipe <= 0.2)
+    dataset_id: str | None  # the training shards' dataset id (None: unknown, runs of tfpipe <= 0.2)
+    fold: int | None  # the validation fold (None: the last shards were held out)
+    records: str
+    settings: dict = dataclasses.field(default_factory=dict)
+    version: int = RUN_VERSION
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form: the settings flat (as before), the contract's fields over them."""
+        return dict(self.settings, classes=list(self.classes), num_classes=len(self.classes),
+                    image_size=self.image_size, single_label=self.single_label, fit=self.fit,
+                    dataset_id=self.dataset_id, fold=self.fold, records=self.records, run_version=self.version)
+
+    def save(self, run: str) -> None:
+        fs.write_atomic(path(run, CONFIG), json.dumps(self.to_dict(), indent=1, default=str,
+                                                      ensure_ascii=False) + "\n")
+
+    @classmethod
+    def load(cls, run: str) -> RunConfig:
+        """Reads and validates ``run/config.json``."""
+        p = path(run, CONFIG)
+        if not fs.exists(p):
+            raise TfpipeError(f"{run}: no {CONFIG}; is this a run folder written by train.fit?")
+        return from_dict(_read_json(p), p)
+
+
+def _read_json(p: str) -> Any:
+    try:
+        return json.loads(fs.read_text(p))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise TfpipeError(f"{p}: not valid JSON ({e}); the file is damaged") from None
+
+
+def _bad(p: str, key: str, what: str, value: Any) -> TfpipeError:
+    shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
+    return TfpipeError(f"{p}: field {key!r} {what} (got {shown}); the run folder was edited or damaged")
+
+
+def from_dict(data: Any, p: str) -> RunConfig:
+    """Validates a ``config.json``'s content (``p`` names it in errors)."""
+    if not isinstance(data, dict):
+        raise TfpipeError(f"{p}: not a JSON object; the run folder is damaged")
+    version = data.get("run_version", 1)
+    if type(version) is not int or version < 1:
+        raise _bad(p, "run_version", "must be a whole number >= 1", version)
+    if version > RUN_VERSION:
+        raise TfpipeError(f"{p}: run version {version} was written by a newer tfpipe; upgrade tfpipe")
+    classes = data.get("classes")
+    if not isinstance(classes, list) or not classes or not all(isinstance(c, str) and c.strip() for c in classes):
+        raise _bad(p, "classes", "must list the class names (non-empty strings)", classes)
+    if len(set(classes)) != len(classes):
+        raise _bad(p, "classes", "lists a class twice", classes)
+    if "num_classes" in data and data["num_classes"] != len(classes):
+        raise _bad(p, "num_classes", f"does not match the {len(classes)} classes listed", data["num_classes"])
+    size, single = data.get("image_size"), data.get("single_label")
+    if type(size) is not int or size < 1:
+        raise _bad(p, "image_size", "must be a whole number of pixels", size)
+    if type(single) is not bool:
+        raise _bad(p, "single_label", "must be true or false", single)
+    fit, dataset_id, fold = data.get("fit"), data.get("dataset_id"), data.get("fold")
+    if version >= 2 and fit not in FITS:
+        raise _bad(p, "fit", f"must be one of {', '.join(FITS)}", fit)
+    if version >= 2 and not (dataset_id is None or isinstance(dataset_id, str)):
+        raise _bad(p, "dataset_id", "must be a string", dataset_id)
+    if not (fold is None or (type(fold) is int and fold >= 0)):
+        raise _bad(p, "fold", "must be a fold number or null", fold)
+    threshold = data.get("threshold", 0.5)
+    if not isinstance(threshold, (int, float)) or isinstance(threshold, bool) or not 0 < threshold < 1:
+        raise _bad(p, "threshold", "must be between 0 and 1", threshold)
+    return RunConfig(classes=tuple(classes), image_size=size, single_label=single, fit=fit if version >= 2 else None,
+                     dataset_id=dataset_id if version >= 2 else None, fold=fold, records=str(data.get("records", "")),
+                     settings=data, version=version)
+
+
+def read_state(run: str) -> dict:
+    """``state.json`` (``burn_done``, ``finished``: booleans), or {} before the first phase ends."""
+    p = path(run, STATE)
+    if not fs.exists(p):
+        return {}
+    state = _read_json(p)
+    if not isinstance(state, dict) or not all(isinstance(v, bool) for v in state.values()):
+        raise TfpipeError(f"{p}: expected an object of true/false flags (got {state!r}); the run folder is damaged")
+    return state
+
+
+def write_state(run: str, state: dict) -> None:
+    fs.write_atomic(path(run, STATE), json.dumps(state))
+
+
+def save_thresholds(run: str, classes: list[str], thresholds: list[float], suffix: str = "") -> None:
+    fs.write_atomic(path(run, f"thresholds{suffix}.json"),
+                    json.dumps(dict(zip(classes, thresholds)), indent=1, ensure_ascii=False) + "\n")
+
+
+def load_thresholds(run: str, classes: list[str]) -> list[float] | None:
+    """The tuned per-class thresholds in ``classes`` order, or None when the run has none (single-label runs).
+    A file naming other classes (copied from another run) or holding a value outside [0, 1] is an error."""
+    p = path(run, THRESHOLDS)
+    if not fs.exists(p):
+        return None
+    tuned = _read_json(p)
+    if not isinstance(tuned, dict) or sorted(tuned) != sorted(classes):
+        named = sorted(tuned) if isinstance(tuned, dict) else tuned
+        raise TfpipeError(f"{p}: names classes {_short(named)}, not the run's ({_short(classes)}); it belongs to "
+                          "another run -- delete it to use --threshold, or predict with that run")
+    values = [tuned[c] for c in classes]
+    for c, v in zip(classes, values):
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or not 0 <= v <= 1:
+            raise TfpipeError(f"{p}: threshold of {c!r} is {v!r}, not a number in [0, 1]; the file is damaged")
+    return [float(v) for v in values]
+
+
+def _short(names: Any, most: int = 6) -> str:
+    names = list(names) if isinstance(names, (list, tuple)) else [repr(names)]
+    return ", ".join(map(str, names[:most])) + (f", ... {len(names)} in all" if len(names) > most else "")
