@@ -325,6 +325,15 @@ def test_one_label_modes_on_multi_label_shards_are_refused(shard_dir, tmp_path, 
     assert not (tmp_path / "run").exists()
 
 
+def test_the_torch_reader_checks_the_class_count_like_make_dataset(shard_dir):
+    from tfpipe.torch import RecordDataset
+
+    with pytest.raises(TfpipeError, match="num_classes=2, but the shards hold 3 classes"):
+        RecordDataset(shard_dir[0], num_classes=2)
+    with pytest.raises(TfpipeError, match="num_classes must be at least 1"):
+        RecordDataset(shard_dir[0], num_classes=0)
+
+
 def test_one_label_modes_work_where_every_image_has_one_label(labeled_folder, tmp_path):
     rows = [(name, (lab.split() or ["cat"])[0]) for name, lab in labeled_folder["rows"]]
     csv = write_csv(tmp_path / "one.csv", ["image", "labels"], rows)  # a labels column, one label each

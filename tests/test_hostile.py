@@ -114,7 +114,7 @@ def test_resume_on_a_finished_folder_never_replaces_it(labeled_folder, tmp_path,
     other = write_csv(tmp_path / "other.csv", ["image", "labels"], labeled_folder["rows"][:6])
     assert write(["--csv", str(other), "--images", labeled_folder["images"], "--image-size", "24", "--out", out,
                   "--resume"]) == 2
-    one_line_error(capsys, "finished write of other inputs", "--overwrite")
+    one_line_error(capsys, "finished write whose inputs or settings changed since", "--overwrite")
     assert {f: os.path.getmtime(os.path.join(out, f)) for f in os.listdir(out)} == before
 
 

@@ -7,12 +7,13 @@ Public API (heavy imports are deferred until used):
 - ``make_dataset(source, batch_size, ...)``: shards -> ``(images, targets)`` batches (``tfpipe.read``).
 - ``Augment``: which training augmentations ``make_dataset`` applies.
 - ``open_shards(records, folds)``, ``verify``: a shard folder, glob or list opened and checked; every record's CRCs.
+- ``Manifest``: a shard folder's ``manifest.json``, typed and validated (``Manifest.load(folder)``).
 - ``fold_split``, ``count_examples``, ``image_names``, ``read_targets``: folds, sizes, row ids and labels of shard folders.
 - ``inspect_shards(path, ...)``: schema, counts, labels, contact sheet, ``verify`` (``tfpipe.inspect``).
 - ``naming_corrupt_shards(source)``: a context that names the shard behind TensorFlow's ``DataLossError``.
 - ``TfpipeError``: the one exception type for problems in user input.
 """
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 _LAZY = {
     "write_shards": "tfpipe.write",
@@ -24,6 +25,7 @@ _LAZY = {
     "ReadOptions": "tfpipe.read",
     "fold_split": "tfpipe.shards",
     "open_shards": "tfpipe.shards",
+    "Manifest": "tfpipe.manifest",
     "verify": "tfpipe.shards",
     "count_examples": "tfpipe.read",
     "image_names": "tfpipe.read",

@@ -82,7 +82,7 @@ def check_path(**values):
 
 def renamed(old, new, stacklevel=3):
     """Warns that ``old`` (a name from tfpipe 0.1) is now ``new``; the old name keeps working for this release."""
-    warnings.warn(f"{old} is renamed {new} (tfpipe 0.2); the old name will be removed in 0.3", FutureWarning,
+    warnings.warn(f"{old} is renamed {new} (tfpipe 0.2); the old name will be removed in 1.0", FutureWarning,
                   stacklevel=stacklevel)
 
 

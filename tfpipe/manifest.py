@@ -54,6 +54,7 @@ class StoredImages:
     format: str = "jpeg"
     quality: int = 95
     max_pixels: int | None = None
+    max_bytes: int | None = None
 
     @property
     def effective_fit(self) -> str:
@@ -131,7 +132,7 @@ class Manifest:
 
     def __getitem__(self, key: str) -> Any:
         """``manifest["classes"]``, as when manifests were dicts (tfpipe <= 0.2): warns, use ``manifest.classes``."""
-        warnings.warn(f"manifest[{key!r}] is manifest.{key} (a Manifest, tfpipe 0.3); dict access will be "
+        warnings.warn(f"manifest[{key!r}] is manifest.{key} (a Manifest since tfpipe 0.3); dict access will be "
                       "removed in 1.0", DeprecationWarning, stacklevel=2)
         return self.to_dict()[key]
 
@@ -271,7 +272,8 @@ def _images(f: _Fields) -> StoredImages:
     return StoredImages(image_size=size, fit=f.get("fit", str, default="stretch", choices=FITS),
                         format=f.get("format", str, default="jpeg", choices=FORMATS),
                         quality=f.get("quality", int, default=95, choices=tuple(range(1, 101))),
-                        max_pixels=f.get("max_pixels", int, default=None, low=1))
+                        max_pixels=f.get("max_pixels", int, default=None, low=1),
+                        max_bytes=f.get("max_bytes", int, default=None, low=1))
 
 
 def _skipped(f: _Fields) -> list[dict]:

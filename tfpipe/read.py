@@ -17,7 +17,8 @@ tf = require("tensorflow")  # or one line saying what to install
 from tfpipe import augment as aug_lib  # noqa: E402
 from tfpipe import schema  # noqa: E402
 from tfpipe.errors import TfpipeError, check_count, renamed  # noqa: E402
-from tfpipe.shards import MANIFEST, Shards, fold_split, open_shards, verify  # noqa: E402, F401 (re-exported)
+from tfpipe.shards import (MANIFEST, Shards, checked_num_classes, fold_split, open_shards,  # noqa: E402, F401
+                           verify)
 
 AUTOTUNE = tf.data.AUTOTUNE
 LABEL_MODES = ("multi_hot", "one_hot", "class_id")
@@ -211,12 +212,7 @@ def _checked_output(records, shards, image_size, num_classes, label_mode):
     size = image_size or shards.image_size
     if not size:
         raise TfpipeError(f"{records}: stored images have no fixed size; pass image_size")
-    if num_classes and shards.num_classes and num_classes != shards.num_classes:
-        raise TfpipeError(f"{records}: num_classes={num_classes}, but the shards hold {shards.num_classes} classes "
-                          f"({MANIFEST}); labels would be lost")
-    classes = num_classes or shards.num_classes
-    if not classes:
-        raise TfpipeError(f"{records}: no {MANIFEST} to read the classes from; pass num_classes")
+    classes = checked_num_classes(records, shards, num_classes)
     check_label_mode(records, shards, label_mode)
     return size, classes
 

@@ -197,6 +197,18 @@ def open_shards(records, folds=None, any_schema=False):
     return shards
 
 
+def checked_num_classes(records, shards, num_classes):
+    """The number of classes a reader uses: ``num_classes`` or the manifest's; the two must agree (fewer classes
+    would drop labels), and shards without a manifest need it given."""
+    if num_classes and shards.num_classes and num_classes != shards.num_classes:
+        raise TfpipeError(f"{records}: num_classes={num_classes}, but the shards hold {shards.num_classes} classes "
+                          f"({MANIFEST}); labels would be lost")
+    classes = num_classes or shards.num_classes
+    if not classes:
+        raise TfpipeError(f"{records}: no {MANIFEST} to read the classes from; pass num_classes")
+    return classes
+
+
 def check_first_records(files):
     """For shards without a manifest (a glob, a list): the first record of each file must be a
     ``tf.train.Example`` with tfpipe's ``image`` bytes, so a foreign ``.tfrec`` the glob picked up is named here

@@ -4,13 +4,30 @@ Each source becomes a list of ``Item``s in input order plus the class names.
 Everything here runs in the main process before any image is touched, so a
 missing column, a missing file or an unknown label is reported before work
 starts.
+
+Labels are read one way only. Every label -- in a label list, a class column,
+a one-hot column's name, a class folder's name or ``classes=`` / ``--classes``
+-- is compared and stored in Unicode NFC, so ``café`` typed (NFC) or pasted
+from a macOS file name (NFD) is one class. Whitespace around a label is
+dropped; an invisible character left in it (zero-width space or joiner,
+byte-order mark, no-break or other non-ASCII space, any other Unicode format or
+control character) is an error naming row, column and the character. Two
+spellings of one label -- case (``Cat``/``cat``), compatibility form
+(``ｃａｔ``/``cat``, ``²``/``2``), a stray separator (``cat,``/``cat``) or one
+number written two ways (``5``/``05``/``+5``/``5.0``; ASCII digits) -- are an
+error naming both: merging them is the user's decision. With a separator that
+is not whitespace (``--sep ,``), a label holding a space is refused unless
+class names contain spaces (``--spaces-in-names`` / ``spaces_in_names``).
 """
 import ast
 import collections
 import csv
 import dataclasses
+import decimal
 import io
 import posixpath
+import re
+import unicodedata
 
 import pandas as pd
 
@@ -37,12 +54,18 @@ class LabelFormat:
 
     Exactly one of: ``labels_col`` (a separated list per row, the default),
     ``label_cols`` (one-hot columns) or ``class_col`` (one class per row).
+    ``spaces_in_names``: class names contain spaces (``golden retriever``), so a label
+    list read with a separator that is not whitespace (``sep=","``) may hold them;
+    without it such a label is refused, because lists separated by spaces read with
+    ``sep=","`` look exactly like that. A class column, one-hot column names and class
+    folder names are the user's own names and may always hold spaces.
     """
 
     labels_col: str = "labels"
     sep: str = " "
     label_cols: tuple = ()
     class_col: str | None = None
+    spaces_in_names: bool = False
 
     @property
     def single_label(self):
@@ -62,6 +85,7 @@ def read_csv(csv_path, *, image_col="image", label_format=LabelFormat(), labeled
       A list of (row, id, tuple of label names); ``row`` counts data rows from 1.
     """
     df = _read_table(csv_path)
+    image_col = nfc(image_col)
     _require_columns(df, [image_col], csv_path)
     ids = [v.strip() for v in df[image_col]]
     _check_ids(ids, image_col, csv_path)
@@ -82,11 +106,13 @@ def _read_table(csv_path):
         with fs.open(csv_path, "rb") as f:
             text = f.read().decode("utf-8-sig")
         header = next(csv.reader(io.StringIO(text)), [])
-        twice = [c for c, n in collections.Counter(h.strip() for h in header).items() if n > 1]
+        twice = [c for c, n in collections.Counter(nfc(h.strip()) for h in header).items() if n > 1]
         if twice:
             raise TfpipeError(f"{csv_path}: the header names column {twice[0]!r} twice; which one holds the data "
                               "is ambiguous, so rename or drop one")
-        return pd.read_csv(io.StringIO(text), dtype=str, keep_default_na=False, skipinitialspace=False)
+        df = pd.read_csv(io.StringIO(text), dtype=str, keep_default_na=False, skipinitialspace=False)
+        df.columns = [nfc(c) for c in df.columns]  # one-hot columns are class names, compared in NFC
+        return df
     except OSError as e:
         raise TfpipeError(f"{csv_path}: cannot read the CSV ({e.strerror or e})") from None
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
@@ -112,27 +138,66 @@ def _check_ids(ids, image_col, csv_path):
 
 
 STRAY = ",;|\t\n\r\v\f"  # separators that, left inside a label, would silently create a new class
+INVISIBLE = frozenset({"Cf", "Cc", "Zs", "Zl", "Zp"})  # format (zero-width, BOM), control, spaces, line breaks
+ASCII_INTEGER = re.compile(r"[+-]?[0-9]+")  # labels sorted as numbers (str.isdigit also takes "²", "①")
+ASCII_NUMBER = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)")  # "5", "05", "+5", "5.0": one number
+
+
+def nfc(text):
+    """``text`` in Unicode NFC (None stays None): how labels and column names are compared and stored."""
+    return None if text is None else unicodedata.normalize("NFC", text)
+
+
+def clean_label(label, where):
+    """A label as it is compared and stored: in NFC, with no invisible character (a Unicode format or control
+    character, or a space other than the ASCII one) -- such a character is an error naming it and ``where``."""
+    if label.isascii() and label.isprintable():  # the common case, without a look at each character
+        return label
+    for char in label:
+        if char != " " and unicodedata.category(char) in INVISIBLE:
+            name = unicodedata.name(char, "a control character")
+            raise TfpipeError(f"{where} holds U+{ord(char):04X} {name}, an invisible character that would make a "
+                              "class of its own; remove it")
+    return nfc(label)
 
 
 def check_label_spellings(labels, csv_path):
     """Refuses label spellings that would silently become extra classes.
 
-    Two labels that differ only in case ("Cat", "cat"), or a label with a stray
-    separator glued to it ("cat," next to "cat"), are errors naming both
-    spellings and their first rows: merging them is the user's decision.
+    Two labels that differ only in case ("Cat", "cat"), in Unicode compatibility
+    form ("ｃａｔ", "cat"), by a stray separator glued to one ("cat," next to
+    "cat"), or that are one number written two ways ("5", "05", "5.0"), are
+    errors naming both spellings and their first rows: merging them is the
+    user's decision.
     """
     first_row = {}
     for row, row_labels in enumerate(labels, start=1):
         for label in row_labels:
-            first_row.setdefault(label, row)
+            first_row.setdefault(label, f"row {row}")
+    refuse_twin_spellings(first_row, csv_path)
+
+
+def refuse_twin_spellings(first_seen, origin):
+    """``first_seen``: label -> where it is first seen ("row 3", "folder 'Cat'"); two spellings of one label are
+    an error naming both, as ``check_label_spellings`` says."""
     by_key = {}
-    for label in first_row:
-        by_key.setdefault(label.strip(STRAY).casefold(), []).append(label)
-    for spellings in by_key.values():
+    for label in first_seen:
+        by_key.setdefault(_spelling(label), []).append(label)
+    for key, spellings in by_key.items():
         if len(spellings) > 1:
             a, b = spellings[:2]
-            raise TfpipeError(f"{csv_path}: labels {a!r} (row {first_row[a]}) and {b!r} (row {first_row[b]}) differ "
-                              "only in case or a stray separator; make them one spelling (or set the separator: --sep / LabelFormat.sep)")
+            how = ("are one number written two ways" if isinstance(key, decimal.Decimal) else
+                   "differ only in case, Unicode compatibility form or a stray separator")
+            hint = "" if isinstance(key, decimal.Decimal) else " (or set the separator: --sep / LabelFormat.sep)"
+            raise TfpipeError(f"{origin}: labels {a!r} ({first_seen[a]}) and {b!r} ({first_seen[b]}) {how}; make "
+                              f"them one spelling{hint}")
+
+
+def _spelling(label):
+    """What the spellings of one label share: NFKC (full-width letters, "²"), case-folded, stray separators off;
+    a number written with ASCII digits is its value."""
+    text = unicodedata.normalize("NFKC", label).strip(STRAY).casefold()
+    return decimal.Decimal(text) if ASCII_NUMBER.fullmatch(text) else text
 
 
 def _require_columns(df, columns, csv_path):
@@ -145,30 +210,39 @@ def _labels(df, fmt, csv_path):
     if fmt.label_cols:
         return _one_hot_labels(df, fmt.label_cols, csv_path)
     if fmt.class_col is not None:
-        _require_columns(df, [fmt.class_col], csv_path)
-        out = []
-        for row, value in enumerate(df[fmt.class_col], start=1):
-            if not value.strip() or value.strip() in MISSING:
-                raise TfpipeError(f"{csv_path}: row {row}: no class in column {fmt.class_col!r} ({value!r}); "
-                                  "single-label data needs one class per row")
-            out.append((value.strip(),))
-        return out
-    if fmt.labels_col not in df.columns:
+        return _class_labels(df, nfc(fmt.class_col), csv_path)
+    labels_col = nfc(fmt.labels_col)
+    if labels_col not in df.columns:
         raise TfpipeError(f"{csv_path}: column {fmt.labels_col!r} not found (columns: {', '.join(df.columns)}); "
                           "name the labels with --labels-col, --label-cols or --class-col (LabelFormat in Python)")
-    return [label_cell(cell, fmt.sep, row, fmt.labels_col, csv_path)
-            for row, cell in enumerate(df[fmt.labels_col], start=1)]
+    return [label_cell(cell, fmt.sep, row, labels_col, csv_path, spaces_in_names=fmt.spaces_in_names)
+            for row, cell in enumerate(df[labels_col], start=1)]
+
+
+def _class_labels(df, class_col, csv_path):
+    """One class per row (a class may hold spaces: the column holds one name, never a list)."""
+    _require_columns(df, [class_col], csv_path)
+    out = []
+    for row, value in enumerate(df[class_col], start=1):
+        if not value.strip() or value.strip() in MISSING:
+            raise TfpipeError(f"{csv_path}: row {row}: no class in column {class_col!r} ({value!r}); "
+                              "single-label data needs one class per row")
+        out.append((clean_label(value.strip(), f"{csv_path}: row {row}, column {class_col!r}: {value!r}"),))
+    return out
 
 
 LIST_SEP = "list"  # LabelFormat.sep / --sep for cells holding Python lists: ['cat', 'dog']
 MISSING = frozenset({"nan", "NaN", "NAN", "<NA>", "None", "null", "NULL", "N/A", "n/a", "#N/A"})  # pandas' "missing"
 
 
-def label_cell(cell, sep, row, column, csv_path):
-    """One cell of a separated label list -> label names (whitespace around labels and empty items dropped, a
-    repeated label counted once). What cannot be read one way only is an error naming row, column and value:
-    a separator other than ``sep`` glued to a label (``"cat, dog"`` with ``sep=" "``), a Python list without
-    ``sep="list"``, or a missing-value spelling (``nan``, ``None``) standing in for "no labels"."""
+def label_cell(cell, sep, row, column, csv_path, *, spaces_in_names=False):
+    """One cell of a separated label list -> label names in NFC (whitespace around labels and empty items
+    dropped, a repeated label counted once). What cannot be read one way only is an error naming row, column and
+    value: a separator other than ``sep`` glued to a label (``"cat, dog"`` with ``sep=" "``), a Python list
+    without ``sep="list"``, a missing-value spelling (``nan``, ``None``) standing in for "no labels", an
+    invisible character (``clean_label``), or -- with a separator that is not whitespace and without
+    ``spaces_in_names`` -- a label holding a space (``"circle cross"`` with ``sep=","``: lists separated by
+    spaces, read with the wrong separator)."""
     where = f"{csv_path}: row {row}, column {column!r}: {cell!r}"
     text = cell.strip()
     if sep == LIST_SEP:
@@ -178,6 +252,8 @@ def label_cell(cell, sep, row, column, csv_path):
     else:
         labels = [t.strip() for t in cell.split(sep or None)]
     labels = tuple(dict.fromkeys(t for t in labels if t))
+    no_spaces = not spaces_in_names and sep not in (LIST_SEP, "", None) and not sep.isspace()
+    cleaned = []
     for label in labels:
         stray = [c for c in STRAY if c in label and c != sep]
         if stray and sep != LIST_SEP:
@@ -186,7 +262,12 @@ def label_cell(cell, sep, row, column, csv_path):
         if label in MISSING:
             raise TfpipeError(f"{where} holds {label!r}, a missing-value spelling, not a label; leave the cell "
                               "empty for an image without labels")
-    return labels
+        cleaned.append(clean_label(label, where))
+        if no_spaces and " " in label:
+            raise TfpipeError(f"{where} holds {label!r}, a label with a space, but the separator is {sep!r}; if "
+                              f"class names contain spaces say so ({option('spaces_in_names', True)}), else set "
+                              f"the separator ({option('sep', ' ')})")
+    return tuple(dict.fromkeys(cleaned))  # NFC can make two spellings in one cell one label
 
 
 def _python_list(text, where):
@@ -203,9 +284,13 @@ def _python_list(text, where):
 
 
 def _one_hot_labels(df, label_cols, csv_path):
+    """Each named 0/1 column is a class; its name (in NFC, as the CSV header is read) is the label."""
+    label_cols = [nfc(col) for col in label_cols]
     _require_columns(df, label_cols, csv_path)
+    for col in label_cols:
+        clean_label(col, f"{csv_path}: label column {col!r}")
     out = []
-    for row, values in enumerate(df[list(label_cols)].itertuples(index=False), start=1):
+    for row, values in enumerate(df[label_cols].itertuples(index=False), start=1):
         labels = []
         for col, value in zip(label_cols, values):
             try:
@@ -258,8 +343,9 @@ def collect_items(source, skip_bad):
             return read_folder_tree(source.images), []
         if not fs.isdir(source.images):
             raise TfpipeError(f"{source.images}: images folder not found")
+        # Every entry but a folder: a FIFO, device or broken link is then named when it is read, not left out.
         rows = [(i + 1, f, ()) for i, f in enumerate(sorted(fs.listdir(source.images)))
-                if not f.startswith(".") and fs.isfile(fs.join(source.images, f))]
+                if not f.startswith(".") and not fs.isdir(fs.join(source.images, f))]
         for _, f, _ in rows:
             check_utf8(f, source.images)
         csv_name = source.images
@@ -319,29 +405,42 @@ def _find_images(name, images_dir, listing):
     candidates = [name] + [name + ext for ext in IMAGE_EXTENSIONS + tuple(e.upper() for e in IMAGE_EXTENSIONS)]
     found = []
     for candidate in candidates:
-        if candidate in listing or ("/" in candidate and fs.isfile(fs.join(images_dir, candidate))):  # sub-folders
+        if candidate in listing or ("/" in candidate and _is_entry(fs.join(images_dir, candidate))):  # sub-folders
             if candidate == name:
                 return [candidate]
             found.append(candidate)
     return found
 
 
+def _is_entry(path):
+    """Anything but a folder (a FIFO or device is named when it is read, instead of reported missing)."""
+    return fs.exists(path) and not fs.isdir(path)
+
+
 def read_folder_tree(root):
-    """Reads a folder-per-class tree: ``root/CLASS/*.jpg``; ids are ``CLASS/file``."""
+    """Reads a folder-per-class tree: ``root/CLASS/*.jpg``; ids are ``CLASS/file``.
+
+    A folder's name is its class, spaces included (the user's own name, not a list); like every label it is
+    compared in NFC and may hold no invisible character, and two folders spelling one label two ways (``Cat``
+    and ``cat``, ``5`` and ``05``) are an error naming both.
+    """
     if not fs.isdir(root):
         raise TfpipeError(f"{root}: images folder not found")
-    items = []
+    items, first_seen = [], {}
     for cls in sorted(d for d in fs.listdir(root) if not d.startswith(".") and fs.isdir(fs.join(root, d))):
         check_utf8(cls, root)
+        label = clean_label(cls, f"{root}: class folder {cls!r}")
+        first_seen.setdefault(label, f"folder {cls!r}")
         found = [f for f in sorted(fs.listdir(fs.join(root, cls))) if f.lower().endswith(FOLDER_EXTENSIONS)]
         for f in found:
             check_utf8(f, fs.join(root, cls))
         if not found:
             raise TfpipeError(f"{fs.join(root, cls)}: class folder holds no images "
                               f"({', '.join(FOLDER_EXTENSIONS)}); remove it or add its images")
-        items += [Item(fs.join(root, cls, f), f"{cls}/{f}", (cls,)) for f in found]
+        items += [Item(fs.join(root, cls, f), f"{cls}/{f}", (label,)) for f in found]
     if not items:
         raise TfpipeError(f"{root}: no class folders with images found (expected {root}/CLASS/*.jpg)")
+    refuse_twin_spellings(first_seen, root)
     return items
 
 
@@ -357,27 +456,28 @@ def check_utf8(name, folder):
 
 
 def class_names(items, classes=None):
-    """The class list: ``classes`` if given (checked), else sorted unique labels.
+    """The class list: ``classes`` if given (checked, in NFC like every label), else sorted unique labels.
 
-    Labels that are all integers sort numerically, so class "10" has index 10
-    when the labels are 0..N.
+    Labels that are all integers written with ASCII digits sort numerically, so
+    class "10" has index 10 when the labels are 0..N ("²" or "①" are names).
     """
-    seen = dict.fromkeys(label for item in items for label in item.labels)
+    seen = dict.fromkeys(nfc(label) for item in items for label in item.labels)
     if classes is None:
         names = list(seen)
-        numeric = all(n.lstrip("-").isdigit() for n in names)
+        numeric = all(ASCII_INTEGER.fullmatch(n) for n in names)
         return sorted(names, key=int) if numeric and names else sorted(names)
+    classes = [clean_label(name, f"{option('classes')}: {name!r}") for name in classes]
     if len(set(classes)) != len(classes):
         raise TfpipeError(f"{option('classes')} lists a class twice: {', '.join(classes)}")
     known = set(classes)
     for item in items:
         for label in item.labels:
-            if label not in known:
+            if nfc(label) not in known:
                 raise TfpipeError(f"unknown label {label!r} for image {item.name!r} (not in {option('classes')})")
-    return list(classes)
+    return classes
 
 
 def targets(items, classes):
-    """Sorted class indices for every item."""
+    """Sorted class indices for every item (labels compared in NFC, as ``class_names`` stores them)."""
     index = {name: i for i, name in enumerate(classes)}
-    return [sorted(index[label] for label in item.labels) for item in items]
+    return [sorted(index[nfc(label)] for label in item.labels) for item in items]

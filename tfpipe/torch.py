@@ -27,8 +27,8 @@ import torch  # noqa: E402
 from torch.utils.data import IterableDataset, get_worker_info  # noqa: E402
 
 from tfpipe import schema  # noqa: E402
-from tfpipe.errors import TfpipeError
-from tfpipe.shards import open_shards
+from tfpipe.errors import TfpipeError, check_count
+from tfpipe.shards import checked_num_classes, open_shards
 from tfpipe.tfrecord import read_records
 
 
@@ -62,11 +62,10 @@ class RecordDataset(IterableDataset):
     def __init__(self, records, *, folds=None, num_classes=None, shuffle=False, seed=0, shuffle_buffer=1024,
                  with_ids=False, rank=None, world_size=None):
         super().__init__()
+        check_count(1, num_classes=num_classes)  # 0 is a mistake, not "from the manifest" (as in make_dataset)
         shards = open_shards(records, folds)  # the same checks and messages as make_dataset
         self.files = shards.files
-        self.num_classes = num_classes or shards.num_classes
-        if not self.num_classes:
-            raise TfpipeError(f"{records}: no manifest to read the classes from; pass num_classes")
+        self.num_classes = checked_num_classes(records, shards, num_classes)
         self.shuffle, self.seed, self.shuffle_buffer, self.with_ids = shuffle, seed, shuffle_buffer, with_ids
         self.rank, self.world_size = rank, world_size
         self.epoch = 0
