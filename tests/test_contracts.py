@@ -211,6 +211,7 @@ def test_a_damaged_progress_file_is_one_line_on_resume(slow_source, tmp_path, ca
     args, _ = slow_source
     out = tmp_path / "out"
     (out / ".staging").mkdir(parents=True)
+    (out / ".staging" / ".tfpipe-staging").write_text("x\n")  # tfpipe's staging, its progress damaged
     (out / ".staging" / "progress.json").write_text('{"fingerprint": "x", "shards": [{"index": "zero"}]}')
     assert write(args + ["--out", str(out), "--resume"]) == 2
     one_line_error(capsys, "progress.json is damaged", "--overwrite")
@@ -433,3 +434,167 @@ def test_a_full_disk_at_the_epoch_backup_is_one_line_and_leaves_no_temporaries(s
         assert leftovers == [] and not (run / "run" / "model.keras").exists()
     finally:
         subprocess.run(["umount", str(run)], check=True)
+
+
+# ------------------------------------------------- the second hostile pass (new cases, after the first fixes)
+
+def test_fit_never_trains_into_a_folder_of_the_users_files(shard_dir, tmp_path, capsys):
+    from tests.test_hostile import _fit_cli
+
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    mine = {"config.json": '{"my": "settings"}', "model.keras": "my model", "history.csv": "date,weight\n1,80\n"}
+    for name, text in mine.items():
+        (proj / name).write_text(text)
+    for resume in ([], ["--resume"]):
+        (proj / "config.json").unlink() if resume else None
+        assert _fit_cli(["--records", shard_dir[0], "--out", str(proj), "--no-report"] + resume) == 2
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+        assert ("holds files train.fit did not write" in err) if resume else ("config.json" in err), err
+    assert (proj / "model.keras").read_text() == "my model" and (proj / "history.csv").read_text() == mine["history.csv"]
+
+
+def test_atomic_writes_never_touch_a_users_tmp_file_or_write_through_a_link(trained_run, tmp_path):
+    from train.predict import main
+
+    folder = tmp_path / "sub"
+    folder.mkdir()
+    (folder / "s.csv.tmp").write_text("my notes")
+    (folder / "train.csv").write_text("image,labels\nx,cat\n")
+    os.symlink("train.csv", folder / "s.csv.tmp-")  # what a fixed temporary name plus a prefix would hit
+    assert main(["--run", trained_run[0], "--records", trained_run[2], "--out", str(folder / "s.csv"),
+                 "--strategy", "cpu", "--no-progress"]) == 0
+    assert (folder / "s.csv.tmp").read_text() == "my notes"
+    assert (folder / "train.csv").read_text() == "image,labels\nx,cat\n"
+
+
+def test_a_users_staging_folder_is_never_deleted(labeled_folder, tmp_path, capsys):
+    out = tmp_path / "out"
+    (out / ".staging" / "site").mkdir(parents=True)
+    (out / ".staging" / "site" / "app.yaml").write_text("deploy")
+    for flags in ([], ["--overwrite"], ["--resume"]):
+        assert write(source_args(labeled_folder) + ["--out", str(out)] + flags) == 2
+        one_line_error(capsys, ".staging exists and was not made by tfpipe.write")
+    assert (out / ".staging" / "site" / "app.yaml").read_text() == "deploy"
+
+
+@pytest.mark.parametrize("change", [
+    lambda e: e.update(count=0),  # the shard's records would vanish
+    lambda e: e.update(count=e["count"] - 1),  # the manifest would claim fewer records than the file holds
+    lambda e: e.update(skipped=[1, None]),
+    lambda e: e.update(bytes=e["bytes"] + 1),  # not the staged file it recorded
+])
+def test_a_progress_file_that_does_not_add_up_is_refused_on_resume(slow_source, tmp_path, capsys, change):
+    import signal
+
+    args, _ = slow_source
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "tfpipe.write", *args, "--out", str(out), "--workers", "1",
+                             "--no-progress"], env=ENV, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    progress = out / ".staging" / "progress.json"
+    deadline = time.time() + 120
+    while not (progress.exists() and json.loads(progress.read_text() or '{"shards": []}')["shards"]):
+        assert proc.poll() is None and time.time() < deadline
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=60)
+    data = json.loads(progress.read_text())
+    change(data["shards"][0])
+    progress.write_text(json.dumps(data))
+    assert write(args + ["--out", str(out), "--resume"]) == 2
+    one_line_error(capsys, "--overwrite")
+    assert tfrec_files(out) == []
+
+
+def test_a_softmax_or_other_size_model_in_a_run_is_refused(trained_run, tmp_path):
+    from train.models import build_model
+    from train.predict import predict
+
+    run = copy_run(trained_run, tmp_path)
+    for kwargs, needle in (({"multi_label": False}, "ends in softmax, but the run is multi-label"),
+                           ({"image_size": 16}, "takes 16x16 px, but config.json says 32")):
+        model, _ = build_model("small-cnn", 3, kwargs.pop("image_size", 32), **kwargs)
+        model.save(str(run / "model.keras"))
+        with pytest.raises(TfpipeError, match=needle):
+            predict(str(run), trained_run[2], str(tmp_path / "s.csv"), strategy="cpu", progress=False)
+
+
+def test_the_torch_reader_stops_when_its_folder_is_rewritten_between_epochs(shard_dir, tmp_path):
+    from tfpipe.torch import RecordDataset
+
+    folder = copy_records(shard_dir, tmp_path)
+    ds = RecordDataset(str(folder))
+    assert len(list(ds)) == 40
+    root = os.path.dirname(shard_dir[0])
+    write_shards(Source(f"{root}/images", csv=f"{root}/train.csv"), str(folder), spec=ImageSpec(image_size=32),
+                 folds=4, shards=8, workers=0, progress=False, overwrite=True, classes=["c", "b", "a"])
+    with pytest.raises(TfpipeError, match="was rewritten while this job read it"):
+        list(ds)
+
+
+@pytest.mark.parametrize("flags,cells,needle", [
+    (["--spaces-in-names"], ["golden retriever", "poodle"], "--spaces-in-names needs a separator that is not a space"),
+    (["--sep", ""], ["circle\u00a0cross", "star"], "--sep is empty"),
+    ([], ["circle", "circle\ufe0f"], "U+FE0F VARIATION SELECTOR-16"),
+    ([], ["circle", "circle\u3164"], "U+3164 HANGUL FILLER"),
+    ([], ["\u3000", "star"], "U+3000 IDEOGRAPHIC SPACE"),  # a label of nothing visible, not an empty list
+])
+def test_blank_labels_and_meaningless_separators_are_refused(labeled_folder, tmp_path, capsys, flags, cells,
+                                                             needle):
+    rows = [(name, cells[i % len(cells)]) for i, (name, _) in enumerate(labeled_folder["rows"])]
+    csv = write_csv(tmp_path / "l.csv", ["image", "labels"], rows)
+    assert write(["--csv", str(csv), "--images", labeled_folder["images"], "--out", str(tmp_path / "o")] + flags) == 2
+    one_line_error(capsys, needle)
+
+
+def test_a_manifest_without_its_version_still_has_its_id_checked(shard_dir, tmp_path):
+    folder = copy_records(shard_dir, tmp_path)
+    edit_manifest(folder, lambda d: (d.pop("version"), d.__setitem__("classes", ["x", "b", "c"])))
+    with pytest.raises(TfpipeError, match="no longer matches its dataset_id"):
+        tfpipe.open_shards(str(folder))
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero", "nested", "digits"])
+def test_files_tfpipe_reads_back_are_bounded(shard_dir, trained_run, tmp_path, capsys, kind):
+    from tfpipe.inspect import main as inspect_main
+    from train.predict import main as predict_main
+
+    folder = copy_records(shard_dir, tmp_path)
+    manifest, out = folder / "manifest.json", tmp_path / "s.csv"
+    manifest.unlink()
+    if kind == "fifo":
+        os.mkfifo(manifest)
+        os.mkfifo(out)
+    elif kind == "dev-zero":
+        os.symlink("/dev/zero", manifest)
+        os.symlink("/dev/zero", out)
+    else:
+        manifest.write_text('{"a": ' + ("[" * 100000 + "]" * 100000 if kind == "nested" else "9" * 5000) + "}")
+    assert inspect_main([str(folder)]) == 2
+    one_line_error(capsys, "manifest.json")
+    if kind in ("fifo", "dev-zero"):
+        assert predict_main(["--run", trained_run[0], "--records", trained_run[2], "--out", str(out),
+                             "--strategy", "cpu", "--overwrite"]) == 2
+        one_line_error(capsys, "s.csv is a", "not a regular file")
+        assert not out.is_file()
+
+
+def test_a_junk_lock_is_taken_over_once_it_is_old(labeled_folder, tmp_path, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    lock = out / ".tfpipe-write.lock"
+    lock.write_text("[]")
+    assert write(source_args(labeled_folder) + ["--out", str(out)]) == 2  # just made: maybe a writer starting
+    one_line_error(capsys, "being written by another tfpipe.write")
+    os.utime(lock, (time.time() - 60, time.time() - 60))
+    assert write(source_args(labeled_folder) + ["--out", str(out)]) == 0 and not lock.exists()
+
+
+def test_two_submissions_in_one_folder_keep_their_own_records(trained_run, tmp_path):
+    from train.predict import main
+
+    args = ["--run", trained_run[0], "--records", trained_run[2], "--strategy", "cpu", "--no-progress", "--out"]
+    for _ in range(2):
+        for name in ("a.csv", "b.csv"):
+            assert main(args + [str(tmp_path / name)]) == 0  # each replaces only itself, both stay replaceable

@@ -170,7 +170,7 @@ def test_a_failed_move_puts_every_shard_back(labeled_folder, tmp_path, monkeypat
     monkeypatch.setattr(fs, "rename", failing)
     assert write(source_args(labeled_folder) + ["--out", str(out), "--shards", "4"]) == 2
     assert len(moved) == 2 and tfrec_files(out) == [] and not (out / "manifest.json").exists()
-    assert len(os.listdir(out / ".staging")) == 4 + 2  # every shard back, the progress and the staged manifest
+    assert len(os.listdir(out / ".staging")) == 4 + 3  # every shard back, the progress, the staged manifest, the mark
 
 
 def test_an_interrupted_write_is_not_cleared_by_a_new_one_unless_asked(slow_source, tmp_path, capsys):

@@ -67,13 +67,22 @@ def rmtree(path):
     return _gfile().rmtree(path) if is_remote(path) else shutil.rmtree(path)
 
 
+def temporary_name(path):
+    """A name beside ``path`` no one else uses (``path.tmp-1a2b3c4d``): a fixed ``path.tmp`` would replace a user's
+    file of that name, or write through a link of that name into whatever it points to."""
+    import uuid
+
+    return f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+
+
 def write_atomic(path, data):
-    """Writes ``data`` (str or bytes) to ``path`` through a temporary name, so ``path`` is complete or absent
-    (also on buckets, where rename is copy + delete)."""
-    tmp = path + ".tmp"
+    """Writes ``data`` (str or bytes) to ``path`` through a temporary name of its own, so ``path`` is complete or
+    absent (also on buckets, where rename is copy + delete). Locally the temporary is created exclusively, never
+    through a link."""
+    tmp = temporary_name(path)
     data = data.encode("utf-8") if isinstance(data, str) else data  # UTF-8 whatever the locale says
     try:
-        with open(tmp, "wb") as f:
+        with (open(tmp, "wb") if is_remote(tmp) else builtins.open(tmp, "xb")) as f:
             f.write(data)
     except BaseException:  # e.g. a full disk: leave no half-written temporary behind
         if exists(tmp):
@@ -82,9 +91,54 @@ def write_atomic(path, data):
     rename(tmp, path, overwrite=True)
 
 
-def read_text(path):
+METADATA_LIMIT = 256 * 2**20  # the largest manifest, run config or record file tfpipe reads back (bytes)
+
+
+def check_regular(path, what="file"):
+    """Refuses a local ``path`` that is not a regular file (a FIFO would hang a read, ``/dev/zero`` never ends),
+    naming what it is. Returns its size. Remote paths are objects and pass."""
+    import stat
+
+    from tfpipe.errors import TfpipeError
+
+    if is_remote(path):
+        return size(path)
+    st = os.stat(path)
+    if not stat.S_ISREG(st.st_mode):
+        kind = ("a folder" if stat.S_ISDIR(st.st_mode) else "a FIFO" if stat.S_ISFIFO(st.st_mode)
+                else "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else "not a file")
+        raise TfpipeError(f"{path} is {kind}, not a regular {what}")
+    return st.st_size
+
+
+def read_text(path, limit=None):
+    """A text file (UTF-8); with ``limit``, a file that is not regular or is larger is a ``TfpipeError``."""
+    if limit is not None:
+        n = check_regular(path)
+        if n > limit:
+            from tfpipe.errors import TfpipeError
+
+            raise TfpipeError(f"{path} is {n:,} bytes, more than the {limit:,} such a file can be; it is not tfpipe's")
     with open(path, "rb") as f:
         return f.read().decode("utf-8")
+
+
+def read_json(path, what="file"):
+    """A JSON file tfpipe wrote (manifest, run config, progress, lock), read as input: a regular file of bounded
+    size and valid JSON, else a ``TfpipeError`` naming it -- never a hang, a ``MemoryError`` or a ``RecursionError``
+    on nested junk."""
+    import json
+
+    from tfpipe.errors import TfpipeError
+
+    try:
+        return json.loads(read_text(path, METADATA_LIMIT))
+    except UnicodeDecodeError as e:
+        raise TfpipeError(f"{path}: {what} is not UTF-8 text ({e.reason})") from None
+    except RecursionError:
+        raise TfpipeError(f"{path}: {what} is nested too deeply to be tfpipe's; the file is damaged") from None
+    except ValueError as e:  # JSONDecodeError, and Python's limit on the digits of an int
+        raise TfpipeError(f"{path}: {what} is not valid JSON ({e}); the file is damaged") from None
 
 
 def identity(path):

@@ -124,11 +124,7 @@ class Manifest:
         path = posixpath.join(folder, MANIFEST)
         if not fs.exists(path):
             raise _missing(folder)
-        try:
-            data = json.loads(fs.read_text(path))
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise TfpipeError(f"{path}: manifest is not valid JSON ({e})") from None
-        return from_dict(data, path)
+        return from_dict(fs.read_json(path, "manifest"), path)
 
     def __getitem__(self, key: str) -> Any:
         """``manifest["classes"]``, as when manifests were dicts (tfpipe <= 0.2): warns, use ``manifest.classes``."""
@@ -300,7 +296,7 @@ def _check_totals(f: _Fields, m: Manifest) -> None:
 def _dataset_id(f: _Fields, version: int) -> str:
     """The recorded id, checked against the content (version 2); manifests of tfpipe <= 0.2 get one from it."""
     computed = content_id(f.data)
-    if version < 2:
+    if version < 2 and "dataset_id" not in f.data:  # an id present is checked whatever the version says
         return computed
     recorded = f.get("dataset_id", str)
     if recorded != computed:

@@ -103,6 +103,7 @@ def _read_table(csv_path):
             raise TfpipeError(f"{csv_path}: CSV file not found")
         if fs.isdir(csv_path):
             raise TfpipeError(f"{csv_path} is a folder; --csv names a CSV file")
+        fs.check_regular(csv_path, "CSV file")  # a FIFO would hang the read, /dev/zero never end
         with fs.open(csv_path, "rb") as f:
             text = f.read().decode("utf-8-sig")
         header = next(csv.reader(io.StringIO(text)), [])
@@ -139,6 +140,12 @@ def _check_ids(ids, image_col, csv_path):
 
 STRAY = ",;|\t\n\r\v\f"  # separators that, left inside a label, would silently create a new class
 INVISIBLE = frozenset({"Cf", "Cc", "Zs", "Zl", "Zp"})  # format (zero-width, BOM), control, spaces, line breaks
+# Characters that draw nothing although their category says otherwise (Unicode's Default_Ignorable_Code_Point
+# outside Cf, and blank letters): variation selectors, the combining grapheme joiner, Hangul fillers, the blank
+# Braille pattern. ``circle`` + U+FE0F looks exactly like ``circle``.
+BLANK_RANGES = ((0x034F, 0x034F), (0x115F, 0x1160), (0x17B4, 0x17B5), (0x180B, 0x180F), (0x2800, 0x2800),
+                (0x3164, 0x3164), (0xFE00, 0xFE0F), (0xFFA0, 0xFFA0), (0xE0100, 0xE01EF))
+ASCII_SPACE = " \t\n\r\v\f"  # what is stripped around a label; any other blank character is refused
 ASCII_INTEGER = re.compile(r"[+-]?[0-9]+")  # labels sorted as numbers (str.isdigit also takes "²", "①")
 ASCII_NUMBER = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)")  # "5", "05", "+5", "5.0": one number
 
@@ -154,7 +161,8 @@ def clean_label(label, where):
     if label.isascii() and label.isprintable():  # the common case, without a look at each character
         return label
     for char in label:
-        if char != " " and unicodedata.category(char) in INVISIBLE:
+        if char != " " and (unicodedata.category(char) in INVISIBLE or
+                            any(lo <= ord(char) <= hi for lo, hi in BLANK_RANGES)):
             name = unicodedata.name(char, "a control character")
             raise TfpipeError(f"{where} holds U+{ord(char):04X} {name}, an invisible character that would make a "
                               "class of its own; remove it")
@@ -211,6 +219,7 @@ def _labels(df, fmt, csv_path):
         return _one_hot_labels(df, fmt.label_cols, csv_path)
     if fmt.class_col is not None:
         return _class_labels(df, nfc(fmt.class_col), csv_path)
+    check_separator(fmt)
     labels_col = nfc(fmt.labels_col)
     if labels_col not in df.columns:
         raise TfpipeError(f"{csv_path}: column {fmt.labels_col!r} not found (columns: {', '.join(df.columns)}); "
@@ -219,15 +228,25 @@ def _labels(df, fmt, csv_path):
             for row, cell in enumerate(df[labels_col], start=1)]
 
 
+def check_separator(fmt):
+    """An empty separator (an unset variable: ``--sep "$SEP"``) would split on every kind of blank, and
+    ``spaces_in_names`` means nothing when the separator itself is a space."""
+    if not fmt.sep:
+        raise TfpipeError(f"{option('sep')} is empty (an unset variable?); give the separator, e.g. {option('sep', ',')}")
+    if fmt.spaces_in_names and fmt.sep != LIST_SEP and fmt.sep.isspace():
+        raise TfpipeError(f"{option('spaces_in_names', True)} needs a separator that is not a space (with "
+                          f"{option('sep', fmt.sep)} 'golden retriever' is two labels); set {option('sep')}")
+
+
 def _class_labels(df, class_col, csv_path):
     """One class per row (a class may hold spaces: the column holds one name, never a list)."""
     _require_columns(df, [class_col], csv_path)
     out = []
     for row, value in enumerate(df[class_col], start=1):
-        if not value.strip() or value.strip() in MISSING:
+        if not value.strip(ASCII_SPACE) or value.strip(ASCII_SPACE) in MISSING:
             raise TfpipeError(f"{csv_path}: row {row}: no class in column {class_col!r} ({value!r}); "
                               "single-label data needs one class per row")
-        out.append((clean_label(value.strip(), f"{csv_path}: row {row}, column {class_col!r}: {value!r}"),))
+        out.append((clean_label(value.strip(ASCII_SPACE), f"{csv_path}: row {row}, column {class_col!r}: {value!r}"),))
     return out
 
 
@@ -250,7 +269,7 @@ def label_cell(cell, sep, row, column, csv_path, *, spaces_in_names=False):
     elif text.startswith("[") and text.endswith("]"):
         raise TfpipeError(f"{where} is a Python list; read such cells with {option('sep', LIST_SEP)}")
     else:
-        labels = [t.strip() for t in cell.split(sep or None)]
+        labels = [t.strip(ASCII_SPACE) for t in cell.split(sep)]
     labels = tuple(dict.fromkeys(t for t in labels if t))
     no_spaces = not spaces_in_names and sep not in (LIST_SEP, "", None) and not sep.isspace()
     cleaned = []

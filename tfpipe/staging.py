@@ -24,6 +24,8 @@ from tfpipe.shards import existing_shards, remove_outputs, shard_name
 from tfpipe.tfrecord import RecordWriter
 
 LOCK = ".tfpipe-write.lock"  # who is writing this folder now (outside .staging, which a new write clears)
+STAGING_MARK = ".tfpipe-staging"  # in .staging: made by tfpipe.write (a user's own .staging is never deleted)
+STALE_SECONDS = 10  # an empty or unreadable lock older than this is left by a job that died creating it
 
 TARGET_SHARD_BYTES = 150 * 2**20  # 100-200 MB shards: big reads, yet many files to spread over readers
 MIN_SHARD_RECORDS = 64  # below this a shard costs more in file opens than it gives in parallelism
@@ -105,7 +107,7 @@ class WriteLock:
             holder = self._holder()
             if holder is not None and not self._dead(holder):
                 raise TfpipeError(self._busy(holder))
-            if holder is not None and fs.exists(self.path):
+            if (holder is not None or self._stale()) and fs.exists(self.path):
                 fs.remove(self.path)
         raise TfpipeError(self._busy(self._holder() or {}))
 
@@ -126,15 +128,26 @@ class WriteLock:
         return True
 
     def _holder(self):
+        """The lock's content, or None when it is gone, half-written by its creator or not a lock at all."""
         try:
-            with fs.open(self.path, "r") as f:
-                return json.loads(f.read())
-        except (OSError, ValueError):  # gone meanwhile, or half-written by its creator
+            holder = fs.read_json(self.path, "lock file")
+        except (OSError, TfpipeError):
             return None
         except Exception as e:  # tf.errors.NotFoundError from a remote filesystem
             if type(e).__module__.startswith("tensorflow"):
                 return None
             raise
+        return holder if isinstance(holder, dict) else None
+
+    def _stale(self):
+        """A lock file that holds no lock (empty: its creator died between creating and writing it; junk) and is
+        older than ``STALE_SECONDS``: nobody holds it."""
+        try:
+            age = time.time() - (os.path.getmtime(self.path) if not fs.is_remote(self.path) else
+                                 fs.identity(self.path)[1] / 1e9)
+        except (OSError, ValueError):
+            return False
+        return self._holder() is None and age > STALE_SECONDS
 
     def _dead(self, holder):
         """True for a lock whose job ran on this host and no longer runs."""
@@ -175,8 +188,15 @@ def write_manifest(folder, manifest):
 
 
 def existing_manifest(out_dir):
-    """The validated manifest of an earlier write in ``out_dir``, or None when there is none."""
-    return Manifest.load(out_dir) if fs.exists(posixpath.join(out_dir, MANIFEST)) else None
+    """The validated manifest of an earlier write in ``out_dir``, or None when there is none. A manifest that
+    fails validation is never acted on (``--overwrite`` would delete what it lists): the user decides."""
+    if not fs.exists(posixpath.join(out_dir, MANIFEST)):
+        return None
+    try:
+        return Manifest.load(out_dir)
+    except TfpipeError as e:
+        raise TfpipeError(f"{str(e).split('; ')[0]}; tfpipe.write deletes nothing a damaged manifest lists -- "
+                          f"restore it, or remove {out_dir} yourself and write again") from None
 
 
 def check_destination(out_dir, split, fingerprint, *, overwrite, resume):
@@ -231,9 +251,13 @@ class StagedShards:
         self.counts = [0] * len(shard_plan)
         self.skipped = [[] for _ in shard_plan]
         self.finished = set()
+        self.sizes = {}  # bytes of each finished staged shard, recorded so --resume can check the file
         self._writer, self._current = None, None
 
     def __enter__(self):
+        if fs.exists(self.staging) and not self._ours():
+            raise TfpipeError(f"{self.staging} exists and was not made by tfpipe.write; it is not deleted -- move it, "
+                              "or write into another folder")
         progress = self._read_progress() if self.resume else None
         if progress is not None and progress["fingerprint"] != self.fingerprint:
             raise TfpipeError(f"{self.staging}: the interrupted write there had other inputs or settings (an "
@@ -246,23 +270,40 @@ class StagedShards:
             if fs.exists(self.staging):
                 fs.rmtree(self.staging)
             fs.makedirs(self.staging)
+            fs.write_atomic(posixpath.join(self.staging, STAGING_MARK), self.fingerprint + "\n")
             return self
         for entry in progress["shards"]:
-            index = entry["index"]
-            if not fs.exists(self.staged_path(index)):
-                raise TfpipeError(f"{self.staged_path(index)} is listed as finished but missing; "
-                                  f"run without {option('resume', True)} to start over")
-            self.counts[index], self.skipped[index] = entry["count"], entry["skipped"]
-            self.finished.add(index)
+            self._take_finished(entry)
         return self
+
+    def _ours(self):
+        """Whether ``.staging`` was made by tfpipe.write: it holds our mark, or (writes of tfpipe 0.2) a progress
+        file of ours. Anything else there is the user's and is never deleted."""
+        if fs.exists(posixpath.join(self.staging, STAGING_MARK)):
+            return True
+        try:
+            return _valid_progress(fs.read_json(self.progress_path, "progress file"), self.plan)
+        except (TfpipeError, OSError):
+            return False
+
+    def _take_finished(self, entry):
+        """Keeps a shard the interrupted write finished, after checking its staged file is the one recorded."""
+        index, staged = entry["index"], self.staged_path(entry["index"])
+        present = fs.exists(staged)
+        if (entry["count"] and not present) or ("bytes" in entry and (fs.size(staged) if present else 0) != entry["bytes"]):
+            raise TfpipeError(f"{staged} is listed as finished but missing or of another size; run with "
+                              f"{option('overwrite', True)} instead of {option('resume', True)} to start over")
+        self.counts[index], self.skipped[index] = entry["count"], entry["skipped"]
+        self.sizes[index] = entry.get("bytes", 0)
+        self.finished.add(index)
 
     def _read_progress(self):
         """The progress file, validated: a damaged one is an error, never a resume from wrong offsets."""
         if not fs.exists(self.progress_path):
             return None
         try:
-            progress = json.loads(fs.read_text(self.progress_path))
-        except ValueError:
+            progress = fs.read_json(self.progress_path, "progress file")
+        except TfpipeError:
             progress = None
         if _valid_progress(progress, self.plan):
             return progress
@@ -298,7 +339,10 @@ class StagedShards:
         if self._current == index:
             self._close()
         self.finished.add(index)
-        entries = [{"index": i, "count": self.counts[i], "skipped": self.skipped[i]} for i in sorted(self.finished)]
+        staged = self.staged_path(index)
+        self.sizes[index] = fs.size(staged) if fs.exists(staged) else 0  # every record skipped: no file
+        entries = [{"index": i, "count": self.counts[i], "skipped": self.skipped[i], "bytes": self.sizes[i]}
+                   for i in sorted(self.finished)]
         fs.write_atomic(self.progress_path, json.dumps({"fingerprint": self.fingerprint, "shards": entries}))
 
     def add_finished(self, index, count, skipped):
@@ -355,7 +399,8 @@ class StagedShards:
 
 
 def _valid_progress(progress, shard_plan):
-    """A progress file names the job and lists finished shards of this plan with counts that fit them."""
+    """A progress file names the job and lists finished shards of this plan, each with its records and skipped
+    images adding up to the shard's planned size (and the staged file's bytes, checked when resuming)."""
     if not isinstance(progress, dict) or not isinstance(progress.get("fingerprint"), str):
         return False
     entries = progress.get("shards")
@@ -363,8 +408,11 @@ def _valid_progress(progress, shard_plan):
         return False
     for e in entries:
         if not (isinstance(e, dict) and type(e.get("index")) is int and 0 <= e["index"] < len(shard_plan)
-                and type(e.get("count")) is int and 0 <= e["count"] <= shard_plan[e["index"]]["size"]
-                and isinstance(e.get("skipped"), list)):
+                and type(e.get("count")) is int and isinstance(e.get("skipped"), list)
+                and e["count"] >= 0 and e["count"] + len(e["skipped"]) == shard_plan[e["index"]]["size"]
+                and all(isinstance(k, dict) and isinstance(k.get("image"), str) and isinstance(k.get("reason"), str)
+                        for k in e["skipped"])
+                and (type(e.get("bytes", 0)) is int and e.get("bytes", 0) >= 0)):
             return False
     return True
 

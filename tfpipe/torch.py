@@ -64,7 +64,7 @@ class RecordDataset(IterableDataset):
         super().__init__()
         check_count(1, num_classes=num_classes)  # 0 is a mistake, not "from the manifest" (as in make_dataset)
         shards = open_shards(records, folds)  # the same checks and messages as make_dataset
-        self.files = shards.files
+        self.shards, self.files = shards, shards.files
         self.num_classes = checked_num_classes(records, shards, num_classes)
         self.shuffle, self.seed, self.shuffle_buffer, self.with_ids = shuffle, seed, shuffle_buffer, with_ids
         self.rank, self.world_size = rank, world_size
@@ -98,6 +98,7 @@ class RecordDataset(IterableDataset):
             image, target)
 
     def __iter__(self):
+        self.shards.check_unchanged()  # every epoch: a folder rewritten since would change what an index means
         records = self._records()
         if self.shuffle:
             records = _shuffled(records, self.shuffle_buffer, random.Random(self.seed * 7919 + self.epoch))

@@ -5,7 +5,6 @@ Rows follow the shards' written order and are keyed by the CSV id stored in each
 strategy: batches are padded to static shapes and the padding rows are dropped.
 """
 import hashlib
-import json
 import math
 import posixpath
 import sys
@@ -57,11 +56,26 @@ def load_run(run, config=None):
     if not fs.exists(model_path):
         raise TfpipeError(f"{run}: no {run_files.MODEL}; the run did not finish (continue it with train.fit --resume)")
     model = load_model(model_path)
-    outputs = model.output_shape[-1]
-    if outputs != len(config.classes):
-        raise TfpipeError(f"{model_path} outputs {outputs} classes, but {run_files.CONFIG} lists "
-                          f"{len(config.classes)}; the model file belongs to another run")
+    check_model_fits_run(model, config, model_path)
     return model, config
+
+
+def check_model_fits_run(model, config, model_path):
+    """The model must be the run's: its class count, input size and head (softmax for single-label runs,
+    sigmoid for multi-label ones) as ``config.json`` says; a model file copied from another run is refused."""
+    outputs, size = model.output_shape[-1], tuple(model.input_shape[1:3])
+    activation = getattr(getattr(model.layers[-1], "activation", None), "__name__", None)
+    expected = "softmax" if config.single_label else "sigmoid"
+    if outputs != len(config.classes):
+        problem = f"outputs {outputs} classes, but {run_files.CONFIG} lists {len(config.classes)}"
+    elif size != (config.image_size, config.image_size) and None not in size:
+        problem = f"takes {size[0]}x{size[1]} px, but {run_files.CONFIG} says {config.image_size}"
+    elif activation in ("softmax", "sigmoid") and activation != expected:
+        problem = (f"ends in {activation}, but the run is {'single' if config.single_label else 'multi'}-label "
+                   f"({expected})")
+    else:
+        return
+    raise TfpipeError(f"{model_path} {problem}; the model file belongs to another run")
 
 
 def load_model(path):
@@ -179,18 +193,18 @@ def _batch_for(n, batch_size, replicas, progress):
     return most
 
 
-WRITTEN = ".tfpipe-written.json"  # beside a submission: the files train.predict wrote there, with their hashes
-
-
 def check_destination(out, overwrite):
-    """Before any predicting: ``out`` must be a file name whose folder exists (created if missing). An existing
-    file is replaced only when ``train.predict`` wrote it and nobody changed it since (its hash is recorded in
-    ``.tfpipe-written.json`` beside it), or with ``overwrite``: never a ``train.csv``, a manifest or anything
-    else named as ``out`` by mistake, whatever its columns."""
+    """Before any predicting: ``out`` must be a regular file name whose folder exists (created if missing). An
+    existing file is replaced only when ``train.predict`` wrote it and nobody changed it since (its hash is
+    recorded beside it in ``.NAME.tfpipe``), or with ``overwrite``: never a ``train.csv``, a manifest or anything
+    else named as ``out`` by mistake, whatever its columns. A FIFO or a device (``/dev/stdout``) is never written."""
     if not out:
         return
     if fs.isdir(out):
         raise TfpipeError(f"{out} is a folder; {option('out')} names the CSV file to write")
+    for path in (out, _record_path(out)):
+        if fs.exists(path):
+            fs.check_regular(path)  # a FIFO would hang the hash, a device be replaced by a file
     if fs.exists(out) and not overwrite and not _wrote_it(out):
         raise TfpipeError(f"{out} exists and was not written by train.predict (or was changed since); it is not "
                           f"replaced -- choose another {option('out')} or pass {option('overwrite', True)}")
@@ -201,20 +215,30 @@ def check_destination(out, overwrite):
         fs.makedirs(folder)
 
 
-def _written_record(out):
-    path = posixpath.join(posixpath.dirname(out) or ".", WRITTEN)
-    try:
-        record = json.loads(fs.read_text(path)) if fs.exists(path) else {}
-    except (ValueError, UnicodeDecodeError):
-        record = {}
-    return path, record if isinstance(record, dict) else {}
+def _record_path(out):
+    """``.submission.csv.tfpipe`` beside ``submission.csv``: the SHA-256 of what train.predict wrote there (one
+    record per file, so two predictions into one folder never lose each other's)."""
+    return posixpath.join(posixpath.dirname(out), f".{posixpath.basename(out)}.tfpipe")
+
+
+def _sha256(path):
+    h = hashlib.sha256()
+    with fs.open(path, "rb") as f:
+        for block in iter(lambda: f.read(2**20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def _wrote_it(out):
-    """Whether ``out`` is byte for byte a file train.predict wrote there."""
-    _, record = _written_record(out)
-    with fs.open(out, "rb") as f:
-        return record.get(posixpath.basename(out)) == hashlib.sha256(f.read()).hexdigest()
+    """Whether ``out`` is byte for byte the file train.predict recorded writing there."""
+    record = _record_path(out)
+    if not fs.exists(record):
+        return False
+    try:
+        recorded = fs.read_text(record, limit=4096).strip()
+    except (TfpipeError, UnicodeDecodeError):
+        return False
+    return recorded == _sha256(out)
 
 
 def write_submission(out, text, overwrite):
@@ -222,9 +246,7 @@ def write_submission(out, text, overwrite):
     check_destination(out, overwrite)  # again: another job may have put a file there while this one predicted
     data = text.encode("utf-8")
     fs.write_atomic(out, data)
-    path, record = _written_record(out)
-    record[posixpath.basename(out)] = hashlib.sha256(data).hexdigest()
-    fs.write_atomic(path, json.dumps(record, indent=1, ensure_ascii=False) + "\n")
+    fs.write_atomic(_record_path(out), hashlib.sha256(data).hexdigest() + "\n")
 
 
 def check_run_fits_records(config, shards, records):

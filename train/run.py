@@ -76,10 +76,7 @@ class RunConfig:
 
 
 def _read_json(p: str) -> Any:
-    try:
-        return json.loads(fs.read_text(p))
-    except (ValueError, UnicodeDecodeError) as e:
-        raise TfpipeError(f"{p}: not valid JSON ({e}); the file is damaged") from None
+    return fs.read_json(p, "run file")
 
 
 def _bad(p: str, key: str, what: str, value: Any) -> TfpipeError:

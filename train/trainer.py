@@ -27,7 +27,7 @@ from tfpipe.augment import Augment
 from tfpipe.errors import (TfpipeError, check_at_least, check_count, check_fraction, check_path,
                            check_positive, check_seed, option)
 from tfpipe.shards import fold_split, holdout_split, open_shards
-from tfpipe.staging import locked_folder
+from tfpipe.staging import LOCK, locked_folder
 from train import run as run_files
 from train.run import RunConfig, read_state, write_state
 from train.models import build_model, min_image_size
@@ -228,29 +228,35 @@ def set_trainable(backbone, trainable):
 
 
 def check_out(cfg, shards):
-    """A run folder is continued only by ``resume`` with the settings it started with, on the same shards, and a
-    finished run is never trained over: each is an error naming the way out. Called holding the folder's lock."""
-    classes = shards.classes
-    started = any(fs.exists(run_files.path(cfg.out, n)) for n in (run_files.STATE, run_files.HISTORY))
-    if started and not cfg.resume:
+    """A run folder is a new or empty folder, or a run that ``resume`` continues with the settings it started
+    with, on the same shards; a finished run is never trained over, and a folder holding anything train.fit did
+    not write (no valid ``config.json``) is never trained into. Each is an error naming the way out. Called
+    holding the folder's lock."""
+    others = sorted(n for n in fs.listdir(cfg.out) if n != LOCK)
+    if others and not fs.exists(run_files.path(cfg.out, run_files.CONFIG)):
+        listed = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
+        raise TfpipeError(f"{cfg.out} holds files train.fit did not write ({listed}); choose a new or empty "
+                          f"{option('out')} folder")
+    if not others:
+        return
+    config = RunConfig.load(cfg.out)
+    if not cfg.resume:
         raise TfpipeError(f"{cfg.out} already holds a run; pass {option('resume', True)} to continue it or choose "
                           f"another {option('out')} folder")
-    if cfg.resume and read_state(cfg.out).get("finished"):
+    if read_state(cfg.out).get("finished"):
         raise TfpipeError(f"{cfg.out} holds a finished run (model.keras); {option('resume', True)} continues an "
                           f"interrupted one -- choose another {option('out')} folder to train again")
-    if cfg.resume and fs.exists(run_files.path(cfg.out, run_files.CONFIG)):
-        config = RunConfig.load(cfg.out)
-        if config.dataset_id and config.dataset_id != shards.dataset_id:
-            raise TfpipeError(f"{cfg.records} was rewritten since {cfg.out} started (dataset id {config.dataset_id}, "
-                              f"now {shards.dataset_id}); {option('resume', True)} continues a run on its own shards "
-                              f"-- choose another {option('out')} folder to train on the new ones")
-        before = config.settings
-        now = dict(dataclasses.asdict(cfg), classes=classes)
-        changed = [k for k in RESUME_KEYS if k in before and json.loads(json.dumps(now[k], default=str)) != before[k]]
-        if changed:
-            k = changed[0]
-            raise TfpipeError(f"{cfg.out} was started with {k}={before[k]!r}, not {now[k]!r}; {option('resume', True)} "
-                              "continues a run with its own settings")
+    if config.dataset_id and config.dataset_id != shards.dataset_id:
+        raise TfpipeError(f"{cfg.records} was rewritten since {cfg.out} started (dataset id {config.dataset_id}, "
+                          f"now {shards.dataset_id}); {option('resume', True)} continues a run on its own shards "
+                          f"-- choose another {option('out')} folder to train on the new ones")
+    before = config.settings
+    now = dict(dataclasses.asdict(cfg), classes=shards.classes)
+    changed = [k for k in RESUME_KEYS if k in before and json.loads(json.dumps(now[k], default=str)) != before[k]]
+    if changed:
+        k = changed[0]
+        raise TfpipeError(f"{cfg.out} was started with {k}={before[k]!r}, not {now[k]!r}; {option('resume', True)} "
+                          "continues a run with its own settings")
 
 
 def summarise(cfg, kind, strategy, global_batch, steps, n_train, n_val, precision, model, seconds,
@@ -279,7 +285,7 @@ def summarise(cfg, kind, strategy, global_batch, steps, n_train, n_val, precisio
 
 def save_model(model, path):
     """Saves through a temporary name: a crash while saving never leaves a half-written model file."""
-    tmp = path[: -len(".keras")] + ".tmp.keras"
+    tmp = fs.temporary_name(path[: -len(".keras")]) + ".keras"  # a name no user file has
     model.save(tmp)
     fs.rename(tmp, path, overwrite=True)
 
@@ -397,20 +403,20 @@ def train_and_report(plan, shards, strategy, kind, lock, started):
         model, swa = train_phases(plan, strategy, shards, data, throughput)
     lock.check()  # on gs:// the lock is advisory: a job that lost it saves nothing
     shards.check_unchanged()
-    save_model(model, run_files.path(plan.out, run_files.MODEL))
-    metrics = summarise(plan, kind, strategy, global_batch, steps, n_train, n_val, precision, model,
-                        time.perf_counter() - started, throughput)
     report_args = {"classes": shards.classes, "single_label": plan.single_label, "source": split[2],
                    "folds": split[3], "image_size": plan.image_size, "batch_size": plan.batch_size,
                    "threshold": plan.threshold}
     with unfinished_on_error(plan.out):
+        save_model(model, run_files.path(plan.out, run_files.MODEL))
+        metrics = summarise(plan, kind, strategy, global_batch, steps, n_train, n_val, precision, model,
+                            time.perf_counter() - started, throughput)
         if plan.report:
             metrics["report"] = validation_report(model, strategy, plan.out, **report_args)
             learning_curves(plan.out)
         if plan.swa_epochs:
             metrics["swa"] = finish_swa(model, swa, strategy, plan, data, report_args)
         shards.check_unchanged()
-    fs.write_atomic(run_files.path(plan.out, run_files.METRICS), json.dumps(metrics, indent=1) + "\n")
+        fs.write_atomic(run_files.path(plan.out, run_files.METRICS), json.dumps(metrics, indent=1) + "\n")
     write_state(plan.out, dict(read_state(plan.out), burn_done=bool(plan.burn_epochs), finished=True))
     return metrics
 
@@ -495,6 +501,9 @@ def train_phases(plan, strategy, shards, data, throughput):
         model.save_weights(run_files.path(plan.out, BURN_DONE))
         write_state(plan.out, dict(state, burn_done=True))
     elif plan.burn_epochs:
+        if not tf.io.gfile.glob(run_files.path(plan.out, BURN_DONE) + "*"):
+            raise TfpipeError(f"{plan.out}: {run_files.STATE} says the burn-in finished, but its weights "
+                              f"({BURN_DONE}) are gone; start a new run in another {option('out')} folder")
         model.load_weights(run_files.path(plan.out, BURN_DONE))
     set_trainable(backbone, True)
     schedule = make_schedule(plan.schedule, scaled_lr(plan.lr, replicas), steps, plan.epochs, plan.warmup_epochs)
