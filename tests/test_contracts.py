@@ -479,17 +479,13 @@ def test_a_users_staging_folder_is_never_deleted(labeled_folder, tmp_path, capsy
     assert (out / ".staging" / "site" / "app.yaml").read_text() == "deploy"
 
 
-@pytest.mark.parametrize("change", [
-    lambda e: e.update(count=0),  # the shard's records would vanish
-    lambda e: e.update(count=e["count"] - 1),  # the manifest would claim fewer records than the file holds
-    lambda e: e.update(skipped=[1, None]),
-    lambda e: e.update(bytes=e["bytes"] + 1),  # not the staged file it recorded
-])
-def test_a_progress_file_that_does_not_add_up_is_refused_on_resume(slow_source, tmp_path, capsys, change):
+@pytest.fixture(scope="module")
+def interrupted_write(slow_source, tmp_path_factory):
+    """A real write stopped with SIGINT after its first finished shard: (its folder, the write's arguments)."""
     import signal
 
     args, _ = slow_source
-    out = tmp_path / "out"
+    out = tmp_path_factory.mktemp("interrupted") / "out"
     proc = subprocess.Popen([sys.executable, "-m", "tfpipe.write", *args, "--out", str(out), "--workers", "1",
                              "--no-progress"], env=ENV, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     progress = out / ".staging" / "progress.json"
@@ -499,12 +495,32 @@ def test_a_progress_file_that_does_not_add_up_is_refused_on_resume(slow_source, 
         time.sleep(0.02)
     proc.send_signal(signal.SIGINT)
     proc.communicate(timeout=60)
+    return out, args
+
+
+@pytest.mark.parametrize("change", [
+    lambda e: e.update(count=0),  # the shard's records would vanish
+    lambda e: e.update(count=e["count"] - 1),  # the manifest would claim fewer records than the file holds
+    lambda e: e.update(skipped=[1, None]),
+    lambda e: e.update(bytes=e["bytes"] + 1),  # not the staged file it recorded
+])
+def test_a_progress_file_that_does_not_add_up_is_refused_on_resume(interrupted_write, tmp_path, capsys, change):
+    out = tmp_path / "out"
+    shutil.copytree(interrupted_write[0], out)
+    progress = out / ".staging" / "progress.json"
     data = json.loads(progress.read_text())
     change(data["shards"][0])
     progress.write_text(json.dumps(data))
-    assert write(args + ["--out", str(out), "--resume"]) == 2
+    assert write(interrupted_write[1] + ["--out", str(out), "--resume"]) == 2
     one_line_error(capsys, "--overwrite")
     assert tfrec_files(out) == []
+
+
+def test_an_untouched_progress_file_resumes(interrupted_write, tmp_path):
+    out = tmp_path / "out"
+    shutil.copytree(interrupted_write[0], out)
+    assert write(interrupted_write[1] + ["--out", str(out), "--resume"]) == 0
+    assert tfpipe.count_examples(str(out)) == 400
 
 
 def test_a_softmax_or_other_size_model_in_a_run_is_refused(trained_run, tmp_path):
@@ -598,3 +614,16 @@ def test_two_submissions_in_one_folder_keep_their_own_records(trained_run, tmp_p
     for _ in range(2):
         for name in ("a.csv", "b.csv"):
             assert main(args + [str(tmp_path / name)]) == 0  # each replaces only itself, both stay replaceable
+
+
+def test_make_demo_then_write_shards_in_one_process_does_not_hang(tmp_path):
+    """OpenCV's thread pool, started by drawing the demo, hung the forked writer workers for good (the TPU
+    dry-run benchmark does exactly this); a fresh process, as a notebook or script is."""
+    code = ("import sys; from tfpipe.demo import make_demo; from tfpipe.images import ImageSpec; "
+            "from tfpipe.write import Source, write_shards; d = sys.argv[1]; make_demo(d + '/demo', 24, 0, 0); "
+            "write_shards(Source(d + '/demo/images', csv=d + '/demo/train.csv'), d + '/out', workers=2, "
+            "spec=ImageSpec(image_size=16), progress=False)")
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path)], env=ENV, cwd=ROOT, capture_output=True,
+                          text=True, timeout=120, start_new_session=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert tfpipe.count_examples(str(tmp_path / "out")) == 24

@@ -8,6 +8,7 @@ are none) and an unlabeled ``test.csv``. Shapes sit in distinct cells of a
 2x2 grid, so none hides another and every label is visible. Deterministic
 for a given seed.
 """
+import contextlib
 import csv
 import json
 import os
@@ -74,6 +75,19 @@ def draw_image(rng):
     return img, sorted(set(kinds))
 
 
+@contextlib.contextmanager
+def opencv_without_threads():
+    """OpenCV's own thread pool off while the demo draws, and the caller's setting back after: a process whose
+    OpenCV pool is running cannot fork safely, and ``write_shards`` forks its workers (``make_demo`` then
+    ``write_shards`` in one notebook hung its workers for good). Small images gain nothing from the pool."""
+    saved = cv2.getNumThreads()
+    cv2.setNumThreads(0)
+    try:
+        yield
+    finally:
+        cv2.setNumThreads(saved)
+
+
 def make_demo(out, train=2000, test=400, seed=0):
     """Writes the demo dataset into ``out`` and returns the paths of the two CSVs.
 
@@ -90,11 +104,12 @@ def make_demo(out, train=2000, test=400, seed=0):
     paths = {}
     for split, count in (("train", train), ("test", test)):
         rows = []
-        for i in range(count):
-            name = f"{split}_{i:05d}"
-            img, labels = draw_image(rng)
-            cv2.imwrite(os.path.join(images, name + ".jpg"), img, [cv2.IMWRITE_JPEG_QUALITY, JPEG_QUALITY])
-            rows.append((name, " ".join(labels)))
+        with opencv_without_threads():
+            for i in range(count):
+                name = f"{split}_{i:05d}"
+                img, labels = draw_image(rng)
+                cv2.imwrite(os.path.join(images, name + ".jpg"), img, [cv2.IMWRITE_JPEG_QUALITY, JPEG_QUALITY])
+                rows.append((name, " ".join(labels)))
         paths[split] = os.path.join(out, f"{split}.csv")
         with open(paths[split], "w", newline="") as f:
             w = csv.writer(f)
