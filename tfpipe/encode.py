@@ -5,17 +5,10 @@ file layer, so the DataLoader workers (``tfpipe.write``) and Beam's workers
 (``tfpipe.beam``) import it without the orchestration, pandas or TFDS.
 """
 import os
-import stat
 
 from tfpipe import fs, schema
 from tfpipe.errors import TfpipeError
 from tfpipe.images import check_file_size, prepare_image, read_bounded
-
-# What a local path may be instead of a regular file, as the error calls it. Each would hang the writer (a FIFO
-# waits for a writer; /dev/zero never ends) or is no image at all.
-NOT_REGULAR = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
-               (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
-
 
 def encode_item(item, target, spec):
     """One image to one serialized record: read, decode, resize, encode, serialize.
@@ -62,8 +55,8 @@ def read_source(path, spec):
 
 def _check_regular(st, path):
     """Refuses anything but a regular file, naming what it is (and where a link points)."""
-    for is_kind, kind in NOT_REGULAR:
-        if is_kind(st.st_mode):
-            target = f" (a link to {os.path.realpath(path)})" if os.path.islink(path) else ""
-            raise TfpipeError(f"{path}: is {kind}{target}, not a regular file; images must be regular files")
+    kind = fs.not_regular(st.st_mode)
+    if kind:
+        target = f" (a link to {os.path.realpath(path)})" if os.path.islink(path) else ""
+        raise TfpipeError(f"{path}: is {kind}{target}, not a regular file; images must be regular files")
     return st

@@ -94,19 +94,26 @@ def write_atomic(path, data):
 METADATA_LIMIT = 256 * 2**20  # the largest manifest, run config or record file tfpipe reads back (bytes)
 
 
-def check_regular(path, what="file"):
-    """Refuses a local ``path`` that is not a regular file (a FIFO would hang a read, ``/dev/zero`` never ends),
-    naming what it is. Returns its size. Remote paths are objects and pass."""
+def not_regular(mode):
+    """What a file of ``os.stat`` mode ``mode`` is when it is not a regular file (``a FIFO (named pipe)``), else
+    None. A FIFO would hang a read, ``/dev/zero`` never ends: every reader of local files asks this first."""
     import stat
 
-    from tfpipe.errors import TfpipeError
+    kinds = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+             (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+    return next((kind for is_kind, kind in kinds if is_kind(mode)), None if stat.S_ISREG(mode) else "not a file")
 
+
+def check_regular(path, what="file"):
+    """Refuses a local ``path`` that is not a regular file, naming what it is. Returns its size. Remote paths are
+    objects and pass."""
     if is_remote(path):
         return size(path)
     st = os.stat(path)
-    if not stat.S_ISREG(st.st_mode):
-        kind = ("a folder" if stat.S_ISDIR(st.st_mode) else "a FIFO" if stat.S_ISFIFO(st.st_mode)
-                else "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else "not a file")
+    kind = not_regular(st.st_mode)
+    if kind:
+        from tfpipe.errors import TfpipeError
+
         raise TfpipeError(f"{path} is {kind}, not a regular {what}")
     return st.st_size
 
