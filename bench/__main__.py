@@ -6,6 +6,7 @@
 Each benchmark runs in its own process (the training one needs 8 virtual CPU
 devices set before TensorFlow starts) and hands its raw figures back as JSON.
 """
+
 import argparse
 import datetime
 import json
@@ -24,10 +25,13 @@ SMOKE = {"n": 4, "writer_reps": 1, "times": 1, "reps": 1, "epochs": 2, "steps": 
 def machine():
     import importlib.metadata as md
 
-    versions = ", ".join(f"{p} {md.version(p)}" for p in ("tensorflow", "tf-keras", "torch", "opencv-python-headless",
-                                                          "numpy"))
-    return (f"{datetime.date.today().isoformat()} · {platform.machine()} {platform.processor() or ''} · "
-            f"{os.cpu_count()} CPUs · Python {platform.python_version()} · {versions}")
+    versions = ", ".join(
+        f"{p} {md.version(p)}" for p in ("tensorflow", "tf-keras", "torch", "opencv-python-headless", "numpy")
+    )
+    return (
+        f"{datetime.date.today().isoformat()} · {platform.machine()} {platform.processor() or ''} · "
+        f"{os.cpu_count()} CPUs · Python {platform.python_version()} · {versions}"
+    )
 
 
 def check_sizes(work, cfg):
@@ -38,8 +42,10 @@ def check_sizes(work, cfg):
         with open(stamp) as f:
             held = json.load(f)
         if held != cfg:
-            print(f"bench: error: {work} holds a run of other sizes ({held}); remove it or choose another --work",
-                  file=sys.stderr)
+            print(
+                f"bench: error: {work} holds a run of other sizes ({held}); remove it or choose another --work",
+                file=sys.stderr,
+            )
             sys.exit(2)
     os.makedirs(work, exist_ok=True)
     with open(stamp, "w") as f:
@@ -53,9 +59,13 @@ def bench(module, args, work, only=None):
     if only and only != module and os.path.exists(out):
         with open(out) as f:
             return json.load(f)
-    subprocess.run([sys.executable, "-m", f"bench.{module}", *args, "--json", out], check=True, cwd=ROOT,
-                   preexec_fn=child_of_this_process(),  # a killed benchmark leaves no process behind
-                   env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=ROOT))
+    subprocess.run(
+        [sys.executable, "-m", f"bench.{module}", *args, "--json", out],
+        check=True,
+        cwd=ROOT,
+        preexec_fn=child_of_this_process(),  # a killed benchmark leaves no process behind
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=ROOT),
+    )
     with open(out) as f:
         return json.load(f)
 
@@ -72,18 +82,36 @@ def ratios(writer, reader, training):
     return [
         ("writer / seed (marginal)", marginal("tfpipe.write") / marginal("seed writer"), 2.5),
         ("writer / codec limit", marginal("tfpipe.write") / marginal("codec limit (bare pool)"), 0.9),
-        ("pass-through / seed q100", marginal("tfpipe.write pass-through") / marginal("seed writer, no resize, q100"),
-         10),
-        ("pass-through / seed q100, whole process 3N", res["seed writer, no resize, q100"]["3N"]
-         / res["tfpipe.write pass-through"]["3N"], None),
-        ("reader / decode limit", sp["make_dataset(training=False)"][0]
-         / sp["decode limit (bytes in memory, parallel decode)"][0], 0.9),
-        ("reader / seed parser", sp["make_dataset(training=False)"][0]
-         / sp["seed parser (parse_single_example + decode_jpeg)"][0], 1.0),
-        ("training input / seed, epoch>=2", min(tr["make_dataset(training=True), cache"][1:])
-         / min(tr["seed training input"][1:]), 3.0),
-        ("fed by make_dataset / in memory", max(inp["make_dataset (augmented)"]) / max(inp["one batch in memory"]),
-         0.95),
+        (
+            "pass-through / seed q100",
+            marginal("tfpipe.write pass-through") / marginal("seed writer, no resize, q100"),
+            10,
+        ),
+        (
+            "pass-through / seed q100, whole process 3N",
+            res["seed writer, no resize, q100"]["3N"] / res["tfpipe.write pass-through"]["3N"],
+            None,
+        ),
+        (
+            "reader / decode limit",
+            sp["make_dataset(training=False)"][0] / sp["decode limit (bytes in memory, parallel decode)"][0],
+            0.9,
+        ),
+        (
+            "reader / seed parser",
+            sp["make_dataset(training=False)"][0] / sp["seed parser (parse_single_example + decode_jpeg)"][0],
+            1.0,
+        ),
+        (
+            "training input / seed, epoch>=2",
+            min(tr["make_dataset(training=True), cache"][1:]) / min(tr["seed training input"][1:]),
+            3.0,
+        ),
+        (
+            "fed by make_dataset / in memory",
+            max(inp["make_dataset (augmented)"]) / max(inp["one batch in memory"]),
+            0.95,
+        ),
         ("writer RSS 4N / N", writer["rss_4n"] / res["tfpipe.write"]["rss"][0], 1.0),
     ] + [(f"steps_per_execution {k} / 1", max(r) / max(training["spe"][0][1]), None) for k, r in training["spe"][1:]]
 
@@ -96,8 +124,10 @@ def chart(rows, path):
     names = [r[0] for r in rows][::-1]
     values = [r[1] for r in rows][::-1]
     goals = [r[2] for r in rows][::-1]
-    met = ["tab:blue" if g is None or (v >= g if "RSS" not in n else v <= 1.25) else "tab:red"
-           for n, v, g in zip(names, values, goals)]
+    met = [
+        "tab:blue" if g is None or (v >= g if "RSS" not in n else v <= 1.25) else "tab:red"
+        for n, v, g in zip(names, values, goals)
+    ]
     ax.barh(names, values, color=met)
     for i, g in enumerate(goals):
         if g is not None:
@@ -111,12 +141,18 @@ def chart(rows, path):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--smoke", action="store_true", help="tiny sizes: checks that every benchmark runs")
-    p.add_argument("--work", help="corpus, shards and figures, reused by later runs of the same sizes "
-                                  "(default: bench/out, or bench/out-smoke with --smoke)")
+    p.add_argument(
+        "--work",
+        help="corpus, shards and figures, reused by later runs of the same sizes "
+        "(default: bench/out, or bench/out-smoke with --smoke)",
+    )
     p.add_argument("--results", default=os.path.join(ROOT, "bench", "results.md"))
-    p.add_argument("--only", choices=("writer", "reader", "training", "dry_run", "none"),
-                   help="rerun one benchmark (none: just rewrite the report); the others' figures come from "
-                        "their last run in --work")
+    p.add_argument(
+        "--only",
+        choices=("writer", "reader", "training", "dry_run", "none"),
+        help="rerun one benchmark (none: just rewrite the report); the others' figures come from "
+        "their last run in --work",
+    )
     args = p.parse_args(argv)
     cfg = SMOKE if args.smoke else FULL
     args.work = args.work or os.path.join(ROOT, "bench", "out-smoke" if args.smoke else "out")
@@ -128,26 +164,47 @@ def main(argv=None):
         make_corpus(corpus, min(4 * cfg["n"], 400))  # the writer repeats photos beyond 400 (hard links)
     common = ["--corpus", corpus, "--work", args.work]
     writer = bench("writer", [*common, "--n", str(cfg["n"]), "--reps", str(cfg["writer_reps"])], args.work, args.only)
-    reader = bench("reader", [*common, "--times", str(cfg["times"]), "--reps", str(cfg["reps"]), "--epochs",
-                              str(cfg["epochs"])], args.work, args.only)
-    training = bench("training", [*common, "--steps", str(cfg["steps"]), "--reps", str(cfg["reps"])], args.work,
-                     args.only)
+    reader = bench(
+        "reader",
+        [*common, "--times", str(cfg["times"]), "--reps", str(cfg["reps"]), "--epochs", str(cfg["epochs"])],
+        args.work,
+        args.only,
+    )
+    training = bench(
+        "training", [*common, "--steps", str(cfg["steps"]), "--reps", str(cfg["reps"])], args.work, args.only
+    )
 
     dry_run = bench("dry_run", ["--work", args.work, *(["--smoke"] if args.smoke else [])], args.work, args.only)
 
-    from bench import dry_run as dry_run_lib, reader as reader_lib, training as training_lib, writer as writer_lib
+    from bench import dry_run as dry_run_lib
+    from bench import reader as reader_lib
+    from bench import training as training_lib
+    from bench import writer as writer_lib
 
     rows = ratios(writer, reader, training) + [
         ("TPU dry run: 1 / 8 replicas, train.fit", 1 / dry_run_lib.ratios(dry_run)["fit"], 0.5),
-        ("TPU dry run: 1 / 8 replicas, train.predict", 1 / dry_run_lib.ratios(dry_run)["predict"], 1 / 1.5)]
+        ("TPU dry run: 1 / 8 replicas, train.predict", 1 / dry_run_lib.ratios(dry_run)["predict"], 1 / 1.5),
+    ]
     summary = ["| figure | measured | goal |", "|---|---|---|"] + [
         f"| {name} | {value:.2f} | {'' if goal is None else ('<= 1.25' if 'RSS' in name else f'>= {goal:.3g}')} |"
-        for name, value, goal in rows]
-    text = "\n\n".join([f"# Benchmark results{' (smoke run: sizes too small to mean anything)' if args.smoke else ''}",
-                        machine(), "\n".join(summary), writer_lib.report(writer), reader_lib.report(reader),
-                        training_lib.report(training), dry_run_lib.report(dry_run),
-                        "Reproduce: `make bench` (or `python -m bench`). Each figure is a ratio of two things measured "
-                        "in this run on the same data."]) + "\n"
+        for name, value, goal in rows
+    ]
+    text = (
+        "\n\n".join(
+            [
+                f"# Benchmark results{' (smoke run: sizes too small to mean anything)' if args.smoke else ''}",
+                machine(),
+                "\n".join(summary),
+                writer_lib.report(writer),
+                reader_lib.report(reader),
+                training_lib.report(training),
+                dry_run_lib.report(dry_run),
+                "Reproduce: `make bench` (or `python -m bench`). Each figure is a ratio of two things measured "
+                "in this run on the same data.",
+            ]
+        )
+        + "\n"
+    )
     with open(args.results, "w") as f:
         f.write(text)
     chart(rows, os.path.splitext(args.results)[0] + ".png")

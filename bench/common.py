@@ -1,4 +1,5 @@
 """Timing helpers shared by the benchmarks: every figure is a ratio measured in one run."""
+
 import os
 import statistics
 import time

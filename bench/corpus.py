@@ -7,6 +7,7 @@ flips, colour shifts and a little sensor noise (upscaled photos are otherwise
 smoother than real ones, and JPEG cost depends on detail). Writes
 ``images/*.jpg`` (quality 92) and ``train.csv`` with random multi-labels.
 """
+
 import argparse
 import csv
 import os
@@ -14,8 +15,17 @@ import os
 import cv2
 import numpy as np
 
-PHOTOS = ("astronaut", "coffee", "chelsea", "rocket", "retina", "stereo_motorcycle", "immunohistochemistry",
-          "hubble_deep_field", "colorwheel")
+PHOTOS = (
+    "astronaut",
+    "coffee",
+    "chelsea",
+    "rocket",
+    "retina",
+    "stereo_motorcycle",
+    "immunohistochemistry",
+    "hubble_deep_field",
+    "colorwheel",
+)
 WIDTH_RANGE = (1400, 2200)
 LABELS = ("a", "b", "c", "d", "e")
 
@@ -37,7 +47,7 @@ def make_photo(rng, photos):
     h, w = src.shape[:2]
     ch, cw = int(h * rng.uniform(0.6, 1.0)), int(w * rng.uniform(0.6, 1.0))
     y, x = rng.integers(0, h - ch + 1), rng.integers(0, w - cw + 1)
-    crop = src[y:y + ch, x:x + cw]
+    crop = src[y : y + ch, x : x + cw]
     width = int(rng.integers(*WIDTH_RANGE))
     height = int(width * rng.uniform(0.6, 0.9))
     img = cv2.resize(crop, (width, height), interpolation=cv2.INTER_CUBIC).astype(np.float32)

@@ -10,6 +10,7 @@ Reported: whole-process wall time (start-up and imports included), the time to t
 steady-state training images/s (epoch 2), and the breakdown of the step's compilation measured in-process
 (Python tracing of the step vs its first call: graph optimisation, placement, executor creation).
 """
+
 import argparse
 import json
 import os
@@ -35,8 +36,14 @@ def shards(work, cfg):
     if not os.path.exists(os.path.join(out, "manifest.json")):
         data = os.path.join(work, f"dry-run-demo-{cfg['images']}")
         make_demo(data, cfg["images"], 0, 0)
-        write_shards(Source(os.path.join(data, "images"), csv=os.path.join(data, "train.csv")), out,
-                     spec=ImageSpec(image_size=cfg["size"]), folds=5, overwrite=True, progress=False)
+        write_shards(
+            Source(os.path.join(data, "images"), csv=os.path.join(data, "train.csv")),
+            out,
+            spec=ImageSpec(image_size=cfg["size"]),
+            folds=5,
+            overwrite=True,
+            progress=False,
+        )
     return out
 
 
@@ -53,17 +60,41 @@ def one_fit(records, out, replicas, cfg, started):
         def on_train_batch_end(self, batch, logs=None):
             FirstStep.first = FirstStep.first or time.perf_counter() - started
 
-    m = fit(FitConfig(records=records, out=out, strategy="cpu", replicas=replicas, model=cfg["model"],
-                      batch_size=cfg["batch"], epochs=cfg["epochs"], steps_per_execution=cfg["spe"],
-                      augment=NO_AUGMENT, verbose=0, report=False, callbacks=(FirstStep(),)))
-    return {"total": time.perf_counter() - started, "first_step": FirstStep.first, "images_per_sec": m["images_per_sec"]}
+    m = fit(
+        FitConfig(
+            records=records,
+            out=out,
+            strategy="cpu",
+            replicas=replicas,
+            model=cfg["model"],
+            batch_size=cfg["batch"],
+            epochs=cfg["epochs"],
+            steps_per_execution=cfg["spe"],
+            augment=NO_AUGMENT,
+            verbose=0,
+            report=False,
+            callbacks=(FirstStep(),),
+        )
+    )
+    return {
+        "total": time.perf_counter() - started,
+        "first_step": FirstStep.first,
+        "images_per_sec": m["images_per_sec"],
+    }
 
 
 def one_predict(records, run, replicas, started):
     from train.predict import predict
 
-    predict(run, records, os.path.join(run, "submission.csv"), strategy="cpu", replicas=replicas, batch_size=8,
-            progress=False)
+    predict(
+        run,
+        records,
+        os.path.join(run, "submission.csv"),
+        strategy="cpu",
+        replicas=replicas,
+        batch_size=8,
+        progress=False,
+    )
     return {"total": time.perf_counter() - started}
 
 
@@ -77,11 +108,15 @@ def one_trace(records, replicas, cfg, started):
 
     strategy, _ = resolve_strategy("cpu", replicas)
     shards_ = open_shards(records)
-    plan = prepare(FitConfig(records=records, model=cfg["model"], batch_size=cfg["batch"],
-                             steps_per_execution=cfg["spe"]), shards_)
+    plan = prepare(
+        FitConfig(records=records, model=cfg["model"], batch_size=cfg["batch"], steps_per_execution=cfg["spe"]), shards_
+    )
     global_batch = cfg["batch"] * replicas
-    ds = strategy.distribute_datasets_from_function(lambda ctx: make_dataset(
-        records, ctx.get_per_replica_batch_size(global_batch), training=True, input_context=ctx))
+    ds = strategy.distribute_datasets_from_function(
+        lambda ctx: make_dataset(
+            records, ctx.get_per_replica_batch_size(global_batch), training=True, input_context=ctx
+        )
+    )
     with strategy.scope():
         model, _ = build_model(cfg["model"], shards_.num_classes, cfg["size"])
         compile_model(model, plan, 1e-3, shards_.num_classes)
@@ -94,16 +129,38 @@ def one_trace(records, replicas, cfg, started):
     first = time.perf_counter()
     function(iterator)
     second = time.perf_counter()
-    return {"trace": traced - t, "first_call": first - traced, "next_call": second - first,
-            "graph_nodes": len(concrete.graph.as_graph_def().node)}
+    return {
+        "trace": traced - t,
+        "first_call": first - traced,
+        "next_call": second - first,
+        "graph_nodes": len(concrete.graph.as_graph_def().node),
+    }
 
 
 def contender(kind, replicas, records, run, cfg):
     """One measurement in a fresh process (the replica count must be set before TensorFlow starts)."""
-    out = subprocess.run([sys.executable, "-m", "bench.dry_run", "--one", kind, "--replicas", str(replicas),
-                          "--records", records, "--run", run, "--config", json.dumps(cfg)],
-                         capture_output=True, text=True, cwd=ROOT, preexec_fn=child_of_this_process(),
-                         env=dict(os.environ, PYTHONPATH=ROOT))
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.dry_run",
+            "--one",
+            kind,
+            "--replicas",
+            str(replicas),
+            "--records",
+            records,
+            "--run",
+            run,
+            "--config",
+            json.dumps(cfg),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        preexec_fn=child_of_this_process(),
+        env=dict(os.environ, PYTHONPATH=ROOT),
+    )
     if out.returncode:
         raise RuntimeError(f"{kind} on {replicas} replicas failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -130,33 +187,40 @@ def run(work, cfg):
 
 def ratios(result):
     r = result["results"]
-    return {"fit": r["fit/8"]["total"] / r["fit/1"]["total"],
-            "predict": r["predict/8"]["total"] / r["predict/1"]["total"]}
+    return {
+        "fit": r["fit/8"]["total"] / r["fit/1"]["total"],
+        "predict": r["predict/8"]["total"] / r["predict/1"]["total"],
+    }
 
 
 def report(result):
     cfg, r = result["config"], result["results"]
     q = ratios(result)
-    rows = ["| | 1 replica | 8 replicas | 8 / 1 | goal |", "|---|---|---|---|---|",
-            f"| train.fit, whole process (s) | {r['fit/1']['total']:.0f} | {r['fit/8']['total']:.0f} | "
-            f"{q['fit']:.2f} | <= 2 |",
-            f"| time to the first step (s) | {r['fit/1']['first_step']:.0f} | {r['fit/8']['first_step']:.0f} | "
-            f"{r['fit/8']['first_step'] / r['fit/1']['first_step']:.2f} | |",
-            f"| steady state, epoch 2 (images/s) | {r['fit/1']['images_per_sec']} | {r['fit/8']['images_per_sec']}"
-            f" | {r['fit/8']['images_per_sec'] / r['fit/1']['images_per_sec']:.2f} | |",
-            f"| step compilation: Python tracing (s) | {r['trace/1']['trace']:.1f} | {r['trace/8']['trace']:.1f} | "
-            f"{r['trace/8']['trace'] / r['trace/1']['trace']:.1f} | |",
-            f"| step compilation: first call (s) | {r['trace/1']['first_call']:.1f} | "
-            f"{r['trace/8']['first_call']:.1f} | {r['trace/8']['first_call'] / r['trace/1']['first_call']:.1f} | |",
-            f"| next call, {cfg['spe']} steps (s) | {r['trace/1']['next_call']:.2f} | {r['trace/8']['next_call']:.2f}"
-            f" | {r['trace/8']['next_call'] / r['trace/1']['next_call']:.1f} | 8 (8x the images) |",
-            f"| graph nodes of the step | {r['trace/1']['graph_nodes']} | {r['trace/8']['graph_nodes']} | "
-            f"{r['trace/8']['graph_nodes'] / r['trace/1']['graph_nodes']:.1f} | |",
-            f"| train.predict, whole process (s) | {r['predict/1']['total']:.0f} | {r['predict/8']['total']:.0f} | "
-            f"{q['predict']:.2f} | <= 1.5 |"]
-    return (f"## TPU dry run: 8 virtual CPU replicas vs 1\n\n{cfg['model']}, {cfg['size']} px, {cfg['images']} "
-            f"images, {cfg['epochs']} epochs, steps_per_execution {cfg['spe']}, batch {cfg['batch']} per replica; "
-            f"best of {cfg['rounds']} alternating rounds, each in a fresh process.\n\n" + "\n".join(rows))
+    rows = [
+        "| | 1 replica | 8 replicas | 8 / 1 | goal |",
+        "|---|---|---|---|---|",
+        f"| train.fit, whole process (s) | {r['fit/1']['total']:.0f} | {r['fit/8']['total']:.0f} | "
+        f"{q['fit']:.2f} | <= 2 |",
+        f"| time to the first step (s) | {r['fit/1']['first_step']:.0f} | {r['fit/8']['first_step']:.0f} | "
+        f"{r['fit/8']['first_step'] / r['fit/1']['first_step']:.2f} | |",
+        f"| steady state, epoch 2 (images/s) | {r['fit/1']['images_per_sec']} | {r['fit/8']['images_per_sec']}"
+        f" | {r['fit/8']['images_per_sec'] / r['fit/1']['images_per_sec']:.2f} | |",
+        f"| step compilation: Python tracing (s) | {r['trace/1']['trace']:.1f} | {r['trace/8']['trace']:.1f} | "
+        f"{r['trace/8']['trace'] / r['trace/1']['trace']:.1f} | |",
+        f"| step compilation: first call (s) | {r['trace/1']['first_call']:.1f} | "
+        f"{r['trace/8']['first_call']:.1f} | {r['trace/8']['first_call'] / r['trace/1']['first_call']:.1f} | |",
+        f"| next call, {cfg['spe']} steps (s) | {r['trace/1']['next_call']:.2f} | {r['trace/8']['next_call']:.2f}"
+        f" | {r['trace/8']['next_call'] / r['trace/1']['next_call']:.1f} | 8 (8x the images) |",
+        f"| graph nodes of the step | {r['trace/1']['graph_nodes']} | {r['trace/8']['graph_nodes']} | "
+        f"{r['trace/8']['graph_nodes'] / r['trace/1']['graph_nodes']:.1f} | |",
+        f"| train.predict, whole process (s) | {r['predict/1']['total']:.0f} | {r['predict/8']['total']:.0f} | "
+        f"{q['predict']:.2f} | <= 1.5 |",
+    ]
+    return (
+        f"## TPU dry run: 8 virtual CPU replicas vs 1\n\n{cfg['model']}, {cfg['size']} px, {cfg['images']} "
+        f"images, {cfg['epochs']} epochs, steps_per_execution {cfg['spe']}, batch {cfg['batch']} per replica; "
+        f"best of {cfg['rounds']} alternating rounds, each in a fresh process.\n\n" + "\n".join(rows)
+    )
 
 
 def main(argv=None):

@@ -7,6 +7,7 @@ All pipelines read the same 256 px q95 shards in one run, taking turns
 passes; for training, the best of each epoch over ``--reps - 1`` runs) and their
 ratios.
 """
+
 import argparse
 import glob
 import os
@@ -25,10 +26,17 @@ def build_shards(corpus, work, times):
 
     out = os.path.join(work, "records256")
     if not os.path.exists(os.path.join(out, "manifest.json")):
-        csv_path, images = replicate_corpus(os.path.join(corpus, "train.csv"), os.path.join(corpus, "images"),
-                                            os.path.join(work, "replicated"), times)
-        write_shards(Source(images, csv=csv_path), out, spec=ImageSpec(image_size=SIZE, quality=95), shards=16,
-                     overwrite=True, progress=False)
+        csv_path, images = replicate_corpus(
+            os.path.join(corpus, "train.csv"), os.path.join(corpus, "images"), os.path.join(work, "replicated"), times
+        )
+        write_shards(
+            Source(images, csv=csv_path),
+            out,
+            spec=ImageSpec(image_size=SIZE, quality=95),
+            shards=16,
+            overwrite=True,
+            progress=False,
+        )
     return out
 
 
@@ -40,8 +48,10 @@ def seed_parser(files):
     """The seed notebook's reader: parse_single_example + decode_jpeg in one map, no parallelism asked for."""
     import tensorflow as tf
 
-    spec = {"image": tf.io.FixedLenFeature([], tf.string),
-            "target": tf.io.FixedLenSequenceFeature([], tf.int64, allow_missing=True)}
+    spec = {
+        "image": tf.io.FixedLenFeature([], tf.string),
+        "target": tf.io.FixedLenSequenceFeature([], tf.int64, allow_missing=True),
+    }
 
     def parse(record):
         ex = tf.io.parse_single_example(record, spec)
@@ -69,10 +79,13 @@ def bare_decode(files):
     import tensorflow as tf
 
     spec = {"image": tf.io.FixedLenFeature([], tf.string)}
-    blobs = [r for r in tf.data.TFRecordDataset(files).batch(1024).map(lambda s: tf.io.parse_example(s, spec)["image"])]
+    blobs = list(tf.data.TFRecordDataset(files).batch(1024).map(lambda s: tf.io.parse_example(s, spec)["image"]))
     memory = tf.data.Dataset.from_tensor_slices(tf.concat(blobs, 0))
-    return lambda: memory.map(lambda b: tf.io.decode_jpeg(b, channels=3), num_parallel_calls=tf.data.AUTOTUNE).batch(
-        BATCH).prefetch(tf.data.AUTOTUNE)
+    return lambda: (
+        memory.map(lambda b: tf.io.decode_jpeg(b, channels=3), num_parallel_calls=tf.data.AUTOTUNE)
+        .batch(BATCH)
+        .prefetch(tf.data.AUTOTUNE)
+    )
 
 
 def epoch_rates(make_ds, steps_per_epoch, epochs):
@@ -105,7 +118,7 @@ def run(corpus, work, times=8, reps=3, epochs=3):
     times = {name: [] for name in pipelines}
     for _ in range(reps):  # round-robin, so drifts of a shared machine hit every contender alike
         for name, make in pipelines.items():
-            seconds, _, got = timed(lambda: count(make()), 1)
+            seconds, _, got = timed(lambda make=make: count(make()), 1)
             assert got == n, (name, got, n)
             times[name].append(seconds)
     rows = {name: (n / min(t), n / statistics.median(t)) for name, t in times.items()}
@@ -113,10 +126,12 @@ def run(corpus, work, times=8, reps=3, epochs=3):
     aug = Augment(flip=True, crop="pad", pad=32, brightness=0.1, contrast=0.0, saturation=0.0)
     training = {
         "seed training input": lambda: seed_training(files),
-        "make_dataset(training=True), cache": lambda: tfpipe.make_dataset(records, BATCH, training=True, augment=aug,
-                                                                           cache=True),
-        "make_dataset(training=True), no cache": lambda: tfpipe.make_dataset(records, BATCH, training=True,
-                                                                              augment=aug, cache=False),
+        "make_dataset(training=True), cache": lambda: tfpipe.make_dataset(
+            records, BATCH, training=True, augment=aug, cache=True
+        ),
+        "make_dataset(training=True), no cache": lambda: tfpipe.make_dataset(
+            records, BATCH, training=True, augment=aug, cache=False
+        ),
     }
     rounds = {name: [] for name in training}
     for _ in range(max(1, reps - 1)):  # whole runs of `epochs` epochs, round-robin; the best of each epoch is kept
@@ -127,18 +142,28 @@ def run(corpus, work, times=8, reps=3, epochs=3):
 
 
 def report(result):
-    lines = [f"Reader, {result['records']} records of {SIZE} px, batch {BATCH}:", "",
-             "| single pass | best img/s | median img/s |", "|---|---|---|"]
+    lines = [
+        f"Reader, {result['records']} records of {SIZE} px, batch {BATCH}:",
+        "",
+        "| single pass | best img/s | median img/s |",
+        "|---|---|---|",
+    ]
     sp = result["single_pass"]
     for name, (best, median) in sp.items():
         lines.append(f"| {name} | {best:.0f} | {median:.0f} |")
     limit = sp["decode limit (bytes in memory, parallel decode)"][0]
     ours = sp["make_dataset(training=False)"][0]
     seed = sp["seed parser (parse_single_example + decode_jpeg)"][0]
-    lines += ["", f"make_dataset / decode limit = {ours / limit:.2f} (goal >= 0.9); "
-                  f"make_dataset / seed = {ours / seed:.2f} (goal >= 1)", "",
-              "| training input | " + " | ".join(f"epoch {i + 1} img/s" for i in range(len(next(iter(
-                  result["training"].values()))))) + " |", "|---" * (1 + len(next(iter(result["training"].values())))) + "|"]
+    lines += [
+        "",
+        f"make_dataset / decode limit = {ours / limit:.2f} (goal >= 0.9); "
+        f"make_dataset / seed = {ours / seed:.2f} (goal >= 1)",
+        "",
+        "| training input | "
+        + " | ".join(f"epoch {i + 1} img/s" for i in range(len(next(iter(result["training"].values())))))
+        + " |",
+        "|---" * (1 + len(next(iter(result["training"].values())))) + "|",
+    ]
     tr = result["training"]
     for name, rates in tr.items():
         lines.append(f"| {name} | " + " | ".join(f"{r:.0f}" for r in rates) + " |")

@@ -13,6 +13,7 @@
    (Python, dispatch, callbacks) that K removes; a heavier model on a 2-core CPU
    hides it behind compute. On a TPU the per-call overhead is much larger.
 """
+
 import argparse
 import os
 import time
@@ -31,10 +32,12 @@ def build_shards(corpus, work, times):
 
     out = os.path.join(work, f"records{SIZE}")
     if not os.path.exists(os.path.join(out, "manifest.json")):
-        csv_path, images = replicate_corpus(os.path.join(corpus, "train.csv"), os.path.join(corpus, "images"),
-                                            os.path.join(work, "replicated"), times)
-        write_shards(Source(images, csv=csv_path), out, spec=ImageSpec(image_size=SIZE), shards=8, overwrite=True,
-                     progress=False)
+        csv_path, images = replicate_corpus(
+            os.path.join(corpus, "train.csv"), os.path.join(corpus, "images"), os.path.join(work, "replicated"), times
+        )
+        write_shards(
+            Source(images, csv=csv_path), out, spec=ImageSpec(image_size=SIZE), shards=8, overwrite=True, progress=False
+        )
     return out
 
 
@@ -108,26 +111,42 @@ def run(corpus, work="bench/out", times=4, steps=64, reps=3):
 
     ensure_virtual_cpus(8)  # before TensorFlow initialises its devices
     records = build_shards(corpus, work, times)
-    return {"input": input_bound(records, steps, reps), "spe": steps_per_execution(steps, reps),
-            "spe_one_replica": steps_per_execution(steps, reps, replicas=1), "steps": steps}
+    return {
+        "input": input_bound(records, steps, reps),
+        "spe": steps_per_execution(steps, reps),
+        "spe_one_replica": steps_per_execution(steps, reps, replicas=1),
+        "steps": steps,
+    }
 
 
 def report(result):
     inp, spe = result["input"], result["spe"]
     fed, memory = max(inp["make_dataset (augmented)"]), max(inp["one batch in memory"])
-    lines = [f"Training input, small-cnn at {SIZE} px, batch {BATCH}, {result['steps']} steps, best of runs:", "",
-             "| fed by | img/s best | img/s median |", "|---|---|---|"]
+    lines = [
+        f"Training input, small-cnn at {SIZE} px, batch {BATCH}, {result['steps']} steps, best of runs:",
+        "",
+        "| fed by | img/s best | img/s median |",
+        "|---|---|---|",
+    ]
     for name, rates in inp.items():
         lines.append(f"| {name} | {max(rates):.0f} | {sorted(rates)[len(rates) // 2]:.0f} |")
-    lines += ["", f"make_dataset / in memory = {fed / memory:.2f} (goal >= 0.95; on 2 CPU cores the pipeline "
-                  "and the model share the cores, on an accelerator they do not)", "",
-              "| steps_per_execution, tiny model | steps/s best | ratio to K=1 |", "|---|---|---|"]
+    lines += [
+        "",
+        f"make_dataset / in memory = {fed / memory:.2f} (goal >= 0.95; on 2 CPU cores the pipeline "
+        "and the model share the cores, on an accelerator they do not)",
+        "",
+        "| steps_per_execution, tiny model | steps/s best | ratio to K=1 |",
+        "|---|---|---|",
+    ]
     for label, runs in (("8 virtual CPU replicas", spe), ("1 replica", result.get("spe_one_replica", []))):
         for k, rates in runs:
             lines.append(f"| {label}, K = {k} | {max(rates):.1f} | {max(rates) / max(runs[0][1]):.2f} |")
-    lines += ["", f"Tiny model ({SPE_SIZE} px, one conv, dense head) so the ratio shows the per-step host "
-                  "overhead that K removes; on CPU a real model's compute hides it. A TPU's per-call overhead is "
-                  "much larger (the TPU guide reports ~1.5x from this setting)."]
+    lines += [
+        "",
+        f"Tiny model ({SPE_SIZE} px, one conv, dense head) so the ratio shows the per-step host "
+        "overhead that K removes; on CPU a real model's compute hides it. A TPU's per-call overhead is "
+        "much larger (the TPU guide reports ~1.5x from this setting).",
+    ]
     return "\n".join(lines)
 
 

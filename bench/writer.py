@@ -10,6 +10,7 @@ with no serialization and no TFRecord I/O. Each contender runs on N and 3N
 images as a separate process; (t(3N) - t(N)) / 2N is the per-image (marginal)
 cost, t(N) minus N times that is the start-up.
 """
+
 import argparse
 import csv
 import os
@@ -88,7 +89,7 @@ def subset_csv(csv_path, n, out):
     with open(csv_path) as f:
         rows = list(csv.reader(f))
     with open(out, "w", newline="") as f:
-        csv.writer(f).writerows(rows[:n + 1])
+        csv.writer(f).writerows(rows[: n + 1])
     return out
 
 
@@ -96,10 +97,14 @@ def time_process(name, csv_path, images):
     """Wall time of one contender in a fresh process (start-up included), and its peak RSS in KB."""
     with tempfile.TemporaryDirectory() as out:
         start = time.perf_counter()
-        proc = subprocess.run([sys.executable, "-m", "bench.writer", "--one", name, "--csv", csv_path, "--images",
-                               images, "--out", out], capture_output=True, text=True, cwd=ROOT,
-                              preexec_fn=child_of_this_process(),
-                              env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=ROOT))
+        proc = subprocess.run(
+            [sys.executable, "-m", "bench.writer", "--one", name, "--csv", csv_path, "--images", images, "--out", out],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            preexec_fn=child_of_this_process(),
+            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=ROOT),
+        )
         seconds = time.perf_counter() - start
     if proc.returncode:
         raise RuntimeError(f"{name} failed: {proc.stderr[-2000:]}")
@@ -113,8 +118,7 @@ def run(csv_path, images, n, reps=2, work="bench/out"):
     with open(csv_path) as f:
         photos = sum(1 for _ in f) - 1
     if photos < 4 * n:  # repeat the corpus through hard links (the same bytes, no more disk)
-        csv_path, images = replicate_corpus(csv_path, images, os.path.join(work, "writer_corpus"),
-                                            -(-4 * n // photos))
+        csv_path, images = replicate_corpus(csv_path, images, os.path.join(work, "writer_corpus"), -(-4 * n // photos))
     small, large = subset_csv(csv_path, n, f"{work}/writer_n.csv"), subset_csv(csv_path, 3 * n, f"{work}/writer_3n.csv")
     runs = {name: {"N": [], "3N": []} for name in CONTENDERS}
     for _ in range(reps):  # round robin: a slow spell of a shared machine hits every contender alike
@@ -135,22 +139,29 @@ def report(result):
     def marginal(name):
         return 2 * n / (res[name]["3N"] - res[name]["N"])
 
-    lines = [f"Writer, {n} and {3 * n} photos (1,400-2,200 px) -> {SIZE} px q{QUALITY}, best of runs:", "",
-             "| contender | wall N (s) | wall 3N (s) | marginal img/s | start-up (s) | peak RSS N / 3N (MB) |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        f"Writer, {n} and {3 * n} photos (1,400-2,200 px) -> {SIZE} px q{QUALITY}, best of runs:",
+        "",
+        "| contender | wall N (s) | wall 3N (s) | marginal img/s | start-up (s) | peak RSS N / 3N (MB) |",
+        "|---|---|---|---|---|---|",
+    ]
     for name, r in res.items():
         startup = r["N"] - n / marginal(name)
-        lines.append(f"| {name} | {r['N']:.1f} | {r['3N']:.1f} | {marginal(name):.0f} | {startup:.1f} | "
-                     f"{r['rss'][0] / 1024:.0f} / {r['rss'][1] / 1024:.0f} |")
-    lines += ["",
-              f"marginal: tfpipe.write / seed = {marginal('tfpipe.write') / marginal('seed writer'):.2f} (goal >= 2.5); "
-              f"tfpipe.write / codec limit = {marginal('tfpipe.write') / marginal('codec limit (bare pool)'):.2f} "
-              f"(goal >= 0.9); pass-through / seed q100 = "
-              f"{marginal('tfpipe.write pass-through') / marginal('seed writer, no resize, q100'):.1f} (goal >= 10)",
-              f"whole process on 3N: tfpipe.write / seed = {res['seed writer']['3N'] / res['tfpipe.write']['3N']:.2f}x",
-              f"memory: tfpipe.write peak RSS {res['tfpipe.write']['rss'][0] / 1024:.0f} MB on {n} photos, "
-              f"{result['rss_4n'] / 1024:.0f} MB on {4 * n} (ratio {result['rss_4n'] / res['tfpipe.write']['rss'][0]:.2f}, "
-              "goal: flat)"]
+        lines.append(
+            f"| {name} | {r['N']:.1f} | {r['3N']:.1f} | {marginal(name):.0f} | {startup:.1f} | "
+            f"{r['rss'][0] / 1024:.0f} / {r['rss'][1] / 1024:.0f} |"
+        )
+    lines += [
+        "",
+        f"marginal: tfpipe.write / seed = {marginal('tfpipe.write') / marginal('seed writer'):.2f} (goal >= 2.5); "
+        f"tfpipe.write / codec limit = {marginal('tfpipe.write') / marginal('codec limit (bare pool)'):.2f} "
+        f"(goal >= 0.9); pass-through / seed q100 = "
+        f"{marginal('tfpipe.write pass-through') / marginal('seed writer, no resize, q100'):.1f} (goal >= 10)",
+        f"whole process on 3N: tfpipe.write / seed = {res['seed writer']['3N'] / res['tfpipe.write']['3N']:.2f}x",
+        f"memory: tfpipe.write peak RSS {res['tfpipe.write']['rss'][0] / 1024:.0f} MB on {n} photos, "
+        f"{result['rss_4n'] / 1024:.0f} MB on {4 * n} (ratio {result['rss_4n'] / res['tfpipe.write']['rss'][0]:.2f}, "
+        "goal: flat)",
+    ]
     return "\n".join(lines)
 
 
@@ -173,8 +184,9 @@ def main(argv=None):
         children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
         print(max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, children))
         return
-    result = run(os.path.join(args.corpus, "train.csv"), os.path.join(args.corpus, "images"), args.n, args.reps,
-                 args.work)
+    result = run(
+        os.path.join(args.corpus, "train.csv"), os.path.join(args.corpus, "images"), args.n, args.reps, args.work
+    )
     dump(result, args.json)
     print(report(result))
 

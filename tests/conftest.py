@@ -1,28 +1,31 @@
 """Shared helpers: synthetic images and CSVs made on the fly."""
+
 import io
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import tensorflow as tf  # noqa: E402
+import tensorflow as tf
 
 # Eight virtual CPU devices for the whole session (a dry run of a TPU v3-8's cores); this must
 # happen before TensorFlow initialises its devices, hence here.
-tf.config.set_logical_device_configuration(tf.config.list_physical_devices("CPU")[0],
-                                           [tf.config.LogicalDeviceConfiguration()] * 8)
+tf.config.set_logical_device_configuration(
+    tf.config.list_physical_devices("CPU")[0], [tf.config.LogicalDeviceConfiguration()] * 8
+)
 
-import cv2  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-from PIL import Image  # noqa: E402
+import cv2
+import numpy as np
+import pytest
+from PIL import Image
 
 
 def gradient_image(height, width, seed=0):
     """An RGB uint8 image with structure (so JPEG and resizing do real work)."""
     rng = np.random.default_rng(seed)
     y, x = np.mgrid[0:height, 0:width]
-    img = np.stack([x * 255 // max(width - 1, 1), y * 255 // max(height - 1, 1),
-                    np.full_like(x, rng.integers(0, 256))], axis=-1)
+    img = np.stack(
+        [x * 255 // max(width - 1, 1), y * 255 // max(height - 1, 1), np.full_like(x, rng.integers(0, 256))], axis=-1
+    )
     return img.astype(np.uint8)
 
 
@@ -116,8 +119,15 @@ def shard_dir(tmp_path_factory):
     out = str(root / "records")
     from tfpipe.images import ImageSpec
 
-    manifest = write_shards(Source(str(images), csv=str(csv_path)), out, spec=ImageSpec(image_size=32), folds=4,
-                            shards=8, workers=0, progress=False)
+    manifest = write_shards(
+        Source(str(images), csv=str(csv_path)),
+        out,
+        spec=ImageSpec(image_size=32),
+        folds=4,
+        shards=8,
+        workers=0,
+        progress=False,
+    )
     labels = {name: lab.split() for name, lab in rows}
     return out, labels, manifest
 
@@ -152,11 +162,31 @@ def trained_run(shard_dir, tmp_path_factory):
     from train.fit import FitConfig, fit
 
     out = tmp_path_factory.mktemp("run") / "run"
-    cfg = FitConfig(records=shard_dir[0], out=str(out), strategy="cpu", replicas=8, model="small-cnn", batch_size=1,
-                    epochs=3, steps_per_execution=3, lr=1e-3, augment=NO_AUGMENT, verbose=0, seed=1, swa_epochs=2)
+    cfg = FitConfig(
+        records=shard_dir[0],
+        out=str(out),
+        strategy="cpu",
+        replicas=8,
+        model="small-cnn",
+        batch_size=1,
+        epochs=3,
+        steps_per_execution=3,
+        lr=1e-3,
+        augment=NO_AUGMENT,
+        verbose=0,
+        seed=1,
+        swa_epochs=2,
+    )
     metrics = fit(cfg)
     root = os.path.dirname(shard_dir[0])
     test = str(tmp_path_factory.mktemp("test") / "records")
-    write_shards(Source(f"{root}/images", csv=f"{root}/train.csv", labeled=False), test, spec=ImageSpec(image_size=32),
-                 split="test", shards=3, workers=0, progress=False)
+    write_shards(
+        Source(f"{root}/images", csv=f"{root}/train.csv", labeled=False),
+        test,
+        spec=ImageSpec(image_size=32),
+        split="test",
+        shards=3,
+        workers=0,
+        progress=False,
+    )
     return str(out), metrics, test

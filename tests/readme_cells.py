@@ -1,4 +1,5 @@
 """The README's notebook cells: fenced blocks opened with ```` ```python notebook ````, in order."""
+
 import re
 
 CELL = re.compile(r"^```python notebook\n(.*?)^```$", re.M | re.S)

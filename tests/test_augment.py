@@ -1,4 +1,5 @@
 """Each augmentation, eagerly and inside Dataset.map (they must agree), with targets mixed correctly."""
+
 import dataclasses
 
 import numpy as np
@@ -76,8 +77,12 @@ def window_offsets(out, x, pad, mirror=False):
     size = x.shape[0]
     padded = np.pad(x, [(pad, pad), (pad, pad), (0, 0)])
     target = out[:, ::-1] if mirror else out
-    return [(dy, dx) for dy in range(2 * pad + 1) for dx in range(2 * pad + 1)
-            if np.array_equal(target, padded[dy:dy + size, dx:dx + size])]
+    return [
+        (dy, dx)
+        for dy in range(2 * pad + 1)
+        for dx in range(2 * pad + 1)
+        if np.array_equal(target, padded[dy : dy + size, dx : dx + size])
+    ]
 
 
 def test_pad_crop_is_a_shifted_window_of_the_zero_padded_image():
@@ -101,7 +106,8 @@ def test_pad_crop_then_flip():
 def test_default_pad_is_an_eighth_of_the_side():
     x = batch(n=8, size=32).numpy()
     out = A.make_batch_augment(A.Augment(flip=False, brightness=0, contrast=0, saturation=0), 32)(
-        tf.constant(x), SEED).numpy()
+        tf.constant(x), SEED
+    ).numpy()
     assert all(window_offsets(o, xi, 4) for o, xi in zip(out, x))
 
 
@@ -111,7 +117,7 @@ def test_random_erasing_changes_one_rectangle():
         changed = np.any(A.make_random_erasing(1.0)(x, seed(i)).numpy() != 0, axis=2)
         rows, cols = np.where(changed)
         assert changed.sum() > 0
-        assert changed[rows.min():rows.max() + 1, cols.min():cols.max() + 1].mean() > 0.95  # a filled box
+        assert changed[rows.min() : rows.max() + 1, cols.min() : cols.max() + 1].mean() > 0.95  # a filled box
     assert not A.make_random_erasing(0.0)(x, SEED).numpy().any()
 
 

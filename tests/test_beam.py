@@ -1,4 +1,5 @@
 """The writer's Apache Beam runner: the same records, shards and manifest as the default runner."""
+
 import glob
 import os
 import subprocess
@@ -31,7 +32,8 @@ def test_beam_output_is_byte_identical_to_the_default_writer(labeled_folder, tmp
     assert len(glob.glob(str(tmp_path / "beam" / "*.tfrec"))) == 6
     assert not os.path.exists(tmp_path / "beam" / ".staging")
     assert [r["name"] for r in read_back(str(tmp_path / "beam"))] == [
-        r["name"] for r in read_back(str(tmp_path / "local"))]
+        r["name"] for r in read_back(str(tmp_path / "local"))
+    ]
 
 
 def test_beam_skip_bad_matches_the_default_writer(labeled_folder, tmp_path, capsys):
@@ -59,8 +61,10 @@ def test_beam_bad_image_stops_with_one_line_and_writes_nothing(labeled_folder, t
 def test_beam_writes_to_a_bucket_like_filesystem(labeled_folder):
     """ram:// stands in for gs://: plans, staged shards and the manifest all go through tf.io.gfile."""
     out = "ram://bucket/beam-test"
-    assert main(source_args(labeled_folder, "--image-size", "16", "--split", "test") + [
-        "--out", out, "--runner", "beam"]) == 0
+    assert (
+        main(source_args(labeled_folder, "--image-size", "16", "--split", "test") + ["--out", out, "--runner", "beam"])
+        == 0
+    )
     files = tf.io.gfile.glob(out + "/*.tfrec")
     assert len(files) == 1 and sum(1 for _ in tf.data.TFRecordDataset(files)) == 12
     assert not tf.io.gfile.exists(out + "/.staging")
@@ -68,10 +72,12 @@ def test_beam_writes_to_a_bucket_like_filesystem(labeled_folder):
 
 def test_beam_option_errors_are_one_line(labeled_folder, tmp_path, capsys):
     out = str(tmp_path / "beam")
-    cases = [(["--runner", "beam", "--", "--direct_num_wokers=2"], "--direct_num_wokers"),
-             (["--runner", "beam", "--", "--direct_num_workers=two"], "invalid int value"),
-             (["--", "--direct_num_workers=2"], "need --runner beam"),
-             (["--runner", "beam", "--resume"], "--resume")]
+    cases = [
+        (["--runner", "beam", "--", "--direct_num_wokers=2"], "--direct_num_wokers"),
+        (["--runner", "beam", "--", "--direct_num_workers=two"], "invalid int value"),
+        (["--", "--direct_num_workers=2"], "need --runner beam"),
+        (["--runner", "beam", "--resume"], "--resume"),
+    ]
     for extra, needle in cases:
         assert_clean_failure(main(source_args(labeled_folder, "--out", out) + extra), capsys, out, needle)
         assert not os.path.exists(out)
@@ -82,9 +88,25 @@ def test_beam_cli_with_worker_processes(labeled_folder, tmp_path):
     separate worker processes, as on Dataflow, and the result still equals the default writer's."""
     args = source_args(labeled_folder, "--image-size", "20", "--shards", "2")
     assert main(args + ["--out", str(tmp_path / "local"), "--workers", "0"]) == 0
-    proc = subprocess.run([sys.executable, "-m", "tfpipe.write", *args, "--out", str(tmp_path / "beam"),
-                           "--runner", "beam", "--", "--direct_num_workers=2", "--direct_running_mode=multi_processing"],
-                          capture_output=True, text=True, cwd=ROOT, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tfpipe.write",
+            *args,
+            "--out",
+            str(tmp_path / "beam"),
+            "--runner",
+            "beam",
+            "--",
+            "--direct_num_workers=2",
+            "--direct_running_mode=multi_processing",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "wrote 12 images in 2 shards" in proc.stdout
     same_files(tmp_path / "local", tmp_path / "beam")

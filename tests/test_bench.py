@@ -1,4 +1,5 @@
 """The benchmarks still run (on a handful of images; the figures themselves mean nothing at this size)."""
+
 import os
 import subprocess
 import sys
@@ -13,22 +14,40 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 @pytest.mark.slow
 def test_every_benchmark_runs_and_writes_results_and_chart(tmp_path):
     results = tmp_path / "results.md"
-    r = subprocess.run([sys.executable, "-m", "bench", "--smoke", "--work", str(tmp_path / "work"), "--results",
-                        str(results)], cwd=ROOT, capture_output=True, text=True,
-                       env=dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2"))
+    r = subprocess.run(
+        [sys.executable, "-m", "bench", "--smoke", "--work", str(tmp_path / "work"), "--results", str(results)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2"),
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     text = results.read_text()
-    for figure in ("writer / seed (marginal)", "writer / codec limit", "pass-through / seed q100",
-                   "reader / decode limit", "reader / seed parser", "training input / seed, epoch>=2",
-                   "fed by make_dataset / in memory", "writer RSS 4N / N", "steps_per_execution 8 / 1",
-                   "steps_per_execution 32 / 1", "TPU dry run: 1 / 8 replicas, train.fit", "CPUs",
-                   "tensorflow 2.21.0"):
+    for figure in (
+        "writer / seed (marginal)",
+        "writer / codec limit",
+        "pass-through / seed q100",
+        "reader / decode limit",
+        "reader / seed parser",
+        "training input / seed, epoch>=2",
+        "fed by make_dataset / in memory",
+        "writer RSS 4N / N",
+        "steps_per_execution 8 / 1",
+        "steps_per_execution 32 / 1",
+        "TPU dry run: 1 / 8 replicas, train.fit",
+        "CPUs",
+        "tensorflow 2.21.0",
+    ):
         assert figure in text, figure
     with Image.open(tmp_path / "results.png") as chart:
         chart.verify()
     # A full-size run never reuses the smoke run's corpus or figures (it once published a 16-photo writer run).
-    r = subprocess.run([sys.executable, "-m", "bench", "--only", "none", "--work", str(tmp_path / "work"),
-                        "--results", str(results)], cwd=ROOT, capture_output=True, text=True,
-                       env=dict(os.environ, PYTHONPATH=ROOT))
+    r = subprocess.run(
+        [sys.executable, "-m", "bench", "--only", "none", "--work", str(tmp_path / "work"), "--results", str(results)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=ROOT),
+    )
     assert r.returncode == 2 and "other sizes" in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
     assert text == results.read_text()

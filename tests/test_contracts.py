@@ -1,5 +1,6 @@
 """On-disk contracts (issue #22): a shard folder's manifest and a run folder are input too, validated before use,
 and checked against each other and against the shards while a job uses them."""
+
 import dataclasses
 import json
 import os
@@ -45,24 +46,28 @@ def _shard0(key, value):
 
 # ------------------------------------------------------------------ 1: the manifest, validated on load
 
-@pytest.mark.parametrize("change,needle", [
-    (lambda d: d.pop("shards"), "field 'shards' is required"),
-    (_set("shards", []), "field 'shards' lists no shard"),
-    (_set("num_classes", 7), "field 'num_classes' does not match the 3 classes"),
-    (_shard0("count", 999), "field 'num_examples' does not match the shards' counts"),
-    (_shard0("count", -1), "field 'shards[0].count' must be at least 0"),
-    (_shard0("count", 2.5), "field 'shards[0].count' must be a whole number"),
-    (_shard0("file", "../precious.txt"), "field 'shards[0].file' must be a shard file name inside the folder"),
-    (_shard0("file", "/etc/passwd.tfrec"), "field 'shards[0].file' must be a shard file name inside the folder"),
-    (_shard0("fold", 9), "field 'shards[0].fold' does not fit the 4 folds"),
-    (_set("classes", ["a", "a", "c"]), "field 'classes' lists a class twice"),
-    (_set("classes", ["a", "", "c"]), "field 'classes' must list non-empty strings"),
-    (lambda d: d["image"].__setitem__("fit", "cover"), "field 'image.fit' must be one of stretch, crop, pad"),
-    (lambda d: d["image"].__setitem__("image_size", "32"), "field 'image.image_size' must be a whole number"),
-    (_set("labeled", "yes"), "field 'labeled' must be bool"),
-    (_set("version", 99), "manifest version 99 was written by a newer tfpipe"),
-    (_set("classes", ["x", "b", "c"]), "no longer matches its dataset_id"),  # valid, but not what was written
-])
+
+@pytest.mark.parametrize(
+    "change,needle",
+    [
+        (lambda d: d.pop("shards"), "field 'shards' is required"),
+        (_set("shards", []), "field 'shards' lists no shard"),
+        (_set("num_classes", 7), "field 'num_classes' does not match the 3 classes"),
+        (_shard0("count", 999), "field 'num_examples' does not match the shards' counts"),
+        (_shard0("count", -1), "field 'shards[0].count' must be at least 0"),
+        (_shard0("count", 2.5), "field 'shards[0].count' must be a whole number"),
+        (_shard0("file", "../precious.txt"), "field 'shards[0].file' must be a shard file name inside the folder"),
+        (_shard0("file", "/etc/passwd.tfrec"), "field 'shards[0].file' must be a shard file name inside the folder"),
+        (_shard0("fold", 9), "field 'shards[0].fold' does not fit the 4 folds"),
+        (_set("classes", ["a", "a", "c"]), "field 'classes' lists a class twice"),
+        (_set("classes", ["a", "", "c"]), "field 'classes' must list non-empty strings"),
+        (lambda d: d["image"].__setitem__("fit", "cover"), "field 'image.fit' must be one of stretch, crop, pad"),
+        (lambda d: d["image"].__setitem__("image_size", "32"), "field 'image.image_size' must be a whole number"),
+        (_set("labeled", "yes"), "field 'labeled' must be bool"),
+        (_set("version", 99), "manifest version 99 was written by a newer tfpipe"),
+        (_set("classes", ["x", "b", "c"]), "no longer matches its dataset_id"),  # valid, but not what was written
+    ],
+)
 def test_an_edited_manifest_is_one_line_naming_the_field(shard_dir, tmp_path, capsys, change, needle):
     from tfpipe.inspect import main as inspect_main
 
@@ -112,9 +117,11 @@ def test_write_returns_the_typed_manifest_and_old_dict_reads_warn(shard_dir):
 
 # ------------------------------------------------------------ --overwrite deletes only what a valid manifest lists
 
+
 @pytest.mark.parametrize("listed", ["../precious.txt", "ABSOLUTE"])
-def test_overwrite_never_deletes_outside_the_folder_whatever_the_manifest_says(labeled_folder, tmp_path, capsys,
-                                                                               listed):
+def test_overwrite_never_deletes_outside_the_folder_whatever_the_manifest_says(
+    labeled_folder, tmp_path, capsys, listed
+):
     out = tmp_path / "out"
     assert write(source_args(labeled_folder) + ["--out", str(out)]) == 0
     precious = tmp_path / "precious.txt"
@@ -127,6 +134,7 @@ def test_overwrite_never_deletes_outside_the_folder_whatever_the_manifest_says(l
 
 
 # ------------------------------------------------------------------------------- 2: a dataset identity
+
 
 def test_the_dataset_id_names_the_content(labeled_folder, tmp_path):
     args = source_args(labeled_folder)
@@ -148,9 +156,17 @@ def _rewrite_after_first_epoch(shard_dir, folder):
     class Rewrite(keras.callbacks.Callback):
         def on_epoch_end(self, epoch, logs=None):
             if epoch == 0:
-                write_shards(Source(f"{root}/images", csv=f"{root}/train.csv"), str(folder),
-                             spec=ImageSpec(image_size=32), folds=4, shards=8, workers=0, progress=False,
-                             overwrite=True, classes=["c", "b", "a"])
+                write_shards(
+                    Source(f"{root}/images", csv=f"{root}/train.csv"),
+                    str(folder),
+                    spec=ImageSpec(image_size=32),
+                    folds=4,
+                    shards=8,
+                    workers=0,
+                    progress=False,
+                    overwrite=True,
+                    classes=["c", "b", "a"],
+                )
 
     return Rewrite()
 
@@ -160,9 +176,18 @@ def test_fit_stops_when_its_shards_are_rewritten_and_leaves_no_finished_run(shar
 
     folder = copy_records(shard_dir, tmp_path)
     run = tmp_path / "run"
-    cfg = FitConfig(records=str(folder), out=str(run), strategy="cpu", model="small-cnn", batch_size=4, epochs=3,
-                    steps_per_execution=1, augment=NO_AUGMENT, verbose=0,
-                    callbacks=(_rewrite_after_first_epoch(shard_dir, folder),))
+    cfg = FitConfig(
+        records=str(folder),
+        out=str(run),
+        strategy="cpu",
+        model="small-cnn",
+        batch_size=4,
+        epochs=3,
+        steps_per_execution=1,
+        augment=NO_AUGMENT,
+        verbose=0,
+        callbacks=(_rewrite_after_first_epoch(shard_dir, folder),),
+    )
     with pytest.raises(TfpipeError, match="was rewritten while this job read it"):
         fit(cfg)
     assert not (run / "model.keras").exists() and not (run / "metrics.json").exists()
@@ -175,25 +200,71 @@ def test_fit_stops_when_its_shards_are_rewritten_and_leaves_no_finished_run(shar
 def test_a_rewrite_from_another_process_during_fit_ends_it_in_one_line(shard_dir, tmp_path):
     folder = copy_records(shard_dir, tmp_path)
     run = tmp_path / "run"
-    fit = subprocess.Popen([sys.executable, "-m", "train.fit", "--records", str(folder), "--out", str(run),
-                            "--strategy", "cpu", "--model", "small-cnn", "--batch-size", "4", "--epochs", "60",
-                            "--steps-per-execution", "1", "--verbose", "0", "--no-augment"],
-                           env=ENV, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    fit = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "train.fit",
+            "--records",
+            str(folder),
+            "--out",
+            str(run),
+            "--strategy",
+            "cpu",
+            "--model",
+            "small-cnn",
+            "--batch-size",
+            "4",
+            "--epochs",
+            "60",
+            "--steps-per-execution",
+            "1",
+            "--verbose",
+            "0",
+            "--no-augment",
+        ],
+        env=ENV,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.time() + 240
     history = run / "history.csv"
     while not (history.exists() and len(history.read_text().splitlines()) >= 2):  # one epoch done
         assert fit.poll() is None and time.time() < deadline, fit.communicate()
         time.sleep(0.2)
     root = os.path.dirname(shard_dir[0])
-    assert write(["--csv", f"{root}/train.csv", "--images", f"{root}/images", "--image-size", "32", "--folds", "4",
-                  "--shards", "8", "--classes", "c,b,a", "--out", str(folder), "--overwrite"]) == 0
-    out, err = fit.communicate(timeout=300)
+    assert (
+        write(
+            [
+                "--csv",
+                f"{root}/train.csv",
+                "--images",
+                f"{root}/images",
+                "--image-size",
+                "32",
+                "--folds",
+                "4",
+                "--shards",
+                "8",
+                "--classes",
+                "c,b,a",
+                "--out",
+                str(folder),
+                "--overwrite",
+            ]
+        )
+        == 0
+    )
+    _out, err = fit.communicate(timeout=300)
     assert fit.returncode == 2, err
     assert "was rewritten while this job read it" in err and "Traceback" not in err
     assert not (run / "model.keras").exists() and not (run / "metrics.json").exists()
 
 
 # ------------------------------------------------------------------------------ 3: --resume knows its inputs
+
 
 def test_resume_after_an_image_changed_is_refused_not_nothing_to_do(labeled_folder, tmp_path, capsys):
     out = str(tmp_path / "out")
@@ -219,6 +290,7 @@ def test_a_damaged_progress_file_is_one_line_on_resume(slow_source, tmp_path, ca
 
 # ------------------------------------------------------------------------------- 4: the run folder's contract
 
+
 def test_the_run_records_what_prediction_depends_on(trained_run, shard_dir):
     from train.run import RunConfig
 
@@ -230,8 +302,14 @@ def test_the_run_records_what_prediction_depends_on(trained_run, shard_dir):
 
 def _other_fit_shards(labeled_folder, tmp_path, **kwargs):
     out = str(tmp_path / "test-crop")
-    write_shards(Source(labeled_folder["images"], labeled=False), out, split="test", workers=0, progress=False,
-                 spec=ImageSpec(image_size=32, **kwargs))
+    write_shards(
+        Source(labeled_folder["images"], labeled=False),
+        out,
+        split="test",
+        workers=0,
+        progress=False,
+        spec=ImageSpec(image_size=32, **kwargs),
+    )
     return out
 
 
@@ -250,13 +328,16 @@ def copy_run(trained_run, tmp_path):
     return run
 
 
-@pytest.mark.parametrize("change,needle", [
-    (lambda c: c.update(image_size="32"), "field 'image_size' must be a whole number"),
-    (lambda c: c.update(classes=[]), "field 'classes' must list the class names"),
-    (lambda c: c.update(fit="cover"), "field 'fit' must be one of stretch, crop, pad"),
-    (lambda c: c.update(single_label="no"), "field 'single_label' must be true or false"),
-    (lambda c: c.update(run_version=7), "run version 7 was written by a newer tfpipe"),
-])
+@pytest.mark.parametrize(
+    "change,needle",
+    [
+        (lambda c: c.update(image_size="32"), "field 'image_size' must be a whole number"),
+        (lambda c: c.update(classes=[]), "field 'classes' must list the class names"),
+        (lambda c: c.update(fit="cover"), "field 'fit' must be one of stretch, crop, pad"),
+        (lambda c: c.update(single_label="no"), "field 'single_label' must be true or false"),
+        (lambda c: c.update(run_version=7), "run version 7 was written by a newer tfpipe"),
+    ],
+)
 def test_an_edited_run_config_is_one_line_before_predicting(trained_run, tmp_path, capsys, change, needle):
     from train.predict import main
 
@@ -264,8 +345,10 @@ def test_an_edited_run_config_is_one_line_before_predicting(trained_run, tmp_pat
     config = json.loads((run / "config.json").read_text())
     change(config)
     (run / "config.json").write_text(json.dumps(config))
-    assert main(["--run", str(run), "--records", trained_run[2], "--out", str(tmp_path / "s.csv"),
-                 "--strategy", "cpu"]) == 2
+    assert (
+        main(["--run", str(run), "--records", trained_run[2], "--out", str(tmp_path / "s.csv"), "--strategy", "cpu"])
+        == 2
+    )
     one_line_error(capsys, needle)
     assert not (tmp_path / "s.csv").exists()
 
@@ -315,6 +398,7 @@ def test_predict_opens_its_records_once(trained_run, tmp_path, monkeypatch):
 
 # --------------------------------------------------------------------------------- 5: label modes are a contract
 
+
 def test_one_label_modes_on_multi_label_shards_are_refused(shard_dir, tmp_path, capsys):
     from tests.test_hostile import _fit_cli
 
@@ -339,14 +423,16 @@ def test_one_label_modes_work_where_every_image_has_one_label(labeled_folder, tm
     rows = [(name, (lab.split() or ["cat"])[0]) for name, lab in labeled_folder["rows"]]
     csv = write_csv(tmp_path / "one.csv", ["image", "labels"], rows)  # a labels column, one label each
     out = str(tmp_path / "out")
-    write_shards(Source(labeled_folder["images"], csv=str(csv)), out, spec=ImageSpec(image_size=16), workers=0,
-                 progress=False)
+    write_shards(
+        Source(labeled_folder["images"], csv=str(csv)), out, spec=ImageSpec(image_size=16), workers=0, progress=False
+    )
     _, ids = next(iter(tfpipe.make_dataset(out, 12, label_mode="class_id")))
     classes = Manifest.load(out).classes
     assert [classes[i] for i in ids.numpy()] == [lab for _, lab in rows]
 
 
 # -------------------------------------------------------------------- 6: predict --out replaces only what it wrote
+
 
 def test_predict_never_replaces_the_ground_truth_csv(shard_dir, tmp_path, capsys):
     """Un-folded labeled shards predicted into the CSV they were written from: same columns, same ids in order
@@ -359,15 +445,37 @@ def test_predict_never_replaces_the_ground_truth_csv(shard_dir, tmp_path, capsys
     truth = root / "train.csv"
     truth.write_text(open(os.path.dirname(shard_dir[0]) + "/train.csv").read())
     records = str(tmp_path / "records")
-    write_shards(Source(str(root / "images"), csv=str(truth)), records, spec=ImageSpec(image_size=32), shards=4,
-                 workers=0, progress=False)
+    write_shards(
+        Source(str(root / "images"), csv=str(truth)),
+        records,
+        spec=ImageSpec(image_size=32),
+        shards=4,
+        workers=0,
+        progress=False,
+    )
     run = str(tmp_path / "run")
-    fit(FitConfig(records=records, out=run, strategy="cpu", model="small-cnn", batch_size=4, epochs=1,
-                  steps_per_execution=1, augment=NO_AUGMENT, verbose=0, report=False))
+    fit(
+        FitConfig(
+            records=records,
+            out=run,
+            strategy="cpu",
+            model="small-cnn",
+            batch_size=4,
+            epochs=1,
+            steps_per_execution=1,
+            augment=NO_AUGMENT,
+            verbose=0,
+            report=False,
+        )
+    )
     before = truth.read_text()
     for flags in ([], ["--probabilities"], ["--threshold", "0.5"], ["--tta", "2"]):
-        assert main(["--run", run, "--records", records, "--out", str(truth), "--strategy", "cpu",
-                     "--no-progress"] + flags) == 2
+        assert (
+            main(
+                ["--run", run, "--records", records, "--out", str(truth), "--strategy", "cpu", "--no-progress"] + flags
+            )
+            == 2
+        )
         one_line_error(capsys, "was not written by train.predict", "--overwrite")
         assert truth.read_text() == before
 
@@ -388,16 +496,35 @@ def test_predict_replaces_its_own_unchanged_submission_only(trained_run, tmp_pat
 
 # ------------------------------------------------------------------------------------ 9: numbers and edge cases
 
-def test_a_global_batch_larger_than_the_data_is_refused_by_fit_and_capped_by_predict(trained_run, shard_dir,
-                                                                                   tmp_path, capsys):
+
+def test_a_global_batch_larger_than_the_data_is_refused_by_fit_and_capped_by_predict(
+    trained_run, shard_dir, tmp_path, capsys
+):
     from tests.test_hostile import _fit_cli
     from train.predict import main
 
     assert _fit_cli(["--records", shard_dir[0], "--out", str(tmp_path / "run"), "--batch-size", "100000"]) == 2
     one_line_error(capsys, "--batch-size 100000 x 1 replica = 100000 images a step, more than the 29 training")
     run, _, test = trained_run
-    assert main(["--run", run, "--records", test, "--out", str(tmp_path / "s.csv"), "--strategy", "cpu",
-                 "--replicas", "8", "--batch-size", "100000"]) == 0
+    assert (
+        main(
+            [
+                "--run",
+                run,
+                "--records",
+                test,
+                "--out",
+                str(tmp_path / "s.csv"),
+                "--strategy",
+                "cpu",
+                "--replicas",
+                "8",
+                "--batch-size",
+                "100000",
+            ]
+        )
+        == 0
+    )
     assert "--batch-size 100000 is more than 40 images need on 8 replicas; using 5" in capsys.readouterr().out
 
 
@@ -427,8 +554,24 @@ def test_a_full_disk_at_the_epoch_backup_is_one_line_and_leaves_no_temporaries(s
     mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=96k", "tmpfs", str(run)], capture_output=True)
     assert mounted.returncode == 0, f"this test needs root to mount a tmpfs: {mounted.stderr}"
     try:
-        assert _fit_cli(["--records", shard_dir[0], "--out", str(run / "run"), "--batch-size", "4", "--epochs", "2",
-                         "--steps-per-execution", "1", "--no-report"]) == 2
+        assert (
+            _fit_cli(
+                [
+                    "--records",
+                    shard_dir[0],
+                    "--out",
+                    str(run / "run"),
+                    "--batch-size",
+                    "4",
+                    "--epochs",
+                    "2",
+                    "--steps-per-execution",
+                    "1",
+                    "--no-report",
+                ]
+            )
+            == 2
+        )
         one_line_error(capsys, "no space left on the device", "--resume")
         leftovers = [os.path.join(r, n) for r, ds, fs in os.walk(run) for n in ds + fs if "_temp" in n]
         assert leftovers == [] and not (run / "run" / "model.keras").exists()
@@ -437,6 +580,7 @@ def test_a_full_disk_at_the_epoch_backup_is_one_line_and_leaves_no_temporaries(s
 
 
 # ------------------------------------------------- the second hostile pass (new cases, after the first fixes)
+
 
 def test_fit_never_trains_into_a_folder_of_the_users_files(shard_dir, tmp_path, capsys):
     from tests.test_hostile import _fit_cli
@@ -452,7 +596,9 @@ def test_fit_never_trains_into_a_folder_of_the_users_files(shard_dir, tmp_path, 
         err = capsys.readouterr().err
         assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
         assert ("holds files train.fit did not write" in err) if resume else ("config.json" in err), err
-    assert (proj / "model.keras").read_text() == "my model" and (proj / "history.csv").read_text() == mine["history.csv"]
+    assert (proj / "model.keras").read_text() == "my model" and (proj / "history.csv").read_text() == mine[
+        "history.csv"
+    ]
 
 
 def test_atomic_writes_never_touch_a_users_tmp_file_or_write_through_a_link(trained_run, tmp_path):
@@ -463,8 +609,22 @@ def test_atomic_writes_never_touch_a_users_tmp_file_or_write_through_a_link(trai
     (folder / "s.csv.tmp").write_text("my notes")
     (folder / "train.csv").write_text("image,labels\nx,cat\n")
     os.symlink("train.csv", folder / "s.csv.tmp-")  # what a fixed temporary name plus a prefix would hit
-    assert main(["--run", trained_run[0], "--records", trained_run[2], "--out", str(folder / "s.csv"),
-                 "--strategy", "cpu", "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "--run",
+                trained_run[0],
+                "--records",
+                trained_run[2],
+                "--out",
+                str(folder / "s.csv"),
+                "--strategy",
+                "cpu",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     assert (folder / "s.csv.tmp").read_text() == "my notes"
     assert (folder / "train.csv").read_text() == "image,labels\nx,cat\n"
 
@@ -486,8 +646,13 @@ def interrupted_write(slow_source, tmp_path_factory):
 
     args, _ = slow_source
     out = tmp_path_factory.mktemp("interrupted") / "out"
-    proc = subprocess.Popen([sys.executable, "-m", "tfpipe.write", *args, "--out", str(out), "--workers", "1",
-                             "--no-progress"], env=ENV, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tfpipe.write", *args, "--out", str(out), "--workers", "1", "--no-progress"],
+        env=ENV,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     progress = out / ".staging" / "progress.json"
     deadline = time.time() + 120
     while not (progress.exists() and json.loads(progress.read_text() or '{"shards": []}')["shards"]):
@@ -498,12 +663,15 @@ def interrupted_write(slow_source, tmp_path_factory):
     return out, args
 
 
-@pytest.mark.parametrize("change", [
-    lambda e: e.update(count=0),  # the shard's records would vanish
-    lambda e: e.update(count=e["count"] - 1),  # the manifest would claim fewer records than the file holds
-    lambda e: e.update(skipped=[1, None]),
-    lambda e: e.update(bytes=e["bytes"] + 1),  # not the staged file it recorded
-])
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda e: e.update(count=0),  # the shard's records would vanish
+        lambda e: e.update(count=e["count"] - 1),  # the manifest would claim fewer records than the file holds
+        lambda e: e.update(skipped=[1, None]),
+        lambda e: e.update(bytes=e["bytes"] + 1),  # not the staged file it recorded
+    ],
+)
 def test_a_progress_file_that_does_not_add_up_is_refused_on_resume(interrupted_write, tmp_path, capsys, change):
     out = tmp_path / "out"
     shutil.copytree(interrupted_write[0], out)
@@ -528,8 +696,10 @@ def test_a_softmax_or_other_size_model_in_a_run_is_refused(trained_run, tmp_path
     from train.predict import predict
 
     run = copy_run(trained_run, tmp_path)
-    for kwargs, needle in (({"multi_label": False}, "ends in softmax, but the run is multi-label"),
-                           ({"image_size": 16}, "takes 16x16 px, but config.json says 32")):
+    for kwargs, needle in (
+        ({"multi_label": False}, "ends in softmax, but the run is multi-label"),
+        ({"image_size": 16}, "takes 16x16 px, but config.json says 32"),
+    ):
         model, _ = build_model("small-cnn", 3, kwargs.pop("image_size", 32), **kwargs)
         model.save(str(run / "model.keras"))
         with pytest.raises(TfpipeError, match=needle):
@@ -543,21 +713,36 @@ def test_the_torch_reader_stops_when_its_folder_is_rewritten_between_epochs(shar
     ds = RecordDataset(str(folder))
     assert len(list(ds)) == 40
     root = os.path.dirname(shard_dir[0])
-    write_shards(Source(f"{root}/images", csv=f"{root}/train.csv"), str(folder), spec=ImageSpec(image_size=32),
-                 folds=4, shards=8, workers=0, progress=False, overwrite=True, classes=["c", "b", "a"])
+    write_shards(
+        Source(f"{root}/images", csv=f"{root}/train.csv"),
+        str(folder),
+        spec=ImageSpec(image_size=32),
+        folds=4,
+        shards=8,
+        workers=0,
+        progress=False,
+        overwrite=True,
+        classes=["c", "b", "a"],
+    )
     with pytest.raises(TfpipeError, match="was rewritten while this job read it"):
         list(ds)
 
 
-@pytest.mark.parametrize("flags,cells,needle", [
-    (["--spaces-in-names"], ["golden retriever", "poodle"], "--spaces-in-names needs a separator that is not a space"),
-    (["--sep", ""], ["circle\u00a0cross", "star"], "--sep is empty"),
-    ([], ["circle", "circle\ufe0f"], "U+FE0F VARIATION SELECTOR-16"),
-    ([], ["circle", "circle\u3164"], "U+3164 HANGUL FILLER"),
-    ([], ["\u3000", "star"], "U+3000 IDEOGRAPHIC SPACE"),  # a label of nothing visible, not an empty list
-])
-def test_blank_labels_and_meaningless_separators_are_refused(labeled_folder, tmp_path, capsys, flags, cells,
-                                                             needle):
+@pytest.mark.parametrize(
+    "flags,cells,needle",
+    [
+        (
+            ["--spaces-in-names"],
+            ["golden retriever", "poodle"],
+            "--spaces-in-names needs a separator that is not a space",
+        ),
+        (["--sep", ""], ["circle\u00a0cross", "star"], "--sep is empty"),
+        ([], ["circle", "circle\ufe0f"], "U+FE0F VARIATION SELECTOR-16"),
+        ([], ["circle", "circle\u3164"], "U+3164 HANGUL FILLER"),
+        ([], ["\u3000", "star"], "U+3000 IDEOGRAPHIC SPACE"),  # a label of nothing visible, not an empty list
+    ],
+)
+def test_blank_labels_and_meaningless_separators_are_refused(labeled_folder, tmp_path, capsys, flags, cells, needle):
     rows = [(name, cells[i % len(cells)]) for i, (name, _) in enumerate(labeled_folder["rows"])]
     csv = write_csv(tmp_path / "l.csv", ["image", "labels"], rows)
     assert write(["--csv", str(csv), "--images", labeled_folder["images"], "--out", str(tmp_path / "o")] + flags) == 2
@@ -590,8 +775,22 @@ def test_files_tfpipe_reads_back_are_bounded(shard_dir, trained_run, tmp_path, c
     assert inspect_main([str(folder)]) == 2
     one_line_error(capsys, "manifest.json")
     if kind in ("fifo", "dev-zero"):
-        assert predict_main(["--run", trained_run[0], "--records", trained_run[2], "--out", str(out),
-                             "--strategy", "cpu", "--overwrite"]) == 2
+        assert (
+            predict_main(
+                [
+                    "--run",
+                    trained_run[0],
+                    "--records",
+                    trained_run[2],
+                    "--out",
+                    str(out),
+                    "--strategy",
+                    "cpu",
+                    "--overwrite",
+                ]
+            )
+            == 2
+        )
         one_line_error(capsys, "s.csv is a", "not a regular file")
         assert not out.is_file()
 
@@ -619,11 +818,20 @@ def test_two_submissions_in_one_folder_keep_their_own_records(trained_run, tmp_p
 def test_make_demo_then_write_shards_in_one_process_does_not_hang(tmp_path):
     """OpenCV's thread pool, started by drawing the demo, hung the forked writer workers for good (the TPU
     dry-run benchmark does exactly this); a fresh process, as a notebook or script is."""
-    code = ("import sys; from tfpipe.demo import make_demo; from tfpipe.images import ImageSpec; "
-            "from tfpipe.write import Source, write_shards; d = sys.argv[1]; make_demo(d + '/demo', 24, 0, 0); "
-            "write_shards(Source(d + '/demo/images', csv=d + '/demo/train.csv'), d + '/out', workers=2, "
-            "spec=ImageSpec(image_size=16), progress=False)")
-    done = subprocess.run([sys.executable, "-c", code, str(tmp_path)], env=ENV, cwd=ROOT, capture_output=True,
-                          text=True, timeout=120, start_new_session=True)
+    code = (
+        "import sys; from tfpipe.demo import make_demo; from tfpipe.images import ImageSpec; "
+        "from tfpipe.write import Source, write_shards; d = sys.argv[1]; make_demo(d + '/demo', 24, 0, 0); "
+        "write_shards(Source(d + '/demo/images', csv=d + '/demo/train.csv'), d + '/out', workers=2, "
+        "spec=ImageSpec(image_size=16), progress=False)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)],
+        env=ENV,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        start_new_session=True,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert tfpipe.count_examples(str(tmp_path / "out")) == 24

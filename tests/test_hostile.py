@@ -7,6 +7,7 @@
 4. Every process tfpipe starts ends when its parent ends.
 5. Bad input or a bad flag is one line and exit code 2, naming the culprit.
 """
+
 import errno
 import json
 import os
@@ -50,13 +51,19 @@ def tfrec_files(out):
 
 # ---------------------------------------------------------------- 2: nothing lost, nothing replaced unasked
 
+
 @pytest.mark.slow
 def test_a_second_writer_into_the_same_folder_is_refused_while_the_first_runs(slow_source, tmp_path, capsys):
     args, reference = slow_source
     out = str(tmp_path / "out")
-    first = subprocess.Popen([sys.executable, "-m", "tfpipe.write", *args, "--out", out, "--workers", "1",
-                              "--no-progress"], env=ENV, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True)
+    first = subprocess.Popen(
+        [sys.executable, "-m", "tfpipe.write", *args, "--out", out, "--workers", "1", "--no-progress"],
+        env=ENV,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.time() + 120
     while finished_shards(out) < 1:
         assert first.poll() is None and time.time() < deadline, first.communicate()
@@ -99,8 +106,13 @@ def test_a_remote_lock_lost_to_another_writer_commits_nothing(labeled_folder, mo
 
     monkeypatch.setattr(WriteLock, "check", raced_then_check)
     with pytest.raises(TfpipeError, match="h2.*not committed"):
-        write_shards(Source(labeled_folder["images"], csv=labeled_folder["csv"]), out, spec=ImageSpec(image_size=16),
-                     workers=0, progress=False)
+        write_shards(
+            Source(labeled_folder["images"], csv=labeled_folder["csv"]),
+            out,
+            spec=ImageSpec(image_size=16),
+            workers=0,
+            progress=False,
+        )
     assert not tf.io.gfile.glob(f"{out}/*.tfrec") and not tf.io.gfile.exists(f"{out}/manifest.json")
     assert tf.io.gfile.exists(f"{out}/.tfpipe-write.lock")  # the other writer's lock is left alone
 
@@ -112,8 +124,12 @@ def test_resume_on_a_finished_folder_never_replaces_it(labeled_folder, tmp_path,
     assert write(source_args(labeled_folder) + ["--out", out, "--resume"]) == 0  # same job: nothing to do
     assert "already finished" in capsys.readouterr().out
     other = write_csv(tmp_path / "other.csv", ["image", "labels"], labeled_folder["rows"][:6])
-    assert write(["--csv", str(other), "--images", labeled_folder["images"], "--image-size", "24", "--out", out,
-                  "--resume"]) == 2
+    assert (
+        write(
+            ["--csv", str(other), "--images", labeled_folder["images"], "--image-size", "24", "--out", out, "--resume"]
+        )
+        == 2
+    )
     one_line_error(capsys, "finished write whose inputs or settings changed since", "--overwrite")
     assert {f: os.path.getmtime(os.path.join(out, f)) for f in os.listdir(out)} == before
 
@@ -127,16 +143,18 @@ def test_overwrite_deletes_only_what_tfpipe_wrote_and_never_another_split(labele
     assert (out / "mine.tfrec").read_bytes() == b"a user's other dataset"
     (out / "mine.tfrec").unlink()
     train_files = tfrec_files(out)
-    assert write(source_args(labeled_folder) + ["--out", str(out), "--split", "test", "--unlabeled",
-                                                "--overwrite"]) == 2
+    assert (
+        write(source_args(labeled_folder) + ["--out", str(out), "--split", "test", "--unlabeled", "--overwrite"]) == 2
+    )
     one_line_error(capsys, "'train' split", "own folder")
     assert tfrec_files(out) == train_files
     assert write(source_args(labeled_folder, "24") + ["--out", str(out), "--overwrite", "--shards", "2"]) == 0
     assert len(tfrec_files(out)) == 2 and tfpipe.open_shards(str(out)).image_size == 24  # asked: replaced
 
 
-def test_a_full_disk_at_the_manifest_leaves_no_shards_and_resume_finishes(labeled_folder, tmp_path, capsys,
-                                                                          monkeypatch):
+def test_a_full_disk_at_the_manifest_leaves_no_shards_and_resume_finishes(
+    labeled_folder, tmp_path, capsys, monkeypatch
+):
     import tfpipe.staging
 
     out = tmp_path / "out"
@@ -183,10 +201,12 @@ def test_an_interrupted_write_is_not_cleared_by_a_new_one_unless_asked(slow_sour
     assert (out / ".staging" / "progress.json").exists()
 
 
-@pytest.mark.parametrize("out,needle", [("", "--out is empty"), (" ", "--out is empty"),
-                                        ("FILE", "is a file; --out names a folder")])
-def test_output_that_is_empty_or_a_file_is_refused_before_writing(labeled_folder, tmp_path, capsys, monkeypatch,
-                                                                  out, needle):
+@pytest.mark.parametrize(
+    "out,needle", [("", "--out is empty"), (" ", "--out is empty"), ("FILE", "is a file; --out names a folder")]
+)
+def test_output_that_is_empty_or_a_file_is_refused_before_writing(
+    labeled_folder, tmp_path, capsys, monkeypatch, out, needle
+):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "FILE").write_text("keep me")
     assert write(source_args(labeled_folder) + ["--out", out]) == 2
@@ -197,6 +217,7 @@ def test_output_that_is_empty_or_a_file_is_refused_before_writing(labeled_folder
 
 # ---------------------------------------------------------------- 4: workers die with their parent
 
+
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
 def test_writer_workers_die_with_their_parent(slow_source, tmp_path, sig):
@@ -204,8 +225,21 @@ def test_writer_workers_die_with_their_parent(slow_source, tmp_path, sig):
     out = str(tmp_path / "out")
     # PNG at 256 px: each batch of results is larger than a pipe's buffer, so workers block writing it once
     # nobody reads -- where torch's own parent check never runs.
-    cmd = [sys.executable, "-m", "tfpipe.write", *args[:4], "--image-size", "256", "--format", "png", "--out", out,
-           "--workers", "2", "--no-progress"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "tfpipe.write",
+        *args[:4],
+        "--image-size",
+        "256",
+        "--format",
+        "png",
+        "--out",
+        out,
+        "--workers",
+        "2",
+        "--no-progress",
+    ]
     proc = subprocess.Popen(cmd, env=ENV, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.time() + 120
     workers = []
@@ -227,6 +261,7 @@ def test_writer_workers_die_with_their_parent(slow_source, tmp_path, sig):
 
 # ---------------------------------------------------------------- 1: labels and images are never silently changed
 
+
 def _with_orientation(fmt, orientation):
     """A 24x40 image with an unmistakable corner, saved as ``fmt`` carrying an EXIF orientation."""
     import io
@@ -238,8 +273,11 @@ def _with_orientation(fmt, orientation):
     rgb[:, :, 1] += (np.arange(40) * 5).astype(np.uint8)
     exif = Image.Exif()
     exif[0x0112] = orientation
-    extra = {"MPO": {"save_all": True, "append_images": [Image.fromarray(rgb)]}, "WEBP": {"lossless": True},
-             "JPEG": {"quality": 98}}.get(fmt, {})
+    extra = {
+        "MPO": {"save_all": True, "append_images": [Image.fromarray(rgb)]},
+        "WEBP": {"lossless": True},
+        "JPEG": {"quality": 98},
+    }.get(fmt, {})
     buf = io.BytesIO()
     Image.fromarray(rgb).save(buf, fmt, exif=exif, **extra)
     return buf.getvalue()
@@ -259,27 +297,30 @@ def test_every_format_is_stored_upright_as_pillow_shows_it(fmt):
         with Image.open(io.BytesIO(data)) as im:
             assert im.format == fmt and im.getexif().get(0x0112) == orientation  # the file really says so
             expected = np.asarray(ImageOps.exif_transpose(im).convert("RGB")).astype(int)
-        stored, height, width, _ = prepare_image(data, ImageSpec(format="png"), f"x.{fmt.lower()}")
+        stored, _height, _width, _ = prepare_image(data, ImageSpec(format="png"), f"x.{fmt.lower()}")
         got = cv2.imdecode(np.frombuffer(stored, np.uint8), cv2.IMREAD_COLOR)[:, :, ::-1].astype(int)
         assert got.shape == expected.shape, (fmt, orientation)
         assert np.abs(got - expected).mean() < 3, (fmt, orientation)  # JPEG decoders differ by a level or two
 
 
 def _labels_csv(folder, tmp_path, cells, header=("image", "labels")):
-    rows = [(name, cell) for (name, _), cell in zip(folder["rows"], cells)] + list(folder["rows"][len(cells):])
+    rows = [(name, cell) for (name, _), cell in zip(folder["rows"], cells)] + list(folder["rows"][len(cells) :])
     return str(write_csv(tmp_path / "labels.csv", list(header), [r + (r[1],) * (len(header) - 2) for r in rows]))
 
 
-@pytest.mark.parametrize("cell,needles", [
-    ("cat, dog", ["row 1", "'labels'", "'cat, dog'", "','", "--sep ,"]),
-    ("cat,dog", ["row 1", "'cat,dog'", "--sep ,"]),
-    ("cat\tdog", ["row 1", "'cat\\tdog'", "'\\t'", "--sep $'\\t'"]),  # a tab is no space: no class 'cat\tdog'
-    ("cat dog|bird", ["row 1", "'|'", "--sep '|'"]),
-    ("['cat', 'dog']", ["row 1", "Python list", "--sep list"]),
-    ("[]", ["row 1", "'[]'", "--sep list"]),
-    ("nan", ["row 1", "'nan'", "missing-value"]),
-    ("cat None", ["row 1", "'None'", "missing-value"]),
-])
+@pytest.mark.parametrize(
+    "cell,needles",
+    [
+        ("cat, dog", ["row 1", "'labels'", "'cat, dog'", "','", "--sep ,"]),
+        ("cat,dog", ["row 1", "'cat,dog'", "--sep ,"]),
+        ("cat\tdog", ["row 1", "'cat\\tdog'", "'\\t'", "--sep $'\\t'"]),  # a tab is no space: no class 'cat\tdog'
+        ("cat dog|bird", ["row 1", "'|'", "--sep '|'"]),
+        ("['cat', 'dog']", ["row 1", "Python list", "--sep list"]),
+        ("[]", ["row 1", "'[]'", "--sep list"]),
+        ("nan", ["row 1", "'nan'", "missing-value"]),
+        ("cat None", ["row 1", "'None'", "missing-value"]),
+    ],
+)
 def test_label_cells_read_one_way_only_or_are_named(labeled_folder, tmp_path, capsys, cell, needles):
     csv_path = _labels_csv(labeled_folder, tmp_path, [cell])
     assert write(["--csv", csv_path, "--images", labeled_folder["images"], "--out", str(tmp_path / "o")]) == 2
@@ -290,7 +331,7 @@ def test_label_cells_read_one_way_only_or_are_named(labeled_folder, tmp_path, ca
 def test_python_list_cells_are_read_as_lists_when_asked(labeled_folder, tmp_path):
     cells = ["['cat', 'dog']", "[]", "['dog']", "", "['bird', 'cat']"]
     csv_path = _labels_csv(labeled_folder, tmp_path, cells)
-    rows = [r[1] for r in labeled_folder["rows"][len(cells):]]
+    rows = [r[1] for r in labeled_folder["rows"][len(cells) :]]
     lists = [f"{r.split()!r}" for r in rows]  # the rest as lists too: "cat dog" -> ['cat', 'dog']
     csv_path = _labels_csv(labeled_folder, tmp_path, cells + lists)
     out = str(tmp_path / "o")
@@ -314,18 +355,34 @@ def test_a_missing_class_in_a_single_label_column_is_named(tmp_path, capsys):
     for i in range(3):
         save(tmp_path / "images" / f"{i}.jpg", seed=i)
     csv_path = write_csv(tmp_path / "c.csv", ["image", "label"], [("0.jpg", "a"), ("1.jpg", "nan"), ("2.jpg", "b")])
-    assert write(["--csv", str(csv_path), "--images", str(tmp_path / "images"), "--class-col", "label",
-                  "--out", str(tmp_path / "o")]) == 2
+    assert (
+        write(
+            [
+                "--csv",
+                str(csv_path),
+                "--images",
+                str(tmp_path / "images"),
+                "--class-col",
+                "label",
+                "--out",
+                str(tmp_path / "o"),
+            ]
+        )
+        == 2
+    )
     one_line_error(capsys, "row 2", "'nan'")
 
 
-@pytest.mark.parametrize("ids,needles", [
-    (["img00", "img00.jpg"], ["rows 1 and 2", "'img00'", "'img00.jpg'", "img00.jpg"]),
-    (["img00.jpg", "./img00.jpg"], ["rows 1 and 2", "'./img00.jpg'"]),
-    (["../train.csv"], ["row 1", "'../train.csv'", "outside"]),
-    (["/etc/hostname"], ["row 1", "'/etc/hostname'", "outside"]),
-    (["twin"], ["row 1", "'twin'", "twin.jpg", "twin.png"]),
-])
+@pytest.mark.parametrize(
+    "ids,needles",
+    [
+        (["img00", "img00.jpg"], ["rows 1 and 2", "'img00'", "'img00.jpg'", "img00.jpg"]),
+        (["img00.jpg", "./img00.jpg"], ["rows 1 and 2", "'./img00.jpg'"]),
+        (["../train.csv"], ["row 1", "'../train.csv'", "outside"]),
+        (["/etc/hostname"], ["row 1", "'/etc/hostname'", "outside"]),
+        (["twin"], ["row 1", "'twin'", "twin.jpg", "twin.png"]),
+    ],
+)
 def test_ids_name_one_file_inside_images_and_one_file_one_row(labeled_folder, tmp_path, capsys, ids, needles):
     save(os.path.join(labeled_folder["images"], "twin.jpg"))
     save(os.path.join(labeled_folder["images"], "twin.png"), kind="png")
@@ -343,13 +400,16 @@ def test_a_file_name_that_is_not_utf8_is_named(tmp_path, capsys):
     one_line_error(capsys, "caf\\xe9.jpg", "not valid UTF-8")
 
 
-@pytest.mark.parametrize("flag,make,needle", [
-    ("--csv", lambda p: p.mkdir(), "is a folder"),
-    ("--csv", lambda p: p.write_bytes(b"image,labels\nx,\xff\xfe\n"), "cannot parse CSV"),
-    ("--images", lambda p: p.write_text("not a folder"), "images folder not found"),
-    ("--csv", None, "--csv is empty"),  # an unset variable: would have read --images as a folder per class
-    ("--images", None, "--images is empty"),
-])
+@pytest.mark.parametrize(
+    "flag,make,needle",
+    [
+        ("--csv", lambda p: p.mkdir(), "is a folder"),
+        ("--csv", lambda p: p.write_bytes(b"image,labels\nx,\xff\xfe\n"), "cannot parse CSV"),
+        ("--images", lambda p: p.write_text("not a folder"), "images folder not found"),
+        ("--csv", None, "--csv is empty"),  # an unset variable: would have read --images as a folder per class
+        ("--images", None, "--images is empty"),
+    ],
+)
 def test_unreadable_csv_or_folder_is_one_line(labeled_folder, tmp_path, capsys, flag, make, needle):
     args = {"--csv": labeled_folder["csv"], "--images": labeled_folder["images"]}
     args[flag] = ""
@@ -376,6 +436,7 @@ def test_an_unreadable_file_is_one_line(labeled_folder, tmp_path, capsys, monkey
 
 
 # ---------------------------------------------------------------- 3: shards and runs checked against their claims
+
 
 def test_a_glob_that_picks_up_a_foreign_tfrec_names_it(shard_dir, tmp_path):
     import shutil
@@ -411,15 +472,21 @@ def test_predict_refuses_a_run_of_other_classes_or_image_size(trained_run, tmp_p
     from tfpipe.write import Source, write_shards
     from train.predict import predict
 
-    run, _, test = trained_run
+    run, _, _test = trained_run
     source = Source(labeled_folder["images"], csv=labeled_folder["csv"], labeled=True)
     other = str(tmp_path / "other-classes")
     write_shards(source, other, spec=ImageSpec(image_size=32), workers=0, progress=False)  # bird/cat/dog, not a/b/c
     with pytest.raises(TfpipeError, match="classes .*bird, cat, dog.* are not the run's .*a, b, c"):
         predict(run, other, str(tmp_path / "s.csv"), strategy="cpu")
     bigger = str(tmp_path / "bigger")
-    write_shards(Source(labeled_folder["images"], labeled=False), bigger, spec=ImageSpec(image_size=48), split="test",
-                 workers=0, progress=False)
+    write_shards(
+        Source(labeled_folder["images"], labeled=False),
+        bigger,
+        spec=ImageSpec(image_size=48),
+        split="test",
+        workers=0,
+        progress=False,
+    )
     manifest = json.loads(open(os.path.join(bigger, "manifest.json")).read())
     assert manifest["classes"] == []  # unlabeled shards carry no classes: only the size is checked
     with pytest.raises(TfpipeError, match="stored at 48 px, the run was trained at 32 px"):
@@ -432,13 +499,26 @@ def test_fit_resume_never_trains_over_a_finished_run_or_with_other_settings(trai
 
     from train.fit import FitConfig, fit
 
-    run, metrics, _ = trained_run
+    run, _metrics, _ = trained_run
     copy = tmp_path / "run"
     shutil.copytree(run, copy)
     before = {p: os.path.getmtime(os.path.join(copy, p)) for p in os.listdir(copy)}
-    cfg = FitConfig(records=shard_dir[0], out=str(copy), strategy="cpu", replicas=8, model="small-cnn", batch_size=1,
-                    epochs=3, steps_per_execution=3, lr=1e-3, augment=NO_AUGMENT, verbose=0, seed=1,
-                    swa_epochs=2, resume=True)
+    cfg = FitConfig(
+        records=shard_dir[0],
+        out=str(copy),
+        strategy="cpu",
+        replicas=8,
+        model="small-cnn",
+        batch_size=1,
+        epochs=3,
+        steps_per_execution=3,
+        lr=1e-3,
+        augment=NO_AUGMENT,
+        verbose=0,
+        seed=1,
+        swa_epochs=2,
+        resume=True,
+    )
     with pytest.raises(TfpipeError, match="finished run.*another"):
         fit(cfg)
     assert {p: os.path.getmtime(os.path.join(copy, p)) for p in os.listdir(copy)} == before
@@ -465,9 +545,26 @@ def test_a_second_fit_into_the_same_run_folder_is_refused_while_the_first_runs(s
     traceback. The first now runs alone (the writer's lock, taken by train.fit on its run folder)."""
     run = tmp_path / "run"
     args = ["--records", shard_dir[0], "--out", str(run), "--epochs", "30"]  # long enough to be caught
-    first = subprocess.Popen([sys.executable, "-m", "train.fit", *args, "--strategy", "cpu", "--model", "small-cnn",
-                              "--verbose", "0", "--no-report"], env=ENV, cwd=ROOT, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
+    first = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "train.fit",
+            *args,
+            "--strategy",
+            "cpu",
+            "--model",
+            "small-cnn",
+            "--verbose",
+            "0",
+            "--no-report",
+        ],
+        env=ENV,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.time() + 120
     while not (run / "config.json").exists():  # written under the lock, before training
         assert first.poll() is None and time.time() < deadline, first.communicate()
@@ -480,32 +577,38 @@ def test_a_second_fit_into_the_same_run_folder_is_refused_while_the_first_runs(s
     assert not (run / ".tfpipe-write.lock").exists()
 
 
-@pytest.mark.parametrize("flags,needle", [
-    (["--epochs", "0"], "--epochs must be at least 1 (got 0)"),
-    (["--batch-size", "0"], "--batch-size must be at least 1 (got 0)"),
-    (["--steps-per-execution", "0"], "--steps-per-execution must be at least 1 (got 0)"),
-    (["--lr", "-1"], "--lr must be above 0 (got -1.0)"),
-    (["--lr", "nan"], "--lr must be above 0 (got nan)"),
-    (["--replicas", "-2"], "--replicas must be at least 1 (got -2)"),
-    (["--image-size", "7"], "--image-size 7 is below small-cnn's smallest input (8 px)"),
-    (["--val-fraction", "1.5"], "--val-fraction must be between 0 and 1"),
-    (["--epochs", "x"], "argument --epochs: invalid int value: 'x'"),
-    (["--out", ""], "--out is empty"),
-])
+@pytest.mark.parametrize(
+    "flags,needle",
+    [
+        (["--epochs", "0"], "--epochs must be at least 1 (got 0)"),
+        (["--batch-size", "0"], "--batch-size must be at least 1 (got 0)"),
+        (["--steps-per-execution", "0"], "--steps-per-execution must be at least 1 (got 0)"),
+        (["--lr", "-1"], "--lr must be above 0 (got -1.0)"),
+        (["--lr", "nan"], "--lr must be above 0 (got nan)"),
+        (["--replicas", "-2"], "--replicas must be at least 1 (got -2)"),
+        (["--image-size", "7"], "--image-size 7 is below small-cnn's smallest input (8 px)"),
+        (["--val-fraction", "1.5"], "--val-fraction must be between 0 and 1"),
+        (["--epochs", "x"], "argument --epochs: invalid int value: 'x'"),
+        (["--out", ""], "--out is empty"),
+    ],
+)
 def test_fit_refuses_nonsense_numbers_in_one_line(shard_dir, tmp_path, capsys, flags, needle):
     assert _fit_cli(["--records", shard_dir[0], "--out", str(tmp_path / "run"), *flags]) == 2
     one_line_error(capsys, needle)
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize("kwargs,needle", [
-    ({"batch_size": 0}, "batch_size must be at least 1 (got 0)"),
-    ({"batch_size": -1}, "batch_size must be at least 1 (got -1)"),
-    ({"batch_size": 2.5}, "batch_size must be a whole number (got 2.5)"),
-    ({"batch_size": True}, "batch_size must be a whole number (got True)"),
-    ({"batch_size": 2, "num_classes": 0}, "num_classes must be at least 1 (got 0)"),  # not "from the manifest"
-    ({"batch_size": 2, "image_size": 0}, "image_size must be at least 1 (got 0)"),
-])
+@pytest.mark.parametrize(
+    "kwargs,needle",
+    [
+        ({"batch_size": 0}, "batch_size must be at least 1 (got 0)"),
+        ({"batch_size": -1}, "batch_size must be at least 1 (got -1)"),
+        ({"batch_size": 2.5}, "batch_size must be a whole number (got 2.5)"),
+        ({"batch_size": True}, "batch_size must be a whole number (got True)"),
+        ({"batch_size": 2, "num_classes": 0}, "num_classes must be at least 1 (got 0)"),  # not "from the manifest"
+        ({"batch_size": 2, "image_size": 0}, "image_size must be at least 1 (got 0)"),
+    ],
+)
 def test_make_dataset_refuses_nonsense_numbers_by_name(shard_dir, kwargs, needle):
     """The Python API refuses what the command line refuses, naming the argument (TensorFlow's own message
     named BatchDatasetV2, and 0 classes or 0 px quietly meant "from the manifest")."""
@@ -519,8 +622,9 @@ def test_fit_without_the_report_packages_is_refused_before_training(shard_dir, t
     import importlib.util
 
     find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: None if name == "matplotlib" else find_spec(name, *a))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else find_spec(name, *a)
+    )
     run = tmp_path / "run"
     assert _fit_cli(["--records", shard_dir[0], "--out", str(run)]) == 2
     one_line_error(capsys, "matplotlib is not installed", "pip install 'tfpipe[train]'")
@@ -548,7 +652,8 @@ def test_predict_never_joins_a_class_name_holding_a_space(trained_run, tmp_path,
     multi-label submission they would read back as two labels."""
     import shutil
 
-    from train.predict import main as predict_main, predict
+    from train.predict import main as predict_main
+    from train.predict import predict
 
     run, _, test = trained_run
     spaced = tmp_path / "run"
@@ -564,14 +669,17 @@ def test_predict_never_joins_a_class_name_holding_a_space(trained_run, tmp_path,
     assert "New York" in df.columns and len(df) == 40
 
 
-@pytest.mark.parametrize("flags,needle", [
-    (["--batch-size", "0"], "--batch-size must be at least 1 (got 0)"),
-    (["--tta", "9"], "--tta must be in 1..8"),
-    (["--replicas", "0"], "--replicas must be at least 1 (got 0)"),
-    (["--out", ""], "--out is empty"),
-    (["--threshold", "5"], "--threshold must be between 0 and 1 (got 5.0)"),  # an empty submission otherwise
-    (["--threshold", "nan"], "--threshold must be between 0 and 1 (got nan)"),
-])
+@pytest.mark.parametrize(
+    "flags,needle",
+    [
+        (["--batch-size", "0"], "--batch-size must be at least 1 (got 0)"),
+        (["--tta", "9"], "--tta must be in 1..8"),
+        (["--replicas", "0"], "--replicas must be at least 1 (got 0)"),
+        (["--out", ""], "--out is empty"),
+        (["--threshold", "5"], "--threshold must be between 0 and 1 (got 5.0)"),  # an empty submission otherwise
+        (["--threshold", "nan"], "--threshold must be between 0 and 1 (got nan)"),
+    ],
+)
 def test_predict_refuses_bad_flags_before_predicting(trained_run, tmp_path, capsys, flags, needle):
     from train.predict import main
 
@@ -611,8 +719,10 @@ def test_a_benchmark_child_dies_with_its_parent(tmp_path):
     pid_file = tmp_path / "child.pid"
     child_code = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(600)"
     script = tmp_path / "parent.py"
-    script.write_text("import subprocess, sys\nfrom tfpipe.processes import child_of_this_process\n"
-                      f"subprocess.run([sys.executable, '-c', {child_code!r}], preexec_fn=child_of_this_process())\n")
+    script.write_text(
+        "import subprocess, sys\nfrom tfpipe.processes import child_of_this_process\n"
+        f"subprocess.run([sys.executable, '-c', {child_code!r}], preexec_fn=child_of_this_process())\n"
+    )
     parent = subprocess.Popen([sys.executable, str(script)], env=ENV, cwd=ROOT)
     deadline = time.time() + 60
     while not pid_file.exists() or not pid_file.read_text():
@@ -649,6 +759,7 @@ def test_predict_replaces_only_an_earlier_submission(trained_run, tmp_path, caps
 
 # Principle 2 beyond the writer: the demo and the contact sheet write only over what they wrote before.
 
+
 def test_inspect_sheet_replaces_only_a_sheet_it_wrote(shard_dir, tmp_path, capsys):
     from PIL import Image
 
@@ -678,7 +789,9 @@ def test_the_demo_never_writes_over_a_users_dataset(tmp_path, capsys):
     (users / "train.csv").write_text("image,labels\nmine,cat\n")
     assert demo_main([str(users), "--train", "3", "--test", "1"]) == 2
     one_line_error(capsys, "train.csv", "the demo did not write")
-    assert (users / "train.csv").read_text() == "image,labels\nmine,cat\n" and sorted(os.listdir(users)) == ["train.csv"]
+    assert (users / "train.csv").read_text() == "image,labels\nmine,cat\n" and sorted(os.listdir(users)) == [
+        "train.csv"
+    ]
     ours = tmp_path / "demo"
     for _ in range(2):  # a new folder, then over itself
         assert demo_main([str(ours), "--train", "3", "--test", "1"]) == 0
@@ -693,8 +806,11 @@ def test_demo_counts_are_checked_from_python_and_the_command_line(tmp_path, caps
     from tfpipe.demo import main as demo_main
     from tfpipe.demo import make_demo
 
-    for kwargs, culprit in (({"train": 0}, "train must be at least 1"), ({"test": -1}, "test must be at least 0"),
-                            ({"train": 2.5}, "train must be a whole number")):
+    for kwargs, culprit in (
+        ({"train": 0}, "train must be at least 1"),
+        ({"test": -1}, "test must be at least 0"),
+        ({"train": 2.5}, "train must be a whole number"),
+    ):
         with pytest.raises(TfpipeError, match=culprit):
             make_demo(str(tmp_path / "py"), **kwargs)
     assert not (tmp_path / "py").exists()  # refused before anything is written
@@ -703,10 +819,13 @@ def test_demo_counts_are_checked_from_python_and_the_command_line(tmp_path, caps
     assert not (tmp_path / "cli").exists()
 
 
-@pytest.mark.parametrize("seed,needle", [("-1", "--seed must be at least 0 (got -1)"),
-                                         (str(2 ** 32), "--seed must be below 2**32 (got 4294967296)")])
-def test_a_seed_numpy_cannot_take_is_one_line_before_anything_is_written(labeled_folder, shard_dir, tmp_path,
-                                                                         capsys, seed, needle):
+@pytest.mark.parametrize(
+    "seed,needle",
+    [("-1", "--seed must be at least 0 (got -1)"), (str(2**32), "--seed must be below 2**32 (got 4294967296)")],
+)
+def test_a_seed_numpy_cannot_take_is_one_line_before_anything_is_written(
+    labeled_folder, shard_dir, tmp_path, capsys, seed, needle
+):
     """--seed -1 was NumPy's / scikit-learn's traceback from deep inside the demo, the fold split or fit."""
     from tfpipe.demo import main as demo_main
 

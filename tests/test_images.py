@@ -1,4 +1,5 @@
 """Image preparation: pass-through, conversions, orientation, resizing, corruption."""
+
 import io
 
 import cv2
@@ -92,11 +93,14 @@ def test_tiny_and_huge_images(tmp_path):
     assert (h, w) == (64, 64) and decode_rgb(out).shape == (64, 64, 3)
 
 
-@pytest.mark.parametrize("data, message", [
-    (b"not an image at all", "not a readable image"),
-    (jpeg_bytes(gradient_image(40, 40))[:300], "truncated"),  # cut inside the header
-    (jpeg_bytes(gradient_image(40, 40))[:-200], "truncated"),  # cut inside the scan
-])
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        (b"not an image at all", "not a readable image"),
+        (jpeg_bytes(gradient_image(40, 40))[:300], "truncated"),  # cut inside the header
+        (jpeg_bytes(gradient_image(40, 40))[:-200], "truncated"),  # cut inside the scan
+    ],
+)
 def test_corrupt_data_raises_user_error_naming_file(data, message):
     with pytest.raises(TfpipeError, match=f"(?i)^bad.jpg: .*{message}"):
         prepare_image(data, ImageSpec(image_size=16), "bad.jpg")

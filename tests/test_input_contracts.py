@@ -7,6 +7,7 @@
    with a non-whitespace separator unless class names have spaces; a 1 x N image is fitted like any other.
 3. Image settings that parse but mean nothing are refused when the ImageSpec is made, before any work.
 """
+
 import contextlib
 import glob
 import json
@@ -32,7 +33,7 @@ from tfpipe.errors import TfpipeError
 
 MEMORY_HEADROOM = 1 << 30  # what an in-process write of a few small images may allocate on top of the test process
 SECONDS = 20  # "within seconds", with room for a slow shared CPU
-SPARSE_BYTES = 3 * 2 ** 30
+SPARSE_BYTES = 3 * 2**30
 
 
 def manifest(out):
@@ -48,8 +49,10 @@ def records(out):
         parsed = tf.io.parse_example(batch, schema.feature_spec())
         targets = parsed["target"].numpy() if "target" in parsed else [[]] * len(parsed["image_name"])
         for name, target, image in zip(parsed["image_name"].numpy(), targets, parsed["image"].numpy()):
-            rows[name.decode()] = ([int(t) for t in target if t >= 0],
-                                   cv2.imdecode(np.frombuffer(image, np.uint8), cv2.IMREAD_COLOR))
+            rows[name.decode()] = (
+                [int(t) for t in target if t >= 0],
+                cv2.imdecode(np.frombuffer(image, np.uint8), cv2.IMREAD_COLOR),
+            )
     return rows
 
 
@@ -58,6 +61,7 @@ def tfrec_files(out):
 
 
 # ---------------------------------------------------------------- 1: bounded input
+
 
 def _vm_data():
     with open("/proc/self/status") as f:
@@ -139,8 +143,9 @@ def test_dev_zero_a_fifo_and_a_sparse_file_end_in_one_line(tmp_path, capsys, bad
     out = str(tmp_path / "out")
     started = time.monotonic()
     with bounded_memory(), fifo_rescue(os.path.join(images, "pipe.jpg")):
-        code = write(["--csv", csv_path, "--images", images, "--out", out, "--image-size", "16"]
-                     + ["--skip-bad"] * skip_bad)
+        code = write(
+            ["--csv", csv_path, "--images", images, "--out", out, "--image-size", "16"] + ["--skip-bad"] * skip_bad
+        )
     assert time.monotonic() - started < SECONDS
     if not skip_bad:
         assert code == 2
@@ -158,8 +163,7 @@ def test_dev_zero_a_fifo_and_a_sparse_file_end_in_one_line(tmp_path, capsys, bad
 def test_a_file_over_a_raised_byte_limit_is_refused_from_its_header(tmp_path, capsys):
     csv_path, images = _folder_with(tmp_path, "sparse")
     with bounded_memory():  # 3 GB of zeros: Pillow reads a few kB and finds no image format
-        assert write(["--csv", csv_path, "--images", images, "--out", str(tmp_path / "o"), "--max-bytes",
-                      "4000"]) == 2
+        assert write(["--csv", csv_path, "--images", images, "--out", str(tmp_path / "o"), "--max-bytes", "4000"]) == 2
     one_line_error(capsys, "sparse.jpg", "not a readable image")
 
 
@@ -171,17 +175,18 @@ def test_declared_pixels_are_refused_before_the_rest_is_read(tmp_path, capsys):
         f.write(png_header_only(20000, 10000))
         f.truncate(SPARSE_BYTES)
     with bounded_memory():
-        assert write(["--csv", csv_path, "--images", images, "--out", str(tmp_path / "o"), "--max-bytes",
-                      "4000"]) == 2
+        assert write(["--csv", csv_path, "--images", images, "--out", str(tmp_path / "o"), "--max-bytes", "4000"]) == 2
     one_line_error(capsys, "ok2.jpg", "20000x10000 is 200 MP", "--max-pixels")
 
 
 # Runs argv[2:] and writes the peak RSS (kB) of it and its descendants to argv[1]. The command is started from
 # this small process, not from pytest: a child forked from a large parent inherits the parent's high-water mark
 # (Linux keeps ru_maxrss across exec), which made a 320 MB write read as 2.3 GB in the full suite.
-_LAUNCHER = ("import resource, subprocess, sys; code = subprocess.call(sys.argv[2:]); "
-             "open(sys.argv[1], 'w').write(str(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)); "
-             "sys.exit(code)")
+_LAUNCHER = (
+    "import resource, subprocess, sys; code = subprocess.call(sys.argv[2:]); "
+    "open(sys.argv[1], 'w').write(str(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)); "
+    "sys.exit(code)"
+)
 
 
 def _run_with_rusage(cmd, timeout, folder):
@@ -189,8 +194,15 @@ def _run_with_rusage(cmd, timeout, folder):
     its children). Its output goes through files in ``folder`` (a pipe nobody reads could block it)."""
     peak = folder / "peak_kb"
     with open(os.devnull) as stdin, open(folder / "stdout", "w+") as out, open(folder / "stderr", "w+") as err:
-        proc = subprocess.Popen([sys.executable, "-c", _LAUNCHER, str(peak), *cmd], env=ENV, cwd=ROOT, stdin=stdin,
-                                stdout=out, stderr=err, start_new_session=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _LAUNCHER, str(peak), *cmd],
+            env=ENV,
+            cwd=ROOT,
+            stdin=stdin,
+            stdout=out,
+            stderr=err,
+            start_new_session=True,
+        )
         killer = threading.Timer(timeout, lambda: os.killpg(proc.pid, 9))
         killer.start()
         proc.wait()
@@ -204,14 +216,30 @@ def _run_with_rusage(cmd, timeout, folder):
 def test_bad_sources_with_worker_processes_end_in_time(tmp_path, skip_bad):
     csv_path, images = _folder_with(tmp_path, "zero", "pipe", "sparse")
     out = str(tmp_path / "out")
-    cmd = [sys.executable, "-m", "tfpipe.write", "--csv", csv_path, "--images", images, "--out", out,
-           "--image-size", "16", "--workers", "2", "--no-progress"] + ["--skip-bad"] * skip_bad
+    cmd = [
+        sys.executable,
+        "-m",
+        "tfpipe.write",
+        "--csv",
+        csv_path,
+        "--images",
+        images,
+        "--out",
+        out,
+        "--image-size",
+        "16",
+        "--workers",
+        "2",
+        "--no-progress",
+    ] + ["--skip-bad"] * skip_bad
     code, stdout, stderr, peak_mb = _run_with_rusage(cmd, 120, tmp_path)  # a hang is killed and fails here
     assert code == (0 if skip_bad else 2), stderr
     assert peak_mb < 1500, peak_mb  # the sparse file was never read (it took 3.4 GB)
     if not skip_bad:  # the first bad source in input order
-        assert stderr.strip().splitlines() == [f"tfpipe.write: error: {images}/zero.jpg: is a character device "
-                                               "(a link to /dev/zero), not a regular file; images must be regular files"]
+        assert stderr.strip().splitlines() == [
+            f"tfpipe.write: error: {images}/zero.jpg: is a character device "
+            "(a link to /dev/zero), not a regular file; images must be regular files"
+        ]
         return
     assert [s["image"] for s in manifest(out)["skipped"]] == ["zero", "pipe", "sparse"]
     assert manifest(out)["num_examples"] == 6 and re.search("skipped 3 images?: zero, pipe, sparse ", stdout)
@@ -237,8 +265,12 @@ def test_folder_listings_name_what_is_not_a_regular_file(tmp_path, capsys):
     os.symlink(flat / "gone.jpg", flat / "c.jpg")
     (flat / "sub").mkdir()  # sub-folders are not images: still left out
     with fifo_rescue(str(flat / "b.jpg")):
-        assert write(["--images", str(flat), "--unlabeled", "--out", str(tmp_path / "u"), "--skip-bad",
-                      "--image-size", "16"]) == 0
+        assert (
+            write(
+                ["--images", str(flat), "--unlabeled", "--out", str(tmp_path / "u"), "--skip-bad", "--image-size", "16"]
+            )
+            == 0
+        )
     reasons = {s["image"]: s["reason"] for s in manifest(str(tmp_path / "u"))["skipped"]}
     assert sorted(reasons) == ["b.jpg", "c.jpg"] and "No such file" in reasons["c.jpg"], reasons
     with fifo_rescue(str(flat / "b.jpg")):
@@ -279,11 +311,15 @@ def _formats():
         Image.fromarray(rgb).save(buf, fmt, **kwargs)
         return buf.getvalue()
 
-    return {"jpeg, 60 kB EXIF": (saved("JPEG", exif=big_exif.tobytes()), 6),
-            "jpeg, 300 kB ICC": (saved("JPEG", icc_profile=b"\0" * 300_000, exif=exif), 6),
-            "png": (saved("PNG", exif=exif), 6), "gif": (saved("GIF"), 1), "bmp": (saved("BMP"), 1),
-            "webp": (saved("WEBP", exif=exif), 6),
-            "tiff, directory at the end": (saved("TIFF", compression="tiff_lzw", exif=exif), 6)}
+    return {
+        "jpeg, 60 kB EXIF": (saved("JPEG", exif=big_exif.tobytes()), 6),
+        "jpeg, 300 kB ICC": (saved("JPEG", icc_profile=b"\0" * 300_000, exif=exif), 6),
+        "png": (saved("PNG", exif=exif), 6),
+        "gif": (saved("GIF"), 1),
+        "bmp": (saved("BMP"), 1),
+        "webp": (saved("WEBP", exif=exif), 6),
+        "tiff, directory at the end": (saved("TIFF", compression="tiff_lzw", exif=exif), 6),
+    }
 
 
 @pytest.mark.parametrize("fmt", list(_formats()))
@@ -359,10 +395,18 @@ def test_a_folder_name_in_nfd_is_the_nfc_class(tmp_path):
     assert records(out)[f"{CAFE_NFD}/a.jpg"][0] == [0]  # the id is the file's own path
 
 
-@pytest.mark.parametrize("char,name", [("\u200b", "U+200B ZERO WIDTH SPACE"), ("\u200d", "U+200D ZERO WIDTH JOINER"),
-                                       ("\ufeff", "U+FEFF ZERO WIDTH NO-BREAK SPACE"),
-                                       ("\u00a0", "U+00A0 NO-BREAK SPACE"), ("\u3000", "U+3000 IDEOGRAPHIC SPACE"),
-                                       ("\u00ad", "U+00AD SOFT HYPHEN"), ("\x1b", "U+001B a control character")])
+@pytest.mark.parametrize(
+    "char,name",
+    [
+        ("\u200b", "U+200B ZERO WIDTH SPACE"),
+        ("\u200d", "U+200D ZERO WIDTH JOINER"),
+        ("\ufeff", "U+FEFF ZERO WIDTH NO-BREAK SPACE"),
+        ("\u00a0", "U+00A0 NO-BREAK SPACE"),
+        ("\u3000", "U+3000 IDEOGRAPHIC SPACE"),
+        ("\u00ad", "U+00AD SOFT HYPHEN"),
+        ("\x1b", "U+001B a control character"),
+    ],
+)
 def test_an_invisible_character_in_a_label_is_named(tmp_path, capsys, char, name):
     code, _ = _write_labels(tmp_path, ["cat", f"dog ca{char}t"])
     assert code == 2
@@ -382,11 +426,15 @@ def test_invisible_characters_are_refused_wherever_a_class_is_named(tmp_path, ca
         csv_path = write_csv(tmp_path / "c.csv", ["image", "labels"], [("i0", "cat"), ("i1", "")])
         args = ["--csv", str(csv_path), "--images", images, "--classes", f"{zwsp},dog"]
     else:
-        header, rows = ((["image", "label"], [("i0", zwsp), ("i1", "dog")]) if where == "class column" else
-                        (["image", zwsp, "dog"], [("i0", 1, 0), ("i1", 0, 1)]))
+        header, rows = (
+            (["image", "label"], [("i0", zwsp), ("i1", "dog")])
+            if where == "class column"
+            else (["image", zwsp, "dog"], [("i0", 1, 0), ("i1", 0, 1)])
+        )
         csv_path = write_csv(tmp_path / "c.csv", header, rows)
         args = ["--csv", str(csv_path), "--images", images] + (
-            ["--class-col", "label"] if where == "class column" else ["--label-cols", f"{zwsp},dog"])
+            ["--class-col", "label"] if where == "class column" else ["--label-cols", f"{zwsp},dog"]
+        )
     assert write(args + ["--out", out]) == 2
     one_line_error(capsys, "U+200B ZERO WIDTH SPACE")
 
@@ -441,8 +489,9 @@ def test_spaces_in_names_from_python(tmp_path):
     from tfpipe.sources import LabelFormat, Source
 
     images = _images(tmp_path, 2)
-    csv_path = str(write_csv(tmp_path / "c.csv", ["image", "labels"], [("i0", "golden retriever,poodle"),
-                                                                      ("i1", "poodle")]))
+    csv_path = str(
+        write_csv(tmp_path / "c.csv", ["image", "labels"], [("i0", "golden retriever,poodle"), ("i1", "poodle")])
+    )
     with pytest.raises(TfpipeError, match=r"'golden retriever'.*spaces_in_names=True"):
         Source(images, csv=csv_path, label_format=LabelFormat(sep=",")).items()
     items, _ = Source(images, csv=csv_path, label_format=LabelFormat(sep=",", spaces_in_names=True)).items()
@@ -452,8 +501,9 @@ def test_spaces_in_names_from_python(tmp_path):
 def test_class_names_with_spaces_stay_allowed_where_they_are_one_name(tmp_path):
     images = _images(tmp_path, 2)
     csv_path = write_csv(tmp_path / "c.csv", ["image", "label"], [("i0", "golden retriever"), ("i1", "poodle")])
-    assert write(["--csv", str(csv_path), "--images", images, "--class-col", "label", "--out",
-                  str(tmp_path / "o")]) == 0
+    assert (
+        write(["--csv", str(csv_path), "--images", images, "--class-col", "label", "--out", str(tmp_path / "o")]) == 0
+    )
     assert manifest(str(tmp_path / "o"))["classes"] == ["golden retriever", "poodle"]
     (tmp_path / "tree" / "golden retriever").mkdir(parents=True)
     save(tmp_path / "tree" / "golden retriever" / "a.jpg")
@@ -474,12 +524,30 @@ def test_a_one_pixel_strip_is_fitted_like_any_other_image(tmp_path, fit):
     _strip(images / "wide.png", 1, 70000)
     _strip(images / "tall.png", 70000, 1)
     save(images / "plain.jpg")
-    csv_path = write_csv(tmp_path / "c.csv", ["image", "labels"], [("wide.png", "a"), ("tall.png", "b"),
-                                                                  ("plain.jpg", "a")])
+    csv_path = write_csv(
+        tmp_path / "c.csv", ["image", "labels"], [("wide.png", "a"), ("tall.png", "b"), ("plain.jpg", "a")]
+    )
     out = str(tmp_path / "o")
     with bounded_memory():  # crop scaled the whole strip up first: 1.4 GB at 64 px, 4.3 GB at 128 px
-        assert write(["--csv", str(csv_path), "--images", str(images), "--out", out, "--image-size", "64",
-                      "--fit", fit, "--format", "png"]) == 0
+        assert (
+            write(
+                [
+                    "--csv",
+                    str(csv_path),
+                    "--images",
+                    str(images),
+                    "--out",
+                    out,
+                    "--image-size",
+                    "64",
+                    "--fit",
+                    fit,
+                    "--format",
+                    "png",
+                ]
+            )
+            == 0
+        )
     rows = records(out)
     for name, content in (("wide.png", np.s_[31:32, :]), ("tall.png", np.s_[:, 31:32])):
         img = rows[name][1].astype(int)
@@ -506,42 +574,52 @@ def test_a_strip_too_long_for_jpeg_is_one_line_and_png_stores_it(tmp_path, capsy
 
 # ---------------------------------------------------------------- 3: image settings that parse but mean nothing
 
-@pytest.mark.parametrize("flag,value,needle", [
-    ("--max-pixels", "nan", "--max-pixels must be a positive, finite number (got nan)"),
-    ("--max-pixels", "inf", "--max-pixels must be a positive, finite number (got inf)"),
-    ("--max-pixels", "-1", "--max-pixels must be a positive, finite number (got -1.0)"),
-    ("--max-pixels", "0", "--max-pixels must be a positive, finite number (got 0.0)"),
-    ("--max-bytes", "nan", "--max-bytes must be a positive, finite number (got nan)"),
-    ("--max-bytes", "0", "--max-bytes must be a positive, finite number (got 0.0)"),
-    ("--image-size", "0", "--image-size must be at least 1 (got 0)"),
-    ("--image-size", "-5", "--image-size must be at least 1 (got -5)"),
-    ("--quality", "500", "--quality must be in 1..100 (got 500)"),
-    ("--quality", "0", "--quality must be at least 1 (got 0)"),
-])
-def test_image_settings_that_mean_nothing_are_one_line_before_any_work(labeled_folder, tmp_path, capsys, flag,
-                                                                       value, needle):
+
+@pytest.mark.parametrize(
+    "flag,value,needle",
+    [
+        ("--max-pixels", "nan", "--max-pixels must be a positive, finite number (got nan)"),
+        ("--max-pixels", "inf", "--max-pixels must be a positive, finite number (got inf)"),
+        ("--max-pixels", "-1", "--max-pixels must be a positive, finite number (got -1.0)"),
+        ("--max-pixels", "0", "--max-pixels must be a positive, finite number (got 0.0)"),
+        ("--max-bytes", "nan", "--max-bytes must be a positive, finite number (got nan)"),
+        ("--max-bytes", "0", "--max-bytes must be a positive, finite number (got 0.0)"),
+        ("--image-size", "0", "--image-size must be at least 1 (got 0)"),
+        ("--image-size", "-5", "--image-size must be at least 1 (got -5)"),
+        ("--quality", "500", "--quality must be in 1..100 (got 500)"),
+        ("--quality", "0", "--quality must be at least 1 (got 0)"),
+    ],
+)
+def test_image_settings_that_mean_nothing_are_one_line_before_any_work(
+    labeled_folder, tmp_path, capsys, flag, value, needle
+):
     out = tmp_path / "o"
-    assert write(["--csv", labeled_folder["csv"], "--images", labeled_folder["images"], "--out", str(out),
-                  flag, value]) == 2
+    assert (
+        write(["--csv", labeled_folder["csv"], "--images", labeled_folder["images"], "--out", str(out), flag, value])
+        == 2
+    )
     one_line_error(capsys, needle)
     assert not out.exists()
 
 
-@pytest.mark.parametrize("kwargs,needle", [
-    ({"image_size": -5}, "image_size must be at least 1 (got -5)"),
-    ({"image_size": 0}, "image_size must be at least 1 (got 0)"),
-    ({"image_size": 32.5}, "image_size must be a whole number (got 32.5)"),
-    ({"image_size": True}, "image_size must be a whole number (got True)"),
-    ({"fit": "cover"}, "fit must be one of stretch, crop, pad (got 'cover')"),
-    ({"format": "webp"}, "format must be one of jpeg, png (got 'webp')"),
-    ({"quality": 500}, "quality must be in 1..100 (got 500)"),
-    ({"quality": 0}, "quality must be at least 1 (got 0)"),
-    ({"quality": 90.5}, "quality must be a whole number (got 90.5)"),
-    ({"max_pixels": 0}, "max_pixels must be at least 1 (got 0)"),
-    ({"max_pixels": float("nan")}, "max_pixels must be a whole number (got nan)"),
-    ({"max_bytes": -1}, "max_bytes must be at least 1 (got -1)"),
-    ({"size": -5}, "image_size must be at least 1 (got -5)"),  # tfpipe 0.1's name, checked the same
-])
+@pytest.mark.parametrize(
+    "kwargs,needle",
+    [
+        ({"image_size": -5}, "image_size must be at least 1 (got -5)"),
+        ({"image_size": 0}, "image_size must be at least 1 (got 0)"),
+        ({"image_size": 32.5}, "image_size must be a whole number (got 32.5)"),
+        ({"image_size": True}, "image_size must be a whole number (got True)"),
+        ({"fit": "cover"}, "fit must be one of stretch, crop, pad (got 'cover')"),
+        ({"format": "webp"}, "format must be one of jpeg, png (got 'webp')"),
+        ({"quality": 500}, "quality must be in 1..100 (got 500)"),
+        ({"quality": 0}, "quality must be at least 1 (got 0)"),
+        ({"quality": 90.5}, "quality must be a whole number (got 90.5)"),
+        ({"max_pixels": 0}, "max_pixels must be at least 1 (got 0)"),
+        ({"max_pixels": float("nan")}, "max_pixels must be a whole number (got nan)"),
+        ({"max_bytes": -1}, "max_bytes must be at least 1 (got -1)"),
+        ({"size": -5}, "image_size must be at least 1 (got -5)"),  # tfpipe 0.1's name, checked the same
+    ],
+)
 def test_an_image_spec_that_means_nothing_is_refused_when_made(kwargs, needle):
     from tfpipe.images import ImageSpec
 

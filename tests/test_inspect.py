@@ -1,4 +1,5 @@
 """inspect: our shards, foreign shards, a contact sheet, and --verify on a truncated shard."""
+
 import io
 import os
 import shutil
@@ -17,7 +18,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_our_shards_schema_labels_and_sheet(shard_dir, tmp_path):
-    out, labels, _ = shard_dir
+    out, _labels, _ = shard_dir
     sheet = str(tmp_path / "sheet.png")
     buf = io.StringIO()
     info = inspect_shards(out, sheet=sheet, sheet_count=10, do_verify=True, out=buf)
@@ -59,8 +60,12 @@ def test_verify_names_a_truncated_shard(shard_dir, tmp_path):
         f.truncate(os.path.getsize(os.path.join(out, victim)) - 100)
     with pytest.raises(TfpipeError, match=victim):
         inspect_shards(out, do_verify=True, out=io.StringIO())
-    proc = subprocess.run([sys.executable, "-m", "tfpipe.inspect", out, "--verify", "--no-sheet"],
-                          capture_output=True, text=True, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tfpipe.inspect", out, "--verify", "--no-sheet"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     assert proc.returncode == 2 and victim in proc.stderr and "Traceback" not in proc.stderr
 
 

@@ -9,6 +9,7 @@ package the way Beam's ``--setup_file`` stages it for Dataflow workers and runs 
 
 Slow (a few minutes per case; installs from the package registry): ``make test-install``, run by CI.
 """
+
 import json
 import os
 import re
@@ -31,8 +32,11 @@ def _lock(name):
 
 
 # (TensorFlow, tf-keras): the oldest release we support, the one Kaggle's TPU image had last, the newest pinned.
-CASES = {"oldest": ("2.18.1", "2.18.0"), "2.19": ("2.19.1", "2.19.0"),
-         "newest": (_lock("tensorflow"), _lock("tf-keras"))}
+CASES = {
+    "oldest": ("2.18.1", "2.18.0"),
+    "2.19": ("2.19.1", "2.19.0"),
+    "newest": (_lock("tensorflow"), _lock("tf-keras")),
+}
 TORCH = _lock("torch")  # a CPU build is on this machine's disk; the user's image has its own torch
 PACKAGE_FILES = ("pyproject.toml", "setup.py", "README.md", "tfpipe", "train")
 KEPT = ("tensorflow", "tf-keras", "torch", "numpy")  # never replaced by installing tfpipe
@@ -45,9 +49,14 @@ def run(cmd, cwd, env, timeout=900, quiet=False):
     from tfpipe.console import NOISE
 
     done = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
-    assert done.returncode == 0, f"{' '.join(map(str, cmd))} -> {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
-    noise = [line for line in done.stderr.splitlines()
-             if NOISE.match(line.encode()) or any(word in line for word in START_UP_WORDS)]
+    assert done.returncode == 0, (
+        f"{' '.join(map(str, cmd))} -> {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
+    )
+    noise = [
+        line
+        for line in done.stderr.splitlines()
+        if NOISE.match(line.encode()) or any(word in line for word in START_UP_WORDS)
+    ]
     assert not (quiet and noise), f"{' '.join(map(str, cmd))} showed TensorFlow's start-up lines: {noise[:3]}"
     return done.stdout
 
@@ -79,8 +88,11 @@ def make_user_venv(path, tf_version, keras_version):
     run([sys.executable, "-m", "venv", str(path)], ROOT, os.environ)
     env = user_env(path)
     run(["python", "-m", "pip", "install", "--quiet", "--upgrade", "pip"], str(path), env)
-    run(["pip", "install", "--quiet", f"tensorflow=={tf_version}", f"tf-keras=={keras_version}",
-         f"torch=={TORCH}"], str(path), env)
+    run(
+        ["pip", "install", "--quiet", f"tensorflow=={tf_version}", f"tf-keras=={keras_version}", f"torch=={TORCH}"],
+        str(path),
+        env,
+    )
     return env
 
 
@@ -92,17 +104,94 @@ def versions(env, cwd):
 def write_fit_predict(work, env):
     """Demo data -> shards -> 8-replica training with steps_per_execution 2 -> submission, via the installed commands."""
     run(["tfpipe-demo", "data", "--train", "96", "--test", "16"], work, env, quiet=True)
-    run(["python", "-m", "tfpipe.write", "--csv", "data/train.csv",
-         "--images", "data/images", "--out", "records/train", "--image-size", "32", "--folds", "3",
-         "--no-progress"], work, env, quiet=True)
-    run(["tfpipe-write", "--csv", "data/test.csv", "--images", "data/images", "--out", "records/test", "--split",
-         "test", "--unlabeled", "--image-size", "32", "--no-progress"], work, env, quiet=True)
-    run(["python", "-m", "train.fit", "--records", "records/train", "--out", "run", "--strategy", "cpu",
-         "--replicas", "8", "--steps-per-execution", "2", "--model", "small-cnn", "--batch-size", "2",
-         "--epochs", "1", "--verbose", "0"], work, env, quiet=True)
+    run(
+        [
+            "python",
+            "-m",
+            "tfpipe.write",
+            "--csv",
+            "data/train.csv",
+            "--images",
+            "data/images",
+            "--out",
+            "records/train",
+            "--image-size",
+            "32",
+            "--folds",
+            "3",
+            "--no-progress",
+        ],
+        work,
+        env,
+        quiet=True,
+    )
+    run(
+        [
+            "tfpipe-write",
+            "--csv",
+            "data/test.csv",
+            "--images",
+            "data/images",
+            "--out",
+            "records/test",
+            "--split",
+            "test",
+            "--unlabeled",
+            "--image-size",
+            "32",
+            "--no-progress",
+        ],
+        work,
+        env,
+        quiet=True,
+    )
+    run(
+        [
+            "python",
+            "-m",
+            "train.fit",
+            "--records",
+            "records/train",
+            "--out",
+            "run",
+            "--strategy",
+            "cpu",
+            "--replicas",
+            "8",
+            "--steps-per-execution",
+            "2",
+            "--model",
+            "small-cnn",
+            "--batch-size",
+            "2",
+            "--epochs",
+            "1",
+            "--verbose",
+            "0",
+        ],
+        work,
+        env,
+        quiet=True,
+    )
     # A fresh process on 8 replicas: nothing may start TensorFlow's devices before the strategy is made.
-    run(["tfpipe-predict", "--run", "run", "--records", "records/test", "--out", "submission.csv", "--strategy",
-         "cpu", "--replicas", "8"], work, env, quiet=True)
+    run(
+        [
+            "tfpipe-predict",
+            "--run",
+            "run",
+            "--records",
+            "records/test",
+            "--out",
+            "submission.csv",
+            "--strategy",
+            "cpu",
+            "--replicas",
+            "8",
+        ],
+        work,
+        env,
+        quiet=True,
+    )
     with open(os.path.join(work, "run", "metrics.json")) as f:
         metrics = json.load(f)
     with open(os.path.join(work, "submission.csv")) as f:
@@ -125,8 +214,9 @@ def test_wheel_next_to_users_tensorflow(case, wheel, tmp_path):
     assert after["tensorflow"] == tf_version
 
     # The installed package answers, from outside the repository; a train.py in the folder does not shadow it.
-    where = run(["python", "-c", "import tfpipe, train.fit; print(tfpipe.__file__); print(train.fit.__file__)"],
-                str(work), env)
+    where = run(
+        ["python", "-c", "import tfpipe, train.fit; print(tfpipe.__file__); print(train.fit.__file__)"], str(work), env
+    )
     assert all(str(venv) in line for line in where.split()), where
     shadowed = work / "project"
     shadowed.mkdir()
@@ -168,10 +258,12 @@ def notebook(cells, repo_url):
 
 def execute(nb_path, cwd, env):
     """Executes a notebook in a kernel of the venv (nbclient runs there); returns the executed cells."""
-    script = ("import nbformat, nbclient, sys\n"
-              "nb = nbformat.read(sys.argv[1], as_version=4)\n"
-              "nbclient.NotebookClient(nb, timeout=900, allow_errors=True, kernel_name='python3').execute()\n"
-              "nbformat.write(nb, sys.argv[1])\n")
+    script = (
+        "import nbformat, nbclient, sys\n"
+        "nb = nbformat.read(sys.argv[1], as_version=4)\n"
+        "nbclient.NotebookClient(nb, timeout=900, allow_errors=True, kernel_name='python3').execute()\n"
+        "nbformat.write(nb, sys.argv[1])\n"
+    )
     run(["python", "-c", script, str(nb_path)], cwd, env, timeout=1800)
     import nbformat
 
@@ -198,8 +290,15 @@ def readme_cells_in_a_notebook(venv, env, work):
     executed = execute(work / "readme.ipynb", str(work), env)
     assert [errors(c) for c in executed] == [[]] * len(executed)
     assert "ERROR" not in "".join(o.get("text", "") for o in executed[0].outputs)  # %pip prints, never raises
-    origin = run(["python", "-c", "import importlib.metadata as m; print(m.distribution('tfpipe').read_text("
-                  "'direct_url.json'))"], str(work), env)
+    origin = run(
+        [
+            "python",
+            "-c",
+            "import importlib.metadata as m; print(m.distribution('tfpipe').read_text('direct_url.json'))",
+        ],
+        str(work),
+        env,
+    )
     assert json.loads(origin)["url"] == url and "vcs_info" in json.loads(origin)  # installed by the cell, via git
     with open(work / "submission.csv") as f:
         assert len(f.read().splitlines()) == 1 + 8
@@ -219,17 +318,41 @@ def beam_workers_from_setup_file(env, work):
     worker does) with Beam, and writes with the multi-process DirectRunner: the workers import the installed
     tfpipe (no repository on their path) and write the same bytes as the default runner."""
     staged = work / "staged"
-    stage = ("import sys\n"
-             "from apache_beam.options.pipeline_options import PipelineOptions\n"
-             "from apache_beam.runners.portability.stager import Stager\n"
-             "Stager.create_job_resources(PipelineOptions(['--setup_file', sys.argv[1]]), sys.argv[2])\n")
+    stage = (
+        "import sys\n"
+        "from apache_beam.options.pipeline_options import PipelineOptions\n"
+        "from apache_beam.runners.portability.stager import Stager\n"
+        "Stager.create_job_resources(PipelineOptions(['--setup_file', sys.argv[1]]), sys.argv[2])\n"
+    )
     staged.mkdir()
     run([sys.executable, "-c", stage, os.path.join(ROOT, "setup.py"), str(staged)], ROOT, os.environ)
     (sdist,) = staged.glob("tfpipe-*.tar.gz")  # staged for the workers as workflow.tar.gz
     run(["pip", "install", "--quiet", str(sdist), f"apache-beam=={_lock('apache-beam')}"], str(work), env)
-    run(["python", "-m", "tfpipe.write", "--csv", "data/train.csv", "--images", "data/images", "--out", "beam",
-         "--image-size", "32", "--folds", "3", "--no-progress", "--runner", "beam", "--",
-         "--direct_running_mode=multi_processing", "--direct_num_workers=2"], str(work), env)
+    run(
+        [
+            "python",
+            "-m",
+            "tfpipe.write",
+            "--csv",
+            "data/train.csv",
+            "--images",
+            "data/images",
+            "--out",
+            "beam",
+            "--image-size",
+            "32",
+            "--folds",
+            "3",
+            "--no-progress",
+            "--runner",
+            "beam",
+            "--",
+            "--direct_running_mode=multi_processing",
+            "--direct_num_workers=2",
+        ],
+        str(work),
+        env,
+    )
     names = sorted(os.listdir(work / "records" / "train"))
     assert sorted(os.listdir(work / "beam")) == names
     for name in names:

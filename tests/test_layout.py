@@ -1,5 +1,6 @@
 """The layout the code stands on: no import cycles, the library core never reaches back into the commands or
 into ``train``, and functions in ``tfpipe/`` stay small enough to read in one look. Read from the source."""
+
 import ast
 import os
 import pathlib
@@ -11,8 +12,11 @@ MAX_FUNCTION_LINES = 40  # body lines after the docstring
 
 
 def modules():
-    return {f"{package}.{path.stem}" if path.stem != "__init__" else package: path
-            for package in PACKAGES for path in sorted((ROOT / package).glob("*.py"))}
+    return {
+        f"{package}.{path.stem}" if path.stem != "__init__" else package: path
+        for package in PACKAGES
+        for path in sorted((ROOT / package).glob("*.py"))
+    }
 
 
 def imports(path, known):
@@ -33,7 +37,7 @@ def test_no_import_cycles():
     done, path = set(), []
 
     def visit(name):
-        assert name not in path, "import cycle: " + " -> ".join(path[path.index(name):] + [name])
+        assert name not in path, "import cycle: " + " -> ".join(path[path.index(name) :] + [name])
         if name in done:
             return
         path.append(name)

@@ -1,5 +1,6 @@
 """tfpipe behaves like a library: importing it changes nothing in the host process, optional dependencies are
 imported where used, and a missing one is one line naming the pip install (each case in a fresh process)."""
+
 import argparse
 import importlib
 import os
@@ -17,8 +18,9 @@ ENV = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
 
 
 def python(code, *args):
-    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=ENV, cwd=ROOT,
-                          timeout=300)
+    return subprocess.run(
+        [sys.executable, "-c", code, *args], capture_output=True, text=True, env=ENV, cwd=ROOT, timeout=300
+    )
 
 
 HOST_STATE = """
@@ -54,8 +56,10 @@ def test_import_and_use_change_no_host_state(tmp_path):
 
 
 def test_core_imports_without_tensorflow_or_torch():
-    done = python("import sys, tfpipe, tfpipe.write, tfpipe.images, tfpipe.sources, tfpipe.shards\n"
-                  "print(sorted(m for m in ('tensorflow', 'torch', 'matplotlib') if m in sys.modules))")
+    done = python(
+        "import sys, tfpipe, tfpipe.write, tfpipe.images, tfpipe.sources, tfpipe.shards\n"
+        "print(sorted(m for m in ('tensorflow', 'torch', 'matplotlib') if m in sys.modules))"
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
 
@@ -65,13 +69,24 @@ HIDE = "import sys\nfor m in sys.argv[1].split(','): sys.modules[m] = None\n"
 
 
 def test_writer_without_torch_is_one_line(labeled_folder):
-    done = python(HIDE + "from tfpipe.write import main\nsys.exit(main(sys.argv[2:]))", "torch",
-                  "--csv", labeled_folder["csv"], "--images", labeled_folder["images"],
-                  "--out", str(labeled_folder["root"] / "out"), "--image-size", "16", "--no-progress")
+    done = python(
+        HIDE + "from tfpipe.write import main\nsys.exit(main(sys.argv[2:]))",
+        "torch",
+        "--csv",
+        labeled_folder["csv"],
+        "--images",
+        labeled_folder["images"],
+        "--out",
+        str(labeled_folder["root"] / "out"),
+        "--image-size",
+        "16",
+        "--no-progress",
+    )
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
         "tfpipe.write: error: torch is not installed, and is needed for the writer's DataLoader workers: "
-        "pip install 'tfpipe[write]' (or any torch build)"]
+        "pip install 'tfpipe[write]' (or any torch build)"
+    ]
     assert not (labeled_folder["root"] / "out").exists() or not os.listdir(labeled_folder["root"] / "out")
 
 
@@ -81,7 +96,10 @@ def test_fit_without_tf_keras_is_one_line(how, shard_dir, tmp_path):
 
     args = f"'--records', {shard_dir[0]!r}, '--out', {str(tmp_path / 'run')!r}"
     if how == "python -m":
-        code = HIDE + f"import runpy\nsys.argv = ['train.fit', {args}]\nrunpy.run_module('train.fit', run_name='__main__', alter_sys=True)"
+        code = (
+            HIDE
+            + f"import runpy\nsys.argv = ['train.fit', {args}]\nrunpy.run_module('train.fit', run_name='__main__', alter_sys=True)"
+        )
     else:
         code = HIDE + f"sys.argv = ['/venv/bin/tfpipe-fit', {args}]\nfrom train.fit import main\nsys.exit(main())"
     done = python(code, "tf_keras")
@@ -90,12 +108,16 @@ def test_fit_without_tf_keras_is_one_line(how, shard_dir, tmp_path):
     assert "Traceback" not in done.stderr  # TensorFlow's own start-up lines (issue #17) may stand before the error
     assert done.stderr.strip().splitlines()[-1:] == [
         f"train.fit: error: training needs tf-keras of TensorFlow's release {release}, which is not installed: "
-        f"pip install 'tf-keras~={release}.0'"]
+        f"pip install 'tf-keras~={release}.0'"
+    ]
 
 
 def test_fit_imported_without_tf_keras_raises_import_error():
-    done = python(HIDE + "import train.fit\ntry:\n    train.fit.compile_model\nexcept ImportError as e:\n"
-                  "    print(type(e).__name__, '|', e)", "tf_keras")
+    done = python(
+        HIDE + "import train.fit\ntry:\n    train.fit.compile_model\nexcept ImportError as e:\n"
+        "    print(type(e).__name__, '|', e)",
+        "tf_keras",
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("MissingDependency | training needs tf-keras"), done.stdout
 
@@ -106,8 +128,10 @@ def test_keras_of_another_release_is_named():
     installed = tf_keras.__version__
     assert keras_problem(installed) is None
     other = "2.10.1" if not installed.startswith("2.10.") else "2.11.0"
-    assert keras_problem(other) == (f"tf-keras {installed} does not match TensorFlow {other} (they must be the same "
-                                    f"release): pip install 'tf-keras~={other.rsplit('.', 1)[0]}.0'")
+    assert keras_problem(other) == (
+        f"tf-keras {installed} does not match TensorFlow {other} (they must be the same "
+        f"release): pip install 'tf-keras~={other.rsplit('.', 1)[0]}.0'"
+    )
 
 
 def test_require_names_the_extra_and_keeps_real_import_errors(tmp_path, monkeypatch):
@@ -136,14 +160,16 @@ COMMANDS = ("tfpipe.write", "tfpipe.inspect", "tfpipe.demo", "train.fit", "train
 
 @pytest.mark.parametrize("command", COMMANDS)
 def test_help_answers_at_once_without_tensorflow_and_shows_defaults(command):
-    code = ("import sys, time, runpy, contextlib, io\nt = time.perf_counter()\nout = io.StringIO()\n"
-            f"sys.argv = [{command!r}, '--help']\n"
-            "with contextlib.redirect_stdout(out):\n"
-            "    try:\n"
-            f"        runpy.run_module({command!r}, run_name='__main__', alter_sys=True)\n"
-            "    except SystemExit:\n        pass\n"
-            "print(time.perf_counter() - t, 'tensorflow' in sys.modules, 'torch' in sys.modules)\n"
-            "print(out.getvalue())")
+    code = (
+        "import sys, time, runpy, contextlib, io\nt = time.perf_counter()\nout = io.StringIO()\n"
+        f"sys.argv = [{command!r}, '--help']\n"
+        "with contextlib.redirect_stdout(out):\n"
+        "    try:\n"
+        f"        runpy.run_module({command!r}, run_name='__main__', alter_sys=True)\n"
+        "    except SystemExit:\n        pass\n"
+        "print(time.perf_counter() - t, 'tensorflow' in sys.modules, 'torch' in sys.modules)\n"
+        "print(out.getvalue())"
+    )
     done = python(code)
     assert done.returncode == 0, done.stderr
     first, text = done.stdout.split("\n", 1)
@@ -163,8 +189,9 @@ def test_tensorflow_start_up_lines_are_held_back_unless_asked_for(shard_dir, tmp
     cmd = [sys.executable, "-m", "train.predict", "--run", str(tmp_path / "no-run"), "--records", shard_dir[0]]
     quiet = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
     assert quiet.returncode == 2
-    assert quiet.stderr.strip().splitlines() == [f"train.predict: error: {tmp_path / 'no-run'}: no config.json; is "
-                                                 "this a run folder written by train.fit?"]
+    assert quiet.stderr.strip().splitlines() == [
+        f"train.predict: error: {tmp_path / 'no-run'}: no config.json; is this a run folder written by train.fit?"
+    ]
     loud = subprocess.run(cmd, capture_output=True, text=True, env=dict(env, TFPIPE_VERBOSE="1"), cwd=ROOT)
     assert "absl::InitializeLog()" in loud.stderr and len(loud.stderr.strip().splitlines()) > 1
 
@@ -178,17 +205,23 @@ def test_the_stderr_filter_passes_progress_bars_and_drops_whole_noise_lines():
     dst_r, dst_w = os.pipe()
     thread = threading.Thread(target=_forward, args=(src_r, dst_w))
     thread.start()
-    for part in (b"write train:  50%|##   | 6/12\r", b"write train: 100%|#####| 12/12\n",
-                 b"I0000 00:00:1795412900.936833   27851 port.cc:153] oneDNN custom operations are on.\n",
-                 b"E0000 00:00:17", b"95412900.9 1 cuda_executor.cc:1] failed call to cuInit\n",
-                 b"2026-11-23 07:13:30.538873: E external/local_xla/xla/stream_executor/cuda/cuda_fft.cc:467] "
-                 b"Unable to register cuFFT factory\n",  # TensorFlow 2.18 / 2.19
-                 b"Epoch 1/2\n", b"tfpipe.write: error: x\n"):
+    for part in (
+        b"write train:  50%|##   | 6/12\r",
+        b"write train: 100%|#####| 12/12\n",
+        b"I0000 00:00:1795412900.936833   27851 port.cc:153] oneDNN custom operations are on.\n",
+        b"E0000 00:00:17",
+        b"95412900.9 1 cuda_executor.cc:1] failed call to cuInit\n",
+        b"2026-11-23 07:13:30.538873: E external/local_xla/xla/stream_executor/cuda/cuda_fft.cc:467] "
+        b"Unable to register cuFFT factory\n",  # TensorFlow 2.18 / 2.19
+        b"Epoch 1/2\n",
+        b"tfpipe.write: error: x\n",
+    ):
         os.write(src_w, part)
     os.close(src_w)
     thread.join(5)
     os.close(dst_w)
     with os.fdopen(dst_r, "rb") as f:
         got = f.read()
-    assert got == (b"write train:  50%|##   | 6/12\rwrite train: 100%|#####| 12/12\nEpoch 1/2\n"
-                   b"tfpipe.write: error: x\n")
+    assert got == (
+        b"write train:  50%|##   | 6/12\rwrite train: 100%|#####| 12/12\nEpoch 1/2\ntfpipe.write: error: x\n"
+    )

@@ -1,4 +1,5 @@
 """The Kaggle TPU notebook runs headless, top to bottom, on tiny demo settings (8 virtual CPU replicas here)."""
+
 import os
 
 import nbformat

@@ -1,4 +1,5 @@
 """After training: submission CSVs under any strategy, TTA, SWA, and the run's pictures."""
+
 import json
 import os
 import subprocess
@@ -46,7 +47,9 @@ def test_swa_reports_both_models(trained_run, shard_dir):
     assert any(not np.allclose(a, b) for a, b in zip(plain.get_weights(), averaged.get_weights()))
     saved = json.loads(open(os.path.join(out, "metrics.json")).read())
     for name, reported in (("model.keras", saved["final"]["val_auc"]), ("model-swa.keras", saved["swa"]["val_auc"])):
-        assert reported == pytest.approx(validation_auc(f"{out}/{name}", records, [0]), abs=1e-3), name  # see test_train
+        assert reported == pytest.approx(validation_auc(f"{out}/{name}", records, [0]), abs=1e-3), (
+            name
+        )  # see test_train
 
 
 def test_reports_describe_the_saved_models(trained_run, shard_dir):
@@ -56,8 +59,9 @@ def test_reports_describe_the_saved_models(trained_run, shard_dir):
     images = np.concatenate([b[0] for b in tfpipe.make_dataset(shard_dir[0], 16, folds=[0]).as_numpy_iterator()])
     for model_file, table in (("model.keras", "val_predictions.csv"), ("model-swa.keras", "val_predictions-swa.csv")):
         reported = pd.read_csv(os.path.join(out, table), keep_default_na=False)[["a", "b", "c"]].to_numpy()
-        np.testing.assert_allclose(reported, load_model(f"{out}/{model_file}").predict(images, verbose=0), atol=1e-5,
-                                   err_msg=model_file)
+        np.testing.assert_allclose(
+            reported, load_model(f"{out}/{model_file}").predict(images, verbose=0), atol=1e-5, err_msg=model_file
+        )
 
 
 @pytest.mark.parametrize("strategy,replicas", [("cpu", None), ("cpu", 8)])
@@ -84,7 +88,7 @@ def test_tta_one_view_equals_plain_prediction_and_more_views_average(trained_run
     run, _, test = trained_run
     strategy, _ = resolve_strategy("cpu", None)
     model = load_model(f"{run}/model.keras")
-    args = dict(batch_size=8, image_size=32, num_classes=3)
+    args = {"batch_size": 8, "image_size": 32, "num_classes": 3}
     plain = predict_probabilities(model, test, strategy, tta=1, **args)
     images = np.concatenate([b[0] for b in tfpipe.make_dataset(test, 16, num_classes=3).as_numpy_iterator()])
     np.testing.assert_allclose(plain, model.predict(images, verbose=0), atol=1e-6)
@@ -142,13 +146,40 @@ def test_predict_cli_writes_submission_and_rejects_a_missing_run(trained_run, tm
     env = dict(os.environ, PYTHONPATH=ROOT)
     out = tmp_path / "sub.csv"
     # A fresh process on 8 virtual replicas: nothing may touch TensorFlow's devices before the strategy is made.
-    r = subprocess.run([sys.executable, "-m", "train.predict", "--run", run, "--records", test, "--out", str(out),
-                        "--tta", "2", "--threshold", "0.5", "--strategy", "cpu", "--replicas", "8"],
-                       capture_output=True, text=True, env=env, cwd=ROOT)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "train.predict",
+            "--run",
+            run,
+            "--records",
+            test,
+            "--out",
+            str(out),
+            "--tta",
+            "2",
+            "--threshold",
+            "0.5",
+            "--strategy",
+            "cpu",
+            "--replicas",
+            "8",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     assert "wrote 40 rows" in r.stdout and len(pd.read_csv(out)) == 40
-    r = subprocess.run([sys.executable, "-m", "train.predict", "--run", str(tmp_path / "nope"), "--records", test],
-                       capture_output=True, text=True, env=env, cwd=ROOT)
+    r = subprocess.run(
+        [sys.executable, "-m", "train.predict", "--run", str(tmp_path / "nope"), "--records", test],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+    )
     assert r.returncode == 2 and "Traceback" not in r.stderr and "config.json" in r.stderr
 
 
@@ -164,10 +195,23 @@ def test_single_label_fit_then_predict(tmp_path):
         save(tmp_path / "images" / f"{name}.jpg", size=(32, 40), seed=i)
     csv_path = write_csv(tmp_path / "train.csv", ["image", "label"], rows)
     source = tfpipe.Source(str(tmp_path / "images"), csv=str(csv_path), label_format=LabelFormat(class_col="label"))
-    tfpipe.write_shards(source, str(tmp_path / "records"), spec=tfpipe.ImageSpec(image_size=32), folds=3, workers=0,
-                        progress=False)
-    m = fit(FitConfig(records=str(tmp_path / "records"), out=str(tmp_path / "run"), strategy="cpu", replicas=2,
-                      model="small-cnn", batch_size=2, epochs=1, steps_per_execution=2, augment=NO_AUGMENT, verbose=0))
+    tfpipe.write_shards(
+        source, str(tmp_path / "records"), spec=tfpipe.ImageSpec(image_size=32), folds=3, workers=0, progress=False
+    )
+    m = fit(
+        FitConfig(
+            records=str(tmp_path / "records"),
+            out=str(tmp_path / "run"),
+            strategy="cpu",
+            replicas=2,
+            model="small-cnn",
+            batch_size=2,
+            epochs=1,
+            steps_per_execution=2,
+            augment=NO_AUGMENT,
+            verbose=0,
+        )
+    )
     assert "val_accuracy" in m["final"] and m["report"]["accuracy"] is not None
     config = json.loads((tmp_path / "run" / "config.json").read_text())
     assert config["single_label"] is True and config["classes"] == classes

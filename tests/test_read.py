@@ -1,4 +1,5 @@
 """The reader against the writer: exact rows, order, folds, shapes, distribution, caching."""
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -57,11 +58,14 @@ def test_image_names_companion_matches_batches(shards):
     assert read.count_examples(out) == 40
 
 
-@pytest.mark.parametrize("augment, cache", [
-    (Augment(mixup=0.4, cutmix=1.0, erasing=2), True),
-    (Augment(crop="resized", crop_scale=(0.3, 1.0)), False),  # decode_and_crop_jpeg path
-    (Augment(crop="resized"), True),  # crop of cached pixels
-])
+@pytest.mark.parametrize(
+    "augment, cache",
+    [
+        (Augment(mixup=0.4, cutmix=1.0, erasing=2), True),
+        (Augment(crop="resized", crop_scale=(0.3, 1.0)), False),  # decode_and_crop_jpeg path
+        (Augment(crop="resized"), True),  # crop of cached pixels
+    ],
+)
 def test_training_shapes_are_static_and_dtypes_right(shards, augment, cache):
     ds = read.make_dataset(shards[0], 8, training=True, augment=augment, cache=cache)
     images_spec, targets_spec = ds.element_spec
@@ -159,13 +163,17 @@ def test_input_pipelines_read_disjoint_complete_parts(shards, pipelines, trainin
     out, labels, _ = shards
     parts = []
     for i in range(pipelines):
-        ctx = tf.distribute.InputContext(num_input_pipelines=pipelines, input_pipeline_id=i,
-                                         num_replicas_in_sync=pipelines)
+        ctx = tf.distribute.InputContext(
+            num_input_pipelines=pipelines, input_pipeline_id=i, num_replicas_in_sync=pipelines
+        )
         files, by_record = read.shard_for_input(open_shards(out).files, ctx)
         assert by_record == (pipelines > 8)
         ds = read.make_dataset(out, 1, training=training, with_ids=True, input_context=ctx, augment=NO_AUGMENT)
-        n = sum(1 for _ in tf.data.TFRecordDataset(files).shard(pipelines, i)) if by_record else read.count_examples(
-            files)
+        n = (
+            sum(1 for _ in tf.data.TFRecordDataset(files).shard(pipelines, i))
+            if by_record
+            else read.count_examples(files)
+        )
         parts.append([ids.numpy()[0].decode() for _, _, ids in ds.take(n)])
     flat = [n for part in parts for n in part]
     assert len(flat) == len(set(flat)) == 40 and set(flat) == set(labels)
@@ -205,8 +213,10 @@ def test_the_readme_snippet_for_canonical_kaggle_readers_gives_multi_hot_batches
     namespace = {"GCS_PATH": shard_dir[0]}
     exec(snippet, namespace)
     images, labels = [np.concatenate(parts) for parts in zip(*[(i.numpy(), t.numpy()) for i, t in namespace["ds"]])]
-    expected_images, expected = [np.concatenate(parts) for parts in zip(*[
-        (i.numpy(), t.numpy()) for i, t in read.make_dataset(shard_dir[0], 16)])]
+    expected_images, expected = [
+        np.concatenate(parts)
+        for parts in zip(*[(i.numpy(), t.numpy()) for i, t in read.make_dataset(shard_dir[0], 16)])
+    ]
     np.testing.assert_array_equal(labels, expected)
     np.testing.assert_array_equal(images, expected_images)
     assert labels.sum(1).min() == 0 and labels.sum(1).max() == 3  # empty lists and three labels both present

@@ -2,6 +2,7 @@
 
 Interruption tests start a real subprocess and kill it (SIGINT or SIGKILL) once it has written something.
 """
+
 import filecmp
 import glob
 import json
@@ -13,8 +14,6 @@ import sys
 import time
 import zlib
 
-import cv2
-import numpy as np
 import pytest
 import tensorflow as tf
 
@@ -59,9 +58,14 @@ def alive(pid):
 
 def start_and_interrupt(args, out, sig):
     """Starts a 1-worker write, waits until 2 shards are finished, sends ``sig``; returns (process, workers)."""
-    proc = subprocess.Popen([sys.executable, "-m", "tfpipe.write", *args, "--out", out, "--workers", "1",
-                             "--no-progress"], env=ENV, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tfpipe.write", *args, "--out", out, "--workers", "1", "--no-progress"],
+        env=ENV,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.time() + 120
     workers = []
     while finished_shards(out) < 2:
@@ -134,6 +138,7 @@ def test_resume_without_an_interrupted_write_writes_everything(labeled_folder, t
 
 # ---------------------------------------------------------------- bad input: one line, the culprit named
 
+
 def assert_one_line_error(capsys, *needles):
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "Traceback" not in err, err
@@ -181,6 +186,7 @@ def test_empty_class_folder_is_named(tmp_path, capsys):
 
 def png_header_only(width, height):
     """A PNG whose header claims ``width`` x ``height`` (no real pixel data behind it)."""
+
     def chunk(kind, data):
         return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
 
@@ -188,14 +194,20 @@ def png_header_only(width, height):
     return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0" * 16)) + chunk(b"IEND", b"")
 
 
-@pytest.mark.parametrize("width,height,needles", [(20000, 10000, ("200 MP", "--max-pixels")),
-                                                  (0, 40, ("not a readable image", "invalid header"))])
+@pytest.mark.parametrize(
+    "width,height,needles",
+    [(20000, 10000, ("200 MP", "--max-pixels")), (0, 40, ("not a readable image", "invalid header"))],
+)
 def test_huge_or_empty_images_are_refused_before_decoding(labeled_folder, tmp_path, capsys, width, height, needles):
     with open(os.path.join(labeled_folder["images"], "img04.jpg"), "wb") as f:
         f.write(png_header_only(width, height))
     out = str(tmp_path / "o")
-    assert write(["--csv", labeled_folder["csv"], "--images", labeled_folder["images"], "--out", out,
-                  "--image-size", "16"]) == 2
+    assert (
+        write(
+            ["--csv", labeled_folder["csv"], "--images", labeled_folder["images"], "--out", out, "--image-size", "16"]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert "img04.jpg" in err and all(n in err for n in needles) and "Traceback" not in err, err
     assert len(err.strip().splitlines()) == 1 and "<_io" not in err
@@ -223,6 +235,7 @@ def test_missing_manifest_says_how_to_read_foreign_shards(shard_dir, tmp_path):
 
 
 # ---------------------------------------------------------------- corrupt shards are named
+
 
 def copy_shards(shard_dir, tmp_path):
     out = tmp_path / "records"
@@ -259,12 +272,37 @@ def test_corrupt_bytes_raise_an_error_naming_the_shard(shard_dir, tmp_path):
 
 # ---------------------------------------------------------------- training: kill -9, then --resume
 
+
 @pytest.mark.slow
 def test_training_killed_mid_epoch_resumes_to_the_same_epochs_and_steps(shard_dir, tmp_path):
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "train.fit", "--records", shard_dir[0], "--out", str(out), "--strategy", "cpu",
-           "--replicas", "8", "--model", "small-cnn", "--batch-size", "1", "--epochs", "4",
-           "--steps-per-execution", "1", "--no-augment", "--seed", "1", "--no-report", "--verbose", "0"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "train.fit",
+        "--records",
+        shard_dir[0],
+        "--out",
+        str(out),
+        "--strategy",
+        "cpu",
+        "--replicas",
+        "8",
+        "--model",
+        "small-cnn",
+        "--batch-size",
+        "1",
+        "--epochs",
+        "4",
+        "--steps-per-execution",
+        "1",
+        "--no-augment",
+        "--seed",
+        "1",
+        "--no-report",
+        "--verbose",
+        "0",
+    ]
     proc = subprocess.Popen(cmd, env=ENV, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     history = out / "history.csv"
     deadline = time.time() + 300
@@ -285,6 +323,7 @@ def test_training_killed_mid_epoch_resumes_to_the_same_epochs_and_steps(shard_di
 
 # ---------------------------------------------------------------- remote filesystems: everything on ram://
 
+
 def test_write_verify_read_train_predict_on_ram_filesystem(labeled_folder, tmp_path):
     from tfpipe.images import ImageSpec
     from tfpipe.write import Source, write_shards
@@ -302,9 +341,21 @@ def test_write_verify_read_train_predict_on_ram_filesystem(labeled_folder, tmp_p
     report = tfpipe.inspect_shards(f"{root}/train", do_verify=True)
     assert report["problems"] == [] and len(report["files"]) == 4
     assert tfpipe.count_examples(f"{root}/train") == 12
-    m = fit(FitConfig(records=f"{root}/train", out=f"{root}/run", strategy="cpu", model="small-cnn", batch_size=4,
-                      epochs=1, steps_per_execution=1, augment=tfpipe.Augment(), verbose=0, seed=0,
-                      val_fraction=0.25))
+    m = fit(
+        FitConfig(
+            records=f"{root}/train",
+            out=f"{root}/run",
+            strategy="cpu",
+            model="small-cnn",
+            batch_size=4,
+            epochs=1,
+            steps_per_execution=1,
+            augment=tfpipe.Augment(),
+            verbose=0,
+            seed=0,
+            val_fraction=0.25,
+        )
+    )
     assert m["epochs"] == 1
     for name in ("model.keras", "metrics.json", "history.csv", "roc.png", "thresholds.json"):
         assert tf.io.gfile.exists(f"{root}/run/{name}"), name

@@ -1,4 +1,5 @@
 """The schema: our protobuf-only encoder is wire-identical to TensorFlow's, and parses back."""
+
 import tensorflow as tf
 
 from tfpipe import schema

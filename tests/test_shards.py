@@ -1,5 +1,6 @@
 """The shard-folder core: one resolver behind every reader (same files, same refusals), the shard count, the
 TensorFlow-free CRC check, and the one multi-hot conversion."""
+
 import os
 import subprocess
 import sys
@@ -80,10 +81,17 @@ def test_shard_count_is_a_multiple_of_eight_when_the_data_allows():
 
 def test_verify_needs_no_tensorflow(shard_dir):
     folder, _, _ = shard_dir
-    code = ("import sys\nfrom tfpipe.shards import open_shards, verify\n"
-            "print(verify(open_shards(sys.argv[1])), 'tensorflow' in sys.modules)")
-    done = subprocess.run([sys.executable, "-c", code, folder], capture_output=True, text=True,
-                          env=dict(os.environ, PYTHONPATH=ROOT), timeout=120)
+    code = (
+        "import sys\nfrom tfpipe.shards import open_shards, verify\n"
+        "print(verify(open_shards(sys.argv[1])), 'tensorflow' in sys.modules)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, folder],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=ROOT),
+        timeout=120,
+    )
     assert done.stdout.strip() == "[] False", done.stderr
 
 

@@ -1,4 +1,5 @@
 """TFDS as a writer source, offline: tfds.testing.mock_data stands in for the prepared dataset."""
+
 import numpy as np
 import pytest
 import tensorflow_datasets as tfds
@@ -13,8 +14,14 @@ from tfpipe.write import write_shards
 def test_cifar10_class_labels_round_trip(tmp_path):
     with tfds.testing.mock_data(num_examples=24):
         items, names, single = read_tfds(TfdsSource("cifar10"))
-        manifest = write_shards(TfdsSource("cifar10"), str(tmp_path / "out"), spec=ImageSpec(image_size=16), shards=2,
-                                workers=0, progress=False)
+        manifest = write_shards(
+            TfdsSource("cifar10"),
+            str(tmp_path / "out"),
+            spec=ImageSpec(image_size=16),
+            shards=2,
+            workers=0,
+            progress=False,
+        )
     assert single and names == tfds.builder("cifar10").info.features["label"].names
     assert manifest["classes"] == names and manifest["single_label"] and manifest["num_examples"] == 24
     assert manifest["id_column"] == "id"
@@ -38,8 +45,15 @@ def test_unknown_dataset_and_wrong_label_key_are_clear_errors():
 
 def test_unlabeled_split_has_no_targets(tmp_path):
     with tfds.testing.mock_data(num_examples=6):
-        manifest = write_shards(TfdsSource("cifar10", split="test", labeled=False), str(tmp_path / "out"),
-                                spec=ImageSpec(image_size=8), split="test", shards=1, workers=0, progress=False)
+        manifest = write_shards(
+            TfdsSource("cifar10", split="test", labeled=False),
+            str(tmp_path / "out"),
+            spec=ImageSpec(image_size=8),
+            split="test",
+            shards=1,
+            workers=0,
+            progress=False,
+        )
     assert manifest["labeled"] is False and manifest["num_examples"] == 6
     targets = tfpipe.read_targets(str(tmp_path / "out"), 10)
     assert targets.shape == (6, 10) and not np.any(targets)

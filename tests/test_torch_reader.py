@@ -1,4 +1,5 @@
 """The PyTorch reader: TensorFlow-free framing, same records as tf.data, each record once across workers and ranks."""
+
 import collections
 import glob
 import os
@@ -40,8 +41,7 @@ def test_same_images_and_targets_as_make_dataset(shard_dir):
     rows = list(RecordDataset(folder, with_ids=True))
     assert [name for _, _, name in rows] == tfpipe.image_names(folder)  # written order without shuffle
     targets = np.concatenate([b[1] for b in tfpipe.make_dataset(folder, 16).as_numpy_iterator()])
-    encoded = [schema.decode_example(r)[schema.IMAGE] for f in open_shards(folder).files
-               for r in read_records(f)]
+    encoded = [schema.decode_example(r)[schema.IMAGE] for f in open_shards(folder).files for r in read_records(f)]
     for (image, target, name), data, tf_target in zip(rows, encoded, targets):
         assert image.dtype == torch.uint8 and image.shape == (3, 32, 32)
         # the same pixels as TensorFlow's accurate IDCT (its default, INTEGER_FAST, differs by a few levels)
@@ -69,8 +69,9 @@ def as_list(batch):  # module level: spawned workers unpickle it
 def test_dataloader_workers_see_each_record_once_per_epoch_with_shuffling(shard_dir):
     ds = RecordDataset(shard_dir[0], folds=[0, 1, 2], shuffle=True, seed=3, with_ids=True)
     # spawn: this test process runs TensorFlow threads, and a fork of it could hang
-    loader = torch.utils.data.DataLoader(ds, batch_size=4, num_workers=3, multiprocessing_context="spawn",
-                                         collate_fn=as_list)
+    loader = torch.utils.data.DataLoader(
+        ds, batch_size=4, num_workers=3, multiprocessing_context="spawn", collate_fn=as_list
+    )
     orders = []
     for epoch in range(2):
         ds.set_epoch(epoch)

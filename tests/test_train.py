@@ -1,4 +1,5 @@
 """Training: 8 virtual replicas with steps_per_execution, models, burn-in, resume, strategies, schedules."""
+
 import csv
 import dataclasses
 import json
@@ -24,8 +25,20 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def tiny_config(shard_dir, out, **overrides):
     """32 px, small-cnn, per-replica batch 1 on 8 replicas: 30 training records -> 3 steps an epoch."""
-    cfg = dict(records=shard_dir[0], out=str(out), strategy="cpu", replicas=8, model="small-cnn", batch_size=1,
-               epochs=2, steps_per_execution=3, lr=1e-3, augment=NO_AUGMENT, verbose=0, seed=1)
+    cfg = {
+        "records": shard_dir[0],
+        "out": str(out),
+        "strategy": "cpu",
+        "replicas": 8,
+        "model": "small-cnn",
+        "batch_size": 1,
+        "epochs": 2,
+        "steps_per_execution": 3,
+        "lr": 1e-3,
+        "augment": NO_AUGMENT,
+        "verbose": 0,
+        "seed": 1,
+    }
     cfg.update(overrides)
     return FitConfig(**cfg)
 
@@ -42,8 +55,9 @@ def test_eight_virtual_replicas_with_steps_per_execution(shard_dir, tmp_path):
     # The reported validation AUC is the saved model's on fold 0, computed here from scratch on one device: the
     # rows that pad batches for 8 replicas are not counted (counted, they moved it from 0.40 to 0.20), and every
     # replica validates with the saved batch-norm statistics (with its own copy it moved from 0.55 to 0.48).
-    assert saved["final"]["val_auc"] == pytest.approx(validation_auc(tmp_path / "run" / "model.keras", shard_dir[0],
-                                                                     [0]), abs=1e-3)
+    assert saved["final"]["val_auc"] == pytest.approx(
+        validation_auc(tmp_path / "run" / "model.keras", shard_dir[0], [0]), abs=1e-3
+    )
     assert m["replicas"] == 8 and m["steps_per_execution"] == 3 and m["global_batch_size"] == 8
     assert m["strategy_class"] == "MirroredStrategy" and m["precision"] == "float32"
     assert m["train_examples"] + m["val_examples"] == 40 and m["steps_per_epoch"] == m["train_examples"] // 8
@@ -65,8 +79,14 @@ def test_eight_virtual_replicas_with_steps_per_execution(shard_dir, tmp_path):
 
 
 def test_existing_run_is_refused_without_resume(shard_dir, tmp_path):
-    cfg = tiny_config(shard_dir, tmp_path / "run", epochs=1, replicas=None, batch_size=8,  # default strategy
-                      deterministic=True)
+    cfg = tiny_config(
+        shard_dir,
+        tmp_path / "run",
+        epochs=1,
+        replicas=None,
+        batch_size=8,  # default strategy
+        deterministic=True,
+    )
     before = dataclasses.replace(cfg)
     assert fit(cfg)["strategy_class"] == "_DefaultDistributionStrategy"
     assert cfg == before  # fit decides single_label, seed and input size on a copy: the config can be reused
@@ -131,11 +151,12 @@ def test_burn_then_fine_tune_phases_in_fit(shard_dir, tmp_path):
 SLOW_MODELS = {"efficientnet-b5", "efficientnet-b6", "efficientnet-b7", "efficientnetv2-m", "efficientnetv2-l"}
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_MODELS else n
-                                  for n in sorted(MODELS)])
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_MODELS else n for n in sorted(MODELS)]
+)
 def test_every_model_builds_and_runs_forward(name):
     keras.backend.clear_session()
-    model, backbone = build_model(name, 4, 32)
+    model, _backbone = build_model(name, 4, 32)
     out = model(np.random.default_rng(0).integers(0, 256, (2, 32, 32, 3)).astype(np.uint8), training=False)
     assert out.shape == (2, 4) and np.all(np.isfinite(out.numpy())) and model.input.dtype == tf.uint8
 
@@ -159,8 +180,22 @@ def test_tpu_strategy_without_tpu_is_a_clear_error():
 
 
 def test_tpu_cli_without_tpu_exits_cleanly(shard_dir, tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "train.fit", "--records", shard_dir[0], "--strategy", "tpu",
-                           "--out", str(tmp_path / "run")], capture_output=True, text=True, cwd=ROOT)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "train.fit",
+            "--records",
+            shard_dir[0],
+            "--strategy",
+            "tpu",
+            "--out",
+            str(tmp_path / "run"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     ours = [line for line in proc.stderr.splitlines() if line.startswith("train.fit")]
     assert len(ours) == 1 and "no TPU found" in ours[0]
@@ -199,7 +234,7 @@ def test_lr_scaling_and_schedules_by_value():
 def test_swa_continues_its_average_after_resume(shard_dir, tmp_path):
     """A crash inside the averaged epochs, then --resume: the average still covers exactly the last N epochs."""
     out = tmp_path / "run"
-    settings = dict(epochs=4, swa_epochs=2, replicas=2, steps_per_execution=1, report=False)
+    settings = {"epochs": 4, "swa_epochs": 2, "replicas": 2, "steps_per_execution": 1, "report": False}
     with pytest.raises(Crash):
         fit(tiny_config(shard_dir, out, callbacks=(CrashInEpoch(3),), **settings))
     m = fit(tiny_config(shard_dir, out, resume=True, **settings))
@@ -208,8 +243,11 @@ def test_swa_continues_its_average_after_resume(shard_dir, tmp_path):
 
 @pytest.mark.parametrize("optimizer", ["adam", "adamw", "sgd"])
 def test_every_optimizer_trains(optimizer, shard_dir, tmp_path):
-    m = fit(tiny_config(shard_dir, tmp_path / "run", epochs=1, optimizer=optimizer, weight_decay=0.05,
-                        replicas=2, report=False))
+    m = fit(
+        tiny_config(
+            shard_dir, tmp_path / "run", epochs=1, optimizer=optimizer, weight_decay=0.05, replicas=2, report=False
+        )
+    )
     model = keras.models.load_model(tmp_path / "run" / "model.keras")
     fresh, _ = build_model("small-cnn", 3, 32)
     assert m["optimizer_steps"] == m["steps_per_epoch"] and np.isfinite(float(history(tmp_path / "run")[0]["loss"]))
@@ -237,11 +275,29 @@ def test_a_model_learns_the_demo_shapes(tmp_path):
     from tfpipe.demo import make_demo
 
     make_demo(str(tmp_path / "data"), train=800, test=0)
-    tfpipe.write_shards(tfpipe.Source(str(tmp_path / "data" / "images"), csv=str(tmp_path / "data" / "train.csv")),
-                        str(tmp_path / "records"), spec=tfpipe.ImageSpec(image_size=48), folds=4, workers=0,
-                        progress=False)
-    m = fit(FitConfig(records=str(tmp_path / "records"), out=str(tmp_path / "run"), strategy="cpu", model="small-cnn",
-                      batch_size=16, epochs=20, lr=1e-3, steps_per_execution=4, verbose=0, report=False, seed=0))
+    tfpipe.write_shards(
+        tfpipe.Source(str(tmp_path / "data" / "images"), csv=str(tmp_path / "data" / "train.csv")),
+        str(tmp_path / "records"),
+        spec=tfpipe.ImageSpec(image_size=48),
+        folds=4,
+        workers=0,
+        progress=False,
+    )
+    m = fit(
+        FitConfig(
+            records=str(tmp_path / "records"),
+            out=str(tmp_path / "run"),
+            strategy="cpu",
+            model="small-cnn",
+            batch_size=16,
+            epochs=20,
+            lr=1e-3,
+            steps_per_execution=4,
+            verbose=0,
+            report=False,
+            seed=0,
+        )
+    )
     assert m["final"]["val_auc"] >= 0.85  # chance is 0.5; measured 0.89 on this machine
 
 

@@ -1,4 +1,5 @@
 """The writer end to end: CSV/folder -> shards -> parsed back with FixedLenSequenceFeature."""
+
 import glob
 import json
 import os
@@ -22,11 +23,21 @@ def read_back(out):
     rows = []
     for batch in tf.data.TFRecordDataset(files).batch(64):
         parsed = tf.io.parse_example(batch, schema.feature_spec())
-        for name, target, h, w, image in zip(parsed["image_name"].numpy(), parsed["target"].numpy(),
-                                             parsed["height"].numpy(), parsed["width"].numpy(),
-                                             parsed["image"].numpy()):
-            rows.append({"name": name.decode(), "target": [int(t) for t in target if t >= 0],
-                         "hw": (int(h), int(w)), "image": image})
+        for name, target, h, w, image in zip(
+            parsed["image_name"].numpy(),
+            parsed["target"].numpy(),
+            parsed["height"].numpy(),
+            parsed["width"].numpy(),
+            parsed["image"].numpy(),
+        ):
+            rows.append(
+                {
+                    "name": name.decode(),
+                    "target": [int(t) for t in target if t >= 0],
+                    "hw": (int(h), int(w)),
+                    "image": image,
+                }
+            )
     return rows
 
 
@@ -41,8 +52,12 @@ def write(args):
 
 def test_round_trip_exact_label_lists(labeled_folder, tmp_path):
     out = str(tmp_path / "out")
-    assert write(["--csv", labeled_folder["csv"], "--images", labeled_folder["images"], "--out", out,
-                  "--image-size", "32"]) == 0
+    assert (
+        write(
+            ["--csv", labeled_folder["csv"], "--images", labeled_folder["images"], "--out", out, "--image-size", "32"]
+        )
+        == 0
+    )
     m = manifest(out)
     assert m["classes"] == ["bird", "cat", "dog"] and m["num_examples"] == 12
     rows = read_back(out)
@@ -94,8 +109,7 @@ def test_folds_are_stratified_and_never_mixed_in_a_shard(tmp_path):
 
 
 def read_back_one(path):
-    return [{"name": schema.decode_example(r.numpy())["image_name"].decode()}
-            for r in tf.data.TFRecordDataset(path)]
+    return [{"name": schema.decode_example(r.numpy())["image_name"].decode()} for r in tf.data.TFRecordDataset(path)]
 
 
 def test_one_hot_columns(tmp_path):
@@ -106,8 +120,23 @@ def test_one_hot_columns(tmp_path):
         save(images / f"{r[0]}.jpg", size=(16, 16))
     csv_path = write_csv(tmp_path / "train.csv", ["image_id", "healthy", "rust", "scab"], rows)
     out = str(tmp_path / "out")
-    assert write(["--csv", str(csv_path), "--images", str(images), "--out", out, "--image-col", "image_id",
-                  "--label-cols", "healthy,rust,scab"]) == 0
+    assert (
+        write(
+            [
+                "--csv",
+                str(csv_path),
+                "--images",
+                str(images),
+                "--out",
+                out,
+                "--image-col",
+                "image_id",
+                "--label-cols",
+                "healthy,rust,scab",
+            ]
+        )
+        == 0
+    )
     assert manifest(out)["classes"] == ["healthy", "rust", "scab"]  # column order, not sorted
     assert [r["target"] for r in read_back(out)] == [[0], [1, 2], []]
 
@@ -130,8 +159,27 @@ def test_custom_separator_and_fixed_classes(labeled_folder, tmp_path):
     rows = [(name, ";".join(labels.split())) for name, labels in labeled_folder["rows"]]
     csv_path = write_csv(tmp_path / "semi.csv", ["id", "tags"], rows)
     out = str(tmp_path / "out")
-    assert write(["--csv", str(csv_path), "--images", labeled_folder["images"], "--out", out, "--image-col", "id",
-                  "--labels-col", "tags", "--sep", ";", "--classes", "dog,cat,bird,fish"]) == 0
+    assert (
+        write(
+            [
+                "--csv",
+                str(csv_path),
+                "--images",
+                labeled_folder["images"],
+                "--out",
+                out,
+                "--image-col",
+                "id",
+                "--labels-col",
+                "tags",
+                "--sep",
+                ";",
+                "--classes",
+                "dog,cat,bird,fish",
+            ]
+        )
+        == 0
+    )
     m = manifest(out)
     assert m["classes"] == ["dog", "cat", "bird", "fish"]
     assert read_back(out)[0]["target"] == [0, 1]  # "cat dog" with dog=0, cat=1
@@ -146,8 +194,12 @@ def test_folder_per_class_tree_and_unicode_names(tmp_path):
     out = str(tmp_path / "out")
     assert write(["--images", str(root), "--out", out]) == 0
     rows = read_back(out)
-    assert [r["name"] for r in rows] == ["daisy/fleur ü0.jpg", "daisy/fleur ü1.jpg", "rosé/fleur ü0.jpg",
-                                         "rosé/fleur ü1.jpg"]
+    assert [r["name"] for r in rows] == [
+        "daisy/fleur ü0.jpg",
+        "daisy/fleur ü1.jpg",
+        "rosé/fleur ü0.jpg",
+        "rosé/fleur ü1.jpg",
+    ]
     assert [r["target"] for r in rows] == [[0], [0], [1], [1]]
 
 
@@ -173,7 +225,10 @@ def test_names_of_0_1_keep_working_with_a_warning(labeled_folder, tmp_path):
     with pytest.warns(FutureWarning) as warned:
         old = write_shards(str(tmp_path / "old"), source, spec=ImageSpec(size=16), num_workers=0, progress=False)
     assert sorted(str(w.message).split(" is renamed")[0] for w in warned) == [
-        "ImageSpec(size=...)", "write_shards(num_workers=...)", "write_shards(out, source)"]
+        "ImageSpec(size=...)",
+        "write_shards(num_workers=...)",
+        "write_shards(out, source)",
+    ]
     new = write_shards(source, str(tmp_path / "new"), spec=ImageSpec(image_size=16), workers=0, progress=False)
     assert old["image"] == new["image"] and old["image"]["image_size"] == 16
     assert old["shards"] == new["shards"]
@@ -182,8 +237,14 @@ def test_names_of_0_1_keep_working_with_a_warning(labeled_folder, tmp_path):
 def test_awkward_images_all_convert(tmp_path):
     images = tmp_path / "images"
     images.mkdir()
-    kinds = {"gray.jpg": "gray", "cmyk.jpg": "cmyk", "rgba.png": "rgba", "pal.png": "palette",
-             "deep.png": "png16", "rot.jpg": "jpeg"}
+    kinds = {
+        "gray.jpg": "gray",
+        "cmyk.jpg": "cmyk",
+        "rgba.png": "rgba",
+        "pal.png": "palette",
+        "deep.png": "png16",
+        "rot.jpg": "jpeg",
+    }
     for name, kind in kinds.items():
         save(images / name, kind, size=(20, 30), orientation=6 if name == "rot.jpg" else None)
     csv_path = write_csv(tmp_path / "t.csv", ["image", "labels"], [(n, "x") for n in kinds])
@@ -203,8 +264,17 @@ def test_pass_through_keeps_source_bytes(labeled_folder, tmp_path):
 
 
 def test_reruns_are_byte_identical_across_worker_counts(labeled_folder, tmp_path):
-    common = ["--csv", labeled_folder["csv"], "--images", labeled_folder["images"], "--image-size", "24",
-              "--folds", "3", "--no-progress"]
+    common = [
+        "--csv",
+        labeled_folder["csv"],
+        "--images",
+        labeled_folder["images"],
+        "--image-size",
+        "24",
+        "--folds",
+        "3",
+        "--no-progress",
+    ]
     assert main(common + ["--out", str(tmp_path / "a"), "--workers", "0"]) == 0
     assert main(common + ["--out", str(tmp_path / "b"), "--workers", "2", "--start-method", "spawn"]) == 0
     files_a = sorted(glob.glob(str(tmp_path / "a" / "*.tfrec")))
@@ -218,14 +288,19 @@ def test_reruns_are_byte_identical_across_worker_counts(labeled_folder, tmp_path
 def test_ram_filesystem_output(labeled_folder):
     """ram:// behaves like gs://: plain open()/os.path would fail there."""
     out = "ram://bucket/write-test"
-    assert write(["--csv", labeled_folder["csv"], "--images", labeled_folder["images"], "--out", out,
-                  "--image-size", "16"]) == 0
+    assert (
+        write(
+            ["--csv", labeled_folder["csv"], "--images", labeled_folder["images"], "--out", out, "--image-size", "16"]
+        )
+        == 0
+    )
     files = tf.io.gfile.glob(out + "/*.tfrec")
     assert len(files) == 1 and sum(1 for _ in tf.data.TFRecordDataset(files)) == 12
     assert json.loads(tf.io.gfile.GFile(out + "/manifest.json").read())["num_examples"] == 12
 
 
 # --- bad input: one line, exit code != 0, nothing written -------------------------------------------------------
+
 
 def assert_clean_failure(code, capsys, out, *needles):
     err = capsys.readouterr().err.strip()
@@ -255,15 +330,17 @@ def test_missing_image(labeled_folder, tmp_path, capsys):
 
 def test_missing_column(labeled_folder, tmp_path, capsys):
     out = str(tmp_path / "out")
-    code = write(["--csv", labeled_folder["csv"], "--images", labeled_folder["images"], "--out", out,
-                  "--labels-col", "tags"])
+    code = write(
+        ["--csv", labeled_folder["csv"], "--images", labeled_folder["images"], "--out", out, "--labels-col", "tags"]
+    )
     assert_clean_failure(code, capsys, out, "'tags'", "train.csv")
 
 
 def test_unknown_label(labeled_folder, tmp_path, capsys):
     out = str(tmp_path / "out")
-    code = write(["--csv", labeled_folder["csv"], "--images", labeled_folder["images"], "--out", out,
-                  "--classes", "cat,dog"])
+    code = write(
+        ["--csv", labeled_folder["csv"], "--images", labeled_folder["images"], "--out", out, "--classes", "cat,dog"]
+    )
     assert_clean_failure(code, capsys, out, "'bird'")
 
 
@@ -298,9 +375,25 @@ def test_cli_error_has_no_traceback(labeled_folder, tmp_path):
     with open(os.path.join(labeled_folder["images"], "img02.jpg"), "wb") as f:
         f.write(b"\xff\xd8\xff")
     out = str(tmp_path / "out")
-    proc = subprocess.run([sys.executable, "-m", "tfpipe.write", "--csv", labeled_folder["csv"], "--images",
-                           labeled_folder["images"], "--out", out, "--image-size", "16", "--no-progress"],
-                          capture_output=True, text=True, cwd=ROOT)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tfpipe.write",
+            "--csv",
+            labeled_folder["csv"],
+            "--images",
+            labeled_folder["images"],
+            "--out",
+            out,
+            "--image-size",
+            "16",
+            "--no-progress",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     assert proc.returncode == 2
     ours = [line for line in proc.stderr.splitlines() if line.startswith("tfpipe.write")]
     assert len(ours) == 1 and "img02.jpg" in ours[0] and "Traceback" not in proc.stderr

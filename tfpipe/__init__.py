@@ -8,11 +8,12 @@ Public API (heavy imports are deferred until used):
 - ``Augment``: which training augmentations ``make_dataset`` applies.
 - ``open_shards(records, folds)``, ``verify``: a shard folder, glob or list opened and checked; every record's CRCs.
 - ``Manifest``: a shard folder's ``manifest.json``, typed and validated (``Manifest.load(folder)``).
-- ``fold_split``, ``count_examples``, ``image_names``, ``read_targets``: folds, sizes, row ids and labels of shard folders.
+- ``fold_split``, ``count_examples``, ``image_names``, ``read_targets``: folds, sizes, row ids, labels of shards.
 - ``inspect_shards(path, ...)``: schema, counts, labels, contact sheet, ``verify`` (``tfpipe.inspect``).
 - ``naming_corrupt_shards(source)``: a context that names the shard behind TensorFlow's ``DataLossError``.
 - ``TfpipeError``: the one exception type for problems in user input.
 """
+
 __version__ = "0.3.0"
 
 _LAZY = {

@@ -12,6 +12,7 @@ img/s. Every op gives the same result eagerly and inside ``Dataset.map`` (tested
 seeded pipelines are reproducible. MixUp and CutMix work on whole batches and
 mix the multi-hot targets by the same weights as the pixels.
 """
+
 import dataclasses
 
 from tfpipe.deps import lazy_module
@@ -111,8 +112,15 @@ def crop_window(image_shape, scale, ratio, seed):
     Used both on decoded images and, through ``decode_and_crop_jpeg``, on encoded JPEGs.
     """
     begin, size, _ = tf.image.stateless_sample_distorted_bounding_box(
-        image_shape, bounding_boxes=tf.constant([[[0.0, 0.0, 1.0, 1.0]]]), seed=seed, min_object_covered=0.0,
-        aspect_ratio_range=ratio, area_range=scale, max_attempts=10, use_image_if_no_bounding_boxes=True)
+        image_shape,
+        bounding_boxes=tf.constant([[[0.0, 0.0, 1.0, 1.0]]]),
+        seed=seed,
+        min_object_covered=0.0,
+        aspect_ratio_range=ratio,
+        area_range=scale,
+        max_attempts=10,
+        use_image_if_no_bounding_boxes=True,
+    )
     return begin, size
 
 
@@ -152,8 +160,11 @@ def make_colour_jitter(brightness, contrast, saturation):
             images = images * sat + grey(images) * (1.0 - sat)
         if brightness or contrast:
             gain = 1.0 + u[..., 1:2] * contrast
-            pivot = tf.reduce_sum(tf.reduce_mean(images[:, ::MEAN_STRIDE, ::MEAN_STRIDE], axis=[1, 2],
-                                                 keepdims=True) * w, axis=-1, keepdims=True)
+            pivot = tf.reduce_sum(
+                tf.reduce_mean(images[:, ::MEAN_STRIDE, ::MEAN_STRIDE], axis=[1, 2], keepdims=True) * w,
+                axis=-1,
+                keepdims=True,
+            )
             images = images * gain + ((1.0 - gain) * pivot + u[..., 0:1] * brightness * 255.0)
         return images
 

@@ -25,6 +25,7 @@ Not supported: ``--resume`` (a Beam runner retries failed work itself; a failed
 job is run again whole). Each shard's records meet in one worker's memory when
 it is written (~150 MB at the default shard size).
 """
+
 import contextlib
 import io
 import json
@@ -127,13 +128,15 @@ def encode_shards(parts, items, item_targets, spec, shard_plan, options):
         entries = [(i, items[i], None if item_targets is None else item_targets[i]) for i in rows]
         fs.write_atomic(_side_path(parts[s["index"]], ".plan"), pickle.dumps(entries))
     with beam.Pipeline(options=options) as p:
-        _ = (p
-             | "ShardPlans" >> beam.Create([parts[s["index"]] for s in shard_plan])
-             | "Images" >> beam.FlatMap(_read_plan)
-             | "Spread" >> beam.Reshuffle()  # else a runner fuses each shard's images onto one worker
-             | "Encode" >> beam.Map(_encode, spec)
-             | "ByShard" >> beam.GroupByKey()
-             | "WriteShard" >> beam.Map(_write_shard))
+        _ = (
+            p
+            | "ShardPlans" >> beam.Create([parts[s["index"]] for s in shard_plan])
+            | "Images" >> beam.FlatMap(_read_plan)
+            | "Spread" >> beam.Reshuffle()  # else a runner fuses each shard's images onto one worker
+            | "Encode" >> beam.Map(_encode, spec)
+            | "ByShard" >> beam.GroupByKey()
+            | "WriteShard" >> beam.Map(_write_shard)
+        )
     results = {}
     for s in shard_plan:
         with fs.open(_side_path(parts[s["index"]], ".done"), "r") as f:

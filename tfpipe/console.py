@@ -4,9 +4,11 @@ TensorFlow 2.21 and absl log through C++ straight to file descriptor 2 (``All lo
 absl::InitializeLog() are written to STDERR``, oneDNN, cudart/cuInit on machines without a GPU, XLA service
 lines), and several of those ignore ``TF_CPP_MIN_LOG_LEVEL``. Under a command (``run_cli``) a thread reads fd 2
 through a pipe and forwards everything except absl-formatted info/warning/error lines (``I0000 12:00:00.0 ...``),
-the same lines in older TensorFlow's format (``2026-11-23 07:13:30.53: E ...``) and the one absl preamble; Python's own output, tqdm's bars and our errors pass untouched. Set
+the same lines in older TensorFlow's format (``2026-11-23 07:13:30.53: E ...``) and the one absl preamble;
+Python's own output, tqdm's bars and our errors pass untouched. Set
 ``TFPIPE_VERBOSE=1`` to see everything. Nothing happens on import, and nothing when tfpipe is used from Python.
 """
+
 import contextlib
 import os
 import re
@@ -15,10 +17,11 @@ import threading
 
 VERBOSE_ENV = "TFPIPE_VERBOSE"
 PREAMBLE = b"WARNING: All log messages before absl::InitializeLog()"
-NOISE = re.compile(rb"^(?:[IWE]\d{4} [\d:.]+ +\d+ [\w./-]+:\d+\]"  # absl's line prefix: I0000 00:00:17.9 123 f.cc:1]
-                   rb"|\d{4}-\d\d-\d\d [\d:.]+: [IWE] [\w./-]+:\d+\]"  # TensorFlow <= 2.19's: 2026-11-23 07:13:30.5: E f.cc:4]
-                   rb"|" + re.escape(PREAMBLE) +
-                   rb"|To enable the following instructions: .* rebuild TensorFlow)")  # cpu_feature_guard's 2nd line
+NOISE = re.compile(
+    rb"^(?:[IWE]\d{4} [\d:.]+ +\d+ [\w./-]+:\d+\]"  # absl's line prefix: I0000 00:00:17.9 123 f.cc:1]
+    rb"|\d{4}-\d\d-\d\d [\d:.]+: [IWE] [\w./-]+:\d+\]"  # TensorFlow <= 2.19's: 2026-11-23 07:13:30.5: E f.cc:4]
+    rb"|" + re.escape(PREAMBLE) + rb"|To enable the following instructions: .* rebuild TensorFlow)"
+)  # cpu_feature_guard's 2nd line
 PYTHON_LOGGERS = ("tensorflow", "absl")  # INFO:tensorflow:Using MirroredStrategy ... (Python logging)
 
 
@@ -98,6 +101,9 @@ def _forward(read_end, real):
 
 def _could_be_noise(start):
     """Whether an unfinished line may still turn out to be a noise line (so it waits for its end)."""
-    head = start[:len(PREAMBLE)]
-    return bool(re.match(rb"[IWE]\d{0,4}(?: |$)", start)) or PREAMBLE.startswith(head) or \
-        b"To enable the following".startswith(start[:23])
+    head = start[: len(PREAMBLE)]
+    return (
+        bool(re.match(rb"[IWE]\d{0,4}(?: |$)", start))
+        or PREAMBLE.startswith(head)
+        or b"To enable the following".startswith(start[:23])
+    )

@@ -8,6 +8,7 @@ are none) and an unlabeled ``test.csv``. Shapes sit in distinct cells of a
 2x2 grid, so none hides another and every label is visible. Deterministic
 for a given seed.
 """
+
 import contextlib
 import csv
 import json
@@ -47,8 +48,9 @@ def polygon(kind, cx, cy, r, angle):
         radii = np.where(np.arange(10) % 2 == 0, r, r * 0.45)
     else:  # cross: a plus sign of two bars
         w = r * 0.35
-        pts = np.array([(-w, -r), (w, -r), (w, -w), (r, -w), (r, w), (w, w), (w, r), (-w, r), (-w, w), (-r, w),
-                        (-r, -w), (-w, -w)])
+        pts = np.array(
+            [(-w, -r), (w, -r), (w, -w), (r, -w), (r, w), (w, w), (w, r), (-w, r), (-w, w), (-r, w), (-r, -w), (-w, -w)]
+        )
         c, s = np.cos(angle), np.sin(angle)
         return (pts @ np.array([[c, s], [-s, c]]) + (cx, cy)).astype(np.int32)
     return np.stack([cx + radii * np.cos(t), cy + radii * np.sin(t)], axis=1).astype(np.int32)
@@ -128,8 +130,10 @@ def check_demo_folder(out):
     held = sorted(os.listdir(out)) if os.path.isdir(out) else []
     if not held or MARK in held or _earlier_demo(out, held):
         return
-    raise TfpipeError(f"{out} holds files the demo did not write ({', '.join(held[:3])}{', ...' * (len(held) > 3)}); "
-                      "it writes only into a new or empty folder or over an earlier demo -- choose another folder")
+    raise TfpipeError(
+        f"{out} holds files the demo did not write ({', '.join(held[:3])}{', ...' * (len(held) > 3)}); "
+        "it writes only into a new or empty folder or over an earlier demo -- choose another folder"
+    )
 
 
 def _earlier_demo(out, held):

@@ -4,6 +4,7 @@ tfpipe's core (pyproject.toml ``dependencies``) needs neither TensorFlow nor tor
 (a TPU image's TensorFlow, a CUDA torch), so each feature imports what it needs through ``require``, and
 ``train`` checks that tf-keras matches TensorFlow's release through ``require_keras``.
 """
+
 import importlib
 import importlib.metadata
 import importlib.util
@@ -62,7 +63,7 @@ def keras_problem(tf_version):
     dists = importlib.metadata.packages_distributions().get("tf_keras", [])
     found = importlib.metadata.version(dists[0]) if dists else None
     if found is not None and found.split(".")[:2] != release.split("."):
-        return (f"tf-keras {found} does not match TensorFlow {tf_version} (they must be the same release): {hint}")
+        return f"tf-keras {found} does not match TensorFlow {tf_version} (they must be the same release): {hint}"
     return None
 
 
@@ -87,6 +88,7 @@ def lazy_module(name):
     """A stand-in for module ``name`` that imports it (through ``require``) when an attribute is first used:
     modules whose functions use TensorFlow can be imported by TensorFlow-free code (configuration classes,
     ``--help``) without starting it."""
+
     class Lazy:
         def __getattr__(self, attr):
             return getattr(require(name), attr)

@@ -4,11 +4,13 @@ A leaf: it needs only the image codec (``tfpipe.images``), the schema and the
 file layer, so the DataLoader workers (``tfpipe.write``) and Beam's workers
 (``tfpipe.beam``) import it without the orchestration, pandas or TFDS.
 """
+
 import os
 
 from tfpipe import fs, schema
 from tfpipe.errors import TfpipeError
 from tfpipe.images import check_file_size, prepare_image, read_bounded
+
 
 def encode_item(item, target, spec):
     """One image to one serialized record: read, decode, resize, encode, serialize.

@@ -1,8 +1,9 @@
 """One exception type for problems the user can fix, and the CLI edge that prints it."""
+
 import argparse
 import contextvars
-import sys
 import numbers
+import sys
 import warnings
 
 _COMMAND = contextvars.ContextVar("tfpipe_command", default=None)  # the running command's name, under run_cli
@@ -54,7 +55,7 @@ def check_seed(**values):
     traceback after the job had started. ``None`` passes."""
     check_count(0, **values)
     for name, value in values.items():
-        if value is not None and value >= 2 ** 32:
+        if value is not None and value >= 2**32:
             raise TfpipeError(f"{option(name)} must be below 2**32 (got {value})")
 
 
@@ -82,8 +83,11 @@ def check_path(**values):
 
 def renamed(old, new, stacklevel=3):
     """Warns that ``old`` (a name from tfpipe 0.1) is now ``new``; the old name keeps working for this release."""
-    warnings.warn(f"{old} is renamed {new} (tfpipe 0.2); the old name will be removed in 1.0", FutureWarning,
-                  stacklevel=stacklevel)
+    warnings.warn(
+        f"{old} is renamed {new} (tfpipe 0.2); the old name will be removed in 1.0",
+        FutureWarning,
+        stacklevel=stacklevel,
+    )
 
 
 class DefaultsFormatter(argparse.HelpFormatter):

@@ -1,4 +1,5 @@
 """Multi-label stratified K-fold assignment (iterative stratification)."""
+
 import numpy as np
 
 from tfpipe.errors import TfpipeError, check_count, option

@@ -4,6 +4,7 @@
 Local writes then need no TensorFlow at all, which saves the writer ~4 s of
 import at start-up; remote paths behave exactly as ``tf.io.gfile`` does.
 """
+
 import builtins
 import glob as _glob
 import os
@@ -44,7 +45,9 @@ def isfile(path):
 
 
 def join(*parts):
-    return "/".join(p.rstrip("/") for p in parts[:-1]) + "/" + parts[-1] if is_remote(parts[0]) else os.path.join(*parts)
+    return (
+        "/".join(p.rstrip("/") for p in parts[:-1]) + "/" + parts[-1] if is_remote(parts[0]) else os.path.join(*parts)
+    )
 
 
 def glob(pattern):
@@ -82,7 +85,7 @@ def write_atomic(path, data):
     tmp = temporary_name(path)
     data = data.encode("utf-8") if isinstance(data, str) else data  # UTF-8 whatever the locale says
     try:
-        with (open(tmp, "wb") if is_remote(tmp) else builtins.open(tmp, "xb")) as f:
+        with open(tmp, "wb") if is_remote(tmp) else builtins.open(tmp, "xb") as f:
             f.write(data)
     except BaseException:  # e.g. a full disk: leave no half-written temporary behind
         if exists(tmp):
@@ -99,8 +102,13 @@ def not_regular(mode):
     None. A FIFO would hang a read, ``/dev/zero`` never ends: every reader of local files asks this first."""
     import stat
 
-    kinds = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
-             (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+    kinds = (
+        (stat.S_ISDIR, "a folder"),
+        (stat.S_ISFIFO, "a FIFO (named pipe)"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    )
     return next((kind for is_kind, kind in kinds if is_kind(mode)), None if stat.S_ISREG(mode) else "not a file")
 
 
@@ -161,5 +169,5 @@ def size(path):
     return _gfile().stat(path).length if is_remote(path) else os.path.getsize(path)
 
 
-def open(path, mode="r"):  # noqa: A001  (mirrors builtins.open)
+def open(path, mode="r"):
     return _gfile().GFile(path, mode) if is_remote(path) else builtins.open(path, mode)

@@ -12,6 +12,7 @@ above 4 MiB has its header read and its declared pixels checked against
 ``ImageSpec.max_pixels`` before the rest is read, and no more than
 ``max_bytes`` is ever read.
 """
+
 import contextlib
 import dataclasses
 import io
@@ -34,8 +35,12 @@ READ_CHUNK = 1 << 20  # reads of a file that grew after its size was taken
 WHOLE_READ_BYTES = 4 << 20
 PAD_VALUE = 0  # colour of the bars added by fit="pad"
 ALPHA_BACKGROUND = 255  # transparent pixels are composited over white
-_REDUCED = {1: cv2.IMREAD_COLOR, 2: cv2.IMREAD_REDUCED_COLOR_2, 4: cv2.IMREAD_REDUCED_COLOR_4,
-            8: cv2.IMREAD_REDUCED_COLOR_8}
+_REDUCED = {
+    1: cv2.IMREAD_COLOR,
+    2: cv2.IMREAD_REDUCED_COLOR_2,
+    4: cv2.IMREAD_REDUCED_COLOR_4,
+    8: cv2.IMREAD_REDUCED_COLOR_8,
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,8 +81,9 @@ class ImageSpec:
             renamed("ImageSpec(size=...)", "ImageSpec(image_size=...)")
             object.__setattr__(self, "image_size", size)
         # Checked here, so the Python API and the command line refuse the same values before any worker starts.
-        check_count(1, image_size=self.image_size, quality=self.quality, max_pixels=self.max_pixels,
-                    max_bytes=self.max_bytes)
+        check_count(
+            1, image_size=self.image_size, quality=self.quality, max_pixels=self.max_pixels, max_bytes=self.max_bytes
+        )
         if self.quality > 100:
             raise TfpipeError(f"{option('quality')} must be in 1..100 (got {self.quality})")
         for name, value, known in (("fit", self.fit, FITS), ("format", self.format, FORMATS)):
@@ -140,17 +146,21 @@ def check_header(header, spec, name):
     if width == 0 or height == 0:
         raise TfpipeError(f"{name}: image has zero size {width}x{height}")
     if width * height > spec.max_pixels:
-        raise TfpipeError(f"{name}: {width}x{height} is {_millions(width * height)} MP, above the "
-                          f"{_millions(spec.max_pixels)} MP limit (raise --max-pixels / ImageSpec.max_pixels to "
-                          "write it, or skip bad images: --skip-bad / skip_bad=True)")
+        raise TfpipeError(
+            f"{name}: {width}x{height} is {_millions(width * height)} MP, above the "
+            f"{_millions(spec.max_pixels)} MP limit (raise --max-pixels / ImageSpec.max_pixels to "
+            "write it, or skip bad images: --skip-bad / skip_bad=True)"
+        )
 
 
 def check_file_size(nbytes, spec, name):
     """Refuses a source file larger than ``spec.max_bytes``; returns ``nbytes``."""
     if nbytes > spec.max_bytes:
-        raise TfpipeError(f"{name}: the file is {_millions(nbytes)} MB, above the {_millions(spec.max_bytes)} MB limit "
-                          "(raise --max-bytes / ImageSpec.max_bytes to write it, or skip bad images: --skip-bad / "
-                          "skip_bad=True)")
+        raise TfpipeError(
+            f"{name}: the file is {_millions(nbytes)} MB, above the {_millions(spec.max_bytes)} MB limit "
+            "(raise --max-bytes / ImageSpec.max_bytes to write it, or skip bad images: --skip-bad / "
+            "skip_bad=True)"
+        )
     return nbytes
 
 
@@ -226,7 +236,7 @@ def _first_scan(data):
         if marker == 0xFF:  # fill byte
             pos += 1
             continue
-        pos += 2 + int.from_bytes(data[pos + 2:pos + 4], "big")
+        pos += 2 + int.from_bytes(data[pos + 2 : pos + 4], "big")
     return None
 
 
@@ -328,13 +338,12 @@ def fit_to_square(img, spec):
     if spec.fit == "crop":  # cut the centre square first: scaling a 1 x 70000 strip up first took 4 GB at 128 px
         side = min(h, w)
         top, left = (h - side) // 2, (w - side) // 2
-        return _resize(np.ascontiguousarray(img[top:top + side, left:left + side]), s, s)
+        return _resize(np.ascontiguousarray(img[top : top + side, left : left + side]), s, s)
     scale = s / max(h, w)
     nh, nw = max(1, round(h * scale)), max(1, round(w * scale))
     img = _resize(img, nw, nh)
     top, left = (s - nh) // 2, (s - nw) // 2
-    return cv2.copyMakeBorder(img, top, s - nh - top, left, s - nw - left, cv2.BORDER_CONSTANT,
-                              value=(PAD_VALUE,) * 3)
+    return cv2.copyMakeBorder(img, top, s - nh - top, left, s - nw - left, cv2.BORDER_CONSTANT, value=(PAD_VALUE,) * 3)
 
 
 def _resize(img, width, height):
@@ -368,8 +377,10 @@ def check_encodable(img, spec, name):
     """Refuses what the stored format cannot hold: JPEG stores at most 65535 pixels per side."""
     h, w = img.shape[:2]
     if spec.format == "jpeg" and max(h, w) > JPEG_MAX_SIDE:
-        raise TfpipeError(f"{name}: {w}x{h} is too long for JPEG ({JPEG_MAX_SIDE} pixels per side at most); resize "
-                          "it (--image-size / ImageSpec.image_size) or store PNG (--format png / ImageSpec.format)")
+        raise TfpipeError(
+            f"{name}: {w}x{h} is too long for JPEG ({JPEG_MAX_SIDE} pixels per side at most); resize "
+            "it (--image-size / ImageSpec.image_size) or store PNG (--format png / ImageSpec.format)"
+        )
 
 
 def prepare_image(data, spec, name, header=None):

@@ -6,6 +6,7 @@
 Works on shards written by ``tfpipe.write`` and on TFRecords from elsewhere
 (the schema is inferred from the records themselves).
 """
+
 import collections
 import itertools
 import posixpath
@@ -70,11 +71,12 @@ def pick_keys(records, image_key=None, label_key=None):
     """Which feature holds the image and which the labels (ours, or guessed for foreign records)."""
     first = records[0] if records else {}
     if image_key is None:
-        image_key = next((k for k, (kind, v) in first.items()
-                          if kind == "bytes_list" and v and v[0][:4].startswith(IMAGE_MAGIC)), None)
+        image_key = next(
+            (k for k, (kind, v) in first.items() if kind == "bytes_list" and v and v[0][:4].startswith(IMAGE_MAGIC)),
+            None,
+        )
     if label_key is None:
-        label_key = next((k for k in LABEL_KEYS if any(r.get(k, ("", []))[0] == "int64_list" for r in records)),
-                         None)
+        label_key = next((k for k in LABEL_KEYS if any(r.get(k, ("", []))[0] == "int64_list" for r in records)), None)
     return image_key, label_key
 
 
@@ -100,12 +102,20 @@ def contact_sheet(rows, image_key, label_key, class_names, count, labeled=True):
         if img is not None:
             tile[:SHEET_TILE] = cv2.resize(img, (SHEET_TILE, SHEET_TILE), interpolation=cv2.INTER_AREA)
         for line, text in enumerate((_caption_id(row), _caption_labels(row, label_key, class_names, labeled))):
-            cv2.putText(tile, text, (2, SHEET_TILE + 12 + 14 * line), cv2.FONT_HERSHEY_SIMPLEX, 0.35,
-                        (255, 255, 255) if line else (170, 200, 255), 1, cv2.LINE_AA)
+            cv2.putText(
+                tile,
+                text,
+                (2, SHEET_TILE + 12 + 14 * line),
+                cv2.FONT_HERSHEY_SIMPLEX,
+                0.35,
+                (255, 255, 255) if line else (170, 200, 255),
+                1,
+                cv2.LINE_AA,
+            )
         tiles.append(tile)
     while len(tiles) % SHEET_COLUMNS:
         tiles.append(np.zeros_like(tiles[0]))
-    rows = [np.hstack(tiles[i:i + SHEET_COLUMNS]) for i in range(0, len(tiles), SHEET_COLUMNS)]
+    rows = [np.hstack(tiles[i : i + SHEET_COLUMNS]) for i in range(0, len(tiles), SHEET_COLUMNS)]
     return np.vstack(rows)
 
 
@@ -113,7 +123,7 @@ def _caption_id(row):
     """The record's id, shortened from the left (the end of a path or id is what tells images apart)."""
     name = row.get(schema.IMAGE_NAME, ("", [b""]))[1]
     text = (name[0] if name else b"").decode("utf-8", "replace") or "(no id)"
-    return text if len(text) <= CAPTION_CHARS else ".." + text[-(CAPTION_CHARS - 2):]
+    return text if len(text) <= CAPTION_CHARS else ".." + text[-(CAPTION_CHARS - 2) :]
 
 
 def _caption_labels(row, label_key, class_names, labeled):
@@ -121,7 +131,7 @@ def _caption_labels(row, label_key, class_names, labeled):
         return "unlabeled"
     labels = row.get(label_key, ("", []))[1]
     text = " ".join(class_names[v] if 0 <= v < len(class_names) else str(v) for v in labels) or "no labels"
-    return text if len(text) <= CAPTION_CHARS else text[:CAPTION_CHARS - 2] + ".."
+    return text if len(text) <= CAPTION_CHARS else text[: CAPTION_CHARS - 2] + ".."
 
 
 def save_sheet(image, path):
@@ -143,8 +153,10 @@ def check_sheet(path):
     if fs.isdir(path):
         raise TfpipeError(f"{path} is a folder; {option('sheet')} names the PNG file to write")
     if fs.exists(path) and not _is_sheet(path):
-        raise TfpipeError(f"{path} exists and is not a contact sheet tfpipe.inspect wrote; it is not replaced -- "
-                          f"remove it, choose another {option('sheet')} or pass {option('no_sheet', True)}")
+        raise TfpipeError(
+            f"{path} exists and is not a contact sheet tfpipe.inspect wrote; it is not replaced -- "
+            f"remove it, choose another {option('sheet')} or pass {option('no_sheet', True)}"
+        )
 
 
 def _is_sheet(path):
@@ -157,8 +169,17 @@ def _is_sheet(path):
         return False
 
 
-def inspect_shards(records, *, scan_records=SCAN_RECORDS, sheet=None, sheet_count=32, do_verify=False, image_key=None,
-                   label_key=None, out=sys.stdout):
+def inspect_shards(
+    records,
+    *,
+    scan_records=SCAN_RECORDS,
+    sheet=None,
+    sheet_count=32,
+    do_verify=False,
+    image_key=None,
+    label_key=None,
+    out=sys.stdout,
+):
     """Prints what the shards hold; optionally writes a contact sheet and verifies every record.
 
     Args:
@@ -192,14 +213,23 @@ def inspect_shards(records, *, scan_records=SCAN_RECORDS, sheet=None, sheet_coun
         save_sheet(contact_sheet(rows, image_key, label_key, classes, sheet_count, shards.labeled), sheet)
         print(f"contact sheet: {sheet}", file=out)
     problems = verify_and_report(shards, out) if do_verify else []
-    return {"files": list(shards.files), "schema": fields, "label_counts": dict(counts), "problems": problems,
-            "image_key": image_key, "label_key": label_key}
+    return {
+        "files": list(shards.files),
+        "schema": fields,
+        "label_counts": dict(counts),
+        "problems": problems,
+        "image_key": image_key,
+        "label_key": label_key,
+    }
 
 
 def print_files(records, shards, out):
     counts = shards.counts
-    print(f"{records}: {len(shards.files)} files, {sum(c or 0 for c in counts.values())} records"
-          f"{' (manifest)' if shards.manifest else ''}", file=out)
+    print(
+        f"{records}: {len(shards.files)} files, {sum(c or 0 for c in counts.values())} records"
+        f"{' (manifest)' if shards.manifest else ''}",
+        file=out,
+    )
     for f, n in counts.items():
         print(f"  {posixpath.basename(f)}: {n if n is not None else '?'} records", file=out)
 
@@ -227,15 +257,24 @@ def verify_and_report(shards, out):
     for p in problems:
         print(f"  BAD {p}", file=out)
     if problems:
-        raise TfpipeError(f"{len(problems)} of {len(shards.files)} shards failed verification: "
-                          + "; ".join(p.split(":")[0] for p in problems))
+        raise TfpipeError(
+            f"{len(problems)} of {len(shards.files)} shards failed verification: "
+            + "; ".join(p.split(":")[0] for p in problems)
+        )
     print(f"verified: {len(shards.files)} files, every record read and CRC-checked, counts match", file=out)
     return problems
 
 
 def run(args):
-    inspect_shards(args.records, scan_records=args.scan_records, sheet=None if args.no_sheet else args.sheet,
-                   sheet_count=args.sheet_count, do_verify=args.verify, image_key=args.image_key, label_key=args.label_key)
+    inspect_shards(
+        args.records,
+        scan_records=args.scan_records,
+        sheet=None if args.no_sheet else args.sheet,
+        sheet_count=args.sheet_count,
+        do_verify=args.verify,
+        image_key=args.image_key,
+        label_key=args.label_key,
+    )
 
 
 def build_parser():

@@ -11,6 +11,7 @@ key.
 shards with their byte sizes, ...), so a byte-identical rewrite keeps its id and any other write gets a new one.
 A run records the id of the shards it trained on; a job reading a folder notices when it was rewritten.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -105,8 +106,13 @@ class Manifest:
     def to_dict(self) -> dict[str, Any]:
         """The JSON form (``num_classes`` and ``num_examples`` included for people and other tools)."""
         d = dataclasses.asdict(self)
-        d.update(num_classes=self.num_classes, num_examples=self.num_examples, classes=list(self.classes),
-                 shards=[dataclasses.asdict(s) for s in self.shards], skipped=list(self.skipped))
+        d.update(
+            num_classes=self.num_classes,
+            num_examples=self.num_examples,
+            classes=list(self.classes),
+            shards=[dataclasses.asdict(s) for s in self.shards],
+            skipped=list(self.skipped),
+        )
         return d
 
     def with_id(self) -> Manifest:
@@ -128,13 +134,17 @@ class Manifest:
 
     def __getitem__(self, key: str) -> Any:
         """``manifest["classes"]``, as when manifests were dicts (tfpipe <= 0.2): warns, use ``manifest.classes``."""
-        warnings.warn(f"manifest[{key!r}] is manifest.{key} (a Manifest since tfpipe 0.3); dict access will be "
-                      "removed in 1.0", DeprecationWarning, stacklevel=2)
+        warnings.warn(
+            f"manifest[{key!r}] is manifest.{key} (a Manifest since tfpipe 0.3); dict access will be removed in 1.0",
+            DeprecationWarning,
+            stacklevel=2,
+        )
         return self.to_dict()[key]
 
     def get(self, key: str, default: Any = None) -> Any:
-        warnings.warn(f"manifest.get({key!r}) is manifest.{key} (a Manifest, tfpipe 0.3)", DeprecationWarning,
-                      stacklevel=2)
+        warnings.warn(
+            f"manifest.get({key!r}) is manifest.{key} (a Manifest, tfpipe 0.3)", DeprecationWarning, stacklevel=2
+        )
         return self.to_dict().get(key, default)
 
 
@@ -146,12 +156,15 @@ def content_id(data: dict) -> str:
 
 def _missing(folder: str) -> TfpipeError:
     if fs.exists(posixpath.join(folder, STAGING, PROGRESS)):
-        return TfpipeError(f"{folder}: no {MANIFEST}: its write was interrupted; finish it with "
-                           "python -m tfpipe.write ... --resume")
+        return TfpipeError(
+            f"{folder}: no {MANIFEST}: its write was interrupted; finish it with python -m tfpipe.write ... --resume"
+        )
     if not fs.exists(folder):
         return TfpipeError(f"{folder}: folder not found")
-    return TfpipeError(f"{folder}: no {MANIFEST} (not a folder written by tfpipe.write); to read other "
-                       f"shards pass a glob such as {folder}/*.tfrec with num_classes and image_size")
+    return TfpipeError(
+        f"{folder}: no {MANIFEST} (not a folder written by tfpipe.write); to read other "
+        f"shards pass a glob such as {folder}/*.tfrec with num_classes and image_size"
+    )
 
 
 class _Fields:
@@ -159,18 +172,23 @@ class _Fields:
 
     def __init__(self, data: Any, path: str, prefix: str = ""):
         if not isinstance(data, dict):
-            raise TfpipeError(f"{path}: {prefix.rstrip('.') or 'the manifest'} is not a JSON object; the "
-                              "manifest is damaged -- write the shards again")
+            raise TfpipeError(
+                f"{path}: {prefix.rstrip('.') or 'the manifest'} is not a JSON object; the "
+                "manifest is damaged -- write the shards again"
+            )
         self.data, self.path, self.prefix = data, path, prefix
 
     def bad(self, key: str, what: str) -> TfpipeError:
         value = self.data.get(key, "(missing)")
         shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
-        return TfpipeError(f"{self.path}: field '{self.prefix}{key}' {what} (got {shown}); the manifest was "
-                           "edited or damaged -- write the shards again")
+        return TfpipeError(
+            f"{self.path}: field '{self.prefix}{key}' {what} (got {shown}); the manifest was "
+            "edited or damaged -- write the shards again"
+        )
 
-    def get(self, key: str, types: type | tuple, *, default: Any = ..., low: int | None = None,
-            choices: tuple | None = None) -> Any:
+    def get(
+        self, key: str, types: type | tuple, *, default: Any = ..., low: int | None = None, choices: tuple | None = None
+    ) -> Any:
         if key not in self.data:
             if default is ...:
                 raise self.bad(key, "is required")
@@ -194,8 +212,10 @@ def from_dict(data: Any, path: str) -> Manifest:
     f = _Fields(data, path)
     version = f.get("version", int, default=1, low=1)
     if version > MANIFEST_VERSION:
-        raise TfpipeError(f"{path}: manifest version {version} was written by a newer tfpipe (this one reads up "
-                          f"to {MANIFEST_VERSION}); upgrade tfpipe")
+        raise TfpipeError(
+            f"{path}: manifest version {version} was written by a newer tfpipe (this one reads up "
+            f"to {MANIFEST_VERSION}); upgrade tfpipe"
+        )
     split = f.get("split", str)
     if not SPLIT_NAME.fullmatch(split):
         raise f.bad("split", "is not a shard-name prefix")
@@ -204,16 +224,24 @@ def from_dict(data: Any, path: str) -> Manifest:
     folds = f.get("folds", int, default=None, low=2)
     shards = _shards(f, folds)
     manifest = Manifest(
-        split=split, classes=classes, shards=shards, labeled=labeled,
+        split=split,
+        classes=classes,
+        shards=shards,
+        labeled=labeled,
         single_label=f.get("single_label", bool, default=False),
         max_labels=f.get("max_labels", int, default=None, low=0),
         id_column=_non_empty(f, "id_column", "image"),
         image=_images(_Fields(f.get("image", dict, default={}), path, "image.")),
-        folds=folds, seed=f.get("seed", int, default=0, low=0),
+        folds=folds,
+        seed=f.get("seed", int, default=0, low=0),
         fingerprint=f.get("fingerprint", str, default=None),
-        skipped=tuple(_skipped(f)), label_format=f.get("label_format", dict, default=None),
-        schema=f.get("schema", dict, default=None), tfpipe_version=f.get("tfpipe_version", str, default=""),
-        dataset_id="", version=MANIFEST_VERSION)
+        skipped=tuple(_skipped(f)),
+        label_format=f.get("label_format", dict, default=None),
+        schema=f.get("schema", dict, default=None),
+        tfpipe_version=f.get("tfpipe_version", str, default=""),
+        dataset_id="",
+        version=MANIFEST_VERSION,
+    )
     _check_totals(f, manifest)
     return dataclasses.replace(manifest, dataset_id=_dataset_id(f, version))
 
@@ -256,8 +284,14 @@ def _shards(f: _Fields, folds: int | None) -> tuple[ShardEntry, ...]:
 def check_shard_file_name(name: str, s: _Fields) -> None:
     """A listed shard is a plain ``*.tfrec`` name inside the folder: never ``..``, a sub-path or an absolute path,
     which ``--overwrite`` would otherwise delete and readers read."""
-    if (not name.endswith(SHARD_SUFFIX) or name != posixpath.basename(name) or "\\" in name or name.startswith(".")
-            or "://" in name or "\0" in name):
+    if (
+        not name.endswith(SHARD_SUFFIX)
+        or name != posixpath.basename(name)
+        or "\\" in name
+        or name.startswith(".")
+        or "://" in name
+        or "\0" in name
+    ):
         raise s.bad("file", "must be a shard file name inside the folder (*.tfrec, no folder part)")
 
 
@@ -265,11 +299,14 @@ def _images(f: _Fields) -> StoredImages:
     size = f.get("image_size", int, default=None, low=1)
     if size is None and "size" in f.data:  # manifests of tfpipe 0.1
         size = f.get("size", int, default=None, low=1)
-    return StoredImages(image_size=size, fit=f.get("fit", str, default="stretch", choices=FITS),
-                        format=f.get("format", str, default="jpeg", choices=FORMATS),
-                        quality=f.get("quality", int, default=95, choices=tuple(range(1, 101))),
-                        max_pixels=f.get("max_pixels", int, default=None, low=1),
-                        max_bytes=f.get("max_bytes", int, default=None, low=1))
+    return StoredImages(
+        image_size=size,
+        fit=f.get("fit", str, default="stretch", choices=FITS),
+        format=f.get("format", str, default="jpeg", choices=FORMATS),
+        quality=f.get("quality", int, default=95, choices=tuple(range(1, 101))),
+        max_pixels=f.get("max_pixels", int, default=None, low=1),
+        max_bytes=f.get("max_bytes", int, default=None, low=1),
+    )
 
 
 def _skipped(f: _Fields) -> list[dict]:
@@ -300,6 +337,8 @@ def _dataset_id(f: _Fields, version: int) -> str:
         return computed
     recorded = f.get("dataset_id", str)
     if recorded != computed:
-        raise TfpipeError(f"{f.path}: its content no longer matches its dataset_id {recorded} (the manifest was "
-                          "edited after tfpipe.write wrote it); write the shards again")
+        raise TfpipeError(
+            f"{f.path}: its content no longer matches its dataset_id {recorded} (the manifest was "
+            "edited after tfpipe.write wrote it); write the shards again"
+        )
     return recorded

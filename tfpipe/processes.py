@@ -1,4 +1,5 @@
 """Child processes that end with their parent (principle 4 of the README's Reliability section)."""
+
 import os
 import threading
 import time
@@ -20,6 +21,7 @@ def die_with_parent(parent_pid, poll_seconds=1.0):
     try:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     except (AttributeError, OSError):  # not Linux: poll instead
+
         def watch():
             while os.getppid() == parent_pid:
                 time.sleep(poll_seconds)

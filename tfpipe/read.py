@@ -7,18 +7,23 @@ shape is static (TPUs need that). Both parse a whole batch of records in one
 vectorised ``tf.io.parse_example`` call; images stay uint8 until they reach
 the model (normalising there moves 4x fewer bytes to the accelerator).
 """
+
 import contextlib
 import dataclasses
-
 
 from tfpipe.deps import require
 
 tf = require("tensorflow")  # or one line saying what to install
-from tfpipe import augment as aug_lib  # noqa: E402
-from tfpipe import schema  # noqa: E402
-from tfpipe.errors import TfpipeError, check_count, renamed  # noqa: E402
-from tfpipe.shards import (MANIFEST, Shards, checked_num_classes, fold_split, open_shards,  # noqa: E402, F401
-                           verify)
+from tfpipe import augment as aug_lib
+from tfpipe import schema
+from tfpipe.errors import TfpipeError, check_count, renamed
+from tfpipe.shards import (
+    MANIFEST,
+    checked_num_classes,
+    fold_split,
+    open_shards,
+    verify,
+)
 
 AUTOTUNE = tf.data.AUTOTUNE
 LABEL_MODES = ("multi_hot", "one_hot", "class_id")
@@ -48,7 +53,9 @@ def naming_corrupt_shards(records):
         yield
     except tf.errors.DataLossError as e:
         problems = verify(open_shards(records))
-        raise TfpipeError(problems[0] if problems else f"{records}: corrupt data ({e.message.splitlines()[0]})") from None
+        raise TfpipeError(
+            problems[0] if problems else f"{records}: corrupt data ({e.message.splitlines()[0]})"
+        ) from None
 
 
 def targets_from_indices(indices, num_classes, label_mode):
@@ -56,8 +63,11 @@ def targets_from_indices(indices, num_classes, label_mode):
 
     An index >= ``num_classes`` stops the pipeline (``tf.one_hot`` would silently give it a zero row).
     """
-    tf.debugging.assert_less(indices, tf.constant(num_classes, indices.dtype),
-                             message=f"a record holds a class index >= num_classes={num_classes}; labels would be lost")
+    tf.debugging.assert_less(
+        indices,
+        tf.constant(num_classes, indices.dtype),
+        message=f"a record holds a class index >= num_classes={num_classes}; labels would be lost",
+    )
     if label_mode == "multi_hot":
         return tf.minimum(tf.reduce_sum(tf.one_hot(indices, num_classes), axis=1), 1.0)
     first = tf.pad(indices, [[0, 0], [0, 1]], constant_values=-1)[:, 0]  # -1 when the list is empty
@@ -71,8 +81,11 @@ def make_parse(num_classes, label_mode):
 
     def parse(serialized):
         f = tf.io.parse_example(serialized, spec)
-        return {"image": f[schema.IMAGE], "target": targets_from_indices(f[schema.TARGET], num_classes, label_mode),
-                "image_name": f[schema.IMAGE_NAME]}
+        return {
+            "image": f[schema.IMAGE],
+            "target": targets_from_indices(f[schema.TARGET], num_classes, label_mode),
+            "image_name": f[schema.IMAGE_NAME],
+        }
 
     return parse
 
@@ -121,10 +134,27 @@ def use_cache(cache, shards, size, budget):
     return n is not None and n * size * size * 3 <= budget
 
 
-def make_dataset(records, batch_size, *, image_size=None, training=False, folds=None, num_classes=None,
-                 label_mode="multi_hot", drop_remainder=None, with_ids=False, augment=None, cache="auto", seed=None,
-                 deterministic=None, input_context=None, pad_batches=False, options=ReadOptions(),
-                 shuffle_buffer=None, cache_budget=None):
+def make_dataset(
+    records,
+    batch_size,
+    *,
+    image_size=None,
+    training=False,
+    folds=None,
+    num_classes=None,
+    label_mode="multi_hot",
+    drop_remainder=None,
+    with_ids=False,
+    augment=None,
+    cache="auto",
+    seed=None,
+    deterministic=None,
+    input_context=None,
+    pad_batches=False,
+    options=ReadOptions(),
+    shuffle_buffer=None,
+    cache_budget=None,
+):
     """Builds a ``tf.data.Dataset`` of ``(images, targets)`` batches from shards.
 
     Example::
@@ -178,19 +208,47 @@ def make_dataset(records, batch_size, *, image_size=None, training=False, folds=
     parse = make_parse(classes, label_mode)
     decode_one = make_decode(size, shards.image_size, shards.image_format)
     if training:
-        ds = _training_pipeline(files, batch_size, size, parse, decode_one, shards.image_format, cached,
-                                augment or aug_lib.Augment(), options, seed,
-                                deterministic if deterministic is not None else seed is not None,
-                                drop_remainder if drop_remainder is not None else True,
-                                shard_records, input_context)
+        ds = _training_pipeline(
+            files,
+            batch_size,
+            size,
+            parse,
+            decode_one,
+            shards.image_format,
+            cached,
+            augment or aug_lib.Augment(),
+            options,
+            seed,
+            deterministic if deterministic is not None else seed is not None,
+            drop_remainder if drop_remainder is not None else True,
+            shard_records,
+            input_context,
+        )
     else:
-        ds = _evaluation_pipeline(files, batch_size, size, parse, decode_one, cached, bool(drop_remainder),
-                                  shard_records, input_context, options)
+        ds = _evaluation_pipeline(
+            files,
+            batch_size,
+            size,
+            parse,
+            decode_one,
+            cached,
+            bool(drop_remainder),
+            shard_records,
+            input_context,
+            options,
+        )
         if pad_batches:  # static shapes for every replica; weight 0 marks the padding
-            ds = _pad_batches(ds, batch_size, _local_count(shards, files, shard_records, input_context),
-                              _batches_per_pipeline(input_context))
-    keys = ("image", "target") + (("weight",) if pad_batches and not training else ()) + (
-        ("image_name",) if with_ids else ())
+            ds = _pad_batches(
+                ds,
+                batch_size,
+                _local_count(shards, files, shard_records, input_context),
+                _batches_per_pipeline(input_context),
+            )
+    keys = (
+        ("image", "target")
+        + (("weight",) if pad_batches and not training else ())
+        + (("image_name",) if with_ids else ())
+    )
     ds = ds.map(lambda b: tuple(b[k] for k in keys))  # dicts inside, tuples at the edge (Keras)
     return ds.prefetch(AUTOTUNE)  # last: overlap the input pipeline with the training step
 
@@ -221,9 +279,11 @@ def check_label_mode(records, shards, label_mode):
     """One-hot and class-id targets keep one label per image: on shards whose manifest says an image can hold
     more, that would silently drop the others, so it is refused (shards without a manifest carry no claim)."""
     if label_mode != "multi_hot" and shards.multi_label:
-        raise TfpipeError(f"{records}: {shards.describe_labels()}, so label_mode={label_mode!r} would keep one "
-                          "label per image and drop the rest; use label_mode='multi_hot' (sigmoid outputs), or "
-                          "write the shards with one class per image (--class-col)")
+        raise TfpipeError(
+            f"{records}: {shards.describe_labels()}, so label_mode={label_mode!r} would keep one "
+            "label per image and drop the rest; use label_mode='multi_hot' (sigmoid outputs), or "
+            "write the shards with one class per image (--class-col)"
+        )
 
 
 def _batches_per_pipeline(ctx):
@@ -260,8 +320,9 @@ def _pad_batches(ds, batch_size, count, multiple):
     return ds
 
 
-def _evaluation_pipeline(files, batch_size, size, parse, decode_one, cached, drop_remainder, shard_records, ctx,
-                         options):
+def _evaluation_pipeline(
+    files, batch_size, size, parse, decode_one, cached, drop_remainder, shard_records, ctx, options
+):
     ds = tf.data.TFRecordDataset(files, buffer_size=options.read_buffer)  # one file after another: the written order
     if shard_records:
         ds = ds.shard(ctx.num_input_pipelines, ctx.input_pipeline_id)
@@ -278,8 +339,22 @@ def _evaluation_pipeline(files, batch_size, size, parse, decode_one, cached, dro
     return ds
 
 
-def _training_pipeline(files, batch_size, size, parse, decode_one, image_format, cached, augment, options,
-                       seed, deterministic, drop_remainder, shard_records, ctx):
+def _training_pipeline(
+    files,
+    batch_size,
+    size,
+    parse,
+    decode_one,
+    image_format,
+    cached,
+    augment,
+    options,
+    seed,
+    deterministic,
+    drop_remainder,
+    shard_records,
+    ctx,
+):
     crop_on_decode = augment.crop == "resized" and image_format == "jpeg" and not cached
     per_image = aug_lib.image_ops(augment, size, crop_done=crop_on_decode)  # resized crop, erasing
     per_batch = aug_lib.make_batch_augment(augment, size)  # pad crop, flip, colour: one XLA op per batch
@@ -289,8 +364,9 @@ def _training_pipeline(files, batch_size, size, parse, decode_one, image_format,
     ds = ds.map(parse, num_parallel_calls=AUTOTUNE, deterministic=deterministic)
     ds = ds.unbatch()
     if cached:
-        ds = ds.map(lambda e: dict(e, image=decode_one(e["image"])), num_parallel_calls=AUTOTUNE,
-                    deterministic=deterministic)
+        ds = ds.map(
+            lambda e: dict(e, image=decode_one(e["image"])), num_parallel_calls=AUTOTUNE, deterministic=deterministic
+        )
         ds = ds.cache()  # decode once: later epochs start from pixels in memory
     ds = ds.shuffle(options.shuffle_buffer, seed=seed)  # before decoding (when not cached): a buffer of small JPEGs
     ds = ds.repeat()
@@ -310,8 +386,9 @@ def _training_pipeline(files, batch_size, size, parse, decode_one, image_format,
     ds = ds.batch(batch_size, drop_remainder=drop_remainder)  # static shapes for the TPU
     if per_batch is not None or mix is not None:  # batch ops; MixUp / CutMix pair images within a batch
         ds = tf.data.Dataset.zip((ds, tf.data.Dataset.random(seed=None if seed is None else seed + 1).batch(2)))
-        ds = ds.map(lambda b, s: _augment_batch(b, s, per_batch, mix), num_parallel_calls=AUTOTUNE,
-                    deterministic=deterministic)
+        ds = ds.map(
+            lambda b, s: _augment_batch(b, s, per_batch, mix), num_parallel_calls=AUTOTUNE, deterministic=deterministic
+        )
     return ds
 
 
@@ -322,9 +399,12 @@ def _shuffled_records(files, shard_records, ctx, seed, deterministic, options):
         return ds.shard(ctx.num_input_pipelines, ctx.input_pipeline_id)
     ds = tf.data.Dataset.from_tensor_slices(files)
     ds = ds.shuffle(len(files), seed=seed)  # a new file order every epoch
-    return ds.interleave(lambda f: tf.data.TFRecordDataset(f, buffer_size=options.read_buffer),
-                         cycle_length=min(len(files), options.cycle_length), num_parallel_calls=AUTOTUNE,
-                         deterministic=deterministic)
+    return ds.interleave(
+        lambda f: tf.data.TFRecordDataset(f, buffer_size=options.read_buffer),
+        cycle_length=min(len(files), options.cycle_length),
+        num_parallel_calls=AUTOTUNE,
+        deterministic=deterministic,
+    )
 
 
 def _augment_batch(batch, seed, per_batch, mix):
@@ -374,4 +454,12 @@ def read_targets(records, num_classes, folds=None):
     return schema.multi_hot([row[row >= 0] for row in rows], num_classes)  # -1 pads the batched lists
 
 
-__all__ = ["make_dataset", "ReadOptions", "fold_split", "count_examples", "image_names", "read_targets", "naming_corrupt_shards"]
+__all__ = [
+    "ReadOptions",
+    "count_examples",
+    "fold_split",
+    "image_names",
+    "make_dataset",
+    "naming_corrupt_shards",
+    "read_targets",
+]

@@ -7,6 +7,7 @@ descriptor pool, so DataLoader workers never import TensorFlow (forking or
 importing TensorFlow in workers is slow and can hang). The reader turns the
 same table into ``tf.io.parse_example`` specs with ``feature_spec``.
 """
+
 import numpy as np
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
@@ -51,9 +52,14 @@ def _example_classes():
     message("BytesList", [("value", 1, T.TYPE_BYTES, rep, None)])
     message("FloatList", [("value", 1, T.TYPE_FLOAT, rep, None)])
     message("Int64List", [("value", 1, T.TYPE_INT64, rep, None)])
-    message("Feature", [("bytes_list", 1, T.TYPE_MESSAGE, opt, ".tfpipe.BytesList"),
-                        ("float_list", 2, T.TYPE_MESSAGE, opt, ".tfpipe.FloatList"),
-                        ("int64_list", 3, T.TYPE_MESSAGE, opt, ".tfpipe.Int64List")])
+    message(
+        "Feature",
+        [
+            ("bytes_list", 1, T.TYPE_MESSAGE, opt, ".tfpipe.BytesList"),
+            ("float_list", 2, T.TYPE_MESSAGE, opt, ".tfpipe.FloatList"),
+            ("int64_list", 3, T.TYPE_MESSAGE, opt, ".tfpipe.Int64List"),
+        ],
+    )
     m = f.message_type[-1]
     m.oneof_decl.add(name="kind")
     for field in m.field:
@@ -133,8 +139,10 @@ def multi_hot(targets, num_classes, dtype=np.float32):
         indices = np.asarray(indices, np.int64)
         if indices.size and (indices.min() < 0 or indices.max() >= num_classes):
             bad = int(indices[(indices < 0) | (indices >= num_classes)][0])
-            raise TfpipeError(f"class index {bad} outside 0..{num_classes - 1}: the records hold more classes than "
-                              f"the {num_classes} given")
+            raise TfpipeError(
+                f"class index {bad} outside 0..{num_classes - 1}: the records hold more classes than "
+                f"the {num_classes} given"
+            )
         out[row, indices] = 1
     return out
 

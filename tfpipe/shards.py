@@ -13,6 +13,7 @@ TensorFlow. The writer's side (planning, staged writing) is ``tfpipe.staging``.
 All file access goes through ``tfpipe.fs`` (``tf.io.gfile`` for ``gs://`` and
 other remote paths), so a bucket works like a folder.
 """
+
 import dataclasses
 import os
 import posixpath
@@ -21,8 +22,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 from tfpipe import fs, schema
 from tfpipe.errors import TfpipeError, option
-from tfpipe.manifest import (MANIFEST, PROGRESS, SHARD_SUFFIX, SPLIT_NAME, STAGING, Manifest,  # noqa: F401
-                             StoredImages)
+from tfpipe.manifest import (
+    MANIFEST,
+    SHARD_SUFFIX,
+    SPLIT_NAME,
+    Manifest,
+    StoredImages,
+)
 from tfpipe.tfrecord import CorruptRecord, read_records
 
 COUNT_IN_NAME = re.compile(r"-(\d+)\.tfrec$")  # the record count shard_name puts at the end
@@ -57,8 +63,10 @@ def remove_outputs(out_dir, manifest):
 def check_split(split):
     """A split is the first part of every shard name: letters, digits, ``_ . -``, no folder separators."""
     if not isinstance(split, str) or not SPLIT_NAME.fullmatch(split):
-        raise TfpipeError(f"{option('split')} {split!r} cannot start a file name: use letters, digits, _ . - (e.g. train, "
-                          "test, extra_2019)")
+        raise TfpipeError(
+            f"{option('split')} {split!r} cannot start a file name: use letters, digits, _ . - (e.g. train, "
+            "test, extra_2019)"
+        )
 
 
 def shard_counts(files, manifest=None):
@@ -133,8 +141,10 @@ class Shards:
     def describe_labels(self):
         """``multi-label data (up to 3 labels an image; manifest.json: single_label false)``, for messages."""
         most = self.manifest.max_labels if self.manifest else None
-        return (f"multi-label data ({f'up to {most} labels an image' if most else 'several labels an image'}; "
-                f"{MANIFEST}: single_label false)")
+        return (
+            f"multi-label data ({f'up to {most} labels an image' if most else 'several labels an image'}; "
+            f"{MANIFEST}: single_label false)"
+        )
 
     @property
     def id_column(self):
@@ -155,9 +165,11 @@ class Shards:
         except TfpipeError:
             now = None
         if now != self.manifest.dataset_id:
-            raise TfpipeError(f"{self.folder} was rewritten while this job read it (dataset id "
-                              f"{self.manifest.dataset_id}, now {now or 'none: no valid manifest'}); nothing of this "
-                              "job is kept as finished -- run it again on the new shards")
+            raise TfpipeError(
+                f"{self.folder} was rewritten while this job read it (dataset id "
+                f"{self.manifest.dataset_id}, now {now or 'none: no valid manifest'}); nothing of this "
+                "job is kept as finished -- run it again on the new shards"
+            )
 
 
 def open_shards(records, folds=None, any_schema=False):
@@ -201,8 +213,10 @@ def checked_num_classes(records, shards, num_classes):
     """The number of classes a reader uses: ``num_classes`` or the manifest's; the two must agree (fewer classes
     would drop labels), and shards without a manifest need it given."""
     if num_classes and shards.num_classes and num_classes != shards.num_classes:
-        raise TfpipeError(f"{records}: num_classes={num_classes}, but the shards hold {shards.num_classes} classes "
-                          f"({MANIFEST}); labels would be lost")
+        raise TfpipeError(
+            f"{records}: num_classes={num_classes}, but the shards hold {shards.num_classes} classes "
+            f"({MANIFEST}); labels would be lost"
+        )
     classes = num_classes or shards.num_classes
     if not classes:
         raise TfpipeError(f"{records}: no {MANIFEST} to read the classes from; pass num_classes")
@@ -213,6 +227,7 @@ def check_first_records(files):
     """For shards without a manifest (a glob, a list): the first record of each file must be a
     ``tf.train.Example`` with tfpipe's ``image`` bytes, so a foreign ``.tfrec`` the glob picked up is named here
     instead of failing later inside TensorFlow (``Feature: image is required``, no file named)."""
+
     def problem(path):
         try:
             raw = next(read_records(path), None)
@@ -225,9 +240,11 @@ def check_first_records(files):
         except TfpipeError as e:
             return str(e)
         if schema.IMAGE not in features or features[schema.IMAGE].WhichOneof("kind") != "bytes_list":
-            return (f"{path}: its records have no {schema.IMAGE!r} bytes feature (features: "
-                    f"{', '.join(sorted(features)) or 'none'}); not written by tfpipe.write -- leave it out of "
-                    "the glob or list")
+            return (
+                f"{path}: its records have no {schema.IMAGE!r} bytes feature (features: "
+                f"{', '.join(sorted(features)) or 'none'}); not written by tfpipe.write -- leave it out of "
+                "the glob or list"
+            )
         return None
 
     raise_first_problem(problem, files)
@@ -246,14 +263,18 @@ def select_folds(shards, folds, records):
     """The shards of ``folds`` only; folds the shards were not written with are an error."""
     k = shards.folds
     if not k:
-        raise TfpipeError(f"{records}: folds {list(folds)} were asked for, but these shards were written without "
-                          "folds (tfpipe.write --folds K)")
+        raise TfpipeError(
+            f"{records}: folds {list(folds)} were asked for, but these shards were written without "
+            "folds (tfpipe.write --folds K)"
+        )
     outside = [f for f in folds if f not in range(k)]
     if outside:
         raise TfpipeError(f"{records}: folds {outside} outside 0..{k - 1} (written with {k} folds)")
     fold_of = {s.file: s.fold for s in shards.manifest.shards}
     keep = set(folds)
-    return dataclasses.replace(shards, files=tuple(f for f in shards.files if fold_of.get(posixpath.basename(f)) in keep))
+    return dataclasses.replace(
+        shards, files=tuple(f for f in shards.files if fold_of.get(posixpath.basename(f)) in keep)
+    )
 
 
 def fold_split(records, fold):
@@ -290,8 +311,10 @@ def check_sizes(files, manifest, folder):
             return None
         size = fs.size(path)
         if size != expected:
-            return (f"{path}: shard is {size} bytes, {MANIFEST} says {expected} (truncated or replaced; "
-                    "check with python -m tfpipe.inspect --verify)")
+            return (
+                f"{path}: shard is {size} bytes, {MANIFEST} says {expected} (truncated or replaced; "
+                "check with python -m tfpipe.inspect --verify)"
+            )
         return None
 
     raise_first_problem(problem, files)

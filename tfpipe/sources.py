@@ -19,6 +19,7 @@ error naming both: merging them is the user's decision. With a separator that
 is not whitespace (``--sep ,``), a label holding a space is refused unless
 class names contain spaces (``--spaces-in-names`` / ``spaces_in_names``).
 """
+
 import ast
 import collections
 import csv
@@ -109,8 +110,10 @@ def _read_table(csv_path):
         header = next(csv.reader(io.StringIO(text)), [])
         twice = [c for c, n in collections.Counter(nfc(h.strip()) for h in header).items() if n > 1]
         if twice:
-            raise TfpipeError(f"{csv_path}: the header names column {twice[0]!r} twice; which one holds the data "
-                              "is ambiguous, so rename or drop one")
+            raise TfpipeError(
+                f"{csv_path}: the header names column {twice[0]!r} twice; which one holds the data "
+                "is ambiguous, so rename or drop one"
+            )
         df = pd.read_csv(io.StringIO(text), dtype=str, keep_default_na=False, skipinitialspace=False)
         df.columns = [nfc(c) for c in df.columns]  # one-hot columns are class names, compared in NFC
         return df
@@ -129,12 +132,15 @@ def _check_ids(ids, image_col, csv_path):
         if not name:
             raise TfpipeError(f"{csv_path}: row {row}: empty id in column {image_col!r}")
         if name in first:
-            raise TfpipeError(f"{csv_path}: id {name!r} appears twice (rows {first[name]} and {row}); "
-                              "ids must be unique")
+            raise TfpipeError(
+                f"{csv_path}: id {name!r} appears twice (rows {first[name]} and {row}); ids must be unique"
+            )
         parts = name.replace("\\", "/").split("/")
         if name.startswith(("/", "\\")) or "://" in name or ".." in parts or (len(name) > 1 and name[1] == ":"):
-            raise TfpipeError(f"{csv_path}: row {row}: id {name!r} in column {image_col!r} points outside the "
-                              "images folder; ids are file names (or sub-paths) inside --images")
+            raise TfpipeError(
+                f"{csv_path}: row {row}: id {name!r} in column {image_col!r} points outside the "
+                "images folder; ids are file names (or sub-paths) inside --images"
+            )
         first[name] = row
 
 
@@ -143,8 +149,17 @@ INVISIBLE = frozenset({"Cf", "Cc", "Zs", "Zl", "Zp"})  # format (zero-width, BOM
 # Characters that draw nothing although their category says otherwise (Unicode's Default_Ignorable_Code_Point
 # outside Cf, and blank letters): variation selectors, the combining grapheme joiner, Hangul fillers, the blank
 # Braille pattern. ``circle`` + U+FE0F looks exactly like ``circle``.
-BLANK_RANGES = ((0x034F, 0x034F), (0x115F, 0x1160), (0x17B4, 0x17B5), (0x180B, 0x180F), (0x2800, 0x2800),
-                (0x3164, 0x3164), (0xFE00, 0xFE0F), (0xFFA0, 0xFFA0), (0xE0100, 0xE01EF))
+BLANK_RANGES = (
+    (0x034F, 0x034F),
+    (0x115F, 0x1160),
+    (0x17B4, 0x17B5),
+    (0x180B, 0x180F),
+    (0x2800, 0x2800),
+    (0x3164, 0x3164),
+    (0xFE00, 0xFE0F),
+    (0xFFA0, 0xFFA0),
+    (0xE0100, 0xE01EF),
+)
 ASCII_SPACE = " \t\n\r\v\f"  # what is stripped around a label; any other blank character is refused
 ASCII_INTEGER = re.compile(r"[+-]?[0-9]+")  # labels sorted as numbers (str.isdigit also takes "²", "①")
 ASCII_NUMBER = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)")  # "5", "05", "+5", "5.0": one number
@@ -161,11 +176,14 @@ def clean_label(label, where):
     if label.isascii() and label.isprintable():  # the common case, without a look at each character
         return label
     for char in label:
-        if char != " " and (unicodedata.category(char) in INVISIBLE or
-                            any(lo <= ord(char) <= hi for lo, hi in BLANK_RANGES)):
+        if char != " " and (
+            unicodedata.category(char) in INVISIBLE or any(lo <= ord(char) <= hi for lo, hi in BLANK_RANGES)
+        ):
             name = unicodedata.name(char, "a control character")
-            raise TfpipeError(f"{where} holds U+{ord(char):04X} {name}, an invisible character that would make a "
-                              "class of its own; remove it")
+            raise TfpipeError(
+                f"{where} holds U+{ord(char):04X} {name}, an invisible character that would make a "
+                "class of its own; remove it"
+            )
     return nfc(label)
 
 
@@ -194,11 +212,16 @@ def refuse_twin_spellings(first_seen, origin):
     for key, spellings in by_key.items():
         if len(spellings) > 1:
             a, b = spellings[:2]
-            how = ("are one number written two ways" if isinstance(key, decimal.Decimal) else
-                   "differ only in case, Unicode compatibility form or a stray separator")
+            how = (
+                "are one number written two ways"
+                if isinstance(key, decimal.Decimal)
+                else "differ only in case, Unicode compatibility form or a stray separator"
+            )
             hint = "" if isinstance(key, decimal.Decimal) else " (or set the separator: --sep / LabelFormat.sep)"
-            raise TfpipeError(f"{origin}: labels {a!r} ({first_seen[a]}) and {b!r} ({first_seen[b]}) {how}; make "
-                              f"them one spelling{hint}")
+            raise TfpipeError(
+                f"{origin}: labels {a!r} ({first_seen[a]}) and {b!r} ({first_seen[b]}) {how}; make "
+                f"them one spelling{hint}"
+            )
 
 
 def _spelling(label):
@@ -222,20 +245,28 @@ def _labels(df, fmt, csv_path):
     check_separator(fmt)
     labels_col = nfc(fmt.labels_col)
     if labels_col not in df.columns:
-        raise TfpipeError(f"{csv_path}: column {fmt.labels_col!r} not found (columns: {', '.join(df.columns)}); "
-                          "name the labels with --labels-col, --label-cols or --class-col (LabelFormat in Python)")
-    return [label_cell(cell, fmt.sep, row, labels_col, csv_path, spaces_in_names=fmt.spaces_in_names)
-            for row, cell in enumerate(df[labels_col], start=1)]
+        raise TfpipeError(
+            f"{csv_path}: column {fmt.labels_col!r} not found (columns: {', '.join(df.columns)}); "
+            "name the labels with --labels-col, --label-cols or --class-col (LabelFormat in Python)"
+        )
+    return [
+        label_cell(cell, fmt.sep, row, labels_col, csv_path, spaces_in_names=fmt.spaces_in_names)
+        for row, cell in enumerate(df[labels_col], start=1)
+    ]
 
 
 def check_separator(fmt):
     """An empty separator (an unset variable: ``--sep "$SEP"``) would split on every kind of blank, and
     ``spaces_in_names`` means nothing when the separator itself is a space."""
     if not fmt.sep:
-        raise TfpipeError(f"{option('sep')} is empty (an unset variable?); give the separator, e.g. {option('sep', ',')}")
+        raise TfpipeError(
+            f"{option('sep')} is empty (an unset variable?); give the separator, e.g. {option('sep', ',')}"
+        )
     if fmt.spaces_in_names and fmt.sep != LIST_SEP and fmt.sep.isspace():
-        raise TfpipeError(f"{option('spaces_in_names', True)} needs a separator that is not a space (with "
-                          f"{option('sep', fmt.sep)} 'golden retriever' is two labels); set {option('sep')}")
+        raise TfpipeError(
+            f"{option('spaces_in_names', True)} needs a separator that is not a space (with "
+            f"{option('sep', fmt.sep)} 'golden retriever' is two labels); set {option('sep')}"
+        )
 
 
 def _class_labels(df, class_col, csv_path):
@@ -244,8 +275,10 @@ def _class_labels(df, class_col, csv_path):
     out = []
     for row, value in enumerate(df[class_col], start=1):
         if not value.strip(ASCII_SPACE) or value.strip(ASCII_SPACE) in MISSING:
-            raise TfpipeError(f"{csv_path}: row {row}: no class in column {class_col!r} ({value!r}); "
-                              "single-label data needs one class per row")
+            raise TfpipeError(
+                f"{csv_path}: row {row}: no class in column {class_col!r} ({value!r}); "
+                "single-label data needs one class per row"
+            )
         out.append((clean_label(value.strip(ASCII_SPACE), f"{csv_path}: row {row}, column {class_col!r}: {value!r}"),))
     return out
 
@@ -276,16 +309,22 @@ def label_cell(cell, sep, row, column, csv_path, *, spaces_in_names=False):
     for label in labels:
         stray = [c for c in STRAY if c in label and c != sep]
         if stray and sep != LIST_SEP:
-            raise TfpipeError(f"{where} holds {stray[0]!r} but the separator is {sep!r}; set the separator "
-                              f"({option('sep', stray[0])}) or remove the {stray[0]!r}")
+            raise TfpipeError(
+                f"{where} holds {stray[0]!r} but the separator is {sep!r}; set the separator "
+                f"({option('sep', stray[0])}) or remove the {stray[0]!r}"
+            )
         if label in MISSING:
-            raise TfpipeError(f"{where} holds {label!r}, a missing-value spelling, not a label; leave the cell "
-                              "empty for an image without labels")
+            raise TfpipeError(
+                f"{where} holds {label!r}, a missing-value spelling, not a label; leave the cell "
+                "empty for an image without labels"
+            )
         cleaned.append(clean_label(label, where))
         if no_spaces and " " in label:
-            raise TfpipeError(f"{where} holds {label!r}, a label with a space, but the separator is {sep!r}; if "
-                              f"class names contain spaces say so ({option('spaces_in_names', True)}), else set "
-                              f"the separator ({option('sep', ' ')})")
+            raise TfpipeError(
+                f"{where} holds {label!r}, a label with a space, but the separator is {sep!r}; if "
+                f"class names contain spaces say so ({option('spaces_in_names', True)}), else set "
+                f"the separator ({option('sep', ' ')})"
+            )
     return tuple(dict.fromkeys(cleaned))  # NFC can make two spellings in one cell one label
 
 
@@ -363,14 +402,18 @@ def collect_items(source, skip_bad):
         if not fs.isdir(source.images):
             raise TfpipeError(f"{source.images}: images folder not found")
         # Every entry but a folder: a FIFO, device or broken link is then named when it is read, not left out.
-        rows = [(i + 1, f, ()) for i, f in enumerate(sorted(fs.listdir(source.images)))
-                if not f.startswith(".") and not fs.isdir(fs.join(source.images, f))]
+        rows = [
+            (i + 1, f, ())
+            for i, f in enumerate(sorted(fs.listdir(source.images)))
+            if not f.startswith(".") and not fs.isdir(fs.join(source.images, f))
+        ]
         for _, f, _ in rows:
             check_utf8(f, source.images)
         csv_name = source.images
     else:
-        rows = read_csv(source.csv, image_col=source.image_col, label_format=source.label_format,
-                        labeled=source.labeled)
+        rows = read_csv(
+            source.csv, image_col=source.image_col, label_format=source.label_format, labeled=source.labeled
+        )
         csv_name = source.csv
     items, missing = resolve_images(rows, source.images, csv_name)
     if missing and not skip_bad:
@@ -403,16 +446,20 @@ def resolve_images(rows, images_dir, csv_path):
     for row, name, labels in rows:
         found = _find_images(name, images_dir, listing)
         if len(found) > 1:
-            raise TfpipeError(f"{csv_path}: row {row}: id {name!r} matches {found[0]!r} and {found[1]!r}; "
-                              "name the file with its extension")
+            raise TfpipeError(
+                f"{csv_path}: row {row}: id {name!r} matches {found[0]!r} and {found[1]!r}; "
+                "name the file with its extension"
+            )
         if not found:
             missing.append((row, name))
             continue
         key = posixpath.normpath(found[0])
         if key in row_of_file:
             first_row, first_name = row_of_file[key]
-            raise TfpipeError(f"{csv_path}: rows {first_row} and {row} ({first_name!r} and {name!r}) are both "
-                              f"{found[0]}; one image would be written twice with different labels")
+            raise TfpipeError(
+                f"{csv_path}: rows {first_row} and {row} ({first_name!r} and {name!r}) are both "
+                f"{found[0]}; one image would be written twice with different labels"
+            )
         row_of_file[key] = (row, name)
         items.append(Item(fs.join(images_dir, found[0]), name, labels))
     return items, missing
@@ -454,8 +501,10 @@ def read_folder_tree(root):
         for f in found:
             check_utf8(f, fs.join(root, cls))
         if not found:
-            raise TfpipeError(f"{fs.join(root, cls)}: class folder holds no images "
-                              f"({', '.join(FOLDER_EXTENSIONS)}); remove it or add its images")
+            raise TfpipeError(
+                f"{fs.join(root, cls)}: class folder holds no images "
+                f"({', '.join(FOLDER_EXTENSIONS)}); remove it or add its images"
+            )
         items += [Item(fs.join(root, cls, f), f"{cls}/{f}", (label,)) for f in found]
     if not items:
         raise TfpipeError(f"{root}: no class folders with images found (expected {root}/CLASS/*.jpg)")
@@ -470,8 +519,10 @@ def check_utf8(name, folder):
         name.encode("utf-8")
     except UnicodeEncodeError:
         shown = name.encode("utf-8", "surrogateescape")
-        raise TfpipeError(f"{folder}: file name {shown!r} is not valid UTF-8; ids are stored as UTF-8 text, so "
-                          "rename it (e.g. convmv -f latin1 -t utf-8)") from None
+        raise TfpipeError(
+            f"{folder}: file name {shown!r} is not valid UTF-8; ids are stored as UTF-8 text, so "
+            "rename it (e.g. convmv -f latin1 -t utf-8)"
+        ) from None
 
 
 def class_names(items, classes=None):

@@ -7,6 +7,7 @@ Finished staged shards are listed in ``.staging/progress.json`` as they
 complete, which is what ``--resume`` continues from. Names, the manifest and
 everything a reader needs are in ``tfpipe.shards``.
 """
+
 import dataclasses
 import json
 import math
@@ -20,7 +21,6 @@ from tfpipe import fs
 from tfpipe.errors import TfpipeError, option
 from tfpipe.manifest import MANIFEST, PROGRESS, STAGING, Manifest, ShardEntry
 from tfpipe.shards import existing_shards, remove_outputs, shard_name
-
 from tfpipe.tfrecord import RecordWriter
 
 LOCK = ".tfpipe-write.lock"  # who is writing this folder now (outside .staging, which a new write clears)
@@ -97,8 +97,13 @@ class WriteLock:
 
     def __init__(self, out_dir, fingerprint, job="tfpipe.write"):
         self.path, self.job = posixpath.join(out_dir, LOCK), job
-        self.token = {"id": uuid.uuid4().hex, "host": socket.gethostname(), "pid": os.getpid(),
-                      "started": time.strftime("%Y-%m-%d %H:%M:%S"), "fingerprint": fingerprint}
+        self.token = {
+            "id": uuid.uuid4().hex,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+            "fingerprint": fingerprint,
+        }
 
     def __enter__(self):
         for _ in range(2):  # the second try follows removing a dead job's lock
@@ -143,8 +148,9 @@ class WriteLock:
         """A lock file that holds no lock (empty: its creator died between creating and writing it; junk) and is
         older than ``STALE_SECONDS``: nobody holds it."""
         try:
-            age = time.time() - (os.path.getmtime(self.path) if not fs.is_remote(self.path) else
-                                 fs.identity(self.path)[1] / 1e9)
+            age = time.time() - (
+                os.path.getmtime(self.path) if not fs.is_remote(self.path) else fs.identity(self.path)[1] / 1e9
+            )
         except (OSError, ValueError):
             return False
         return self._holder() is None and age > STALE_SECONDS
@@ -162,9 +168,11 @@ class WriteLock:
         return holder.get("pid") == os.getpid()  # our own pid: a lock left by this process, not a live job
 
     def _busy(self, holder):
-        return (f"{posixpath.dirname(self.path)} is being written by another {self.job} (host "
-                f"{holder.get('host', '?')}, pid {holder.get('pid', '?')}, started {holder.get('started', '?')}); "
-                f"wait for it, or if that job is gone delete {self.path}")
+        return (
+            f"{posixpath.dirname(self.path)} is being written by another {self.job} (host "
+            f"{holder.get('host', '?')}, pid {holder.get('pid', '?')}, started {holder.get('started', '?')}); "
+            f"wait for it, or if that job is gone delete {self.path}"
+        )
 
     def held(self):
         """Whether the lock file is still ours (a remote lock can be lost to a writer that raced us)."""
@@ -195,8 +203,10 @@ def existing_manifest(out_dir):
     try:
         return Manifest.load(out_dir)
     except TfpipeError as e:
-        raise TfpipeError(f"{str(e).split('; ')[0]}; tfpipe.write deletes nothing a damaged manifest lists -- "
-                          f"restore it, or remove {out_dir} yourself and write again") from None
+        raise TfpipeError(
+            f"{str(e).split('; ')[0]}; tfpipe.write deletes nothing a damaged manifest lists -- "
+            f"restore it, or remove {out_dir} yourself and write again"
+        ) from None
 
 
 def check_destination(out_dir, split, fingerprint, *, overwrite, resume):
@@ -213,19 +223,25 @@ def check_destination(out_dir, split, fingerprint, *, overwrite, resume):
     foreign = [p for p in existing_shards(out_dir) if posixpath.basename(p) not in listed]
     if foreign:
         more = f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""
-        raise TfpipeError(f"{out_dir} holds {posixpath.basename(foreign[0])}{more}, not written by tfpipe.write "
-                          f"(not in a {MANIFEST}); write into another folder, or move them")
+        raise TfpipeError(
+            f"{out_dir} holds {posixpath.basename(foreign[0])}{more}, not written by tfpipe.write "
+            f"(not in a {MANIFEST}); write into another folder, or move them"
+        )
     if manifest is None:
         return None, None
     if manifest.split != split:
-        raise TfpipeError(f"{out_dir} holds the {manifest.split!r} split; write {split!r} into its own "
-                          f"folder (one split per folder, so no write replaces another split)")
+        raise TfpipeError(
+            f"{out_dir} holds the {manifest.split!r} split; write {split!r} into its own "
+            f"folder (one split per folder, so no write replaces another split)"
+        )
     if resume and manifest.fingerprint == fingerprint:
         return manifest, None
     if resume:
-        raise TfpipeError(f"{out_dir} holds a finished write whose inputs or settings changed since (an image's "
-                          f"size or time, a label, a setting); {option('resume', True)} does not replace it -- pass "
-                          f"{option('overwrite', True)} to write it again")
+        raise TfpipeError(
+            f"{out_dir} holds a finished write whose inputs or settings changed since (an image's "
+            f"size or time, a label, a setting); {option('resume', True)} does not replace it -- pass "
+            f"{option('overwrite', True)} to write it again"
+        )
     if not overwrite:
         raise TfpipeError(f"{out_dir} already holds shards; pass {option('overwrite', True)} to replace them")
     return None, manifest
@@ -256,17 +272,23 @@ class StagedShards:
 
     def __enter__(self):
         if fs.exists(self.staging) and not self._ours():
-            raise TfpipeError(f"{self.staging} exists and was not made by tfpipe.write; it is not deleted -- move it, "
-                              "or write into another folder")
+            raise TfpipeError(
+                f"{self.staging} exists and was not made by tfpipe.write; it is not deleted -- move it, "
+                "or write into another folder"
+            )
         progress = self._read_progress() if self.resume else None
         if progress is not None and progress["fingerprint"] != self.fingerprint:
-            raise TfpipeError(f"{self.staging}: the interrupted write there had other inputs or settings (an "
-                              f"image's size or time, a label, a setting changed since); run with "
-                              f"{option('overwrite', True)} instead of {option('resume', True)} to start over")
+            raise TfpipeError(
+                f"{self.staging}: the interrupted write there had other inputs or settings (an "
+                f"image's size or time, a label, a setting changed since); run with "
+                f"{option('overwrite', True)} instead of {option('resume', True)} to start over"
+            )
         if progress is None:
             if not self.resume and not self.discard and self._read_progress() is not None:
-                raise TfpipeError(f"{self.out_dir} holds an interrupted write ({self.staging}); continue it with "
-                                  f"{option('resume', True)} or pass {option('overwrite', True)} to start over")
+                raise TfpipeError(
+                    f"{self.out_dir} holds an interrupted write ({self.staging}); continue it with "
+                    f"{option('resume', True)} or pass {option('overwrite', True)} to start over"
+                )
             if fs.exists(self.staging):
                 fs.rmtree(self.staging)
             fs.makedirs(self.staging)
@@ -290,9 +312,13 @@ class StagedShards:
         """Keeps a shard the interrupted write finished, after checking its staged file is the one recorded."""
         index, staged = entry["index"], self.staged_path(entry["index"])
         present = fs.exists(staged)
-        if (entry["count"] and not present) or ("bytes" in entry and (fs.size(staged) if present else 0) != entry["bytes"]):
-            raise TfpipeError(f"{staged} is listed as finished but missing or of another size; run with "
-                              f"{option('overwrite', True)} instead of {option('resume', True)} to start over")
+        if (entry["count"] and not present) or (
+            "bytes" in entry and (fs.size(staged) if present else 0) != entry["bytes"]
+        ):
+            raise TfpipeError(
+                f"{staged} is listed as finished but missing or of another size; run with "
+                f"{option('overwrite', True)} instead of {option('resume', True)} to start over"
+            )
         self.counts[index], self.skipped[index] = entry["count"], entry["skipped"]
         self.sizes[index] = entry.get("bytes", 0)
         self.finished.add(index)
@@ -309,8 +335,10 @@ class StagedShards:
             return progress
         if not self.resume:
             return {"fingerprint": None, "shards": []}  # an interrupted write all the same
-        raise TfpipeError(f"{self.progress_path} is damaged; run with {option('overwrite', True)} instead of "
-                          f"{option('resume', True)} to start over")
+        raise TfpipeError(
+            f"{self.progress_path} is damaged; run with {option('overwrite', True)} instead of "
+            f"{option('resume', True)} to start over"
+        )
 
     def staged_path(self, index):
         return posixpath.join(self.staging, f"{self.split}-{index:05d}.part")
@@ -341,8 +369,10 @@ class StagedShards:
         self.finished.add(index)
         staged = self.staged_path(index)
         self.sizes[index] = fs.size(staged) if fs.exists(staged) else 0  # every record skipped: no file
-        entries = [{"index": i, "count": self.counts[i], "skipped": self.skipped[i], "bytes": self.sizes[i]}
-                   for i in sorted(self.finished)]
+        entries = [
+            {"index": i, "count": self.counts[i], "skipped": self.skipped[i], "bytes": self.sizes[i]}
+            for i in sorted(self.finished)
+        ]
         fs.write_atomic(self.progress_path, json.dumps({"fingerprint": self.fingerprint, "shards": entries}))
 
     def add_finished(self, index, count, skipped):
@@ -378,8 +408,10 @@ class StagedShards:
         try:
             write_manifest(self.staging, manifest)
         except OSError as e:
-            raise TfpipeError(f"cannot write {MANIFEST} ({e.strerror or e}); every shard is finished and kept in "
-                              f"{self.staging}: fix that and run the same command with --resume") from None
+            raise TfpipeError(
+                f"cannot write {MANIFEST} ({e.strerror or e}); every shard is finished and kept in "
+                f"{self.staging}: fix that and run the same command with --resume"
+            ) from None
         if replace is not None:
             remove_outputs(self.out_dir, replace)
         _move_all(moves)
@@ -407,12 +439,20 @@ def _valid_progress(progress, shard_plan):
     if not isinstance(entries, list):
         return False
     for e in entries:
-        if not (isinstance(e, dict) and type(e.get("index")) is int and 0 <= e["index"] < len(shard_plan)
-                and type(e.get("count")) is int and isinstance(e.get("skipped"), list)
-                and e["count"] >= 0 and e["count"] + len(e["skipped"]) == shard_plan[e["index"]]["size"]
-                and all(isinstance(k, dict) and isinstance(k.get("image"), str) and isinstance(k.get("reason"), str)
-                        for k in e["skipped"])
-                and (type(e.get("bytes", 0)) is int and e.get("bytes", 0) >= 0)):
+        if not (
+            isinstance(e, dict)
+            and type(e.get("index")) is int
+            and 0 <= e["index"] < len(shard_plan)
+            and type(e.get("count")) is int
+            and isinstance(e.get("skipped"), list)
+            and e["count"] >= 0
+            and e["count"] + len(e["skipped"]) == shard_plan[e["index"]]["size"]
+            and all(
+                isinstance(k, dict) and isinstance(k.get("image"), str) and isinstance(k.get("reason"), str)
+                for k in e["skipped"]
+            )
+            and (type(e.get("bytes", 0)) is int and e.get("bytes", 0) >= 0)
+        ):
             return False
     return True
 

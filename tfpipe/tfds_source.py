@@ -9,6 +9,7 @@ becomes a one-element list (a single-label dataset); a ``Sequence`` of
 dataset's own. Encoded images are held in memory until written, which suits
 datasets up to a few GB (cifar10/100, tf_flowers, plant_village).
 """
+
 import dataclasses
 import functools
 
@@ -90,11 +91,17 @@ def read_tfds(source):
         raise TfpipeError(f"TFDS dataset {source.name!r} has no Image feature")
     label_key, names, single = source._label_info
     try:
-        ds = builder.as_dataset(split=source.split, decoders={image_key: tfds.decode.SkipDecoding()},
-                                read_config=tfds.ReadConfig(add_tfds_id=True), shuffle_files=False)
+        ds = builder.as_dataset(
+            split=source.split,
+            decoders={image_key: tfds.decode.SkipDecoding()},
+            read_config=tfds.ReadConfig(add_tfds_id=True),
+            shuffle_files=False,
+        )
     except Exception as e:  # not downloaded / prepared (no network at run time), bad split
-        raise TfpipeError(f"TFDS dataset {source.name!r} split {source.split!r}: {str(e).splitlines()[0][:200]} "
-                          f"(prepare it first with tfds build, or pass --data-dir)") from None
+        raise TfpipeError(
+            f"TFDS dataset {source.name!r} split {source.split!r}: {str(e).splitlines()[0][:200]} "
+            f"(prepare it first with tfds build, or pass --data-dir)"
+        ) from None
     items = []
     for ex in ds.as_numpy_iterator():
         name = ex["id"].decode() if "id" in ex else ex["tfds_id"].decode()
@@ -102,8 +109,9 @@ def read_tfds(source):
         if label_key is not None:
             value = ex[label_key]
             labels = (names[int(value)],) if single else tuple(dict.fromkeys(names[int(v)] for v in value))
-        items.append(Item(path=f"tfds:{source.name}/{source.split}/{name}", name=name, labels=labels,
-                          data=bytes(ex[image_key])))
+        items.append(
+            Item(path=f"tfds:{source.name}/{source.split}/{name}", name=name, labels=labels, data=bytes(ex[image_key]))
+        )
     if not items:
         raise TfpipeError(f"TFDS dataset {source.name!r} split {source.split!r} is empty")
     return items, names, single

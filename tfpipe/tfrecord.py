@@ -5,6 +5,7 @@ the data, masked CRC-32C of the data — the format of
 ``tensorflow/core/lib/io/record_writer.cc``. Byte-identical to
 ``tf.io.TFRecordWriter`` (tested). Remote paths use TensorFlow's writer.
 """
+
 import struct
 
 import google_crc32c
@@ -45,7 +46,7 @@ class LocalRecordWriter:
         self.close()
 
 
-def RecordWriter(path):  # noqa: N802  (stands in for a class, like tf.io.TFRecordWriter)
+def RecordWriter(path):
     """A TFRecord writer for ``path``: ``tf.io.TFRecordWriter`` for remote paths, else ``LocalRecordWriter``."""
     if fs.is_remote(path):
         from tfpipe.deps import require

@@ -15,6 +15,7 @@ seen exactly once per epoch across DataLoader workers *and* distributed ranks:
 whole shards are dealt to the (rank, worker) readers when there are enough of
 them, otherwise every reader scans all shards and keeps every n-th record.
 """
+
 import random
 
 import cv2
@@ -23,10 +24,10 @@ import numpy as np
 from tfpipe.deps import require
 
 require("torch")  # or one line saying what to install
-import torch  # noqa: E402
-from torch.utils.data import IterableDataset, get_worker_info  # noqa: E402
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
 
-from tfpipe import schema  # noqa: E402
+from tfpipe import schema
 from tfpipe.errors import TfpipeError, check_count
 from tfpipe.shards import checked_num_classes, open_shards
 from tfpipe.tfrecord import read_records
@@ -36,8 +37,9 @@ def reader_slot(rank=None, world_size=None):
     """(index, count) of this reader among all (rank, DataLoader worker) readers."""
     if rank is None:
         dist = torch.distributed
-        rank, world_size = ((dist.get_rank(), dist.get_world_size()) if dist.is_available() and dist.is_initialized()
-                            else (0, 1))
+        rank, world_size = (
+            (dist.get_rank(), dist.get_world_size()) if dist.is_available() and dist.is_initialized() else (0, 1)
+        )
     info = get_worker_info()
     worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
     return rank * workers + worker, world_size * workers
@@ -59,8 +61,19 @@ class RecordDataset(IterableDataset):
         from ``torch.distributed`` when it is initialised, else 0 of 1).
     """
 
-    def __init__(self, records, *, folds=None, num_classes=None, shuffle=False, seed=0, shuffle_buffer=1024,
-                 with_ids=False, rank=None, world_size=None):
+    def __init__(
+        self,
+        records,
+        *,
+        folds=None,
+        num_classes=None,
+        shuffle=False,
+        seed=0,
+        shuffle_buffer=1024,
+        with_ids=False,
+        rank=None,
+        world_size=None,
+    ):
         super().__init__()
         check_count(1, num_classes=num_classes)  # 0 is a mistake, not "from the manifest" (as in make_dataset)
         shards = open_shards(records, folds)  # the same checks and messages as make_dataset
@@ -94,8 +107,11 @@ class RecordDataset(IterableDataset):
         image = torch.from_numpy(np.ascontiguousarray(image[:, :, ::-1].transpose(2, 0, 1)))  # BGR HWC -> RGB CHW
         target = torch.from_numpy(schema.multi_hot([ex.get(schema.TARGET, [])], self.num_classes)[0])
         name = ex.get(schema.IMAGE_NAME, b"")
-        return (image, target, name.decode("utf-8") if isinstance(name, bytes) else name) if self.with_ids else (
-            image, target)
+        return (
+            (image, target, name.decode("utf-8") if isinstance(name, bytes) else name)
+            if self.with_ids
+            else (image, target)
+        )
 
     def __iter__(self):
         self.shards.check_unchanged()  # every epoch: a folder rewritten since would change what an index means

@@ -8,6 +8,7 @@ folds -> plan shards -> decode/resize/encode/serialize in a torch DataLoader
 -> write shards in input order under staging names -> rename them into place
 and write ``manifest.json``. See ``python -m tfpipe.write --help``.
 """
+
 import dataclasses
 import functools
 import hashlib
@@ -19,15 +20,14 @@ from concurrent.futures import ThreadPoolExecutor
 
 from tfpipe import __version__, fs, schema
 from tfpipe.deps import require
-from tfpipe.errors import (ArgumentParser, TfpipeError, check_count, check_path, check_seed, option,
-                           renamed, run_cli)
 from tfpipe.encode import encode_item
+from tfpipe.errors import ArgumentParser, TfpipeError, check_count, check_path, check_seed, option, renamed, run_cli
 from tfpipe.images import FITS, FORMATS, ImageSpec, from_millions
-from tfpipe.processes import die_with_parent
 from tfpipe.manifest import MANIFEST, Manifest, StoredImages
+from tfpipe.processes import die_with_parent
 from tfpipe.shards import STAT_THREADS, check_split
+from tfpipe.sources import LabelFormat, Source, class_names, targets
 from tfpipe.staging import StagedShards, check_destination, locked_folder, num_shards, plan
-from tfpipe.sources import LabelFormat, Source, class_names, targets  # noqa: F401  (Source: tfpipe.write.Source)
 from tfpipe.tfds_source import TfdsSource
 
 RUNNERS = ("local", "beam")
@@ -71,17 +71,22 @@ def start_encoding(dataset, num_workers, start_method):
     otherwise spawns, because a fork of a process where TensorFlow runs threads
     can hang (e.g. in a notebook that already trained a model).
     """
-    DataLoader = require("torch.utils.data").DataLoader  # noqa: N806  (torch: the [write] extra)
+    DataLoader = require("torch.utils.data").DataLoader
 
     if start_method == "auto":
         remote = fs.is_remote(dataset.items[0].path) if dataset.items else False  # workers then use TensorFlow
         start_method = "spawn" if "tensorflow" in sys.modules or remote else "fork"
 
-    loader = DataLoader(dataset, batch_size=LOADER_BATCH, shuffle=False, num_workers=num_workers,
-                        collate_fn=_keep_batch,
-                        worker_init_fn=functools.partial(_worker_init, os.getpid()) if num_workers else None,
-                        multiprocessing_context=start_method if num_workers else None,
-                        prefetch_factor=4 if num_workers else None)
+    loader = DataLoader(
+        dataset,
+        batch_size=LOADER_BATCH,
+        shuffle=False,
+        num_workers=num_workers,
+        collate_fn=_keep_batch,
+        worker_init_fn=functools.partial(_worker_init, os.getpid()) if num_workers else None,
+        multiprocessing_context=start_method if num_workers else None,
+        prefetch_factor=4 if num_workers else None,
+    )
     return iter(loader)
 
 
@@ -89,8 +94,11 @@ def default_workers(items, spec):
     """One worker per core, except when JPEGs will mostly be copied as they are (no ``--image-size``):
     then there is no codec work to spread, and moving each file's bytes through a worker process costs
     more than it saves (measured: 700 vs 490 images/s on 2 cores)."""
-    if spec.image_size is None and spec.format == "jpeg" and all(
-            item.path.lower().endswith((".jpg", ".jpeg")) for item in items):
+    if (
+        spec.image_size is None
+        and spec.format == "jpeg"
+        and all(item.path.lower().endswith((".jpg", ".jpeg")) for item in items)
+    ):
         return 0
     return os.cpu_count()
 
@@ -99,8 +107,10 @@ def estimate_bytes(items, spec, identities):
     """The dataset's size for planning shards: the files' sizes when they are copied as they are (a file that
     cannot be stat'ed counts 0; its record reports it), else pixels times a typical ratio."""
     if spec.image_size is None:
-        return sum(len(item.data) if item.data is not None else (ident[0] if isinstance(ident, tuple) else 0)
-                   for item, ident in zip(items, identities))
+        return sum(
+            len(item.data) if item.data is not None else (ident[0] if isinstance(ident, tuple) else 0)
+            for item, ident in zip(items, identities)
+        )
     return int(len(items) * spec.image_size * spec.image_size * EST_BYTES_PER_PIXEL[spec.format])
 
 
@@ -117,6 +127,7 @@ def job_fingerprint(items, item_targets, names, shard_plan, spec, split, identit
 def input_identities(items):
     """(size, mtime_ns) of every input file, in order (threads: one request each is slow on a bucket); None for a
     file that cannot be stat'ed now (its record reports the problem). In-memory images: a hash of their bytes."""
+
     def identity(item):
         if item.data is not None:
             return hashlib.sha1(item.data).hexdigest()
@@ -138,9 +149,26 @@ def shutdown(batches):
         stop()
 
 
-def write_shards(source, out, *, spec=ImageSpec(), classes=None, split="train", shards=None, folds=None,
-                 seed=0, skip_bad=False, overwrite=False, resume=False, workers=None, start_method="auto",
-                 progress=True, runner="local", pipeline_args=(), num_workers=None):
+def write_shards(
+    source,
+    out,
+    *,
+    spec=ImageSpec(),  # noqa: B008 (frozen dataclass: one shared default is safe)
+    classes=None,
+    split="train",
+    shards=None,
+    folds=None,
+    seed=0,
+    skip_bad=False,
+    overwrite=False,
+    resume=False,
+    workers=None,
+    start_method="auto",
+    progress=True,
+    runner="local",
+    pipeline_args=(),
+    num_workers=None,
+):
     """Writes a source as sharded TFRecords plus ``manifest.json`` into ``out`` (what a call writes comes last).
 
     Example::
@@ -184,8 +212,7 @@ def write_shards(source, out, *, spec=ImageSpec(), classes=None, split="train", 
     source, out, workers = _old_arguments(source, out, workers, num_workers)
     started = time.perf_counter()
     _check_settings(out, spec, split, shards, folds, workers, seed, runner, resume)
-    job = plan_job(source, spec, classes=classes, split=split, shards=shards, folds=folds, seed=seed,
-                   skip_bad=skip_bad)
+    job = plan_job(source, spec, classes=classes, split=split, shards=shards, folds=folds, seed=seed, skip_bad=skip_bad)
     beam_options = _beam_options(pipeline_args) if runner == "beam" else None  # refuse bad options before work
     workers = default_workers(job.items, spec) if workers is None else workers
     # Start the workers first (before this process may import TensorFlow for gs:// output, so they can fork);
@@ -198,13 +225,18 @@ def write_shards(source, out, *, spec=ImageSpec(), classes=None, split="train", 
         with locked_folder(out, "tfpipe.write", job.fingerprint) as lock:
             finished, replace = check_destination(out, split, job.fingerprint, overwrite=overwrite, resume=resume)
             if finished is not None:
-                print(f"{out}: this write already finished ({finished.num_examples} images, inputs unchanged); "
-                      "nothing to do")
+                print(
+                    f"{out}: this write already finished ({finished.num_examples} images, inputs unchanged); "
+                    "nothing to do"
+                )
                 return finished
             with StagedShards(out, split, job.shard_plan, job.fingerprint, resume=resume, discard=overwrite) as staged:
                 if runner == "local" and batches is None:  # a resumed write starts at the first unfinished record
-                    batches = start_encoding(EncodeDataset(job.items, job.targets, spec,
-                                                           staged.first_unfinished_record()), workers, start_method)
+                    batches = start_encoding(
+                        EncodeDataset(job.items, job.targets, spec, staged.first_unfinished_record()),
+                        workers,
+                        start_method,
+                    )
                 pace = _encode(staged, job, spec, runner, batches, skip_bad, beam_options, progress, out)
                 if sum(staged.counts) == 0:
                     raise TfpipeError(f"every image was skipped; nothing written to {out}")
@@ -257,8 +289,10 @@ def plan_job(source, spec, *, classes, split, shards, folds, seed, skip_bad):
     names = class_names(items, classes) if source.labeled else list(classes or [])
     item_targets = targets(items, names) if source.labeled else None
     if source.labeled and not any(item.labels for item in items):
-        raise TfpipeError(f"{_source_name(source)}: no image has a label (every label list is empty); for images "
-                          f"without labels pass {option('unlabeled', True)}")
+        raise TfpipeError(
+            f"{_source_name(source)}: no image has a label (every label list is empty); for images "
+            f"without labels pass {option('unlabeled', True)}"
+        )
     fold_of = _folds(item_targets, len(names), folds, seed) if folds else [0] * len(items)
     order = sorted(range(len(items)), key=lambda i: fold_of[i])  # stable: input order within a fold
     items = [items[i] for i in order]
@@ -266,8 +300,18 @@ def plan_job(source, spec, *, classes, split, shards, folds, seed, skip_bad):
     fold_sizes = [fold_of.count(f) for f in range(folds or 1)]
     identities = input_identities(items)  # one stat per file (measured: 14 ms for 5,000 local files)
     shard_plan = plan(fold_sizes, num_shards(len(items), estimate_bytes(items, spec, identities), shards))
-    return Job(source, split, items, item_targets, names, skipped, folds, seed, shard_plan,
-               job_fingerprint(items, item_targets, names, shard_plan, spec, split, identities))
+    return Job(
+        source,
+        split,
+        items,
+        item_targets,
+        names,
+        skipped,
+        folds,
+        seed,
+        shard_plan,
+        job_fingerprint(items, item_targets, names, shard_plan, spec, split, identities),
+    )
 
 
 def _source_name(source):
@@ -302,8 +346,10 @@ def _check_runner(runner, resume):
     if runner not in RUNNERS:
         raise TfpipeError(f"unknown runner {runner!r}: use {' or '.join(RUNNERS)}")
     if runner == "beam" and resume:
-        raise TfpipeError(f"{option('resume', True)} works with the default runner; with {option('runner', 'beam')} "
-                          "run the job again (Beam runners retry failed work themselves)")
+        raise TfpipeError(
+            f"{option('resume', True)} works with the default runner; with {option('runner', 'beam')} "
+            "run the job again (Beam runners retry failed work themselves)"
+        )
 
 
 def _write_local(batches, staged, job, skip_bad, progress, start, out):
@@ -314,8 +360,10 @@ def _write_local(batches, staged, job, skip_bad, progress, start, out):
     try:
         return _write_records(batches, staged, job.items, job.shard_of, job.last_of_shard, skip_bad, bar)
     except KeyboardInterrupt:
-        raise KeyboardInterrupt(f"{len(staged.finished)} of {len(job.shard_plan)} shards were finished and "
-                                f"are kept in {out}/.staging; continue with --resume") from None
+        raise KeyboardInterrupt(
+            f"{len(staged.finished)} of {len(job.shard_plan)} shards were finished and "
+            f"are kept in {out}/.staging; continue with --resume"
+        ) from None
 
 
 def _write_records(batches, staged, items, shard_of, last_of_shard, skip_bad, bar):
@@ -373,16 +421,22 @@ def _manifest(job, spec, staged):
     """The manifest of this write (its shards are filled in when they are committed)."""
     label_format = getattr(job.source, "label_format", None)
     return Manifest(
-        split=job.split, classes=tuple(job.classes), shards=(), labeled=job.source.labeled,
+        split=job.split,
+        classes=tuple(job.classes),
+        shards=(),
+        labeled=job.source.labeled,
         single_label=job.source.single_label,
         max_labels=max((len(t) for t in job.targets), default=0) if job.targets is not None else None,
         id_column=job.source.id_column,  # the submission's key column
         image=StoredImages(**{f.name: getattr(spec, f.name) for f in dataclasses.fields(StoredImages)}),
-        folds=job.folds, seed=job.seed,
+        folds=job.folds,
+        seed=job.seed,
         fingerprint=job.fingerprint,  # --resume on a finished folder: the same job (nothing to do) or refused
         skipped=tuple(job.skipped + staged.all_skipped()),
         label_format=dataclasses.asdict(label_format) if label_format is not None else None,
-        schema=schema.describe(), tfpipe_version=__version__)
+        schema=schema.describe(),
+        tfpipe_version=__version__,
+    )
 
 
 def _summary(manifest, out, seconds, pace):
@@ -393,8 +447,10 @@ def _summary(manifest, out, seconds, pace):
     size = sum(s.bytes or 0 for s in manifest.shards)
     images, work = pace if pace is not None else (0, 0.0)
     rate = f": {seconds - work:.1f} s start-up, then {images / work:,.0f} images/s" if images and work > 0.05 else ""
-    print(f"wrote {n} image{'s' * (n != 1)} in {shards} shard{'s' * (shards != 1)}, {size / 1e6:.1f} MB, "
-          f"in {seconds:.1f} s{rate} -> {out}")
+    print(
+        f"wrote {n} image{'s' * (n != 1)} in {shards} shard{'s' * (shards != 1)}, {size / 1e6:.1f} MB, "
+        f"in {seconds:.1f} s{rate} -> {out}"
+    )
     skipped = manifest.skipped
     if skipped:
         listed = ", ".join(s["image"] for s in skipped[:MAX_LISTED_SKIPS])
@@ -409,18 +465,25 @@ def build_parser():
     src.add_argument("--images", help="folder holding the images")
     src.add_argument("--image-col", default="image", help="CSV column with the file name or id (default: image)")
     src.add_argument("--labels-col", default="labels", help="CSV column with a separated label list (default: labels)")
-    src.add_argument("--sep", default=" ",
-                     help="separator of --labels-col (default: space); 'list' for cells like ['cat', 'dog']")
-    src.add_argument("--spaces-in-names", action="store_true",
-                     help="class names contain spaces: with a --sep that is not whitespace (e.g. ','), a label such "
-                          "as 'golden retriever' is then read as one name (without it, it is refused: lists "
-                          "separated by spaces, read with --sep ,, look the same)")
+    src.add_argument(
+        "--sep", default=" ", help="separator of --labels-col (default: space); 'list' for cells like ['cat', 'dog']"
+    )
+    src.add_argument(
+        "--spaces-in-names",
+        action="store_true",
+        help="class names contain spaces: with a --sep that is not whitespace (e.g. ','), a label such "
+        "as 'golden retriever' is then read as one name (without it, it is refused: lists "
+        "separated by spaces, read with --sep ,, look the same)",
+    )
     src.add_argument("--label-cols", help="one-hot label columns, comma-separated (e.g. healthy,rust,scab)")
     src.add_argument("--class-col", help="CSV column with a single class per row (single-label data)")
     src.add_argument("--classes", help="class names in index order, comma-separated (default: sorted labels)")
     src.add_argument("--split", default="train", help="shard name prefix (default: train)")
-    src.add_argument("--unlabeled", action="store_true",
-                     help="test images without labels: records carry no target, label columns are not read")
+    src.add_argument(
+        "--unlabeled",
+        action="store_true",
+        help="test images without labels: records carry no target, label columns are not read",
+    )
     src.add_argument("--tfds", metavar="NAME", help="read a TensorFlow Datasets dataset instead (e.g. cifar10)")
     src.add_argument("--tfds-split", default="train", help="TFDS split, e.g. train or 'train[:90%%]' (default: train)")
     src.add_argument("--data-dir", help="TFDS data directory (default: TFDS's own)")
@@ -431,34 +494,64 @@ def build_parser():
 def _image_and_output_args(p):
     img = p.add_argument_group("images")
     img.add_argument("--image-size", type=int, help="resize to S x S (default: keep size, copy JPEGs as they are)")
-    img.add_argument("--fit", choices=FITS, default="stretch",
-                     help="non-square images: stretch (default, nothing cut off), crop (centre) or pad")
+    img.add_argument(
+        "--fit",
+        choices=FITS,
+        default="stretch",
+        help="non-square images: stretch (default, nothing cut off), crop (centre) or pad",
+    )
     img.add_argument("--format", choices=FORMATS, default="jpeg", help="stored encoding (default: jpeg)")
     img.add_argument("--quality", type=int, default=95, help="JPEG quality (default: 95)")
-    img.add_argument("--max-pixels", type=float, default=100.0,
-                     help="refuse source images whose header declares more megapixels, before the rest of the file "
-                          "is read (default: 100)")
-    img.add_argument("--max-bytes", type=float, default=1000.0,
-                     help="refuse source files above this many megabytes, before they are opened; no more is ever "
-                          "read (default: 1000, which holds any 100 MP image)")
+    img.add_argument(
+        "--max-pixels",
+        type=float,
+        default=100.0,
+        help="refuse source images whose header declares more megapixels, before the rest of the file "
+        "is read (default: 100)",
+    )
+    img.add_argument(
+        "--max-bytes",
+        type=float,
+        default=1000.0,
+        help="refuse source files above this many megabytes, before they are opened; no more is ever "
+        "read (default: 1000, which holds any 100 MP image)",
+    )
     out = p.add_argument_group("output")
     out.add_argument("--out", required=True, help="output folder (local or gs://)")
     out.add_argument("--shards", type=int, help="number of shards (default: multiple of 8, ~150 MB each)")
     out.add_argument("--folds", type=int, help="assign K stratified folds; shards never mix folds")
     out.add_argument("--seed", type=int, default=0, help="seed of the fold assignment (default: 0)")
     out.add_argument("--skip-bad", action="store_true", help="skip unreadable/missing images and list them")
-    out.add_argument("--overwrite", action="store_true", help="replace the dataset tfpipe.write wrote in --out (only files its manifest lists)")
-    out.add_argument("--resume", action="store_true",
-                     help="continue an interrupted write into --out (same command): keep its finished shards")
+    out.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the dataset tfpipe.write wrote in --out (only files its manifest lists)",
+    )
+    out.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue an interrupted write into --out (same command): keep its finished shards",
+    )
     run = p.add_argument_group("run")
-    run.add_argument("--workers", type=int,
-                     help="DataLoader workers (default: CPU count; 0 = in-process, the default for JPEG pass-through)")
-    run.add_argument("--start-method", choices=("auto", "spawn", "forkserver", "fork"), default="auto",
-                     help="how workers start (default: auto = fork unless TensorFlow is already loaded)")
+    run.add_argument(
+        "--workers",
+        type=int,
+        help="DataLoader workers (default: CPU count; 0 = in-process, the default for JPEG pass-through)",
+    )
+    run.add_argument(
+        "--start-method",
+        choices=("auto", "spawn", "forkserver", "fork"),
+        default="auto",
+        help="how workers start (default: auto = fork unless TensorFlow is already loaded)",
+    )
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
-    run.add_argument("--runner", choices=RUNNERS, default="local",
-                     help="local (default: a torch DataLoader here) or beam (Apache Beam; Beam's own pipeline "
-                          "options go after --, e.g. -- --runner=DataflowRunner --project=P ...)")
+    run.add_argument(
+        "--runner",
+        choices=RUNNERS,
+        default="local",
+        help="local (default: a torch DataLoader here) or beam (Apache Beam; Beam's own pipeline "
+        "options go after --, e.g. -- --runner=DataflowRunner --project=P ...)",
+    )
 
 
 def _csv_list(value):
@@ -468,8 +561,11 @@ def _csv_list(value):
 def _unlabeled(args):
     """--unlabeled; --split test alone still means it, as in 0.1 (with a warning: the split is only a name)."""
     if args.split == "test" and not args.unlabeled:
-        print("tfpipe.write: warning: --split test without --unlabeled is read as --unlabeled, as in tfpipe 0.1; "
-              "say --unlabeled (a later release will take --split as a name only)", file=sys.stderr)
+        print(
+            "tfpipe.write: warning: --split test without --unlabeled is read as --unlabeled, as in tfpipe 0.1; "
+            "say --unlabeled (a later release will take --split as a name only)",
+            file=sys.stderr,
+        )
         return True
     return args.unlabeled
 
@@ -478,34 +574,60 @@ def run(args, pipeline_args=()):
     """Turns parsed arguments (and Beam options, given after ``--``) into a ``write_shards`` call."""
     check_path(csv=args.csv, images=args.images, data_dir=args.data_dir)
     if pipeline_args and args.runner != "beam":
-        raise TfpipeError(f"options after -- ({' '.join(pipeline_args)}) are Beam pipeline options; "
-                          "they need --runner beam")
+        raise TfpipeError(
+            f"options after -- ({' '.join(pipeline_args)}) are Beam pipeline options; they need --runner beam"
+        )
     if args.label_cols and args.class_col:
         raise TfpipeError("--label-cols and --class-col are two label layouts; give one")
     labeled = not _unlabeled(args)
-    label_format = LabelFormat(labels_col=args.labels_col, sep=args.sep, label_cols=_csv_list(args.label_cols),
-                               class_col=args.class_col, spaces_in_names=args.spaces_in_names)
+    label_format = LabelFormat(
+        labels_col=args.labels_col,
+        sep=args.sep,
+        label_cols=_csv_list(args.label_cols),
+        class_col=args.class_col,
+        spaces_in_names=args.spaces_in_names,
+    )
     if args.tfds:
         source = TfdsSource(args.tfds, split=args.tfds_split, data_dir=args.data_dir, labeled=labeled)
     elif not args.images:
         raise TfpipeError("give --images (a folder, with --csv or a folder per class) or --tfds NAME")
     else:
-        source = Source(images=args.images, csv=args.csv, image_col=args.image_col, label_format=label_format,
-                        labeled=labeled)
-    spec = ImageSpec(image_size=args.image_size, fit=args.fit, format=args.format, quality=args.quality,
-                     max_pixels=from_millions(args.max_pixels, "max_pixels"),
-                     max_bytes=from_millions(args.max_bytes, "max_bytes"))  # checks every setting, before any work
+        source = Source(
+            images=args.images, csv=args.csv, image_col=args.image_col, label_format=label_format, labeled=labeled
+        )
+    spec = ImageSpec(
+        image_size=args.image_size,
+        fit=args.fit,
+        format=args.format,
+        quality=args.quality,
+        max_pixels=from_millions(args.max_pixels, "max_pixels"),
+        max_bytes=from_millions(args.max_bytes, "max_bytes"),
+    )  # checks every setting, before any work
     classes = list(_csv_list(args.classes)) or (list(label_format.label_cols) or None)
-    write_shards(source, args.out, spec=spec, classes=classes, split=args.split, shards=args.shards,
-                 folds=args.folds, seed=args.seed, skip_bad=args.skip_bad, overwrite=args.overwrite, resume=args.resume,
-                 workers=args.workers, start_method=args.start_method, progress=not args.no_progress,
-                 runner=args.runner, pipeline_args=pipeline_args)
+    write_shards(
+        source,
+        args.out,
+        spec=spec,
+        classes=classes,
+        split=args.split,
+        shards=args.shards,
+        folds=args.folds,
+        seed=args.seed,
+        skip_bad=args.skip_bad,
+        overwrite=args.overwrite,
+        resume=args.resume,
+        workers=args.workers,
+        start_method=args.start_method,
+        progress=not args.no_progress,
+        runner=args.runner,
+        pipeline_args=pipeline_args,
+    )
 
 
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     cut = argv.index("--") if "--" in argv else len(argv)  # after "--": Beam's options (it has its own --runner)
-    return run_cli("tfpipe.write", run, build_parser().parse_args(argv[:cut]), argv[cut + 1:])
+    return run_cli("tfpipe.write", run, build_parser().parse_args(argv[:cut]), argv[cut + 1 :])
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ On a Kaggle TPU v3-8: ``--strategy tpu`` (the same command otherwise). This modu
 the command line, and imports no TensorFlow (``--help`` answers at once); ``fit`` runs the engine in
 ``train.trainer``, whose other names (``compile_model``, ``make_auc``, ...) are reachable from here too.
 """
+
 import dataclasses
 import importlib
 import sys
@@ -79,14 +80,19 @@ def build_parser():
     p.add_argument("--out", default=d.out, help="run folder")
     p.add_argument("--strategy", choices=STRATEGIES, default=d.strategy, help="auto: TPU, then GPUs, then CPU")
     p.add_argument("--replicas", type=int, help="with --strategy cpu: N virtual CPU replicas (dry-run a TPU: 8)")
-    p.add_argument("--model", choices=MODEL_NAMES, default=d.model, metavar="MODEL",
-                   help=f"one of {', '.join(MODEL_NAMES)}")
+    p.add_argument(
+        "--model", choices=MODEL_NAMES, default=d.model, metavar="MODEL", help=f"one of {', '.join(MODEL_NAMES)}"
+    )
     p.add_argument("--weights", default="none", help="none, imagenet (downloads) or a weights file")
     p.add_argument("--image-size", type=int, help="input side (default: the stored size)")
     p.add_argument("--batch-size", type=int, default=d.batch_size, help="per replica")
     p.add_argument("--epochs", type=int, default=d.epochs, help="fine-tuning epochs (after --burn-epochs)")
-    p.add_argument("--steps-per-execution", type=int, default=d.steps_per_execution,
-                   help="training steps per compiled call (fewer host round trips)")
+    p.add_argument(
+        "--steps-per-execution",
+        type=int,
+        default=d.steps_per_execution,
+        help="training steps per compiled call (fewer host round trips)",
+    )
     p.add_argument("--lr", type=float, default=d.lr, help="base LR for ONE replica; scaled by the replica count")
     p.add_argument("--schedule", choices=SCHEDULES, default=d.schedule, help="learning-rate schedule")
     p.add_argument("--warmup-epochs", type=float, default=d.warmup_epochs, help="linear warm-up of the schedule")
@@ -97,8 +103,7 @@ def build_parser():
     p.add_argument("--val-fraction", type=float, default=d.val_fraction, help="held-out shards without folds")
     p.add_argument("--burn-epochs", type=int, default=0, help="epochs training the head with the backbone frozen")
     p.add_argument("--burn-lr", type=float, help="base LR of the burn-in (default: --lr)")
-    p.add_argument("--precision", choices=PRECISIONS,
-                   help="default: bfloat16 on TPU, float16 on GPU, float32 on CPU")
+    p.add_argument("--precision", choices=PRECISIONS, help="default: bfloat16 on TPU, float16 on GPU, float32 on CPU")
     p.add_argument("--single-label", action="store_true", default=None, help="softmax (default: from the manifest)")
     p.add_argument("--threshold", type=float, default=d.threshold, help="for F1 and accuracy of multi-label outputs")
     p.add_argument("--no-augment", action="store_true", help="no training augmentation at all")
@@ -107,23 +112,41 @@ def build_parser():
     p.add_argument("--mixup", type=float, default=0.0, help="MixUp alpha (0 = off)")
     p.add_argument("--cutmix", type=float, default=0.0, help="CutMix alpha (0 = off)")
     p.add_argument("--seed", type=int, help="seed of shuffling and augmentation (fixes the input order)")
-    p.add_argument("--deterministic", action="store_true",
-                   help="same batches and weights on every run (seed 0 unless --seed; slower)")
-    p.add_argument("--swa-epochs", type=int, default=0,
-                   help="stochastic weight averaging over the last N epochs -> model-swa.keras")
-    p.add_argument("--no-report", dest="report", action="store_false",
-                   help="skip validation predictions, thresholds and pictures")
+    p.add_argument(
+        "--deterministic",
+        action="store_true",
+        help="same batches and weights on every run (seed 0 unless --seed; slower)",
+    )
+    p.add_argument(
+        "--swa-epochs",
+        type=int,
+        default=0,
+        help="stochastic weight averaging over the last N epochs -> model-swa.keras",
+    )
+    p.add_argument(
+        "--no-report", dest="report", action="store_false", help="skip validation predictions, thresholds and pictures"
+    )
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its last epoch")
-    p.add_argument("--verbose", type=int, default=d.verbose, choices=(0, 1, 2),
-                   help="Keras' progress output: 0 silent, 1 progress bar, 2 one line per epoch")
+    p.add_argument(
+        "--verbose",
+        type=int,
+        default=d.verbose,
+        choices=(0, 1, 2),
+        help="Keras' progress output: 0 silent, 1 progress bar, 2 one line per epoch",
+    )
     return p
 
 
 def config_from_args(args):
     from tfpipe.augment import NO_AUGMENT, Augment
 
-    augment = NO_AUGMENT if args.no_augment else Augment(crop=None if args.crop == "none" else args.crop,
-                                                         erasing=args.erasing, mixup=args.mixup, cutmix=args.cutmix)
+    augment = (
+        NO_AUGMENT
+        if args.no_augment
+        else Augment(
+            crop=None if args.crop == "none" else args.crop, erasing=args.erasing, mixup=args.mixup, cutmix=args.cutmix
+        )
+    )
     fields = {f.name for f in dataclasses.fields(FitConfig)} - {"augment", "callbacks"}
     return FitConfig(augment=augment, **{k: v for k, v in vars(args).items() if k in fields})
 
@@ -131,13 +154,17 @@ def config_from_args(args):
 def run(args):
     cfg = config_from_args(args)
     m = fit(cfg)
-    print(f"validation AUC {_headline_auc(m)}, {m['epochs']} epochs, {m['optimizer_steps']} steps, "
-          f"{m['replicas']} replica{'s' * (m['replicas'] > 1)} x {m['per_replica_batch_size']} = "
-          f"{m['global_batch_size']} per step, "
-          f"steps_per_execution {m['steps_per_execution']}, {m['images_per_sec']} images/s -> {cfg.out}")
+    print(
+        f"validation AUC {_headline_auc(m)}, {m['epochs']} epochs, {m['optimizer_steps']} steps, "
+        f"{m['replicas']} replica{'s' * (m['replicas'] > 1)} x {m['per_replica_batch_size']} = "
+        f"{m['global_batch_size']} per step, "
+        f"steps_per_execution {m['steps_per_execution']}, {m['images_per_sec']} images/s -> {cfg.out}"
+    )
     if "swa" in m:
-        print(f"SWA of the last {m['swa']['epochs_averaged']} epochs: validation AUC {_headline_auc(m['swa'])}"
-              f" -> {cfg.out}/model-swa.keras")
+        print(
+            f"SWA of the last {m['swa']['epochs_averaged']} epochs: validation AUC {_headline_auc(m['swa'])}"
+            f" -> {cfg.out}/model-swa.keras"
+        )
 
 
 def _headline_auc(m):
@@ -147,8 +174,10 @@ def _headline_auc(m):
     best = f", best {m['best'].get('val_auc', float('nan')):.4f} at epoch {m['best']['epoch']}" if "best" in m else ""
     exact = (m.get("report") or {}).get("roc_auc_macro")
     if m.get("report") and exact is None:  # no class has both positive and negative validation images
-        return "undefined (no class has both positive and negative validation images; Keras' binned estimate " \
-               f"{keras_auc:.4f} means nothing here)"
+        return (
+            "undefined (no class has both positive and negative validation images; Keras' binned estimate "
+            f"{keras_auc:.4f} means nothing here)"
+        )
     if exact is None:
         return f"{keras_auc:.4f} (Keras' binned estimate{best})"
     return f"{exact:.4f} (exact; Keras' binned estimate {keras_auc:.4f}{best})"

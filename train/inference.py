@@ -4,6 +4,7 @@
 Rows follow the shards' written order and are keyed by the CSV id stored in each record. Works under any
 strategy: batches are padded to static shapes and the padding rows are dropped.
 """
+
 import hashlib
 import math
 import posixpath
@@ -14,7 +15,7 @@ import numpy as np
 from tfpipe.deps import require_keras
 
 keras = require_keras()  # tf-keras of TensorFlow's release, or MissingDependency saying what to install
-import tensorflow as tf  # noqa: E402
+import tensorflow as tf
 
 import tfpipe
 from tfpipe import fs
@@ -22,14 +23,19 @@ from tfpipe.errors import TfpipeError, check_count, check_fraction, check_path, 
 from train import run as run_files
 from train.run import RunConfig
 from train.strategy import resolve_strategy
+
 ZOOM = 0.875  # TTA crops keep 87.5% of the side (the usual 224/256)
 # TTA views, in order: (crop box [y1, x1, y2, x2] in relative coordinates, horizontal flip).
 _C = (1 - ZOOM) / 2
 TTA_VIEWS = (
-    ((0, 0, 1, 1), False), ((0, 0, 1, 1), True),  # the image and its mirror
-    ((_C, _C, 1 - _C, 1 - _C), False), ((_C, _C, 1 - _C, 1 - _C), True),  # centre zoom
-    ((0, 0, ZOOM, ZOOM), False), ((0, 1 - ZOOM, ZOOM, 1), True),  # corner zooms
-    ((1 - ZOOM, 0, 1, ZOOM), True), ((1 - ZOOM, 1 - ZOOM, 1, 1), False),
+    ((0, 0, 1, 1), False),
+    ((0, 0, 1, 1), True),  # the image and its mirror
+    ((_C, _C, 1 - _C, 1 - _C), False),
+    ((_C, _C, 1 - _C, 1 - _C), True),  # centre zoom
+    ((0, 0, ZOOM, ZOOM), False),
+    ((0, 1 - ZOOM, ZOOM, 1), True),  # corner zooms
+    ((1 - ZOOM, 0, 1, ZOOM), True),
+    ((1 - ZOOM, 1 - ZOOM, 1, 1), False),
 )
 
 
@@ -71,8 +77,9 @@ def check_model_fits_run(model, config, model_path):
     elif size != (config.image_size, config.image_size) and None not in size:
         problem = f"takes {size[0]}x{size[1]} px, but {run_files.CONFIG} says {config.image_size}"
     elif activation in ("softmax", "sigmoid") and activation != expected:
-        problem = (f"ends in {activation}, but the run is {'single' if config.single_label else 'multi'}-label "
-                   f"({expected})")
+        problem = (
+            f"ends in {activation}, but the run is {'single' if config.single_label else 'multi'}-label ({expected})"
+        )
     else:
         return
     raise TfpipeError(f"{model_path} {problem}; the model file belongs to another run")
@@ -84,8 +91,9 @@ def load_model(path):
     return keras.models.load_model(path, custom_objects=custom_objects(), compile=False)
 
 
-def predict_probabilities(model, source, strategy, *, batch_size, image_size, num_classes, folds=None, tta=1,
-                          progress=False):
+def predict_probabilities(
+    model, source, strategy, *, batch_size, image_size, num_classes, folds=None, tta=1, progress=False
+):
     """Model outputs [N, C] for every record of ``source`` in written order, averaged over ``tta`` views.
 
     The model must have been built in ``strategy.scope()`` (or loaded there).
@@ -98,9 +106,17 @@ def predict_probabilities(model, source, strategy, *, batch_size, image_size, nu
     steps = math.ceil(n / global_batch)
     total = np.zeros((n, num_classes), np.float64)
     for k in range(tta):
+
         def dataset_fn(ctx, k=k):
-            ds = tfpipe.make_dataset(source, ctx.get_per_replica_batch_size(global_batch), image_size=image_size,
-                                     folds=folds, num_classes=num_classes, pad_batches=True, input_context=ctx)
+            ds = tfpipe.make_dataset(
+                source,
+                ctx.get_per_replica_batch_size(global_batch),
+                image_size=image_size,
+                folds=folds,
+                num_classes=num_classes,
+                pad_batches=True,
+                input_context=ctx,
+            )
             return ds.map(lambda images, targets, weights: tta_view(images, k))
 
         ds = strategy.distribute_datasets_from_function(dataset_fn)
@@ -138,8 +154,21 @@ def tune_thresholds(probs, targets, default):
     return out
 
 
-def predict(run, records, out="submission.csv", *, tta=1, threshold=None, probabilities=False, strategy="auto",
-            replicas=None, batch_size=32, id_column=None, overwrite=False, progress=True):
+def predict(
+    run,
+    records,
+    out="submission.csv",
+    *,
+    tta=1,
+    threshold=None,
+    probabilities=False,
+    strategy="auto",
+    replicas=None,
+    batch_size=32,
+    id_column=None,
+    overwrite=False,
+    progress=True,
+):
     """Writes the submission of run folder ``run`` on the shards ``records``; returns it as a DataFrame.
 
     Called through ``train.predict.predict`` (see its example). Everything the run and the shards claim is
@@ -167,8 +196,16 @@ def predict(run, records, out="submission.csv", *, tta=1, threshold=None, probab
         model, config = load_run(run, config)
     classes = list(config.classes)
     with tfpipe.naming_corrupt_shards(shards):
-        probs = predict_probabilities(model, shards, strat, batch_size=batch_size, image_size=config.image_size,
-                                      num_classes=len(classes), tta=tta, progress=progress)
+        probs = predict_probabilities(
+            model,
+            shards,
+            strat,
+            batch_size=batch_size,
+            image_size=config.image_size,
+            num_classes=len(classes),
+            tta=tta,
+            progress=progress,
+        )
     if probabilities:
         df = pd.DataFrame(probs, columns=classes)
         df.insert(0, id_column, ids)
@@ -188,8 +225,11 @@ def _batch_for(n, batch_size, replicas, progress):
     if batch_size <= most:
         return batch_size
     if progress:
-        print(f"train.predict: {option('batch_size', batch_size)} is more than {n} images need on {replicas} "
-              f"replica{'s' * (replicas > 1)}; using {most}", flush=True)
+        print(
+            f"train.predict: {option('batch_size', batch_size)} is more than {n} images need on {replicas} "
+            f"replica{'s' * (replicas > 1)}; using {most}",
+            flush=True,
+        )
     return most
 
 
@@ -206,8 +246,10 @@ def check_destination(out, overwrite):
         if fs.exists(path):
             fs.check_regular(path)  # a FIFO would hang the hash, a device be replaced by a file
     if fs.exists(out) and not overwrite and not _wrote_it(out):
-        raise TfpipeError(f"{out} exists and was not written by train.predict (or was changed since); it is not "
-                          f"replaced -- choose another {option('out')} or pass {option('overwrite', True)}")
+        raise TfpipeError(
+            f"{out} exists and was not written by train.predict (or was changed since); it is not "
+            f"replaced -- choose another {option('out')} or pass {option('overwrite', True)}"
+        )
     folder = posixpath.dirname(out)
     if folder and not fs.isdir(folder):
         if fs.exists(folder):
@@ -257,22 +299,33 @@ def check_run_fits_records(config, shards, records):
     if shards.manifest is None:
         return
     if shards.classes and list(shards.classes) != list(config.classes):  # unlabeled shards list none
-        raise TfpipeError(f"{records}: its classes ({_listed(shards.classes)}) are not the run's "
-                          f"({_listed(config.classes)}); predict with a run trained on these classes")
+        raise TfpipeError(
+            f"{records}: its classes ({_listed(shards.classes)}) are not the run's "
+            f"({_listed(config.classes)}); predict with a run trained on these classes"
+        )
     if shards.image_size and shards.image_size != config.image_size:
-        raise TfpipeError(f"{records}: images stored at {shards.image_size} px, the run was trained at "
-                          f"{config.image_size} px; write the shards again with --image-size {config.image_size}")
+        raise TfpipeError(
+            f"{records}: images stored at {shards.image_size} px, the run was trained at "
+            f"{config.image_size} px; write the shards again with --image-size {config.image_size}"
+        )
     fit = shards.images.effective_fit
     if config.fit and fit != config.fit:
-        raise TfpipeError(f"{records}: images fitted to a square by {fit!r}, the run's training images by "
-                          f"{config.fit!r}; write the shards again with --fit {config.fit}")
+        raise TfpipeError(
+            f"{records}: images fitted to a square by {fit!r}, the run's training images by "
+            f"{config.fit!r}; write the shards again with --fit {config.fit}"
+        )
     if config.single_label and shards.multi_label:
-        raise TfpipeError(f"{records}: {shards.describe_labels()}, but the run is single-label (one class an "
-                          "image); predict them with a multi-label run")
+        raise TfpipeError(
+            f"{records}: {shards.describe_labels()}, but the run is single-label (one class an "
+            "image); predict them with a multi-label run"
+        )
     if shards.labeled and config.dataset_id and shards.dataset_id == config.dataset_id:
-        print(f"train.predict: warning: {records} are the shards this run trained on (dataset id "
-              f"{config.dataset_id}): predictions of its training images say nothing about unseen images",
-              file=sys.stderr, flush=True)
+        print(
+            f"train.predict: warning: {records} are the shards this run trained on (dataset id "
+            f"{config.dataset_id}): predictions of its training images say nothing about unseen images",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def check_labels_can_be_joined(classes, single_label):
@@ -280,8 +333,10 @@ def check_labels_can_be_joined(classes, single_label):
     column or a folder name) would be read back as two labels, so such runs write probabilities instead."""
     spaced = [c for c in classes if not c or any(ch.isspace() for ch in c)]
     if spaced and not single_label:
-        raise TfpipeError(f"class {spaced[0]!r} holds a space, so a space-separated labels column would read back "
-                          f"as other labels; write one probability column per class ({option('probabilities', True)})")
+        raise TfpipeError(
+            f"class {spaced[0]!r} holds a space, so a space-separated labels column would read back "
+            f"as other labels; write one probability column per class ({option('probabilities', True)})"
+        )
 
 
 def _listed(classes, most=6):

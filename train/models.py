@@ -3,6 +3,7 @@
 Models take uint8 images: the cast and the backbone's own normalisation run
 inside the model (on the accelerator), so the input pipeline moves 4x fewer bytes.
 """
+
 import tensorflow as tf
 
 from tfpipe.deps import require, require_keras
@@ -22,10 +23,19 @@ def _efficientnet(variant):
     def build(input_shape, weights):
         efn = require("efficientnet.model")
         fn = getattr(efn, f"EfficientNet{variant}")
-        backbone = fn(include_top=False, weights=weights, input_shape=input_shape, backend=keras.backend,
-                      layers=keras.layers, models=keras.models, utils=keras.utils)
-        return backbone, [keras.layers.Rescaling(1.0 / 255),
-                          keras.layers.Normalization(mean=IMAGENET_MEAN, variance=[s * s for s in IMAGENET_STD])]
+        backbone = fn(
+            include_top=False,
+            weights=weights,
+            input_shape=input_shape,
+            backend=keras.backend,
+            layers=keras.layers,
+            models=keras.models,
+            utils=keras.utils,
+        )
+        return backbone, [
+            keras.layers.Rescaling(1.0 / 255),
+            keras.layers.Normalization(mean=IMAGENET_MEAN, variance=[s * s for s in IMAGENET_STD]),
+        ]
 
     return build
 
@@ -107,8 +117,9 @@ def build_model(name, num_classes, image_size, *, weights=None, multi_label=True
         raise TfpipeError(f"cannot load weights {weights!r} for {name}: {str(e).splitlines()[0][:200]}") from None
     except Exception as e:  # urllib/HTTP errors from the download
         if weights == "imagenet":
-            raise TfpipeError(f"cannot download ImageNet weights for {name} (no internet?): "
-                              f"{type(e).__name__}: {str(e)[:160]}") from None
+            raise TfpipeError(
+                f"cannot download ImageNet weights for {name} (no internet?): {type(e).__name__}: {str(e)[:160]}"
+            ) from None
         raise
     inputs = keras.Input((image_size, image_size, 3), dtype=tf.uint8, name="image")
     x = keras.layers.Rescaling(1.0, name="cast")(inputs)  # uint8 -> compute dtype
@@ -117,6 +128,7 @@ def build_model(name, num_classes, image_size, *, weights=None, multi_label=True
     x = backbone(x)
     x = keras.layers.GlobalAveragePooling2D(name="pool")(x)
     x = keras.layers.Dropout(dropout, name="dropout")(x)
-    outputs = keras.layers.Dense(num_classes, activation="sigmoid" if multi_label else "softmax", dtype="float32",
-                                 name="classifier")(x)
+    outputs = keras.layers.Dense(
+        num_classes, activation="sigmoid" if multi_label else "softmax", dtype="float32", name="classifier"
+    )(x)
     return keras.Model(inputs, outputs, name=name), backbone

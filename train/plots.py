@@ -5,6 +5,7 @@ Each function takes plain arrays / a DataFrame and writes one PNG (through
 ``matplotlib.figure.Figure`` objects, which render headless without pyplot:
 the process's (a notebook's) matplotlib backend is never changed.
 """
+
 import io
 import textwrap
 
@@ -69,16 +70,21 @@ def roc_curves(targets, probs, classes, path):
 def wrapped(text, width=GRID_CHARS, most_lines=3):
     """A caption wrapped to a grid cell's width, at most ``most_lines`` lines (the rest elided)."""
     lines = textwrap.wrap(text, width) or [""]
-    return "\n".join(lines[:most_lines - 1] + [" ".join(lines[most_lines - 1:])[:width - 2] + ".."]) \
-        if len(lines) > most_lines else "\n".join(lines)
+    return (
+        "\n".join(lines[: most_lines - 1] + [" ".join(lines[most_lines - 1 :])[: width - 2] + ".."])
+        if len(lines) > most_lines
+        else "\n".join(lines)
+    )
 
 
 def prediction_grid(images, true_labels, predicted_labels, path, columns=6):
     """Images titled "true / predicted", blue when the label sets agree, red when they do not."""
     n = len(images)
     rows = max(1, -(-n // columns))
-    titles = [f"{wrapped(true or 'no labels')}\n{wrapped(pred or 'no labels')}" for true, pred in
-              zip(true_labels, predicted_labels)]
+    titles = [
+        f"{wrapped(true or 'no labels')}\n{wrapped(pred or 'no labels')}"
+        for true, pred in zip(true_labels, predicted_labels)
+    ]
     lines = max([t.count("\n") + 1 for t in titles] + [2])
     # Each row gets the height of its tallest title, so long label lists never run into the images above.
     fig, axes = subplots(rows, columns, figsize=(2.2 * columns, (2.2 + 0.16 * lines) * rows))

@@ -9,6 +9,7 @@ instead (the Plant Pathology 2020 format). This module is the command line and i
 (``--help`` answers at once); ``predict`` runs the engine in ``train.inference``, whose other names are
 reachable from here too.
 """
+
 import importlib
 import sys
 
@@ -44,8 +45,11 @@ def build_parser():
     p = ArgumentParser(prog="python -m train.predict", description=__doc__.split("\n\n")[0])
     p.add_argument("--run", required=True, help="run folder written by train.fit")
     p.add_argument("--records", required=True, help="shards to predict (e.g. written with --split test)")
-    p.add_argument("--out", default="submission.csv",
-                   help="CSV to write (replaces only a file train.predict wrote there and nobody changed since)")
+    p.add_argument(
+        "--out",
+        default="submission.csv",
+        help="CSV to write (replaces only a file train.predict wrote there and nobody changed since)",
+    )
     p.add_argument("--overwrite", action="store_true", help="replace --out whatever it holds")
     p.add_argument("--tta", type=int, default=1, help=f"test-time augmentation views to average (1..{TTA_VIEW_COUNT})")
     g = p.add_mutually_exclusive_group()
@@ -61,10 +65,20 @@ def build_parser():
 
 def run(args):
     check_path(out=args.out)
-    df = predict(args.run, args.records, args.out, tta=args.tta, threshold=args.threshold,
-                 probabilities=args.probabilities, strategy=args.strategy, replicas=args.replicas,
-                 batch_size=args.batch_size, id_column=args.id_column, overwrite=args.overwrite,
-                 progress=not args.no_progress)
+    df = predict(
+        args.run,
+        args.records,
+        args.out,
+        tta=args.tta,
+        threshold=args.threshold,
+        probabilities=args.probabilities,
+        strategy=args.strategy,
+        replicas=args.replicas,
+        batch_size=args.batch_size,
+        id_column=args.id_column,
+        overwrite=args.overwrite,
+        progress=not args.no_progress,
+    )
     print(f"wrote {len(df)} rows ({args.tta} view{'s' if args.tta > 1 else ''}) -> {args.out}")
 
 

@@ -21,13 +21,15 @@ from train.inference import labels_at, predict_probabilities, tune_thresholds
 GRID_IMAGES = 24
 
 
-def validation_report(model, strategy, out, *, classes, single_label, source, folds, image_size, batch_size,
-                      threshold, suffix=""):
+def validation_report(
+    model, strategy, out, *, classes, single_label, source, folds, image_size, batch_size, threshold, suffix=""
+):
     """Predicts the validation records, writes the files above, returns validation scores (sklearn)."""
     from sklearn.metrics import f1_score, roc_auc_score
 
-    probs = predict_probabilities(model, source, strategy, batch_size=batch_size, image_size=image_size,
-                                  num_classes=len(classes), folds=folds)
+    probs = predict_probabilities(
+        model, source, strategy, batch_size=batch_size, image_size=image_size, num_classes=len(classes), folds=folds
+    )
     targets = tfpipe.read_targets(source, len(classes), folds)
     thresholds = [threshold] * len(classes) if single_label else tune_thresholds(probs, targets, threshold)
     predicted = labels_at(probs, classes, thresholds, single_label)
@@ -39,16 +41,19 @@ def validation_report(model, strategy, out, *, classes, single_label, source, fo
     if not single_label:
         run_files.save_thresholds(out, classes, thresholds, suffix)
     plots.roc_curves(targets, probs, classes, f"{out}/roc{suffix}.png")
-    images = next(iter(tfpipe.make_dataset(source, GRID_IMAGES, image_size=image_size, folds=folds,
-                                           num_classes=len(classes))))[0].numpy()
+    images = next(
+        iter(tfpipe.make_dataset(source, GRID_IMAGES, image_size=image_size, folds=folds, num_classes=len(classes)))
+    )[0].numpy()
     plots.prediction_grid(images, truth[:GRID_IMAGES], predicted[:GRID_IMAGES], f"{out}/predictions{suffix}.png")
     present = [c for c in range(len(classes)) if 0 < targets[:, c].sum() < len(targets)]
     hits = targets > 0 if not single_label else None
     return {
-        "roc_auc_macro": float(roc_auc_score(targets[:, present], probs[:, present], average="macro")) if present
+        "roc_auc_macro": float(roc_auc_score(targets[:, present], probs[:, present], average="macro"))
+        if present
         else None,
-        "f1_macro_tuned": None if single_label else float(f1_score(hits, probs >= np.asarray(thresholds), average="macro",
-                                                                    zero_division=0)),
+        "f1_macro_tuned": None
+        if single_label
+        else float(f1_score(hits, probs >= np.asarray(thresholds), average="macro", zero_division=0)),
         "accuracy": float(np.mean(targets.argmax(1) == probs.argmax(1))) if single_label else None,
     }
 

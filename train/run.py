@@ -10,6 +10,7 @@
 Everything read back (``RunConfig.load``, ``read_state``, ``load_thresholds``) is validated first and a problem
 is one ``TfpipeError`` naming the file and the field. No TensorFlow here.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -58,13 +59,21 @@ class RunConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form: the settings flat (as before), the contract's fields over them."""
-        return dict(self.settings, classes=list(self.classes), num_classes=len(self.classes),
-                    image_size=self.image_size, single_label=self.single_label, fit=self.fit,
-                    dataset_id=self.dataset_id, fold=self.fold, records=self.records, run_version=self.version)
+        return dict(
+            self.settings,
+            classes=list(self.classes),
+            num_classes=len(self.classes),
+            image_size=self.image_size,
+            single_label=self.single_label,
+            fit=self.fit,
+            dataset_id=self.dataset_id,
+            fold=self.fold,
+            records=self.records,
+            run_version=self.version,
+        )
 
     def save(self, run: str) -> None:
-        fs.write_atomic(path(run, CONFIG), json.dumps(self.to_dict(), indent=1, default=str,
-                                                      ensure_ascii=False) + "\n")
+        fs.write_atomic(path(run, CONFIG), json.dumps(self.to_dict(), indent=1, default=str, ensure_ascii=False) + "\n")
 
     @classmethod
     def load(cls, run: str) -> RunConfig:
@@ -115,9 +124,17 @@ def from_dict(data: Any, p: str) -> RunConfig:
     threshold = data.get("threshold", 0.5)
     if not isinstance(threshold, (int, float)) or isinstance(threshold, bool) or not 0 < threshold < 1:
         raise _bad(p, "threshold", "must be between 0 and 1", threshold)
-    return RunConfig(classes=tuple(classes), image_size=size, single_label=single, fit=fit if version >= 2 else None,
-                     dataset_id=dataset_id if version >= 2 else None, fold=fold, records=str(data.get("records", "")),
-                     settings=data, version=version)
+    return RunConfig(
+        classes=tuple(classes),
+        image_size=size,
+        single_label=single,
+        fit=fit if version >= 2 else None,
+        dataset_id=dataset_id if version >= 2 else None,
+        fold=fold,
+        records=str(data.get("records", "")),
+        settings=data,
+        version=version,
+    )
 
 
 def read_state(run: str) -> dict:
@@ -136,8 +153,10 @@ def write_state(run: str, state: dict) -> None:
 
 
 def save_thresholds(run: str, classes: list[str], thresholds: list[float], suffix: str = "") -> None:
-    fs.write_atomic(path(run, f"thresholds{suffix}.json"),
-                    json.dumps(dict(zip(classes, thresholds)), indent=1, ensure_ascii=False) + "\n")
+    fs.write_atomic(
+        path(run, f"thresholds{suffix}.json"),
+        json.dumps(dict(zip(classes, thresholds)), indent=1, ensure_ascii=False) + "\n",
+    )
 
 
 def load_thresholds(run: str, classes: list[str]) -> list[float] | None:
@@ -149,8 +168,10 @@ def load_thresholds(run: str, classes: list[str]) -> list[float] | None:
     tuned = _read_json(p)
     if not isinstance(tuned, dict) or sorted(tuned) != sorted(classes):
         named = sorted(tuned) if isinstance(tuned, dict) else tuned
-        raise TfpipeError(f"{p}: names classes {_short(named)}, not the run's ({_short(classes)}); it belongs to "
-                          "another run -- delete it to use --threshold, or predict with that run")
+        raise TfpipeError(
+            f"{p}: names classes {_short(named)}, not the run's ({_short(classes)}); it belongs to "
+            "another run -- delete it to use --threshold, or predict with that run"
+        )
     values = [tuned[c] for c in classes]
     for c, v in zip(classes, values):
         if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or not 0 <= v <= 1:

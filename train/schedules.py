@@ -6,13 +6,14 @@ compiled training loop, so it stays exact with ``steps_per_execution > 1``
 own ``CosineDecay``; Keras has no one-cycle or Kaggle ramp schedule, so those
 two are small classes here.
 """
+
 import math
 
 import tensorflow as tf
 
-from tfpipe.errors import TfpipeError
 from tfpipe.deps import require_keras
-from train.names import SCHEDULES  # noqa: F401  (the command line offers them without TensorFlow)
+from tfpipe.errors import TfpipeError
+from train.names import SCHEDULES
 
 keras = require_keras()
 
@@ -28,7 +29,12 @@ class OneCycle(keras.optimizers.schedules.LearningRateSchedule):
 
     def __init__(self, peak, total_steps, pct_start=0.3, div=25.0, final_div=1e4):
         self.peak, self.total_steps, self.pct_start, self.div, self.final_div = (
-            peak, total_steps, pct_start, div, final_div)
+            peak,
+            total_steps,
+            pct_start,
+            div,
+            final_div,
+        )
 
     def __call__(self, step):
         step = tf.cast(step, tf.float32)
@@ -42,40 +48,58 @@ class OneCycle(keras.optimizers.schedules.LearningRateSchedule):
         return tf.where(step < up, anneal(start, self.peak, step / up), anneal(self.peak, end, (step - up) / down))
 
     def get_config(self):
-        return {"peak": self.peak, "total_steps": self.total_steps, "pct_start": self.pct_start, "div": self.div,
-                "final_div": self.final_div}
+        return {
+            "peak": self.peak,
+            "total_steps": self.total_steps,
+            "pct_start": self.pct_start,
+            "div": self.div,
+            "final_div": self.final_div,
+        }
 
 
 class KaggleRamp(keras.optimizers.schedules.LearningRateSchedule):
     """The Kaggle TPU notebooks' ``lrfn``: linear ramp-up, sustain, then exponential decay per epoch,
     evaluated per step at fractional epochs."""
 
-    def __init__(self, peak, steps_per_epoch, start=1e-5, minimum=1e-6, rampup_epochs=5, sustain_epochs=0,
-                 decay=0.8):
+    def __init__(self, peak, steps_per_epoch, start=1e-5, minimum=1e-6, rampup_epochs=5, sustain_epochs=0, decay=0.8):
         self.peak, self.steps_per_epoch, self.start, self.minimum = peak, steps_per_epoch, start, minimum
         self.rampup_epochs, self.sustain_epochs, self.decay = rampup_epochs, sustain_epochs, decay
 
     def __call__(self, step):
         epoch = tf.cast(step, tf.float32) / self.steps_per_epoch
         ramp = self.start + (self.peak - self.start) * epoch / max(self.rampup_epochs, 1e-9)
-        decayed = (self.peak - self.minimum) * self.decay ** (epoch - self.rampup_epochs - self.sustain_epochs) \
-            + self.minimum
-        return tf.where(epoch < self.rampup_epochs, ramp,
-                        tf.where(epoch < self.rampup_epochs + self.sustain_epochs, self.peak, decayed))
+        decayed = (self.peak - self.minimum) * self.decay ** (
+            epoch - self.rampup_epochs - self.sustain_epochs
+        ) + self.minimum
+        return tf.where(
+            epoch < self.rampup_epochs,
+            ramp,
+            tf.where(epoch < self.rampup_epochs + self.sustain_epochs, self.peak, decayed),
+        )
 
     def get_config(self):
-        return {"peak": self.peak, "steps_per_epoch": self.steps_per_epoch, "start": self.start,
-                "minimum": self.minimum, "rampup_epochs": self.rampup_epochs,
-                "sustain_epochs": self.sustain_epochs, "decay": self.decay}
+        return {
+            "peak": self.peak,
+            "steps_per_epoch": self.steps_per_epoch,
+            "start": self.start,
+            "minimum": self.minimum,
+            "rampup_epochs": self.rampup_epochs,
+            "sustain_epochs": self.sustain_epochs,
+            "decay": self.decay,
+        }
 
 
 def make_schedule(name, peak, steps_per_epoch, epochs, warmup_epochs=1.0):
     """A schedule over ``epochs * steps_per_epoch`` optimizer steps peaking at ``peak``."""
     total = max(1, epochs * steps_per_epoch)
-    warmup = min(int(round(warmup_epochs * steps_per_epoch)), total - 1)
+    warmup = min(round(warmup_epochs * steps_per_epoch), total - 1)
     if name == "cosine":
-        return keras.optimizers.schedules.CosineDecay(0.0 if warmup else peak, decay_steps=max(1, total - warmup),
-                                                      warmup_target=peak if warmup else None, warmup_steps=warmup)
+        return keras.optimizers.schedules.CosineDecay(
+            0.0 if warmup else peak,
+            decay_steps=max(1, total - warmup),
+            warmup_target=peak if warmup else None,
+            warmup_steps=warmup,
+        )
     if name == "onecycle":
         return OneCycle(peak, total)
     if name == "kaggle":

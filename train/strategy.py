@@ -1,10 +1,11 @@
 """Resolve a strategy name to a ``tf.distribute.Strategy``: auto, tpu, gpu or cpu (with N virtual replicas)."""
+
 import glob
 import os
 
 from tfpipe.deps import require
 from tfpipe.errors import TfpipeError, option
-from train.names import STRATEGIES  # noqa: F401  (re-exported)
+from train.names import STRATEGIES
 
 tf = require("tensorflow")
 
@@ -42,10 +43,12 @@ def ensure_virtual_cpus(n):
     except RuntimeError:  # already initialised: fine if it already has enough devices
         have = len(tf.config.list_logical_devices("CPU"))
         if have < n:
-            raise TfpipeError(f"TensorFlow already started its devices in this process ({have} CPU device(s)), so "
-                              f"{n} virtual CPU replicas can no longer be made: create the strategy before anything "
-                              "else uses TensorFlow (in a notebook: restart the kernel and run the strategy cell "
-                              "first), or use 1 replica") from None
+            raise TfpipeError(
+                f"TensorFlow already started its devices in this process ({have} CPU device(s)), so "
+                f"{n} virtual CPU replicas can no longer be made: create the strategy before anything "
+                "else uses TensorFlow (in a notebook: restart the kernel and run the strategy cell "
+                "first), or use 1 replica"
+            ) from None
     return [d.name for d in tf.config.list_logical_devices("CPU")[:n]]
 
 
@@ -66,15 +69,18 @@ def resolve_strategy(name="auto", replicas=None):
     if name not in STRATEGIES:
         raise TfpipeError(f"unknown strategy {name!r}: use one of {', '.join(STRATEGIES)}")
     if replicas is not None and replicas != 1 and name in ("tpu", "gpu"):
-        raise TfpipeError(f"{option('replicas')} sets virtual CPU replicas (--strategy cpu); a {name.upper()} "
-                          "strategy uses every core or device it finds")
+        raise TfpipeError(
+            f"{option('replicas')} sets virtual CPU replicas (--strategy cpu); a {name.upper()} "
+            "strategy uses every core or device it finds"
+        )
     if name == "tpu" or (name == "auto" and tpu_present()):
         return connect_tpu(), "tpu"
     if replicas and replicas > 1 and name in ("cpu", "auto"):
         # Reduce on one device rather than with collective ops: the replicas share one memory anyway, and
         # collectives' instance keys collide once a process has built several models (tensorflow#62790).
-        return tf.distribute.MirroredStrategy(ensure_virtual_cpus(replicas),
-                                              cross_device_ops=tf.distribute.ReductionToOneDevice()), "cpu"
+        return tf.distribute.MirroredStrategy(
+            ensure_virtual_cpus(replicas), cross_device_ops=tf.distribute.ReductionToOneDevice()
+        ), "cpu"
     gpus = tf.config.list_physical_devices("GPU")
     if name == "gpu" and not gpus:
         raise TfpipeError("no GPU found (tf.config.list_physical_devices('GPU') is empty)")
@@ -86,7 +92,7 @@ def resolve_strategy(name="auto", replicas=None):
 
 
 def strategy_kind(strategy):
-    """"tpu", "gpu" or "cpu": where a strategy's replicas run."""
+    """ "tpu", "gpu" or "cpu": where a strategy's replicas run."""
     if "TPU" in type(strategy).__name__:
         return "tpu"
     devices = getattr(strategy.extended, "worker_devices", ()) or ()

@@ -8,6 +8,7 @@ BatchNormalization layer's momentum set per step to a cumulative average
 (what PyTorch's ``torch.optim.swa_utils.update_bn`` does), through
 ``model.fit`` with a zero learning rate so it runs under any strategy.
 """
+
 import io
 
 import numpy as np

@@ -5,6 +5,7 @@
 build and compile the model inside ``strategy.scope()`` -> (optionally) train the head with the backbone
 frozen -> fine-tune everything -> save ``model.keras``, ``history.csv``, ``metrics.json``.
 """
+
 import contextlib
 import dataclasses
 import errno
@@ -19,20 +20,28 @@ import time
 from tfpipe.deps import check_installed, require_keras
 
 keras = require_keras()  # tf-keras of TensorFlow's release, or MissingDependency saying what to install
-import tensorflow as tf  # noqa: E402
+import tensorflow as tf
 
 import tfpipe
 from tfpipe import fs
 from tfpipe.augment import Augment
-from tfpipe.errors import (TfpipeError, check_at_least, check_count, check_fraction, check_path,
-                           check_positive, check_seed, option)
+from tfpipe.errors import (
+    TfpipeError,
+    check_at_least,
+    check_count,
+    check_fraction,
+    check_path,
+    check_positive,
+    check_seed,
+    option,
+)
 from tfpipe.shards import fold_split, holdout_split, open_shards
 from tfpipe.staging import LOCK, locked_folder
 from train import run as run_files
-from train.run import RunConfig, read_state, write_state
 from train.models import build_model, min_image_size
-from train.schedules import make_schedule, scaled_lr
 from train.report import learning_curves, validation_report
+from train.run import RunConfig, read_state, write_state
+from train.schedules import make_schedule, scaled_lr
 from train.strategy import default_precision, resolve_strategy
 from train.swa import AverageWeights, recompute_batch_norm, sync_batch_norm
 
@@ -41,8 +50,23 @@ BURN_DONE = f"{run_files.CHECKPOINTS}/burn-done"  # weights after the burn-in ph
 # for an exact 0.61); 1000 costs nothing measurable (a [1000, C] counter update per batch).
 AUC_THRESHOLDS = 1000
 # Settings a resumed run must share with the run it continues (others, such as verbose, may change).
-RESUME_KEYS = ("records", "model", "image_size", "batch_size", "epochs", "steps_per_execution", "lr", "schedule",
-               "optimizer", "fold", "val_fraction", "burn_epochs", "single_label", "swa_epochs", "classes")
+RESUME_KEYS = (
+    "records",
+    "model",
+    "image_size",
+    "batch_size",
+    "epochs",
+    "steps_per_execution",
+    "lr",
+    "schedule",
+    "optimizer",
+    "fold",
+    "val_fraction",
+    "burn_epochs",
+    "single_label",
+    "swa_epochs",
+    "classes",
+)
 
 
 def split_sources(shards, fold, val_fraction):
@@ -60,16 +84,33 @@ def build_datasets(cfg, strategy, num_classes, split):
     train_src, train_folds, val_src, val_folds = split
     n_train, n_val = tfpipe.count_examples(train_src, train_folds), tfpipe.count_examples(val_src, val_folds)
     global_batch = cfg.batch_size * strategy.num_replicas_in_sync
-    common = {"image_size": cfg.image_size, "num_classes": num_classes,
-              "label_mode": "one_hot" if cfg.single_label else "multi_hot"}
+    common = {
+        "image_size": cfg.image_size,
+        "num_classes": num_classes,
+        "label_mode": "one_hot" if cfg.single_label else "multi_hot",
+    }
 
     def train_fn(ctx):
-        return tfpipe.make_dataset(train_src, ctx.get_per_replica_batch_size(global_batch), training=True,
-                                   folds=train_folds, augment=cfg.augment, seed=cfg.seed, input_context=ctx, **common)
+        return tfpipe.make_dataset(
+            train_src,
+            ctx.get_per_replica_batch_size(global_batch),
+            training=True,
+            folds=train_folds,
+            augment=cfg.augment,
+            seed=cfg.seed,
+            input_context=ctx,
+            **common,
+        )
 
     def val_fn(ctx):  # padded to static shapes; weight 0 on padding keeps the metrics exact
-        return tfpipe.make_dataset(val_src, ctx.get_per_replica_batch_size(global_batch), folds=val_folds,
-                                   pad_batches=True, input_context=ctx, **common)
+        return tfpipe.make_dataset(
+            val_src,
+            ctx.get_per_replica_batch_size(global_batch),
+            folds=val_folds,
+            pad_batches=True,
+            input_context=ctx,
+            **common,
+        )
 
     train_ds = strategy.distribute_datasets_from_function(train_fn)
     val_ds = strategy.distribute_datasets_from_function(val_fn)
@@ -96,9 +137,11 @@ def make_auc(num_classes):
 def make_metrics(num_classes, single_label, threshold):
     if single_label:
         return [keras.metrics.CategoricalAccuracy(name="accuracy"), make_auc(num_classes)]
-    return [make_auc(num_classes),  # macro over classes
-            F1Score(name="f1", average="macro", threshold=threshold),
-            keras.metrics.BinaryAccuracy(name="accuracy", threshold=threshold)]
+    return [
+        make_auc(num_classes),  # macro over classes
+        F1Score(name="f1", average="macro", threshold=threshold),
+        keras.metrics.BinaryAccuracy(name="accuracy", threshold=threshold),
+    ]
 
 
 def make_optimizer(name, lr, weight_decay):
@@ -112,14 +155,20 @@ def make_optimizer(name, lr, weight_decay):
 
 
 def compile_model(model, cfg, lr, num_classes):
-    loss = (keras.losses.CategoricalCrossentropy(label_smoothing=cfg.label_smoothing) if cfg.single_label
-            else keras.losses.BinaryCrossentropy(label_smoothing=cfg.label_smoothing))
+    loss = (
+        keras.losses.CategoricalCrossentropy(label_smoothing=cfg.label_smoothing)
+        if cfg.single_label
+        else keras.losses.BinaryCrossentropy(label_smoothing=cfg.label_smoothing)
+    )
     # weighted_metrics, not metrics: Keras' plain metrics ignore sample weights, so the weight-0 rows that pad
     # validation batches to static shapes would count as negatives (a tiny fold on 8 replicas reported an AUC
     # of 0.20 for a model whose AUC on the real rows is 0.40).
-    model.compile(optimizer=make_optimizer(cfg.optimizer, lr, cfg.weight_decay), loss=loss,
-                  weighted_metrics=make_metrics(num_classes, cfg.single_label, cfg.threshold),
-                  steps_per_execution=cfg.steps_per_execution)
+    model.compile(
+        optimizer=make_optimizer(cfg.optimizer, lr, cfg.weight_decay),
+        loss=loss,
+        weighted_metrics=make_metrics(num_classes, cfg.single_label, cfg.threshold),
+        steps_per_execution=cfg.steps_per_execution,
+    )
 
 
 class Throughput(keras.callbacks.Callback):
@@ -163,10 +212,18 @@ class StartupProgress(keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None):
         self._start = time.perf_counter()
-        many = (f"; it is traced once per replica, so this takes about {self.replicas}x as long as on one replica "
-                "(minutes for an EfficientNet on CPU replicas)") if self.replicas > 1 else ""
-        self._say(f"compiling the training step for {self.replicas} replica{'s' * (self.replicas > 1)} "
-                  f"(steps_per_execution {self.spe}); the first steps wait for it{many}")
+        many = (
+            (
+                f"; it is traced once per replica, so this takes about {self.replicas}x as long as on one replica "
+                "(minutes for an EfficientNet on CPU replicas)"
+            )
+            if self.replicas > 1
+            else ""
+        )
+        self._say(
+            f"compiling the training step for {self.replicas} replica{'s' * (self.replicas > 1)} "
+            f"(steps_per_execution {self.spe}); the first steps wait for it{many}"
+        )
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = None if self._first_epoch_over else epoch
@@ -207,20 +264,36 @@ def run_phase(model, cfg, name, lr_schedule, epochs, initial_epoch, data, num_cl
     compile_model(model, cfg, lr_schedule, num_classes)
     callbacks = [
         SyncBatchNorm(),
-        *([StartupProgress(model.distribute_strategy.num_replicas_in_sync, cfg.steps_per_execution, steps)]
-          if cfg.verbose == 2 else []),
+        *(
+            [StartupProgress(model.distribute_strategy.num_replicas_in_sync, cfg.steps_per_execution, steps)]
+            if cfg.verbose == 2
+            else []
+        ),
         *first,
         keras.callbacks.BackupAndRestore(run_files.path(cfg.out, f"{run_files.BACKUP}/{name}"), save_freq="epoch"),
         throughput,
         LogLearningRate(),
         keras.callbacks.CSVLogger(run_files.path(cfg.out, run_files.HISTORY), append=True),
         keras.callbacks.TensorBoard(run_files.path(cfg.out, run_files.LOGS), update_freq="epoch", profile_batch=0),
-        keras.callbacks.ModelCheckpoint(run_files.path(cfg.out, f"{run_files.CHECKPOINTS}/best"), monitor="val_auc",
-                                        mode="max", save_best_only=True, save_weights_only=True),
+        keras.callbacks.ModelCheckpoint(
+            run_files.path(cfg.out, f"{run_files.CHECKPOINTS}/best"),
+            monitor="val_auc",
+            mode="max",
+            save_best_only=True,
+            save_weights_only=True,
+        ),
         *cfg.callbacks,
     ]
-    model.fit(train_ds, epochs=initial_epoch + epochs, initial_epoch=initial_epoch, steps_per_epoch=steps,
-              validation_data=val_ds, validation_steps=val_steps, callbacks=callbacks, verbose=cfg.verbose)
+    model.fit(
+        train_ds,
+        epochs=initial_epoch + epochs,
+        initial_epoch=initial_epoch,
+        steps_per_epoch=steps,
+        validation_data=val_ds,
+        validation_steps=val_steps,
+        callbacks=callbacks,
+        verbose=cfg.verbose,
+    )
 
 
 def set_trainable(backbone, trainable):
@@ -235,32 +308,40 @@ def check_out(cfg, shards):
     others = sorted(n for n in fs.listdir(cfg.out) if n != LOCK)
     if others and not fs.exists(run_files.path(cfg.out, run_files.CONFIG)):
         listed = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
-        raise TfpipeError(f"{cfg.out} holds files train.fit did not write ({listed}); choose a new or empty "
-                          f"{option('out')} folder")
+        raise TfpipeError(
+            f"{cfg.out} holds files train.fit did not write ({listed}); choose a new or empty {option('out')} folder"
+        )
     if not others:
         return
     config = RunConfig.load(cfg.out)
     if not cfg.resume:
-        raise TfpipeError(f"{cfg.out} already holds a run; pass {option('resume', True)} to continue it or choose "
-                          f"another {option('out')} folder")
+        raise TfpipeError(
+            f"{cfg.out} already holds a run; pass {option('resume', True)} to continue it or choose "
+            f"another {option('out')} folder"
+        )
     if read_state(cfg.out).get("finished"):
-        raise TfpipeError(f"{cfg.out} holds a finished run (model.keras); {option('resume', True)} continues an "
-                          f"interrupted one -- choose another {option('out')} folder to train again")
+        raise TfpipeError(
+            f"{cfg.out} holds a finished run (model.keras); {option('resume', True)} continues an "
+            f"interrupted one -- choose another {option('out')} folder to train again"
+        )
     if config.dataset_id and config.dataset_id != shards.dataset_id:
-        raise TfpipeError(f"{cfg.records} was rewritten since {cfg.out} started (dataset id {config.dataset_id}, "
-                          f"now {shards.dataset_id}); {option('resume', True)} continues a run on its own shards "
-                          f"-- choose another {option('out')} folder to train on the new ones")
+        raise TfpipeError(
+            f"{cfg.records} was rewritten since {cfg.out} started (dataset id {config.dataset_id}, "
+            f"now {shards.dataset_id}); {option('resume', True)} continues a run on its own shards "
+            f"-- choose another {option('out')} folder to train on the new ones"
+        )
     before = config.settings
     now = dict(dataclasses.asdict(cfg), classes=shards.classes)
     changed = [k for k in RESUME_KEYS if k in before and json.loads(json.dumps(now[k], default=str)) != before[k]]
     if changed:
         k = changed[0]
-        raise TfpipeError(f"{cfg.out} was started with {k}={before[k]!r}, not {now[k]!r}; {option('resume', True)} "
-                          "continues a run with its own settings")
+        raise TfpipeError(
+            f"{cfg.out} was started with {k}={before[k]!r}, not {now[k]!r}; {option('resume', True)} "
+            "continues a run with its own settings"
+        )
 
 
-def summarise(cfg, kind, strategy, global_batch, steps, n_train, n_val, precision, model, seconds,
-              throughput):
+def summarise(cfg, kind, strategy, global_batch, steps, n_train, n_val, precision, model, seconds, throughput):
     """metrics.json: the run's configuration, speed and validation scores (from history.csv)."""
     import pandas as pd
 
@@ -270,13 +351,26 @@ def summarise(cfg, kind, strategy, global_batch, steps, n_train, n_val, precisio
     best = history.loc[history["val_auc"].idxmax()] if "val_auc" in history else history.iloc[-1]
     rates = throughput.rates[1:] or throughput.rates  # the first epoch includes tracing and compilation
     return {
-        "strategy": kind, "strategy_class": type(strategy).__name__, "replicas": strategy.num_replicas_in_sync,
-        "steps_per_execution": cfg.steps_per_execution, "per_replica_batch_size": cfg.batch_size,
-        "global_batch_size": global_batch, "base_lr": cfg.lr, "scaled_lr": scaled_lr(cfg.lr, strategy.num_replicas_in_sync),
-        "schedule": cfg.schedule, "model": cfg.model, "image_size": cfg.image_size, "precision": precision,
-        "epochs": int(len(history)), "burn_epochs": cfg.burn_epochs, "steps_per_epoch": steps,
-        "optimizer_steps": int(model.optimizer.iterations.numpy()), "train_examples": n_train,
-        "val_examples": n_val, "fold": cfg.fold, "images_per_sec": round(statistics.median(rates), 1) if rates else None,
+        "strategy": kind,
+        "strategy_class": type(strategy).__name__,
+        "replicas": strategy.num_replicas_in_sync,
+        "steps_per_execution": cfg.steps_per_execution,
+        "per_replica_batch_size": cfg.batch_size,
+        "global_batch_size": global_batch,
+        "base_lr": cfg.lr,
+        "scaled_lr": scaled_lr(cfg.lr, strategy.num_replicas_in_sync),
+        "schedule": cfg.schedule,
+        "model": cfg.model,
+        "image_size": cfg.image_size,
+        "precision": precision,
+        "epochs": len(history),
+        "burn_epochs": cfg.burn_epochs,
+        "steps_per_epoch": steps,
+        "optimizer_steps": int(model.optimizer.iterations.numpy()),
+        "train_examples": n_train,
+        "val_examples": n_val,
+        "fold": cfg.fold,
+        "images_per_sec": round(statistics.median(rates), 1) if rates else None,
         "seconds": round(seconds, 1),
         "final": {c: float(history[c].iloc[-1]) for c in val_cols},
         "best": dict({c: float(best[c]) for c in val_cols}, epoch=int(best["epoch"]) + 1),
@@ -294,9 +388,16 @@ def write_run_config(plan, shards):
     """config.json: what predicting with this run depends on (classes, input size, how the images were fitted,
     single- or multi-label, the shards' dataset id, the validation fold), plus every setting used."""
     settings = {k: v for k, v in dataclasses.asdict(plan).items() if k != "callbacks"}
-    RunConfig(classes=tuple(shards.classes), image_size=plan.image_size, single_label=plan.single_label,
-              fit=shards.images.effective_fit, dataset_id=shards.dataset_id, fold=plan.fold, records=plan.records,
-              settings=json.loads(json.dumps(settings, default=str))).save(plan.out)
+    RunConfig(
+        classes=tuple(shards.classes),
+        image_size=plan.image_size,
+        single_label=plan.single_label,
+        fit=shards.images.effective_fit,
+        dataset_id=shards.dataset_id,
+        fold=plan.fold,
+        records=plan.records,
+        settings=json.loads(json.dumps(settings, default=str)),
+    ).save(plan.out)
 
 
 def finish_swa(model, swa, strategy, cfg, data, report_args):
@@ -318,41 +419,64 @@ def prepare(cfg, shards):
     """The plan: ``cfg`` with what it leaves open decided from the shards (single- or multi-label, input size,
     the seed of a deterministic run). A copy: the caller's config is never changed, so it can be reused."""
     if shards.manifest is None:
-        raise TfpipeError(f"{cfg.records}: train.fit needs a folder written by tfpipe.write (its manifest gives "
-                          "the classes and folds)")
+        raise TfpipeError(
+            f"{cfg.records}: train.fit needs a folder written by tfpipe.write (its manifest gives "
+            "the classes and folds)"
+        )
     if not shards.labeled:
-        raise TfpipeError(f"{cfg.records}: written unlabeled (manifest: labeled false, e.g. --split test); "
-                          "training needs labeled shards")
+        raise TfpipeError(
+            f"{cfg.records}: written unlabeled (manifest: labeled false, e.g. --split test); "
+            "training needs labeled shards"
+        )
     check_numbers(cfg)
     image_size = cfg.image_size or shards.image_size
     if not image_size:
         raise TfpipeError(f"{cfg.records}: images were stored without a fixed size; pass {option('image_size')}")
     if image_size < min_image_size(cfg.model):
-        raise TfpipeError(f"{option('image_size')} {image_size} is below {cfg.model}'s smallest input "
-                          f"({min_image_size(cfg.model)} px)")
+        raise TfpipeError(
+            f"{option('image_size')} {image_size} is below {cfg.model}'s smallest input "
+            f"({min_image_size(cfg.model)} px)"
+        )
     if cfg.fold is not None and not shards.folds:
-        raise TfpipeError(f"{cfg.records}: written without folds, so {option('fold', cfg.fold)} has nothing to pick; "
-                          f"drop it (the last shards are held out, {option('val_fraction')}) or write with --folds")
+        raise TfpipeError(
+            f"{cfg.records}: written without folds, so {option('fold', cfg.fold)} has nothing to pick; "
+            f"drop it (the last shards are held out, {option('val_fraction')}) or write with --folds"
+        )
     if not 0 <= cfg.swa_epochs <= cfg.epochs:
         raise TfpipeError(f"{option('swa_epochs')} must be in 0..{cfg.epochs} (the epochs); got {cfg.swa_epochs}")
     if cfg.single_label and shards.multi_label:
-        raise TfpipeError(f"{cfg.records}: {shards.describe_labels()}; {option('single_label', True)} (softmax, one "
-                          "class an image) would keep one label per image and drop the rest -- leave it out")
+        raise TfpipeError(
+            f"{cfg.records}: {shards.describe_labels()}; {option('single_label', True)} (softmax, one "
+            "class an image) would keep one label per image and drop the rest -- leave it out"
+        )
     single_label = shards.single_label if cfg.single_label is None else cfg.single_label
     seed = (0 if cfg.seed is None else cfg.seed) if cfg.deterministic else cfg.seed  # seeded input order
     weights = None if cfg.weights in (None, "none") else cfg.weights  # "none": the command line's word for None
     fold = 0 if cfg.fold is None and shards.folds else cfg.fold
-    return dataclasses.replace(cfg, image_size=image_size, single_label=single_label, seed=seed, weights=weights,
-                               fold=fold, augment=cfg.augment or Augment())
+    return dataclasses.replace(
+        cfg,
+        image_size=image_size,
+        single_label=single_label,
+        seed=seed,
+        weights=weights,
+        fold=fold,
+        augment=cfg.augment or Augment(),
+    )
 
 
 def check_numbers(cfg):
     """Every numeric setting in its range (the command line and Python refuse the same values)."""
-    check_count(1, epochs=cfg.epochs, batch_size=cfg.batch_size, steps_per_execution=cfg.steps_per_execution,
-                   replicas=cfg.replicas)
+    check_count(
+        1,
+        epochs=cfg.epochs,
+        batch_size=cfg.batch_size,
+        steps_per_execution=cfg.steps_per_execution,
+        replicas=cfg.replicas,
+    )
     check_count(0, burn_epochs=cfg.burn_epochs, swa_epochs=cfg.swa_epochs, fold=cfg.fold)
-    check_at_least(0, warmup_epochs=cfg.warmup_epochs, weight_decay=cfg.weight_decay,
-                   label_smoothing=cfg.label_smoothing)
+    check_at_least(
+        0, warmup_epochs=cfg.warmup_epochs, weight_decay=cfg.weight_decay, label_smoothing=cfg.label_smoothing
+    )
     check_positive(lr=cfg.lr, burn_lr=cfg.burn_lr)
     check_seed(seed=cfg.seed)
     check_fraction(val_fraction=cfg.val_fraction, threshold=cfg.threshold)
@@ -396,20 +520,40 @@ def train_and_report(plan, shards, strategy, kind, lock, started):
     data = (train_ds, val_ds, steps, math.ceil(n_val / global_batch))
     throughput = Throughput(steps * global_batch)
     if plan.verbose == 2:
-        print(f"train.fit: building {plan.model} at {plan.image_size} px on {strategy.num_replicas_in_sync} "
-              f"{kind} replica{'s' * (strategy.num_replicas_in_sync > 1)}; {n_train} training, {n_val} validation "
-              "images", flush=True)
+        print(
+            f"train.fit: building {plan.model} at {plan.image_size} px on {strategy.num_replicas_in_sync} "
+            f"{kind} replica{'s' * (strategy.num_replicas_in_sync > 1)}; {n_train} training, {n_val} validation "
+            "images",
+            flush=True,
+        )
     with strategy.scope(), tfpipe.naming_corrupt_shards(shards), stopping_cleanly(plan, shards):
         model, swa = train_phases(plan, strategy, shards, data, throughput)
     lock.check()  # on gs:// the lock is advisory: a job that lost it saves nothing
     shards.check_unchanged()
-    report_args = {"classes": shards.classes, "single_label": plan.single_label, "source": split[2],
-                   "folds": split[3], "image_size": plan.image_size, "batch_size": plan.batch_size,
-                   "threshold": plan.threshold}
+    report_args = {
+        "classes": shards.classes,
+        "single_label": plan.single_label,
+        "source": split[2],
+        "folds": split[3],
+        "image_size": plan.image_size,
+        "batch_size": plan.batch_size,
+        "threshold": plan.threshold,
+    }
     with unfinished_on_error(plan.out):
         save_model(model, run_files.path(plan.out, run_files.MODEL))
-        metrics = summarise(plan, kind, strategy, global_batch, steps, n_train, n_val, precision, model,
-                            time.perf_counter() - started, throughput)
+        metrics = summarise(
+            plan,
+            kind,
+            strategy,
+            global_batch,
+            steps,
+            n_train,
+            n_val,
+            precision,
+            model,
+            time.perf_counter() - started,
+            throughput,
+        )
         if plan.report:
             metrics["report"] = validation_report(model, strategy, plan.out, **report_args)
             learning_curves(plan.out)
@@ -426,9 +570,11 @@ def check_batch_fits(plan, strategy, n_train):
     costs gigabytes before failing): refused, naming the numbers."""
     replicas = strategy.num_replicas_in_sync
     if plan.batch_size * replicas > n_train:
-        raise TfpipeError(f"{option('batch_size', plan.batch_size)} x {replicas} replica{'s' * (replicas > 1)} = "
-                          f"{plan.batch_size * replicas} images a step, more than the {n_train} training images; "
-                          f"use {option('batch_size')} {max(1, n_train // replicas)} or less")
+        raise TfpipeError(
+            f"{option('batch_size', plan.batch_size)} x {replicas} replica{'s' * (replicas > 1)} = "
+            f"{plan.batch_size * replicas} images a step, more than the {n_train} training images; "
+            f"use {option('batch_size')} {max(1, n_train // replicas)} or less"
+        )
 
 
 class ShardsUnchanged(keras.callbacks.Callback):
@@ -453,15 +599,17 @@ def stopping_cleanly(plan, shards):
         if "No space left" not in str(e) and getattr(e, "errno", None) != errno.ENOSPC:
             raise
         removed = remove_temporaries(run_files.path(plan.out, run_files.BACKUP))
-        raise TfpipeError(f"{plan.out}: no space left on the device while saving the epoch's backup "
-                          f"({removed} half-written file{'s' * (removed != 1)} removed); free space and continue "
-                          f"with {option('resume', True)}") from None
+        raise TfpipeError(
+            f"{plan.out}: no space left on the device while saving the epoch's backup "
+            f"({removed} half-written file{'s' * (removed != 1)} removed); free space and continue "
+            f"with {option('resume', True)}"
+        ) from None
 
 
 def remove_temporaries(folder):
     """Deletes the ``*_temp*`` files and folders TensorFlow's checkpoint writer left under ``folder``."""
     removed = 0
-    for root, dirs, files in (os.walk(folder) if not fs.is_remote(folder) else ()):
+    for root, dirs, files in os.walk(folder) if not fs.is_remote(folder) else ():
         for name in [d for d in dirs if "_temp" in d]:
             shutil.rmtree(os.path.join(root, name), ignore_errors=True)
             dirs.remove(name)
@@ -490,25 +638,48 @@ def train_phases(plan, strategy, shards, data, throughput):
     everything. Returns (model, the SWA average)."""
     replicas, steps, num_classes = strategy.num_replicas_in_sync, data[2], shards.num_classes
     watch = ShardsUnchanged(shards)
-    model, backbone = build_model(plan.model, num_classes, plan.image_size,
-                                  weights=plan.weights,
-                                  multi_label=not plan.single_label)
+    model, backbone = build_model(
+        plan.model, num_classes, plan.image_size, weights=plan.weights, multi_label=not plan.single_label
+    )
     state = read_state(plan.out) if plan.resume else {}
     if plan.burn_epochs and not state.get("burn_done"):
         set_trainable(backbone, False)
-        run_phase(model, plan, "burn", scaled_lr(plan.burn_lr or plan.lr, replicas), plan.burn_epochs, 0, data,
-                  num_classes, throughput, first=[watch])
+        run_phase(
+            model,
+            plan,
+            "burn",
+            scaled_lr(plan.burn_lr or plan.lr, replicas),
+            plan.burn_epochs,
+            0,
+            data,
+            num_classes,
+            throughput,
+            first=[watch],
+        )
         model.save_weights(run_files.path(plan.out, BURN_DONE))
         write_state(plan.out, dict(state, burn_done=True))
     elif plan.burn_epochs:
         if not tf.io.gfile.glob(run_files.path(plan.out, BURN_DONE) + "*"):
-            raise TfpipeError(f"{plan.out}: {run_files.STATE} says the burn-in finished, but its weights "
-                              f"({BURN_DONE}) are gone; start a new run in another {option('out')} folder")
+            raise TfpipeError(
+                f"{plan.out}: {run_files.STATE} says the burn-in finished, but its weights "
+                f"({BURN_DONE}) are gone; start a new run in another {option('out')} folder"
+            )
         model.load_weights(run_files.path(plan.out, BURN_DONE))
     set_trainable(backbone, True)
     schedule = make_schedule(plan.schedule, scaled_lr(plan.lr, replicas), steps, plan.epochs, plan.warmup_epochs)
-    swa = AverageWeights(plan.burn_epochs + plan.epochs - plan.swa_epochs,
-                         run_files.path(plan.out, run_files.SWA_AVERAGE))
-    run_phase(model, plan, "fine-tune", schedule, plan.epochs, plan.burn_epochs, data, num_classes, throughput,
-              first=[watch, swa] if plan.swa_epochs else [watch])
+    swa = AverageWeights(
+        plan.burn_epochs + plan.epochs - plan.swa_epochs, run_files.path(plan.out, run_files.SWA_AVERAGE)
+    )
+    run_phase(
+        model,
+        plan,
+        "fine-tune",
+        schedule,
+        plan.epochs,
+        plan.burn_epochs,
+        data,
+        num_classes,
+        throughput,
+        first=[watch, swa] if plan.swa_epochs else [watch],
+    )
     return model, swa
