@@ -7,7 +7,7 @@ RECORDS ?= records/demo
 DEMO_SIZE ?= 64
 RUN ?= runs/demo
 
-.PHONY: setup demo test test-bench test-install bench clean
+.PHONY: setup demo test test-bench test-install lint docs bench clean
 
 setup: $(VENV)/.installed
 
@@ -21,13 +21,13 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 demo: setup
 	$(PY) -m tfpipe.demo $(DEMO_DIR)
 	$(PY) -m tfpipe.write --csv $(DEMO_DIR)/train.csv --images $(DEMO_DIR)/images --out $(RECORDS)/train \
-		--image-size $(DEMO_SIZE) --folds 5 --overwrite
+		--image-size $(DEMO_SIZE) --num-folds 5 --overwrite
 	$(PY) -m tfpipe.write --csv $(DEMO_DIR)/test.csv --images $(DEMO_DIR)/images --out $(RECORDS)/test \
 		--split test --unlabeled --image-size $(DEMO_SIZE) --overwrite
 	rm -f $(RECORDS)/contact_sheet.png  # the demo's own sheet (one written before sheets carried their mark)
 	$(PY) -m tfpipe.inspect $(RECORDS)/train --sheet $(RECORDS)/contact_sheet.png
 	rm -rf $(RUN)
-	$(PY) -m train.fit --records $(RECORDS)/train --out $(RUN) --strategy cpu --replicas 8 \
+	$(PY) -m train.fit --records $(RECORDS)/train --run $(RUN) --strategy cpu --replicas 8 \
 		--steps-per-execution 5 --model small-cnn --batch-size 8 --epochs 12 --lr 2.5e-4 --swa-epochs 3
 	$(PY) -m train.predict --run $(RUN) --records $(RECORDS)/test --out $(RUN)/submission.csv \
 		--strategy cpu --replicas 8 --tta 2
@@ -42,6 +42,16 @@ test-bench: setup
 # pinned): versions kept, write -> fit (8 replicas) -> predict from outside the repo, README cells, Beam workers.
 test-install: setup
 	$(PY) -m pytest -q -m install
+
+# ruff (lint and format check) and mypy (every function typed, configured in pyproject.toml): zero findings.
+lint: setup
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+	$(PY) -m mypy
+
+# The docs site (mkdocs-material) with the API reference generated from the docstrings, into site/.
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site
 
 bench: setup
 	$(PY) -m bench

@@ -28,9 +28,9 @@ SMOKE = {"model": "small-cnn", "size": 16, "images": 24, "epochs": 2, "spe": 2, 
 
 def shards(work, cfg):
     """The demo dataset's first ``images`` images written at ``size`` px with 5 folds (reused between runs)."""
+    from tfpipe import Source, write_shards
     from tfpipe.demo import make_demo
     from tfpipe.images import ImageSpec
-    from tfpipe.write import Source, write_shards
 
     out = os.path.join(work, f"dry-run-{cfg['images']}-{cfg['size']}")
     if not os.path.exists(os.path.join(out, "manifest.json")):
@@ -40,7 +40,7 @@ def shards(work, cfg):
             Source(os.path.join(data, "images"), csv=os.path.join(data, "train.csv")),
             out,
             spec=ImageSpec(image_size=cfg["size"]),
-            folds=5,
+            num_folds=5,
             overwrite=True,
             progress=False,
         )
@@ -63,7 +63,7 @@ def one_fit(records, out, replicas, cfg, started):
     m = fit(
         FitConfig(
             records=records,
-            out=out,
+            run=out,
             strategy="cpu",
             replicas=replicas,
             model=cfg["model"],

@@ -21,8 +21,8 @@ SIZE = 256
 
 def build_shards(corpus, work, times):
     """Writes the (replicated) corpus as 256 px shards with tfpipe.write; returns the folder."""
+    from tfpipe import Source, write_shards
     from tfpipe.images import ImageSpec
-    from tfpipe.write import Source, write_shards
 
     out = os.path.join(work, "records256")
     if not os.path.exists(os.path.join(out, "manifest.json")):
@@ -33,7 +33,7 @@ def build_shards(corpus, work, times):
             Source(images, csv=csv_path),
             out,
             spec=ImageSpec(image_size=SIZE, quality=95),
-            shards=16,
+            num_shards=16,
             overwrite=True,
             progress=False,
         )

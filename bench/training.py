@@ -27,8 +27,8 @@ SPE_SIZE = 8  # px: the steps_per_execution model's input
 
 
 def build_shards(corpus, work, times):
+    from tfpipe import Source, write_shards
     from tfpipe.images import ImageSpec
-    from tfpipe.write import Source, write_shards
 
     out = os.path.join(work, f"records{SIZE}")
     if not os.path.exists(os.path.join(out, "manifest.json")):
@@ -36,7 +36,12 @@ def build_shards(corpus, work, times):
             os.path.join(corpus, "train.csv"), os.path.join(corpus, "images"), os.path.join(work, "replicated"), times
         )
         write_shards(
-            Source(images, csv=csv_path), out, spec=ImageSpec(image_size=SIZE), shards=8, overwrite=True, progress=False
+            Source(images, csv=csv_path),
+            out,
+            spec=ImageSpec(image_size=SIZE),
+            num_shards=8,
+            overwrite=True,
+            progress=False,
         )
     return out
 

@@ -70,8 +70,8 @@ def codec_limit(csv_path, images):
 
 
 def ours(csv_path, images, out, size):
+    from tfpipe import Source, write_shards
     from tfpipe.images import ImageSpec
-    from tfpipe.write import Source, write_shards
 
     write_shards(Source(images, csv=csv_path), out, spec=ImageSpec(image_size=size, quality=QUALITY), progress=False)
 

@@ -105,7 +105,7 @@ def shard_dir(tmp_path_factory):
 
     Returns (folder, {image_name: label list}, names in written order).
     """
-    from tfpipe.write import Source, write_shards
+    from tfpipe import Source, write_shards
 
     root = tmp_path_factory.mktemp("shards")
     images = root / "images"
@@ -123,8 +123,8 @@ def shard_dir(tmp_path_factory):
         Source(str(images), csv=str(csv_path)),
         out,
         spec=ImageSpec(image_size=32),
-        folds=4,
-        shards=8,
+        num_folds=4,
+        num_shards=8,
         workers=0,
         progress=False,
     )
@@ -145,7 +145,18 @@ def slow_source(tmp_path_factory):
         cv2.imwrite(str(images / f"p{i:03d}.jpg"), img, [cv2.IMWRITE_JPEG_QUALITY, 90])
         rows.append((f"p{i:03d}", ["x", "y", "x y", ""][i % 4]))
     csv_path = write_csv(root / "train.csv", ["image", "labels"], rows)
-    args = ["--csv", str(csv_path), "--images", str(images), "--image-size", "32", "--shards", "16", "--folds", "4"]
+    args = [
+        "--csv",
+        str(csv_path),
+        "--images",
+        str(images),
+        "--image-size",
+        "32",
+        "--num-shards",
+        "16",
+        "--num-folds",
+        "4",
+    ]
     reference = str(root / "reference")
     from tfpipe.write import main as write_main
 
@@ -156,15 +167,15 @@ def slow_source(tmp_path_factory):
 @pytest.fixture(scope="session")
 def trained_run(shard_dir, tmp_path_factory):
     """A tiny run on 8 virtual replicas with SWA over its last 2 epochs, and unlabeled test shards."""
+    from tfpipe import Source, write_shards
     from tfpipe.augment import NO_AUGMENT
     from tfpipe.images import ImageSpec
-    from tfpipe.write import Source, write_shards
     from train.fit import FitConfig, fit
 
     out = tmp_path_factory.mktemp("run") / "run"
     cfg = FitConfig(
         records=shard_dir[0],
-        out=str(out),
+        run=str(out),
         strategy="cpu",
         replicas=8,
         model="small-cnn",
@@ -185,7 +196,7 @@ def trained_run(shard_dir, tmp_path_factory):
         test,
         spec=ImageSpec(image_size=32),
         split="test",
-        shards=3,
+        num_shards=3,
         workers=0,
         progress=False,
     )

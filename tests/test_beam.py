@@ -25,7 +25,7 @@ def same_files(a, b):
 
 
 def test_beam_output_is_byte_identical_to_the_default_writer(labeled_folder, tmp_path):
-    args = source_args(labeled_folder, "--image-size", "24", "--folds", "3", "--shards", "6")
+    args = source_args(labeled_folder, "--image-size", "24", "--num-folds", "3", "--num-shards", "6")
     assert main(args + ["--out", str(tmp_path / "local"), "--workers", "0"]) == 0
     assert main(args + ["--out", str(tmp_path / "beam"), "--runner", "beam"]) == 0
     same_files(tmp_path / "local", tmp_path / "beam")
@@ -39,7 +39,7 @@ def test_beam_output_is_byte_identical_to_the_default_writer(labeled_folder, tmp
 def test_beam_skip_bad_matches_the_default_writer(labeled_folder, tmp_path, capsys):
     with open(os.path.join(labeled_folder["images"], "img05.jpg"), "wb") as f:
         f.write(b"garbage")
-    args = source_args(labeled_folder, "--image-size", "16", "--shards", "3", "--skip-bad")
+    args = source_args(labeled_folder, "--image-size", "16", "--num-shards", "3", "--skip-bad")
     assert main(args + ["--out", str(tmp_path / "local"), "--workers", "0"]) == 0
     assert main(args + ["--out", str(tmp_path / "beam"), "--runner", "beam"]) == 0
     assert "skipped 1 images: img05" in capsys.readouterr().out
@@ -53,7 +53,9 @@ def test_beam_bad_image_stops_with_one_line_and_writes_nothing(labeled_folder, t
         with open(os.path.join(labeled_folder["images"], name), "wb") as f:
             f.write(b"\xff\xd8 no jpeg")
     out = str(tmp_path / "beam")
-    code = main(source_args(labeled_folder, "--image-size", "16", "--shards", "3") + ["--out", out, "--runner", "beam"])
+    code = main(
+        source_args(labeled_folder, "--image-size", "16", "--num-shards", "3") + ["--out", out, "--runner", "beam"]
+    )
     assert_clean_failure(code, capsys, out, "img04.jpg")
     assert not os.path.exists(os.path.join(out, ".staging"))
 
@@ -86,7 +88,7 @@ def test_beam_option_errors_are_one_line(labeled_folder, tmp_path, capsys):
 def test_beam_cli_with_worker_processes(labeled_folder, tmp_path):
     """The real command with Beam's multi-processing DirectRunner: the encode and write steps are pickled into
     separate worker processes, as on Dataflow, and the result still equals the default writer's."""
-    args = source_args(labeled_folder, "--image-size", "20", "--shards", "2")
+    args = source_args(labeled_folder, "--image-size", "20", "--num-shards", "2")
     assert main(args + ["--out", str(tmp_path / "local"), "--workers", "0"]) == 0
     proc = subprocess.run(
         [

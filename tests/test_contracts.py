@@ -15,11 +15,11 @@ import tfpipe
 from tests.conftest import save, write_csv
 from tests.test_hostile import one_line_error, source_args, tfrec_files, write
 from tests.test_reliability import ENV, ROOT
+from tfpipe import Source, write_shards
 from tfpipe.augment import NO_AUGMENT
 from tfpipe.errors import TfpipeError
 from tfpipe.images import ImageSpec
 from tfpipe.manifest import Manifest
-from tfpipe.write import Source, write_shards
 
 
 def copy_records(shard_dir, tmp_path, name="records"):
@@ -107,12 +107,12 @@ def test_a_shard_linking_out_of_the_folder_is_refused(shard_dir, tmp_path):
         tfpipe.open_shards(str(folder))
 
 
-def test_write_returns_the_typed_manifest_and_old_dict_reads_warn(shard_dir):
+def test_write_returns_the_typed_manifest(shard_dir):
     manifest = shard_dir[2]
-    assert isinstance(manifest, Manifest) and manifest.classes == ("a", "b", "c") and manifest.folds == 4
+    assert isinstance(manifest, Manifest) and manifest.classes == ("a", "b", "c") and manifest.num_folds == 4
     assert manifest.max_labels == 3 and not manifest.one_label_each
-    with pytest.warns(DeprecationWarning, match=r"manifest\['classes'\] is manifest.classes"):
-        assert manifest["classes"] == ["a", "b", "c"]
+    with pytest.raises(TypeError):  # dict reads (tfpipe 0.2's dict manifests) warned in 0.3, removed in 1.0
+        manifest["classes"]
 
 
 # ------------------------------------------------------------ --overwrite deletes only what a valid manifest lists
@@ -160,8 +160,8 @@ def _rewrite_after_first_epoch(shard_dir, folder):
                     Source(f"{root}/images", csv=f"{root}/train.csv"),
                     str(folder),
                     spec=ImageSpec(image_size=32),
-                    folds=4,
-                    shards=8,
+                    num_folds=4,
+                    num_shards=8,
                     workers=0,
                     progress=False,
                     overwrite=True,
@@ -178,7 +178,7 @@ def test_fit_stops_when_its_shards_are_rewritten_and_leaves_no_finished_run(shar
     run = tmp_path / "run"
     cfg = FitConfig(
         records=str(folder),
-        out=str(run),
+        run=str(run),
         strategy="cpu",
         model="small-cnn",
         batch_size=4,
@@ -244,9 +244,9 @@ def test_a_rewrite_from_another_process_during_fit_ends_it_in_one_line(shard_dir
                 f"{root}/images",
                 "--image-size",
                 "32",
-                "--folds",
+                "--num-folds",
                 "4",
-                "--shards",
+                "--num-shards",
                 "8",
                 "--classes",
                 "c,b,a",
@@ -405,7 +405,7 @@ def test_one_label_modes_on_multi_label_shards_are_refused(shard_dir, tmp_path, 
     for mode in ("one_hot", "class_id"):
         with pytest.raises(TfpipeError, match=f"multi-label data .*label_mode='{mode}' would keep one label"):
             tfpipe.make_dataset(shard_dir[0], 4, label_mode=mode)
-    assert _fit_cli(["--records", shard_dir[0], "--out", str(tmp_path / "run"), "--single-label"]) == 2
+    assert _fit_cli(["--records", shard_dir[0], "--run", str(tmp_path / "run"), "--single-label"]) == 2
     one_line_error(capsys, "multi-label data (up to 3 labels an image", "--single-label")
     assert not (tmp_path / "run").exists()
 
@@ -449,7 +449,7 @@ def test_predict_never_replaces_the_ground_truth_csv(shard_dir, tmp_path, capsys
         Source(str(root / "images"), csv=str(truth)),
         records,
         spec=ImageSpec(image_size=32),
-        shards=4,
+        num_shards=4,
         workers=0,
         progress=False,
     )
@@ -457,7 +457,7 @@ def test_predict_never_replaces_the_ground_truth_csv(shard_dir, tmp_path, capsys
     fit(
         FitConfig(
             records=records,
-            out=run,
+            run=run,
             strategy="cpu",
             model="small-cnn",
             batch_size=4,
@@ -503,7 +503,7 @@ def test_a_global_batch_larger_than_the_data_is_refused_by_fit_and_capped_by_pre
     from tests.test_hostile import _fit_cli
     from train.predict import main
 
-    assert _fit_cli(["--records", shard_dir[0], "--out", str(tmp_path / "run"), "--batch-size", "100000"]) == 2
+    assert _fit_cli(["--records", shard_dir[0], "--run", str(tmp_path / "run"), "--batch-size", "100000"]) == 2
     one_line_error(capsys, "--batch-size 100000 x 1 replica = 100000 images a step, more than the 29 training")
     run, _, test = trained_run
     assert (
@@ -528,7 +528,7 @@ def test_a_global_batch_larger_than_the_data_is_refused_by_fit_and_capped_by_pre
     assert "--batch-size 100000 is more than 40 images need on 8 replicas; using 5" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("folds", [[], ["--folds", "3"]])
+@pytest.mark.parametrize("folds", [[], ["--num-folds", "3"]])
 def test_a_labeled_source_without_any_label_is_refused(labeled_folder, tmp_path, capsys, folds):
     csv = write_csv(tmp_path / "empty.csv", ["image", "labels"], [(n, "") for n, _ in labeled_folder["rows"]])
     out = tmp_path / "out"
@@ -592,7 +592,7 @@ def test_fit_never_trains_into_a_folder_of_the_users_files(shard_dir, tmp_path, 
         (proj / name).write_text(text)
     for resume in ([], ["--resume"]):
         (proj / "config.json").unlink() if resume else None
-        assert _fit_cli(["--records", shard_dir[0], "--out", str(proj), "--no-report"] + resume) == 2
+        assert _fit_cli(["--records", shard_dir[0], "--run", str(proj), "--no-report"] + resume) == 2
         err = capsys.readouterr().err
         assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
         assert ("holds files train.fit did not write" in err) if resume else ("config.json" in err), err
@@ -717,8 +717,8 @@ def test_the_torch_reader_stops_when_its_folder_is_rewritten_between_epochs(shar
         Source(f"{root}/images", csv=f"{root}/train.csv"),
         str(folder),
         spec=ImageSpec(image_size=32),
-        folds=4,
-        shards=8,
+        num_folds=4,
+        num_shards=8,
         workers=0,
         progress=False,
         overwrite=True,
@@ -820,7 +820,7 @@ def test_make_demo_then_write_shards_in_one_process_does_not_hang(tmp_path):
     dry-run benchmark does exactly this); a fresh process, as a notebook or script is."""
     code = (
         "import sys; from tfpipe.demo import make_demo; from tfpipe.images import ImageSpec; "
-        "from tfpipe.write import Source, write_shards; d = sys.argv[1]; make_demo(d + '/demo', 24, 0, 0); "
+        "from tfpipe import Source, write_shards; d = sys.argv[1]; make_demo(d + '/demo', 24, 0, 0); "
         "write_shards(Source(d + '/demo/images', csv=d + '/demo/train.csv'), d + '/out', workers=2, "
         "spec=ImageSpec(image_size=16), progress=False)"
     )

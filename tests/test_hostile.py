@@ -91,9 +91,9 @@ def test_a_lock_left_by_a_dead_job_is_taken_over_and_a_live_one_refused(labeled_
 def test_a_remote_lock_lost_to_another_writer_commits_nothing(labeled_folder, monkeypatch):
     import tensorflow as tf
 
+    from tfpipe import Source, write_shards
     from tfpipe.images import ImageSpec
     from tfpipe.staging import WriteLock
-    from tfpipe.write import Source, write_shards
 
     out = "ram://hostile-lock/out"
     original = WriteLock.check
@@ -148,7 +148,7 @@ def test_overwrite_deletes_only_what_tfpipe_wrote_and_never_another_split(labele
     )
     one_line_error(capsys, "'train' split", "own folder")
     assert tfrec_files(out) == train_files
-    assert write(source_args(labeled_folder, "24") + ["--out", str(out), "--overwrite", "--shards", "2"]) == 0
+    assert write(source_args(labeled_folder, "24") + ["--out", str(out), "--overwrite", "--num-shards", "2"]) == 0
     assert len(tfrec_files(out)) == 2 and tfpipe.open_shards(str(out)).image_size == 24  # asked: replaced
 
 
@@ -186,7 +186,7 @@ def test_a_failed_move_puts_every_shard_back(labeled_folder, tmp_path, monkeypat
         return real(src, dst, overwrite)
 
     monkeypatch.setattr(fs, "rename", failing)
-    assert write(source_args(labeled_folder) + ["--out", str(out), "--shards", "4"]) == 2
+    assert write(source_args(labeled_folder) + ["--out", str(out), "--num-shards", "4"]) == 2
     assert len(moved) == 2 and tfrec_files(out) == [] and not (out / "manifest.json").exists()
     assert len(os.listdir(out / ".staging")) == 4 + 3  # every shard back, the progress, the staged manifest, the mark
 
@@ -461,15 +461,15 @@ def test_training_on_unlabeled_shards_is_refused(trained_run, tmp_path):
 
     _, _, unlabeled = trained_run
     with pytest.raises(TfpipeError, match="unlabeled.*training needs"):
-        fit(FitConfig(records=unlabeled, out=str(tmp_path / "run"), strategy="cpu", model="small-cnn"))
+        fit(FitConfig(records=unlabeled, run=str(tmp_path / "run"), strategy="cpu", model="small-cnn"))
     with pytest.raises(TfpipeError, match="unlabeled.*training needs labels"):
         tfpipe.make_dataset(unlabeled, 4, training=True)
     assert not (tmp_path / "run").exists()
 
 
 def test_predict_refuses_a_run_of_other_classes_or_image_size(trained_run, tmp_path, labeled_folder):
+    from tfpipe import Source, write_shards
     from tfpipe.images import ImageSpec
-    from tfpipe.write import Source, write_shards
     from train.predict import predict
 
     run, _, _test = trained_run
@@ -505,7 +505,7 @@ def test_fit_resume_never_trains_over_a_finished_run_or_with_other_settings(trai
     before = {p: os.path.getmtime(os.path.join(copy, p)) for p in os.listdir(copy)}
     cfg = FitConfig(
         records=shard_dir[0],
-        out=str(copy),
+        run=str(copy),
         strategy="cpu",
         replicas=8,
         model="small-cnn",
@@ -544,7 +544,7 @@ def test_a_second_fit_into_the_same_run_folder_is_refused_while_the_first_runs(s
     """Two fits into one --out used to both train: one history.csv held both runs' rows and both ended in a
     traceback. The first now runs alone (the writer's lock, taken by train.fit on its run folder)."""
     run = tmp_path / "run"
-    args = ["--records", shard_dir[0], "--out", str(run), "--epochs", "30"]  # long enough to be caught
+    args = ["--records", shard_dir[0], "--run", str(run), "--epochs", "30"]  # long enough to be caught
     first = subprocess.Popen(
         [
             sys.executable,
@@ -593,7 +593,7 @@ def test_a_second_fit_into_the_same_run_folder_is_refused_while_the_first_runs(s
     ],
 )
 def test_fit_refuses_nonsense_numbers_in_one_line(shard_dir, tmp_path, capsys, flags, needle):
-    assert _fit_cli(["--records", shard_dir[0], "--out", str(tmp_path / "run"), *flags]) == 2
+    assert _fit_cli(["--records", shard_dir[0], "--run", str(tmp_path / "run"), *flags]) == 2
     one_line_error(capsys, needle)
     assert not (tmp_path / "run").exists()
 
@@ -626,24 +626,24 @@ def test_fit_without_the_report_packages_is_refused_before_training(shard_dir, t
         importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else find_spec(name, *a)
     )
     run = tmp_path / "run"
-    assert _fit_cli(["--records", shard_dir[0], "--out", str(run)]) == 2
+    assert _fit_cli(["--records", shard_dir[0], "--run", str(run)]) == 2
     one_line_error(capsys, "matplotlib is not installed", "pip install 'tfpipe[train]'")
     assert not run.exists()
-    assert _fit_cli(["--records", shard_dir[0], "--out", str(run), "--epochs", "1", "--no-report"]) == 0  # not needed
+    assert _fit_cli(["--records", shard_dir[0], "--run", str(run), "--epochs", "1", "--no-report"]) == 0  # not needed
 
 
 def test_fit_from_python_refuses_fractional_counts(shard_dir, tmp_path):
     from train.fit import FitConfig, fit
 
     with pytest.raises(TfpipeError, match=re.escape("epochs must be a whole number (got 2.5)")):
-        fit(FitConfig(records=shard_dir[0], out=str(tmp_path / "run"), epochs=2.5))
+        fit(FitConfig(records=shard_dir[0], run=str(tmp_path / "run"), epochs=2.5))
     assert not (tmp_path / "run").exists()
 
 
 def test_fit_fold_on_shards_without_folds_is_refused(labeled_folder, tmp_path, capsys):
     out = str(tmp_path / "r")
-    assert write(source_args(labeled_folder) + ["--out", out, "--shards", "4"]) == 0
-    assert _fit_cli(["--records", out, "--out", str(tmp_path / "run"), "--fold", "9"]) == 2
+    assert write(source_args(labeled_folder) + ["--out", out, "--num-shards", "4"]) == 0
+    assert _fit_cli(["--records", out, "--run", str(tmp_path / "run"), "--fold", "9"]) == 2
     one_line_error(capsys, "written without folds", "--fold 9")
 
 
@@ -831,8 +831,10 @@ def test_a_seed_numpy_cannot_take_is_one_line_before_anything_is_written(
 
     assert demo_main([str(tmp_path / "demo"), "--train", "3", "--seed", seed]) == 2
     one_line_error(capsys, needle)
-    assert write(source_args(labeled_folder) + ["--out", str(tmp_path / "rec"), "--folds", "2", "--seed", seed]) == 2
+    assert (
+        write(source_args(labeled_folder) + ["--out", str(tmp_path / "rec"), "--num-folds", "2", "--seed", seed]) == 2
+    )
     one_line_error(capsys, needle)
-    assert _fit_cli(["--records", shard_dir[0], "--out", str(tmp_path / "run"), "--seed", seed]) == 2
+    assert _fit_cli(["--records", shard_dir[0], "--run", str(tmp_path / "run"), "--seed", seed]) == 2
     one_line_error(capsys, needle)
     assert not [p for p in ("demo", "rec", "run") if (tmp_path / p).exists()]

@@ -617,15 +617,13 @@ def test_image_settings_that_mean_nothing_are_one_line_before_any_work(
         ({"max_pixels": 0}, "max_pixels must be at least 1 (got 0)"),
         ({"max_pixels": float("nan")}, "max_pixels must be a whole number (got nan)"),
         ({"max_bytes": -1}, "max_bytes must be at least 1 (got -1)"),
-        ({"size": -5}, "image_size must be at least 1 (got -5)"),  # tfpipe 0.1's name, checked the same
     ],
 )
 def test_an_image_spec_that_means_nothing_is_refused_when_made(kwargs, needle):
     from tfpipe.images import ImageSpec
 
-    with pytest.warns(FutureWarning) if "size" in kwargs else contextlib.nullcontext():
-        with pytest.raises(TfpipeError, match=re.escape(needle)):
-            ImageSpec(**kwargs)
-    with pytest.warns(FutureWarning, match="image_size"):
-        assert ImageSpec(size=16).image_size == 16  # the deprecated name keeps working
+    with pytest.raises(TfpipeError, match=re.escape(needle)):
+        ImageSpec(**kwargs)
+    with pytest.raises(TypeError):  # tfpipe 0.1's name, warned since 0.2, removed in 1.0
+        ImageSpec(size=16)
     assert type(ImageSpec(image_size=np.int64(16)).image_size) is int  # a NumPy integer is a whole number

@@ -21,7 +21,7 @@ def test_our_shards_schema_labels_and_sheet(shard_dir, tmp_path):
     out, _labels, _ = shard_dir
     sheet = str(tmp_path / "sheet.png")
     buf = io.StringIO()
-    info = inspect_shards(out, sheet=sheet, sheet_count=10, do_verify=True, out=buf)
+    info = inspect_shards(out, sheet=sheet, sheet_count=10, do_verify=True, stream=buf)
     assert info["image_key"] == "image" and info["label_key"] == "target"
     assert info["schema"]["target"][:3] == ("int64_list", 0, 3)  # variable length, empty allowed
     assert info["label_counts"] == {0: 16, 1: 16, 2: 24}  # a, b, c over the 40 records
@@ -45,7 +45,9 @@ def test_foreign_schema_is_inferred(tmp_path):
     with tf.io.TFRecordWriter(path) as w:
         for i in range(9):
             w.write(foreign_example(i))
-    info = inspect_shards(str(tmp_path / "*.tfrec"), sheet=str(tmp_path / "s.png"), do_verify=True, out=io.StringIO())
+    info = inspect_shards(
+        str(tmp_path / "*.tfrec"), sheet=str(tmp_path / "s.png"), do_verify=True, stream=io.StringIO()
+    )
     assert info["schema"]["age"][0] == "float_list" and info["schema"]["patient_id"][0] == "bytes_list"
     assert info["image_key"] == "image" and info["label_key"] == "label"
     assert info["label_counts"] == {0: 3, 1: 3, 2: 3}
@@ -59,7 +61,7 @@ def test_verify_names_a_truncated_shard(shard_dir, tmp_path):
     with open(os.path.join(out, victim), "r+b") as f:
         f.truncate(os.path.getsize(os.path.join(out, victim)) - 100)
     with pytest.raises(TfpipeError, match=victim):
-        inspect_shards(out, do_verify=True, out=io.StringIO())
+        inspect_shards(out, do_verify=True, stream=io.StringIO())
     proc = subprocess.run(
         [sys.executable, "-m", "tfpipe.inspect", out, "--verify", "--no-sheet"],
         capture_output=True,
@@ -78,7 +80,7 @@ def test_verify_catches_a_flipped_byte(shard_dir, tmp_path):
     data[len(data) // 2] ^= 0xFF
     open(path, "wb").write(bytes(data))
     with pytest.raises(TfpipeError, match=victim):
-        inspect_shards(out, do_verify=True, out=io.StringIO())
+        inspect_shards(out, do_verify=True, stream=io.StringIO())
 
 
 def test_count_mismatch_is_reported(shard_dir, tmp_path):
@@ -90,7 +92,7 @@ def test_count_mismatch_is_reported(shard_dir, tmp_path):
         for r in records[:-1]:
             w.write(r)
     with pytest.raises(TfpipeError, match=victim):
-        inspect_shards(out, do_verify=True, out=io.StringIO())
+        inspect_shards(out, do_verify=True, stream=io.StringIO())
 
 
 @pytest.mark.parametrize("flag", ["--sheet-count", "--scan-records"])

@@ -74,6 +74,15 @@ def wheel(tmp_path_factory):
     return str(path)
 
 
+def test_the_wheel_carries_its_type_hints(wheel):
+    """PEP 561: ``py.typed`` in both packages, so a user's mypy or pyright checks calls into tfpipe and train."""
+    import zipfile
+
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert {"tfpipe/py.typed", "train/py.typed"} <= names
+    assert "tfpipe/deprecations.py" in names and any(n.endswith("1.0.0.dist-info/METADATA") for n in names)
+
+
 def user_env(venv):
     """The environment of a user's shell in ``venv``: its bin first, nothing of this repository on the path."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
@@ -117,7 +126,7 @@ def write_fit_predict(work, env):
             "records/train",
             "--image-size",
             "32",
-            "--folds",
+            "--num-folds",
             "3",
             "--no-progress",
         ],
@@ -152,7 +161,7 @@ def write_fit_predict(work, env):
             "train.fit",
             "--records",
             "records/train",
-            "--out",
+            "--run",
             "run",
             "--strategy",
             "cpu",
@@ -341,7 +350,7 @@ def beam_workers_from_setup_file(env, work):
             "beam",
             "--image-size",
             "32",
-            "--folds",
+            "--num-folds",
             "3",
             "--no-progress",
             "--runner",

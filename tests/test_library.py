@@ -94,7 +94,7 @@ def test_writer_without_torch_is_one_line(labeled_folder):
 def test_fit_without_tf_keras_is_one_line(how, shard_dir, tmp_path):
     import tensorflow as tf
 
-    args = f"'--records', {shard_dir[0]!r}, '--out', {str(tmp_path / 'run')!r}"
+    args = f"'--records', {shard_dir[0]!r}, '--run', {str(tmp_path / 'run')!r}"
     if how == "python -m":
         code = (
             HIDE

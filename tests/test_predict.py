@@ -196,12 +196,12 @@ def test_single_label_fit_then_predict(tmp_path):
     csv_path = write_csv(tmp_path / "train.csv", ["image", "label"], rows)
     source = tfpipe.Source(str(tmp_path / "images"), csv=str(csv_path), label_format=LabelFormat(class_col="label"))
     tfpipe.write_shards(
-        source, str(tmp_path / "records"), spec=tfpipe.ImageSpec(image_size=32), folds=3, workers=0, progress=False
+        source, str(tmp_path / "records"), spec=tfpipe.ImageSpec(image_size=32), num_folds=3, workers=0, progress=False
     )
     m = fit(
         FitConfig(
             records=str(tmp_path / "records"),
-            out=str(tmp_path / "run"),
+            run=str(tmp_path / "run"),
             strategy="cpu",
             replicas=2,
             model="small-cnn",

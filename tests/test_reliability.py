@@ -325,8 +325,8 @@ def test_training_killed_mid_epoch_resumes_to_the_same_epochs_and_steps(shard_di
 
 
 def test_write_verify_read_train_predict_on_ram_filesystem(labeled_folder, tmp_path):
+    from tfpipe import Source, write_shards
     from tfpipe.images import ImageSpec
-    from tfpipe.write import Source, write_shards
     from train.fit import FitConfig, fit
     from train.predict import predict
 
@@ -336,7 +336,7 @@ def test_write_verify_read_train_predict_on_ram_filesystem(labeled_folder, tmp_p
         tf.io.gfile.copy(os.path.join(labeled_folder["images"], name), f"{root}/images/{name}", overwrite=True)
     tf.io.gfile.copy(labeled_folder["csv"], f"{root}/train.csv", overwrite=True)
     source = Source(f"{root}/images", csv=f"{root}/train.csv")
-    write_shards(source, f"{root}/train", spec=ImageSpec(image_size=16), shards=4, workers=0, progress=False)
+    write_shards(source, f"{root}/train", spec=ImageSpec(image_size=16), num_shards=4, workers=0, progress=False)
     assert not tf.io.gfile.exists(f"{root}/train/.staging")
     report = tfpipe.inspect_shards(f"{root}/train", do_verify=True)
     assert report["problems"] == [] and len(report["files"]) == 4
@@ -344,7 +344,7 @@ def test_write_verify_read_train_predict_on_ram_filesystem(labeled_folder, tmp_p
     m = fit(
         FitConfig(
             records=f"{root}/train",
-            out=f"{root}/run",
+            run=f"{root}/run",
             strategy="cpu",
             model="small-cnn",
             batch_size=4,

@@ -45,7 +45,7 @@ def test_every_reader_refuses_the_same_bad_folds(shard_dir, name, open_with):
 @pytest.mark.parametrize("name,open_with", readers())
 def test_every_reader_sees_the_same_files_per_fold(shard_dir, name, open_with):
     folder, _, manifest = shard_dir
-    expected = sum(s["count"] for s in manifest["shards"] if s["fold"] in (1, 2))
+    expected = sum(s.count for s in manifest.shards if s.fold in (1, 2))
     if name == "count_examples":
         assert open_with(folder, [1, 2]) == expected
     elif name == "RecordDataset":
@@ -97,13 +97,13 @@ def test_verify_needs_no_tensorflow(shard_dir):
 
 def test_verify_names_a_miscount_and_a_corrupt_shard(shard_dir, tmp_path):
     folder, _, manifest = shard_dir
-    first = manifest["shards"][0]
-    data = bytearray(open(os.path.join(folder, first["file"]), "rb").read())
+    first = manifest.shards[0]
+    data = bytearray(open(os.path.join(folder, first.file), "rb").read())
     data[-10] ^= 0xFF  # a flipped byte inside the last record's payload
-    bad = tmp_path / first["file"]
+    bad = tmp_path / first.file
     bad.write_bytes(bytes(data))
     miscounted = tmp_path / "zz-7.tfrec"  # the name claims 7 records (and sorts after the other)
-    miscounted.write_bytes(open(os.path.join(folder, manifest["shards"][1]["file"]), "rb").read())
+    miscounted.write_bytes(open(os.path.join(folder, manifest.shards[1].file), "rb").read())
     problems = verify(open_shards([str(bad), str(miscounted)]))
     assert problems[0].startswith(f"{bad}: corrupt record data at byte")
     assert problems[1] == f"{miscounted}: holds {manifest['shards'][1]['count']} records, expected 7"
@@ -114,7 +114,7 @@ def test_inspect_names_records_that_are_not_examples(tmp_path):
     with LocalRecordWriter(str(path)) as w:
         w.write(b"\xff\xff\xff not a protobuf")
     with pytest.raises(TfpipeError, match=f"{path}: its records are not tf.train.Example protos"):
-        inspect_shards(str(path), out=open(os.devnull, "w"))
+        inspect_shards(str(path), stream=open(os.devnull, "w"))
 
 
 def test_multi_hot_is_exact_and_refuses_indices_outside_the_classes():

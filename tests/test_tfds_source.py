@@ -18,13 +18,13 @@ def test_cifar10_class_labels_round_trip(tmp_path):
             TfdsSource("cifar10"),
             str(tmp_path / "out"),
             spec=ImageSpec(image_size=16),
-            shards=2,
+            num_shards=2,
             workers=0,
             progress=False,
         )
     assert single and names == tfds.builder("cifar10").info.features["label"].names
-    assert manifest["classes"] == names and manifest["single_label"] and manifest["num_examples"] == 24
-    assert manifest["id_column"] == "id"
+    assert list(manifest.classes) == names and manifest.single_label and manifest.num_examples == 24
+    assert manifest.id_column == "id"
     assert all(len(item.labels) == 1 for item in items)
     expected = {item.name: names.index(item.labels[0]) for item in items}
     ds = tfpipe.make_dataset(str(tmp_path / "out"), 8, label_mode="class_id", with_ids=True)
@@ -50,10 +50,10 @@ def test_unlabeled_split_has_no_targets(tmp_path):
             str(tmp_path / "out"),
             spec=ImageSpec(image_size=8),
             split="test",
-            shards=1,
+            num_shards=1,
             workers=0,
             progress=False,
         )
-    assert manifest["labeled"] is False and manifest["num_examples"] == 6
+    assert manifest.labeled is False and manifest.num_examples == 6
     targets = tfpipe.read_targets(str(tmp_path / "out"), 10)
     assert targets.shape == (6, 10) and not np.any(targets)

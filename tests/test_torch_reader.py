@@ -48,7 +48,7 @@ def test_same_images_and_targets_as_make_dataset(shard_dir):
         tf_image = tf.io.decode_jpeg(data, channels=3, dct_method="INTEGER_ACCURATE").numpy()
         assert np.abs(image.numpy().transpose(1, 2, 0).astype(int) - tf_image).max() <= 1
         assert target.tolist() == tf_target.tolist()
-        assert [manifest["classes"][i] for i in np.flatnonzero(target.numpy())] == sorted(labels[name])
+        assert [manifest.classes[i] for i in np.flatnonzero(target.numpy())] == sorted(labels[name])
 
 
 def names_seen(datasets):

@@ -27,7 +27,7 @@ def tiny_config(shard_dir, out, **overrides):
     """32 px, small-cnn, per-replica batch 1 on 8 replicas: 30 training records -> 3 steps an epoch."""
     cfg = {
         "records": shard_dir[0],
-        "out": str(out),
+        "run": str(out),
         "strategy": "cpu",
         "replicas": 8,
         "model": "small-cnn",
@@ -279,14 +279,14 @@ def test_a_model_learns_the_demo_shapes(tmp_path):
         tfpipe.Source(str(tmp_path / "data" / "images"), csv=str(tmp_path / "data" / "train.csv")),
         str(tmp_path / "records"),
         spec=tfpipe.ImageSpec(image_size=48),
-        folds=4,
+        num_folds=4,
         workers=0,
         progress=False,
     )
     m = fit(
         FitConfig(
             records=str(tmp_path / "records"),
-            out=str(tmp_path / "run"),
+            run=str(tmp_path / "run"),
             strategy="cpu",
             model="small-cnn",
             batch_size=16,

@@ -71,7 +71,7 @@ def test_round_trip_exact_label_lists(labeled_folder, tmp_path):
 
 def test_shard_names_counts_and_manifest(labeled_folder, tmp_path):
     out = str(tmp_path / "out")
-    write(["--csv", labeled_folder["csv"], "--images", labeled_folder["images"], "--out", out, "--shards", "3"])
+    write(["--csv", labeled_folder["csv"], "--images", labeled_folder["images"], "--out", out, "--num-shards", "3"])
     names = sorted(os.path.basename(p) for p in glob.glob(os.path.join(out, "*.tfrec")))
     assert names == ["train-00-of-03-4.tfrec", "train-01-of-03-4.tfrec", "train-02-of-03-4.tfrec"]
     m = manifest(out)
@@ -91,7 +91,7 @@ def test_folds_are_stratified_and_never_mixed_in_a_shard(tmp_path):
         save(images / f"{i}.jpg", size=(16, 16), seed=i)
     csv_path = write_csv(tmp_path / "t.csv", ["image", "labels"], [(f"{i}.jpg", lab) for i, lab in enumerate(labels)])
     out = str(tmp_path / "out")
-    write(["--csv", str(csv_path), "--images", str(images), "--out", out, "--folds", "4", "--shards", "8"])
+    write(["--csv", str(csv_path), "--images", str(images), "--out", out, "--num-folds", "4", "--num-shards", "8"])
     m = manifest(out)
     assert m["folds"] == 4 and len(m["shards"]) == 8
     by_name = {str(i) + ".jpg": lab for i, lab in enumerate(labels)}
@@ -203,9 +203,11 @@ def test_folder_per_class_tree_and_unicode_names(tmp_path):
     assert [r["target"] for r in rows] == [[0], [0], [1], [1]]
 
 
-@pytest.mark.parametrize("flags", [["--unlabeled"], ["--unlabeled", "--split", "holdout"], ["--split", "test"]])
-def test_unlabeled_source(labeled_folder, tmp_path, capsys, flags):
-    """--unlabeled makes unlabeled records under any split name; 0.1's --split test alone still does, and says so."""
+@pytest.mark.parametrize(
+    "flags", [["--unlabeled"], ["--unlabeled", "--split", "holdout"], ["--unlabeled", "--split", "test"]]
+)
+def test_unlabeled_source(labeled_folder, tmp_path, flags):
+    """--unlabeled makes unlabeled records under any split name (a split is only a name)."""
     csv_path = write_csv(tmp_path / "test.csv", ["image"], [(n,) for n, _ in labeled_folder["rows"][:5]])
     out = str(tmp_path / "out")
     assert write(["--csv", str(csv_path), "--images", labeled_folder["images"], "--out", out] + flags) == 0
@@ -215,23 +217,23 @@ def test_unlabeled_source(labeled_folder, tmp_path, capsys, flags):
     for path in glob.glob(os.path.join(out, "*.tfrec")):
         for r in tf.data.TFRecordDataset(path):
             assert "target" not in schema.decode_example(r.numpy())
-    assert ("--split test without --unlabeled" in capsys.readouterr().err) == ("--unlabeled" not in flags)
 
 
-def test_names_of_0_1_keep_working_with_a_warning(labeled_folder, tmp_path):
-    from tfpipe import ImageSpec, Source, write_shards
-
-    source = Source(labeled_folder["images"], csv=labeled_folder["csv"])
-    with pytest.warns(FutureWarning) as warned:
-        old = write_shards(str(tmp_path / "old"), source, spec=ImageSpec(size=16), num_workers=0, progress=False)
-    assert sorted(str(w.message).split(" is renamed")[0] for w in warned) == [
-        "ImageSpec(size=...)",
-        "write_shards(num_workers=...)",
-        "write_shards(out, source)",
+def test_split_test_is_only_a_name(labeled_folder, tmp_path, capsys):
+    """tfpipe 0.x read --split test as --unlabeled; in 1.0 a split is a name, so a CSV without labels says so."""
+    csv_path = write_csv(tmp_path / "test.csv", ["image"], [(n,) for n, _ in labeled_folder["rows"][:5]])
+    args = [
+        "--csv",
+        str(csv_path),
+        "--images",
+        labeled_folder["images"],
+        "--out",
+        str(tmp_path / "o"),
+        "--split",
+        "test",
     ]
-    new = write_shards(source, str(tmp_path / "new"), spec=ImageSpec(image_size=16), workers=0, progress=False)
-    assert old["image"] == new["image"] and old["image"]["image_size"] == 16
-    assert old["shards"] == new["shards"]
+    assert write(args) == 2
+    assert "labels" in capsys.readouterr().err
 
 
 def test_awkward_images_all_convert(tmp_path):
@@ -271,7 +273,7 @@ def test_reruns_are_byte_identical_across_worker_counts(labeled_folder, tmp_path
         labeled_folder["images"],
         "--image-size",
         "24",
-        "--folds",
+        "--num-folds",
         "3",
         "--no-progress",
     ]

@@ -1,24 +1,54 @@
 """tfpipe: fast, correct TFRecord pipelines for image classification on TPUs and GPUs.
 
-Public API (heavy imports are deferred until used):
+Public API (heavy imports are deferred until used; the words follow docs/glossary.md):
 
-- ``write_shards(Source(...), out, ...)``: images + CSV -> sharded TFRecords (``tfpipe.write``).
-- ``Source``, ``ImageSpec``, ``LabelFormat``: what to read and how to store it.
-- ``make_dataset(source, batch_size, ...)``: shards -> ``(images, targets)`` batches (``tfpipe.read``).
-- ``Augment``: which training augmentations ``make_dataset`` applies.
-- ``open_shards(records, folds)``, ``verify``: a shard folder, glob or list opened and checked; every record's CRCs.
+- ``write_shards(source, out, ...)``: a source -> a shard folder of TFRecords + ``manifest.json`` (``tfpipe.write``).
+- ``open_source(...)``, ``Source``, ``TfdsSource``, ``SourceProtocol``, ``LabelFormat``: what the writer reads.
+- ``ImageSpec``: how images are stored (size, fit, format, quality, input limits).
+- ``make_dataset(records, batch_size, ...)``: shards -> ``(images, targets)`` batches (``tfpipe.read``, whose
+  stages ``Parser``, ``read_shuffled``, ``read_in_order``, ``training_batches``, ... are public too).
+- ``Augment``, ``ReadOptions``: which training augmentations ``make_dataset`` applies; how it reads.
+- ``open_shards(records, folds)``, ``Shards``, ``verify``: shards opened and checked; every record's CRCs.
 - ``Manifest``: a shard folder's ``manifest.json``, typed and validated (``Manifest.load(folder)``).
 - ``fold_split``, ``count_examples``, ``image_names``, ``read_targets``: folds, sizes, row ids, labels of shards.
-- ``inspect_shards(path, ...)``: schema, counts, labels, contact sheet, ``verify`` (``tfpipe.inspect``).
-- ``naming_corrupt_shards(source)``: a context that names the shard behind TensorFlow's ``DataLossError``.
+- ``inspect_shards(records, ...)``: schema, counts, labels, contact sheet, ``verify`` (``tfpipe.inspect``).
+- ``naming_corrupt_shards(records)``: a context that names the shard behind TensorFlow's ``DataLossError``.
 - ``TfpipeError``: the one exception type for problems in user input.
 """
 
-__version__ = "0.3.0"
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "1.0.0"
+
+if TYPE_CHECKING:  # what type checkers and IDEs see; at run time each name is imported when first used
+    from tfpipe.augment import Augment
+    from tfpipe.errors import TfpipeError
+    from tfpipe.images import ImageSpec
+    from tfpipe.inspect import inspect_shards
+    from tfpipe.manifest import Manifest
+    from tfpipe.read import (
+        ReadOptions,
+        count_examples,
+        image_names,
+        make_dataset,
+        naming_corrupt_shards,
+        read_targets,
+    )
+    from tfpipe.shards import Shards, fold_split, open_shards, verify
+    from tfpipe.sources import LabelFormat, Source, SourceProtocol
+    from tfpipe.tfds_source import TfdsSource
+    from tfpipe.write import open_source, write_shards
 
 _LAZY = {
     "write_shards": "tfpipe.write",
     "Source": "tfpipe.sources",
+    "SourceProtocol": "tfpipe.sources",
+    "open_source": "tfpipe.write",
+    "TfdsSource": "tfpipe.tfds_source",
+    "Shards": "tfpipe.shards",
     "ImageSpec": "tfpipe.images",
     "LabelFormat": "tfpipe.sources",
     "TfpipeError": "tfpipe.errors",
@@ -37,12 +67,32 @@ _LAZY = {
 }
 
 
-def __getattr__(name):
+def __getattr__(name: str) -> Any:
     if name in _LAZY:
-        import importlib
-
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'tfpipe' has no attribute {name!r}")
 
 
-__all__ = sorted(_LAZY)
+__all__ = [  # the same names as _LAZY (a test checks)
+    "Augment",
+    "ImageSpec",
+    "LabelFormat",
+    "Manifest",
+    "ReadOptions",
+    "Shards",
+    "Source",
+    "SourceProtocol",
+    "TfdsSource",
+    "TfpipeError",
+    "count_examples",
+    "fold_split",
+    "image_names",
+    "inspect_shards",
+    "make_dataset",
+    "naming_corrupt_shards",
+    "open_shards",
+    "open_source",
+    "read_targets",
+    "verify",
+    "write_shards",
+]

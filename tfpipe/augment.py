@@ -13,11 +13,23 @@ seeded pipelines are reproducible. MixUp and CutMix work on whole batches and
 mix the multi-hot targets by the same weights as the pixels.
 """
 
+from __future__ import annotations
+
 import dataclasses
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, TypeAlias
 
 from tfpipe.deps import lazy_module
 
-tf = lazy_module("tensorflow")  # imported when first used: Augment (a configuration) needs no TensorFlow
+if TYPE_CHECKING:
+    import tensorflow as tf
+else:
+    tf = lazy_module("tensorflow")  # imported when first used: Augment (a configuration) needs no TensorFlow
+
+# fn(image [H, W, 3] or batch [B, H, W, 3], seed [2]) -> the same shape and dtype
+ImageOp: TypeAlias = "Callable[[tf.Tensor, tf.Tensor], tf.Tensor]"
+# fn(images [B, H, W, 3], targets [B, C], seed [2]) -> (mixed images, mixed targets)
+MixOp: TypeAlias = "Callable[[tf.Tensor, tf.Tensor, tf.Tensor], tuple[tf.Tensor, tf.Tensor]]"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,8 +58,8 @@ class Augment:
     flip: bool = True
     crop: str | None = "pad"
     pad: int | None = None
-    crop_scale: tuple = (0.5, 1.0)
-    crop_ratio: tuple = (3 / 4, 4 / 3)
+    crop_scale: tuple[float, float] = (0.5, 1.0)
+    crop_ratio: tuple[float, float] = (3 / 4, 4 / 3)
     brightness: float = 0.1
     contrast: float = 0.1
     saturation: float = 0.1
@@ -64,18 +76,18 @@ NO_AUGMENT = Augment(flip=False, crop=None, brightness=0.0, contrast=0.0, satura
 RNG = "philox"  # named: "auto_select" may pick another generator under XLA than without it
 
 
-def _uniform(shape, seed, low=0.0, high=1.0):
+def _uniform(shape: Sequence[int | tf.Tensor], seed: tf.Tensor, low: float = 0.0, high: float = 1.0) -> tf.Tensor:
     """Uniform floats in [low, high) from integer draws, which XLA and plain TensorFlow generate alike
     (their float draws differ even for the same generator)."""
     bits = tf.random.stateless_uniform(shape, seed, 0, 2**24, dtype=tf.int32, alg=RNG)
     return low + (high - low) * tf.cast(bits, tf.float32) * (1.0 / 2**24)
 
 
-def _split(seed, n):
+def _split(seed: tf.Tensor, n: int) -> tf.Tensor:
     return tf.random.experimental.stateless_split(seed, n, alg=RNG)
 
 
-def make_shift_flip(pad, flip):
+def make_shift_flip(pad: int, flip: bool) -> ImageOp:
     """Pad crop (zero-pad by ``pad``, crop back at a random offset: the CIFAR recipe) and a random
     left-right mirror of every image of a uint8 batch ``[B, H, W, 3]``.
 
@@ -83,7 +95,7 @@ def make_shift_flip(pad, flip):
     done as one gather per axis (no padded copy) and a mask for the zero border.
     """
 
-    def shift_flip(images, seed):
+    def shift_flip(images: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
         seeds = _split(seed, 2)
         shape = tf.shape(images)
         b, h, w = shape[0], shape[1], shape[2]
@@ -106,7 +118,9 @@ def make_shift_flip(pad, flip):
     return shift_flip
 
 
-def crop_window(image_shape, scale, ratio, seed):
+def crop_window(
+    image_shape: tf.Tensor, scale: tuple[float, float], ratio: tuple[float, float], seed: tf.Tensor
+) -> tuple[tf.Tensor, tf.Tensor]:
     """A random resized-crop window (offset [y, x, 0], size [h, w, -1]) inside ``image_shape``.
 
     Used both on decoded images and, through ``decode_and_crop_jpeg``, on encoded JPEGs.
@@ -124,10 +138,10 @@ def crop_window(image_shape, scale, ratio, seed):
     return begin, size
 
 
-def make_resized_crop(out_size, scale, ratio):
+def make_resized_crop(out_size: int, scale: tuple[float, float], ratio: tuple[float, float]) -> ImageOp:
     """Random resized crop of a decoded image, back to ``out_size`` square."""
 
-    def resized_crop(image, seed):
+    def resized_crop(image: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
         begin, size = crop_window(tf.shape(image), scale, ratio, seed)
         return resize(tf.slice(image, begin, size), out_size, image.dtype)
 
@@ -138,7 +152,7 @@ GREY_WEIGHTS = (0.2989, 0.5870, 0.1140)  # ITU-R 601 luma, as tf.image.rgb_to_gr
 MEAN_STRIDE = 4  # the contrast pivot (mean grey) is taken on every 4th pixel in each direction
 
 
-def make_colour_jitter(brightness, contrast, saturation):
+def make_colour_jitter(brightness: float, contrast: float, saturation: float) -> ImageOp:
     """Brightness, contrast and saturation jitter of a float batch ``[B, H, W, 3]`` in [0, 255].
 
     Each image draws its own factors. Contrast pivots on the image's mean grey
@@ -150,10 +164,10 @@ def make_colour_jitter(brightness, contrast, saturation):
     """
     w = tf.constant(GREY_WEIGHTS, tf.float32)
 
-    def grey(images):
+    def grey(images: tf.Tensor) -> tf.Tensor:
         return images[..., 0:1] * w[0] + images[..., 1:2] * w[1] + images[..., 2:3] * w[2]
 
-    def colour_jitter(images, seed):
+    def colour_jitter(images: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
         u = _uniform([tf.shape(images)[0], 1, 1, 3], seed, -1.0, 1.0)
         if saturation:
             sat = 1.0 + u[..., 2:3] * saturation
@@ -171,7 +185,7 @@ def make_colour_jitter(brightness, contrast, saturation):
     return colour_jitter
 
 
-def make_batch_augment(aug, size):
+def make_batch_augment(aug: Augment, size: int) -> ImageOp | None:
     """The pad crop, flip and colour jitter of an ``Augment`` for size x size images, as one op on uint8
     batches, or None when all three are off.
 
@@ -190,12 +204,12 @@ def make_batch_augment(aug, size):
     jitter = make_colour_jitter(aug.brightness, aug.contrast, aug.saturation)
 
     @compile_
-    def colour_jitter(images, seed):
+    def colour_jitter(images: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
         x = jitter(tf.cast(images, tf.float32), seed)
         return tf.cast(tf.clip_by_value(x + 0.5, 0.0, 255.0), tf.uint8)  # rounds and clamps (saturate_cast is
         # the same, but XLA compiles it ~5x slower)
 
-    def batch_augment(images, seed):
+    def batch_augment(images: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
         seeds = _split(seed, 2)
         if geometry is not None:
             images = geometry(images, seeds[0])
@@ -206,7 +220,9 @@ def make_batch_augment(aug, size):
     return batch_augment
 
 
-def box_mask(h, w, top, left, box_h, box_w):
+def box_mask(
+    h: tf.Tensor, w: tf.Tensor, top: tf.Tensor, left: tf.Tensor, box_h: tf.Tensor, box_w: tf.Tensor
+) -> tf.Tensor:
     """Boolean [h, w, 1] mask, True inside the box."""
     rows = tf.range(h)[:, None]
     cols = tf.range(w)[None, :]
@@ -214,11 +230,13 @@ def box_mask(h, w, top, left, box_h, box_w):
     return inside[..., None]
 
 
-def make_random_erasing(prob, scale=(0.02, 0.25), ratio=(0.3, 3.3)):
+def make_random_erasing(
+    prob: float, scale: tuple[float, float] = (0.02, 0.25), ratio: tuple[float, float] = (0.3, 3.3)
+) -> ImageOp:
     """Random erasing (Zhong et al. 2017): with probability ``prob``, fill a random
     rectangle with uniform noise in 0..255 (uint8 or float images)."""
 
-    def random_erasing(image, seed):
+    def random_erasing(image: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
         seeds = _split(seed, 3)
         shape = tf.shape(image)
         begin, size = crop_window(shape, scale, ratio, seeds[0])
@@ -230,13 +248,13 @@ def make_random_erasing(prob, scale=(0.02, 0.25), ratio=(0.3, 3.3)):
     return random_erasing
 
 
-def resize(image, size, dtype):
+def resize(image: tf.Tensor, size: int, dtype: tf.DType) -> tf.Tensor:
     """Resizes to size x size with antialiasing, back to ``dtype`` (uint8 is rounded and saturated)."""
     out = tf.image.resize(image, [size, size], antialias=True)
     return tf.saturate_cast(tf.round(out), dtype) if dtype == tf.uint8 else tf.cast(out, dtype)
 
 
-def sample_beta(alpha, seed):
+def sample_beta(alpha: float, seed: tf.Tensor) -> tf.Tensor:
     """Beta(alpha, alpha) from two stateless gamma draws."""
     seeds = _split(seed, 2)
     a = tf.random.stateless_gamma([], seeds[0], alpha)
@@ -244,10 +262,10 @@ def sample_beta(alpha, seed):
     return a / (a + b)
 
 
-def make_mixup(alpha):
+def make_mixup(alpha: float) -> MixOp:
     """MixUp (Zhang et al. 2018) of a batch with a shuffled copy of itself; targets mix by the same weight."""
 
-    def mixup(images, targets, seed):
+    def mixup(images: tf.Tensor, targets: tf.Tensor, seed: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         seeds = _split(seed, 2)
         lam = sample_beta(alpha, seeds[0])
         perm = tf.random.experimental.stateless_shuffle(tf.range(tf.shape(images)[0]), seeds[1])
@@ -258,10 +276,10 @@ def make_mixup(alpha):
     return mixup
 
 
-def make_cutmix(alpha):
+def make_cutmix(alpha: float) -> MixOp:
     """CutMix (Yun et al. 2019): paste a box from a shuffled copy; targets mix by the pasted area."""
 
-    def cutmix(images, targets, seed):
+    def cutmix(images: tf.Tensor, targets: tf.Tensor, seed: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         seeds = _split(seed, 3)
         lam = sample_beta(alpha, seeds[0])
         perm = tf.random.experimental.stateless_shuffle(tf.range(tf.shape(images)[0]), seeds[1])
@@ -280,7 +298,7 @@ def make_cutmix(alpha):
     return cutmix
 
 
-def image_ops(aug, size, crop_done=False):
+def image_ops(aug: Augment, size: int, crop_done: bool = False) -> list[ImageOp]:
     """The per-image ops of an ``Augment`` (before batching), in order, each ``fn(image uint8, seed) -> uint8``.
 
     Args:
@@ -290,13 +308,13 @@ def image_ops(aug, size, crop_done=False):
     """
     if aug.crop not in (None, "pad", "resized"):
         raise ValueError(f"unknown crop {aug.crop!r}: use 'pad', 'resized' or None")
-    ops = []
+    ops: list[ImageOp] = []
     if aug.crop == "resized" and not crop_done:
         ops.append(make_resized_crop(size, aug.crop_scale, aug.crop_ratio))
     return ops + [make_random_erasing(aug.erasing_prob)] * aug.erasing
 
 
-def augment_image(image, seed, ops):
+def augment_image(image: tf.Tensor, seed: tf.Tensor, ops: Sequence[ImageOp]) -> tf.Tensor:
     """Applies per-image ops with independent seeds split from ``seed``."""
     seeds = _split(seed, max(1, len(ops)))
     for i, op in enumerate(ops):
@@ -304,7 +322,7 @@ def augment_image(image, seed, ops):
     return image
 
 
-def batch_mix(aug):
+def batch_mix(aug: Augment) -> MixOp | None:
     """The batch mixing op (MixUp, CutMix, or a random choice of the two), or None."""
     ops = [make(alpha) for make, alpha in ((make_mixup, aug.mixup), (make_cutmix, aug.cutmix)) if alpha]
     if not ops:
@@ -312,7 +330,7 @@ def batch_mix(aug):
     if len(ops) == 1:
         return ops[0]
 
-    def mixup_or_cutmix(images, targets, seed):
+    def mixup_or_cutmix(images: tf.Tensor, targets: tf.Tensor, seed: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         seeds = _split(seed, 2)
         pick = tf.random.stateless_uniform([], seeds[0]) < 0.5
         return tf.cond(pick, lambda: ops[0](images, targets, seeds[1]), lambda: ops[1](images, targets, seeds[1]))

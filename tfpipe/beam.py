@@ -26,36 +26,53 @@ job is run again whole). Each shard's records meet in one worker's memory when
 it is written (~150 MB at the default shard size).
 """
 
+from __future__ import annotations
+
 import contextlib
 import io
 import json
 import logging
 import pickle
 import posixpath
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from types import ModuleType
+from typing import TYPE_CHECKING, TypeAlias
 
 from tfpipe import fs
 from tfpipe.encode import encode_item
 from tfpipe.errors import TfpipeError
 
+if TYPE_CHECKING:
+    from apache_beam.options.pipeline_options import PipelineOptions
 
-def _side_path(part, suffix):
+    from tfpipe.images import ImageSpec
+    from tfpipe.sources import Item
+    from tfpipe.staging import PlannedShard
+
+# (record index, item, target) of one image of a shard's plan; its encoded form: (record index, image name,
+# record or None, error or None).
+PlanEntry: TypeAlias = "tuple[int, Item, Sequence[int] | None]"
+Encoded: TypeAlias = tuple[int, str, bytes | None, str | None]
+
+
+def _side_path(part: str, suffix: str) -> str:
     return posixpath.splitext(part)[0] + suffix
 
 
-def _read_plan(part):
+def _read_plan(part: str) -> Iterator[tuple[str, PlanEntry]]:
     """Yields (part, (record index, item, target)) for every image of one shard."""
     with fs.open(_side_path(part, ".plan"), "rb") as f:
         for entry in pickle.loads(f.read()):
             yield part, entry
 
 
-def _encode(element, spec):
+def _encode(element: tuple[str, PlanEntry], spec: ImageSpec) -> tuple[str, Encoded]:
     part, (i, item, target) = element
     record, error = encode_item(item, target, spec)
     return part, (i, item.name, record, error)
 
 
-def _write_shard(element):
+def _write_shard(element: tuple[str, Iterable[Encoded]]) -> None:
     """Writes one shard's records in input order; records the count and the failures beside it."""
     from tfpipe.tfrecord import RecordWriter
 
@@ -66,6 +83,7 @@ def _write_shard(element):
     try:
         for _, _, record, error in encoded:
             if error is None:
+                assert record is not None  # encode_item gives a record exactly when it gives no error
                 writer.write(record)
     finally:
         writer.close()
@@ -75,7 +93,7 @@ def _write_shard(element):
 QUIET = ("--default_sdk_harness_log_level=WARNING",)  # Beam's workers otherwise log every start-up step
 
 
-def _import_beam():
+def _import_beam() -> ModuleType:
     from tfpipe.deps import require
 
     logging.disable(logging.WARNING)  # Beam's import warns about optional Google Cloud clients we do not use
@@ -85,7 +103,7 @@ def _import_beam():
         logging.disable(logging.NOTSET)
 
 
-def pipeline_options(pipeline_args):
+def pipeline_options(pipeline_args: Iterable[str]) -> PipelineOptions:
     """Beam's ``PipelineOptions`` from command-line flags; a flag Beam does not know is an error here
     (Beam itself would only log that it discards it)."""
     options_class = _import_beam().options.pipeline_options.PipelineOptions
@@ -109,7 +127,14 @@ def pipeline_options(pipeline_args):
     return options
 
 
-def encode_shards(parts, items, item_targets, spec, shard_plan, options):
+def encode_shards(
+    parts: Mapping[int, str],
+    items: Sequence[Item],
+    item_targets: Sequence[Sequence[int]] | None,
+    spec: ImageSpec,
+    shard_plan: Sequence[PlannedShard],
+    options: PipelineOptions,
+) -> dict[int, tuple[int, list[tuple[int, str, str]]]]:
     """Encodes and writes the shards of ``shard_plan`` with Apache Beam.
 
     Args:
@@ -137,7 +162,7 @@ def encode_shards(parts, items, item_targets, spec, shard_plan, options):
             | "ByShard" >> beam.GroupByKey()
             | "WriteShard" >> beam.Map(_write_shard)
         )
-    results = {}
+    results: dict[int, tuple[int, list[tuple[int, str, str]]]] = {}
     for s in shard_plan:
         with fs.open(_side_path(parts[s["index"]], ".done"), "r") as f:
             done = json.loads(f.read())

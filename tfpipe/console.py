@@ -9,11 +9,14 @@ Python's own output, tqdm's bars and our errors pass untouched. Set
 ``TFPIPE_VERBOSE=1`` to see everything. Nothing happens on import, and nothing when tfpipe is used from Python.
 """
 
+from __future__ import annotations
+
 import contextlib
 import os
 import re
 import sys
 import threading
+from collections.abc import Iterator
 
 VERBOSE_ENV = "TFPIPE_VERBOSE"
 PREAMBLE = b"WARNING: All log messages before absl::InitializeLog()"
@@ -25,12 +28,12 @@ NOISE = re.compile(
 PYTHON_LOGGERS = ("tensorflow", "absl")  # INFO:tensorflow:Using MirroredStrategy ... (Python logging)
 
 
-def verbose():
+def verbose() -> bool:
     return os.environ.get(VERBOSE_ENV, "") not in ("", "0")
 
 
 @contextlib.contextmanager
-def quiet_tensorflow():
+def quiet_tensorflow() -> Iterator[None]:
     """Holds back TensorFlow's and absl's start-up lines for the duration (see the module docstring)."""
     if verbose():
         yield
@@ -41,7 +44,7 @@ def quiet_tensorflow():
 
 
 @contextlib.contextmanager
-def _python_loggers_quiet():
+def _python_loggers_quiet() -> Iterator[None]:
     import logging
 
     saved = {name: logging.getLogger(name).level for name in PYTHON_LOGGERS}
@@ -55,7 +58,7 @@ def _python_loggers_quiet():
 
 
 @contextlib.contextmanager
-def _fd2_filtered():
+def _fd2_filtered() -> Iterator[None]:
     try:
         sys.stderr.flush()
         real = os.dup(2)
@@ -79,7 +82,7 @@ def _fd2_filtered():
         os.close(real)
 
 
-def _forward(read_end, real):
+def _forward(read_end: int, real: int) -> None:
     """Copies the pipe to the real stderr, dropping whole noise lines; text that is not yet a whole line (a
     progress bar's ``\\r`` update) is passed on at once unless it could still become a noise line."""
     pending = b""
@@ -99,7 +102,7 @@ def _forward(read_end, real):
         os.write(real, pending)
 
 
-def _could_be_noise(start):
+def _could_be_noise(start: bytes) -> bool:
     """Whether an unfinished line may still turn out to be a noise line (so it waits for its end)."""
     head = start[: len(PREAMBLE)]
     return (

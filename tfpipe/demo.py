@@ -9,11 +9,15 @@ are none) and an unlabeled ``test.csv``. Shapes sit in distinct cells of a
 for a given seed.
 """
 
+from __future__ import annotations
+
+import argparse
 import contextlib
 import csv
 import json
 import os
 import sys
+from collections.abc import Iterator, Sequence
 
 import cv2
 import numpy as np
@@ -27,7 +31,7 @@ SIDE_RANGE = (144, 224)  # width and height in pixels, drawn independently: phot
 JPEG_QUALITY = 92
 
 
-def background(rng, height, width):
+def background(rng: np.random.Generator, height: int, width: int) -> np.ndarray:
     """Low-frequency colour noise plus fine grain: texture for the model to ignore."""
     coarse = rng.integers(40, 150, (rng.integers(2, 6), rng.integers(2, 6), 3)).astype(np.float32)
     img = cv2.resize(coarse, (width, height), interpolation=cv2.INTER_CUBIC)
@@ -35,7 +39,7 @@ def background(rng, height, width):
     return np.clip(img, 0, 255).astype(np.uint8)
 
 
-def polygon(kind, cx, cy, r, angle):
+def polygon(kind: str, cx: float, cy: float, r: float, angle: float) -> np.ndarray:
     """Vertices of a shape centred at (cx, cy) with outer radius r, rotated by angle."""
     if kind == "square":
         t = angle + np.pi / 4 + np.arange(4) * np.pi / 2
@@ -56,7 +60,7 @@ def polygon(kind, cx, cy, r, angle):
     return np.stack([cx + radii * np.cos(t), cy + radii * np.sin(t)], axis=1).astype(np.int32)
 
 
-def draw_image(rng):
+def draw_image(rng: np.random.Generator) -> tuple[np.ndarray, list[str]]:
     """Returns (BGR image, sorted list of shape kinds present)."""
     height, width = rng.integers(*SIDE_RANGE, size=2)
     img = background(rng, height, width)
@@ -68,7 +72,7 @@ def draw_image(rng):
         r = rng.uniform(0.22, 0.42) * min(cw, ch)
         cx = (cell % 2) * cw + cw / 2 + rng.uniform(-1, 1) * (cw / 2 - r)
         cy = (cell // 2) * ch + ch / 2 + rng.uniform(-1, 1) * (ch / 2 - r)
-        hsv = np.uint8([[[rng.integers(0, 180), rng.integers(150, 256), rng.integers(170, 256)]]])
+        hsv = np.array([[[rng.integers(0, 180), rng.integers(150, 256), rng.integers(170, 256)]]], np.uint8)
         colour = tuple(int(c) for c in cv2.cvtColor(hsv, cv2.COLOR_HSV2BGR)[0, 0])
         if kind == "circle":
             cv2.circle(img, (int(cx), int(cy)), int(r), colour, -1, cv2.LINE_AA)
@@ -78,7 +82,7 @@ def draw_image(rng):
 
 
 @contextlib.contextmanager
-def opencv_without_threads():
+def opencv_without_threads() -> Iterator[None]:
     """OpenCV's own thread pool off while the demo draws, and the caller's setting back after: a process whose
     OpenCV pool is running cannot fork safely, and ``write_shards`` forks its workers (``make_demo`` then
     ``write_shards`` in one notebook hung its workers for good). Small images gain nothing from the pool."""
@@ -90,7 +94,7 @@ def opencv_without_threads():
         cv2.setNumThreads(saved)
 
 
-def make_demo(out, train=2000, test=400, seed=0):
+def make_demo(out: str, train: int = 2000, test: int = 400, seed: int = 0) -> dict[str, str]:
     """Writes the demo dataset into ``out`` and returns the paths of the two CSVs.
 
     ``out`` must be new, empty or an earlier demo folder: the demo never writes over a user's ``train.csv``."""
@@ -103,7 +107,7 @@ def make_demo(out, train=2000, test=400, seed=0):
     os.makedirs(images, exist_ok=True)
     with open(os.path.join(out, MARK), "w") as f:  # first: a re-run may replace an interrupted demo
         json.dump({"train": train, "test": test, "seed": seed}, f)
-    paths = {}
+    paths: dict[str, str] = {}
     for split, count in (("train", train), ("test", test)):
         rows = []
         with opencv_without_threads():
@@ -120,7 +124,7 @@ def make_demo(out, train=2000, test=400, seed=0):
     return paths
 
 
-def check_demo_folder(out):
+def check_demo_folder(out: str) -> None:
     """Refuses a folder holding anything the demo did not write (its mark file, or a demo of tfpipe 0.2.0, which
     wrote none: ``images/``, ``train.csv`` starting with ``train_00000`` and ``test.csv``)."""
     if not str(out).strip():
@@ -136,7 +140,7 @@ def check_demo_folder(out):
     )
 
 
-def _earlier_demo(out, held):
+def _earlier_demo(out: str, held: list[str]) -> bool:
     if not set(held) <= {"images", "train.csv", "test.csv"}:
         return False
     try:
@@ -146,13 +150,13 @@ def _earlier_demo(out, held):
         return False
 
 
-def run(args):
+def run_command(args: argparse.Namespace) -> None:
     make_demo(args.out, args.train, args.test, args.seed)
     print(f"demo dataset: {args.train} train + {args.test} test images, classes {' '.join(SHAPES)} -> {args.out}")
 
 
-def build_parser():
-    p = ArgumentParser(prog="python -m tfpipe.demo", description=__doc__.split("\n\n")[0])
+def build_parser() -> ArgumentParser:
+    p = ArgumentParser(prog="python -m tfpipe.demo", description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("out", help="output folder")
     p.add_argument("--train", type=int, default=2000, help="labeled images")
     p.add_argument("--test", type=int, default=400, help="unlabeled images")
@@ -160,8 +164,8 @@ def build_parser():
     return p
 
 
-def main(argv=None):
-    return run_cli("tfpipe.demo", run, build_parser().parse_args(argv))
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_cli("tfpipe.demo", run_command, build_parser().parse_args(argv))
 
 
 if __name__ == "__main__":

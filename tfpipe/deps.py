@@ -5,9 +5,13 @@ tfpipe's core (pyproject.toml ``dependencies``) needs neither TensorFlow nor tor
 ``train`` checks that tf-keras matches TensorFlow's release through ``require_keras``.
 """
 
+from __future__ import annotations
+
 import importlib
 import importlib.metadata
 import importlib.util
+from types import ModuleType
+from typing import Any
 
 from tfpipe.errors import TfpipeError
 
@@ -26,7 +30,7 @@ class MissingDependency(TfpipeError, ImportError):
     """An optional dependency is not installed; the message says what to install."""
 
 
-def require(module):
+def require(module: str) -> ModuleType:
     """Imports ``module`` (e.g. "torch.utils.data"), or raises ``MissingDependency`` naming what to install.
 
     A package that is installed but fails to import keeps its own error: that is a broken install, not a
@@ -41,7 +45,7 @@ def require(module):
         raise _missing(top) from None
 
 
-def check_installed(module):
+def check_installed(module: str) -> None:
     """Raises ``MissingDependency`` when ``module`` is not installed, without importing it: for what a command
     needs only at its end (train.fit's pictures, after minutes of training), checked before it starts."""
     top = module.split(".")[0]
@@ -49,12 +53,12 @@ def check_installed(module):
         raise _missing(top)
 
 
-def _missing(top):
+def _missing(top: str) -> MissingDependency:
     install, needed_for = OPTIONAL.get(top, (top, "this feature"))
     return MissingDependency(f"{top} is not installed, and is needed for {needed_for}: pip install {install}")
 
 
-def keras_problem(tf_version):
+def keras_problem(tf_version: str) -> str | None:
     """None when tf-keras of TensorFlow's release (``tf_version``, e.g. "2.19.1") is installed, else what to do."""
     release = ".".join(tf_version.split(".")[:2])
     hint = f"pip install 'tf-keras~={release}.0'"
@@ -67,7 +71,7 @@ def keras_problem(tf_version):
     return None
 
 
-def require_keras():
+def require_keras() -> ModuleType:
     """Returns the ``tf_keras`` module for the ``train`` engine; TensorFlow and tf-keras must be the same release.
 
     Keras 3 cannot train with ``steps_per_execution > 1`` under MirroredStrategy (keras-team/keras#19246),
@@ -84,16 +88,16 @@ def require_keras():
     return importlib.import_module("tf_keras")
 
 
-def lazy_module(name):
+def lazy_module(name: str) -> Any:
     """A stand-in for module ``name`` that imports it (through ``require``) when an attribute is first used:
     modules whose functions use TensorFlow can be imported by TensorFlow-free code (configuration classes,
     ``--help``) without starting it."""
 
     class Lazy:
-        def __getattr__(self, attr):
+        def __getattr__(self, attr: str) -> Any:
             return getattr(require(name), attr)
 
-        def __repr__(self):
+        def __repr__(self) -> str:
             return f"<lazy module {name!r}>"
 
     return Lazy()

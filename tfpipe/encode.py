@@ -5,14 +5,21 @@ file layer, so the DataLoader workers (``tfpipe.write``) and Beam's workers
 (``tfpipe.beam``) import it without the orchestration, pandas or TFDS.
 """
 
+from __future__ import annotations
+
 import os
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from tfpipe import fs, schema
 from tfpipe.errors import TfpipeError
-from tfpipe.images import check_file_size, prepare_image, read_bounded
+from tfpipe.images import ImageHeader, ImageSpec, check_file_size, prepare_image, read_bounded
+
+if TYPE_CHECKING:
+    from tfpipe.sources import Item
 
 
-def encode_item(item, target, spec):
+def encode_item(item: Item, target: Sequence[int] | None, spec: ImageSpec) -> tuple[bytes, None] | tuple[None, str]:
     """One image to one serialized record: read, decode, resize, encode, serialize.
 
     Returns (record, None), or (None, error message) for a problem with the
@@ -33,13 +40,18 @@ def encode_item(item, target, spec):
         if not type(e).__module__.startswith("tensorflow"):
             raise
         return None, f"{item.path}: cannot read ({type(e).__name__})"
-    values = {schema.IMAGE: image, schema.IMAGE_NAME: item.name, schema.HEIGHT: height, schema.WIDTH: width}
+    values: dict[str, schema.FeatureValue] = {
+        schema.IMAGE: image,
+        schema.IMAGE_NAME: item.name,
+        schema.HEIGHT: height,
+        schema.WIDTH: width,
+    }
     if target is not None:
         values[schema.TARGET] = target
     return schema.encode_example(values), None
 
 
-def read_source(path, spec):
+def read_source(path: str, spec: ImageSpec) -> tuple[bytes, ImageHeader]:
     """(bytes, header) of a source file, bounded: its size is checked before it is opened, its header before the
     rest is read (``tfpipe.images.read_bounded``). A local path must be a regular file (links followed)."""
     if fs.is_remote(path):  # a bucket holds objects only: no FIFOs or devices
@@ -55,7 +67,7 @@ def read_source(path, spec):
         return read_bounded(f, size, spec, path)
 
 
-def _check_regular(st, path):
+def _check_regular(st: os.stat_result, path: str) -> os.stat_result:
     """Refuses anything but a regular file, naming what it is (and where a link points)."""
     kind = fs.not_regular(st.st_mode)
     if kind:

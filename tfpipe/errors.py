@@ -1,19 +1,24 @@
 """One exception type for problems the user can fix, and the CLI edge that prints it."""
 
+from __future__ import annotations
+
 import argparse
 import contextvars
 import numbers
 import sys
-import warnings
+from collections.abc import Callable
+from typing import Any, NoReturn
 
-_COMMAND = contextvars.ContextVar("tfpipe_command", default=None)  # the running command's name, under run_cli
+_COMMAND: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "tfpipe_command", default=None
+)  # the running command's name, under run_cli
 
 
 class TfpipeError(Exception):
     """Bad input or configuration: shown to the user as one line, no traceback."""
 
 
-def option(name, value=None):
+def option(name: str, value: object = None) -> str:
     """A setting as the user wrote it: ``--skip-bad`` / ``--folds 4`` / ``--tta`` under a command,
     ``skip_bad=True`` / ``folds=4`` / ``tta`` from Python, so an error names what the user can change where
     they are."""
@@ -22,7 +27,7 @@ def option(name, value=None):
     return name if value is None else f"{name}={value!r}"
 
 
-def _shell_word(value):
+def _shell_word(value: object) -> str:
     """A value as typed in a shell: ``,`` stays ``,``; a space is ``' '``, a tab ``$'\\t'``."""
     import shlex
 
@@ -32,7 +37,7 @@ def _shell_word(value):
     return shlex.quote(text)
 
 
-def check_at_least(low, **values):
+def check_at_least(low: float, **values: float | None) -> None:
     """Refuses settings below ``low`` (``None`` means "not set" and passes), naming the setting as the user wrote
     it: ``--epochs must be at least 1 (got 0)``. Every numeric setting with a floor goes through here, so the
     command line and the Python API refuse the same values."""
@@ -41,7 +46,7 @@ def check_at_least(low, **values):
             raise TfpipeError(f"{option(name)} must be at least {low} (got {value})")
 
 
-def check_count(low, **values):
+def check_count(low: int, **values: float | None) -> None:
     """Refuses counts (batch sizes, epochs, classes, pixels) that are not whole numbers of at least ``low``:
     ``batch_size=2.5`` or ``True`` is a mistake, not a batch of 2. ``None`` passes."""
     for name, value in values.items():
@@ -50,7 +55,7 @@ def check_count(low, **values):
     check_at_least(low, **values)
 
 
-def check_seed(**values):
+def check_seed(**values: float | None) -> None:
     """Refuses seeds NumPy and scikit-learn cannot take (whole numbers in 0..2**32-1): ``--seed -1`` was their
     traceback after the job had started. ``None`` passes."""
     check_count(0, **values)
@@ -59,21 +64,21 @@ def check_seed(**values):
             raise TfpipeError(f"{option(name)} must be below 2**32 (got {value})")
 
 
-def check_positive(**values):
+def check_positive(**values: float | None) -> None:
     """Refuses settings that must be above 0 (learning rates, fractions); ``None`` passes."""
     for name, value in values.items():
         if value is not None and not value > 0:
             raise TfpipeError(f"{option(name)} must be above 0 (got {value})")
 
 
-def check_fraction(**values):
+def check_fraction(**values: float | None) -> None:
     """Refuses settings that must lie strictly between 0 and 1 (thresholds, fractions); ``None`` passes."""
     for name, value in values.items():
         if value is not None and not 0 < value < 1:  # also refuses NaN
             raise TfpipeError(f"{option(name)} must be between 0 and 1 (got {value})")
 
 
-def check_path(**values):
+def check_path(**values: object) -> None:
     """Refuses empty paths (an unset shell variable: ``--out "$OUT"``), which would otherwise mean the working
     folder."""
     for name, value in values.items():
@@ -81,20 +86,11 @@ def check_path(**values):
             raise TfpipeError(f"{option(name)} is empty (an unset variable?); give a path")
 
 
-def renamed(old, new, stacklevel=3):
-    """Warns that ``old`` (a name from tfpipe 0.1) is now ``new``; the old name keeps working for this release."""
-    warnings.warn(
-        f"{old} is renamed {new} (tfpipe 0.2); the old name will be removed in 1.0",
-        FutureWarning,
-        stacklevel=stacklevel,
-    )
-
-
 class DefaultsFormatter(argparse.HelpFormatter):
     """``--help`` shows every option's default: ``(default: X)`` is added unless the help already says it or
     there is none to show (a flag's False, an unset None)."""
 
-    def _get_help_string(self, action):
+    def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
         if "default" in text or action.default in (None, False, argparse.SUPPRESS) or not action.option_strings:
             return text
@@ -105,15 +101,15 @@ class ArgumentParser(argparse.ArgumentParser):
     """argparse with one-line errors: ``prog: error: argument --epochs: invalid int value: 'x' (see --help)``
     and exit code 2, instead of the full usage block before it; ``--help`` shows the defaults."""
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("formatter_class", DefaultsFormatter)
         super().__init__(*args, **kwargs)
 
-    def error(self, message):
+    def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
-def run_cli(prog, fn, *args):
+def run_cli(prog: str, fn: Callable[..., object], *args: object) -> int:
     """Runs ``fn(*args)`` for an entry point and returns its exit code.
 
     TensorFlow's start-up lines are held back meanwhile (``tfpipe.console``). A ``TfpipeError`` becomes

@@ -1,12 +1,16 @@
 """Multi-label stratified K-fold assignment (iterative stratification)."""
 
+from __future__ import annotations
+
+from collections.abc import Sequence
+
 import numpy as np
 
 from tfpipe.errors import TfpipeError, check_count, option
 from tfpipe.schema import multi_hot
 
 
-def assign_folds(targets, num_classes, k, seed=0):
+def assign_folds(targets: Sequence[Sequence[int]], num_classes: int, k: int, seed: int = 0) -> list[int]:
     """Gives every record a fold in [0, k) so each fold has a similar label mix.
 
     Uses ``iterstrat.MultilabelStratifiedKFold`` (Sechidis et al. 2011), which

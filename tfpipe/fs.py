@@ -5,56 +5,62 @@ Local writes then need no TensorFlow at all, which saves the writer ~4 s of
 import at start-up; remote paths behave exactly as ``tf.io.gfile`` does.
 """
 
+from __future__ import annotations
+
 import builtins
 import glob as _glob
 import os
 import shutil
+from typing import IO, Any
 
 
-def is_remote(path):
+def is_remote(path: str) -> bool:
     return "://" in str(path)
 
 
-def _gfile():
+def _gfile() -> Any:
     from tfpipe.deps import require  # defer: only remote paths need TensorFlow
 
     return require("tensorflow").io.gfile
 
 
-def exists(path):
+def exists(path: str) -> bool:
     return _gfile().exists(path) if is_remote(path) else os.path.exists(path)
 
 
-def isdir(path):
+def isdir(path: str) -> bool:
     return _gfile().isdir(path) if is_remote(path) else os.path.isdir(path)
 
 
-def makedirs(path):
-    return _gfile().makedirs(path) if is_remote(path) else os.makedirs(path, exist_ok=True)
+def makedirs(path: str) -> None:
+    if is_remote(path):
+        _gfile().makedirs(path)
+    else:
+        os.makedirs(path, exist_ok=True)
 
 
-def listdir(path):
+def listdir(path: str) -> list[str]:
     """Entry names (sub-folders without the trailing slash gfile adds)."""
     if is_remote(path):
         return [n.rstrip("/") for n in _gfile().listdir(path)]
     return os.listdir(path)
 
 
-def isfile(path):
+def isfile(path: str) -> bool:
     return exists(path) and not isdir(path) if is_remote(path) else os.path.isfile(path)
 
 
-def join(*parts):
+def join(*parts: str) -> str:
     return (
         "/".join(p.rstrip("/") for p in parts[:-1]) + "/" + parts[-1] if is_remote(parts[0]) else os.path.join(*parts)
     )
 
 
-def glob(pattern):
+def glob(pattern: str) -> list[str]:
     return _gfile().glob(pattern) if is_remote(pattern) else _glob.glob(pattern)
 
 
-def rename(src, dst, overwrite=False):
+def rename(src: str, dst: str, overwrite: bool = False) -> None:
     if is_remote(src):
         return _gfile().rename(src, dst, overwrite=overwrite)
     if not overwrite and os.path.exists(dst):
@@ -62,15 +68,21 @@ def rename(src, dst, overwrite=False):
     os.replace(src, dst)  # atomic on one filesystem
 
 
-def remove(path):
-    return _gfile().remove(path) if is_remote(path) else os.remove(path)
+def remove(path: str) -> None:
+    if is_remote(path):
+        _gfile().remove(path)
+    else:
+        os.remove(path)
 
 
-def rmtree(path):
-    return _gfile().rmtree(path) if is_remote(path) else shutil.rmtree(path)
+def rmtree(path: str) -> None:
+    if is_remote(path):
+        _gfile().rmtree(path)
+    else:
+        shutil.rmtree(path)
 
 
-def temporary_name(path):
+def temporary_name(path: str) -> str:
     """A name beside ``path`` no one else uses (``path.tmp-1a2b3c4d``): a fixed ``path.tmp`` would replace a user's
     file of that name, or write through a link of that name into whatever it points to."""
     import uuid
@@ -78,7 +90,7 @@ def temporary_name(path):
     return f"{path}.tmp-{uuid.uuid4().hex[:8]}"
 
 
-def write_atomic(path, data):
+def write_atomic(path: str, data: str | bytes) -> None:
     """Writes ``data`` (str or bytes) to ``path`` through a temporary name of its own, so ``path`` is complete or
     absent (also on buckets, where rename is copy + delete). Locally the temporary is created exclusively, never
     through a link."""
@@ -97,7 +109,7 @@ def write_atomic(path, data):
 METADATA_LIMIT = 256 * 2**20  # the largest manifest, run config or record file tfpipe reads back (bytes)
 
 
-def not_regular(mode):
+def not_regular(mode: int) -> str | None:
     """What a file of ``os.stat`` mode ``mode`` is when it is not a regular file (``a FIFO (named pipe)``), else
     None. A FIFO would hang a read, ``/dev/zero`` never ends: every reader of local files asks this first."""
     import stat
@@ -112,7 +124,7 @@ def not_regular(mode):
     return next((kind for is_kind, kind in kinds if is_kind(mode)), None if stat.S_ISREG(mode) else "not a file")
 
 
-def check_regular(path, what="file"):
+def check_regular(path: str, what: str = "file") -> int:
     """Refuses a local ``path`` that is not a regular file, naming what it is. Returns its size. Remote paths are
     objects and pass."""
     if is_remote(path):
@@ -126,7 +138,7 @@ def check_regular(path, what="file"):
     return st.st_size
 
 
-def read_text(path, limit=None):
+def read_text(path: str, limit: int | None = None) -> str:
     """A text file (UTF-8); with ``limit``, a file that is not regular or is larger is a ``TfpipeError``."""
     if limit is not None:
         n = check_regular(path)
@@ -138,7 +150,7 @@ def read_text(path, limit=None):
         return f.read().decode("utf-8")
 
 
-def read_json(path, what="file"):
+def read_json(path: str, what: str = "file") -> Any:
     """A JSON file tfpipe wrote (manifest, run config, progress, lock), read as input: a regular file of bounded
     size and valid JSON, else a ``TfpipeError`` naming it -- never a hang, a ``MemoryError`` or a ``RecursionError``
     on nested junk."""
@@ -156,7 +168,7 @@ def read_json(path, what="file"):
         raise TfpipeError(f"{path}: {what} is not valid JSON ({e}); the file is damaged") from None
 
 
-def identity(path):
+def identity(path: str) -> tuple[int, int]:
     """(size, modification time in ns) of a file: what tells a changed input from the one written before."""
     if is_remote(path):
         st = _gfile().stat(path)
@@ -165,9 +177,9 @@ def identity(path):
     return st.st_size, st.st_mtime_ns
 
 
-def size(path):
+def size(path: str) -> int:
     return _gfile().stat(path).length if is_remote(path) else os.path.getsize(path)
 
 
-def open(path, mode="r"):
+def open(path: str, mode: str = "r") -> IO[Any]:
     return _gfile().GFile(path, mode) if is_remote(path) else builtins.open(path, mode)

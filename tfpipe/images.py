@@ -13,16 +13,20 @@ above 4 MiB has its header read and its declared pixels checked against
 ``max_bytes`` is ever read.
 """
 
+from __future__ import annotations
+
 import contextlib
 import dataclasses
 import io
 import math
+from collections.abc import Iterator
+from typing import IO, TypeAlias
 
 import cv2
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from tfpipe.errors import TfpipeError, check_count, option, renamed
+from tfpipe.errors import TfpipeError, check_count, option
 
 FITS = ("stretch", "crop", "pad")
 FORMATS = ("jpeg", "png")
@@ -41,6 +45,8 @@ _REDUCED = {
     4: cv2.IMREAD_REDUCED_COLOR_4,
     8: cv2.IMREAD_REDUCED_COLOR_8,
 }
+# ``read_header``'s answer: (format, mode, (width, height), EXIF orientation 1-8); format is Pillow's (None if unknown).
+ImageHeader: TypeAlias = tuple[str | None, str, tuple[int, int], int]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,12 +80,8 @@ class ImageSpec:
     quality: int = 95
     max_pixels: int = 100_000_000
     max_bytes: int = 1_000_000_000
-    size: dataclasses.InitVar[int | None] = None  # tfpipe 0.1's name of image_size
 
-    def __post_init__(self, size):
-        if size is not None:
-            renamed("ImageSpec(size=...)", "ImageSpec(image_size=...)")
-            object.__setattr__(self, "image_size", size)
+    def __post_init__(self) -> None:
         # Checked here, so the Python API and the command line refuse the same values before any worker starts.
         check_count(
             1, image_size=self.image_size, quality=self.quality, max_pixels=self.max_pixels, max_bytes=self.max_bytes
@@ -94,7 +96,7 @@ class ImageSpec:
                 object.__setattr__(self, name, int(getattr(self, name)))
 
 
-def from_millions(value, name):
+def from_millions(value: float, name: str) -> int:
     """A limit given in millions on the command line (``--max-pixels 100`` is 100 MP, ``--max-bytes 1000`` is
     1000 MB) as a whole number for ``ImageSpec``. NaN, infinity, zero or less is a ``TfpipeError`` (``int(nan)``
     would be a traceback, ``-1`` a limit nothing passes)."""
@@ -104,7 +106,7 @@ def from_millions(value, name):
 
 
 @contextlib.contextmanager
-def _pillow_size_limit_lifted():
+def _pillow_size_limit_lifted() -> Iterator[None]:
     """Lifts Pillow's decompression-bomb limit while we read a header (our ``max_pixels`` decides, before any
     decoding) and puts the caller's limit back afterwards: the process's own setting is never left changed."""
     saved = Image.MAX_IMAGE_PIXELS
@@ -115,7 +117,7 @@ def _pillow_size_limit_lifted():
         Image.MAX_IMAGE_PIXELS = saved
 
 
-def read_header(source, name):
+def read_header(source: bytes | bytearray | memoryview | IO[bytes], name: str) -> ImageHeader:
     """Returns (format, mode, (width, height), orientation) from the file header.
 
     ``source`` is the file's bytes or an open binary file: Pillow then reads only what the format's header needs
@@ -140,7 +142,7 @@ def read_header(source, name):
         raise TfpipeError(f"{name}: not a readable image ({type(e).__name__}: {e})") from None
 
 
-def check_header(header, spec, name):
+def check_header(header: ImageHeader, spec: ImageSpec, name: str) -> None:
     """Refuses a source whose header declares no pixels, or more than ``spec.max_pixels``."""
     width, height = header[2]
     if width == 0 or height == 0:
@@ -153,7 +155,7 @@ def check_header(header, spec, name):
         )
 
 
-def check_file_size(nbytes, spec, name):
+def check_file_size(nbytes: int, spec: ImageSpec, name: str) -> int:
     """Refuses a source file larger than ``spec.max_bytes``; returns ``nbytes``."""
     if nbytes > spec.max_bytes:
         raise TfpipeError(
@@ -164,17 +166,17 @@ def check_file_size(nbytes, spec, name):
     return nbytes
 
 
-def _millions(n):
+def _millions(n: float) -> str:
     return f"{n / 1e6:,.6g}"  # 3,221.23 MB; 0.12 MP; 200 MP
 
 
-def read_bounded(f, size, spec, name):
+def read_bounded(f: IO[bytes], size: int, spec: ImageSpec, name: str) -> tuple[bytes, ImageHeader]:
     """(bytes, header) of an open, seekable image file of ``size`` bytes (as its stat said), checked against
     ``spec``'s limits: never more than ``spec.max_bytes`` is read (a file that grew past it since its size was
     taken is refused too), and a file above ``WHOLE_READ_BYTES`` has its header read and checked first, so a
     source declaring more than ``spec.max_pixels`` is refused before the rest is read."""
     check_file_size(size, spec, name)
-    header = None
+    header: ImageHeader | None = None
     if size > WHOLE_READ_BYTES:
         header = read_header(f, name)
         check_header(header, spec, name)
@@ -187,7 +189,7 @@ def read_bounded(f, size, spec, name):
     return data, header
 
 
-def _read_at_most(f, limit, expected):
+def _read_at_most(f: IO[bytes], limit: int, expected: int) -> bytes:
     """Up to ``limit`` bytes to the end of ``f``: first the ``expected`` size and one byte more in one read
     (``read(n)`` allocates ``n`` at once, so never ``read(limit)``), then, if that byte came (the file grew), the
     rest in chunks."""
@@ -205,7 +207,7 @@ def _read_at_most(f, limit, expected):
     return b"".join(chunks)  # one chunk: the same object, no copy
 
 
-def jpeg_is_complete(data):
+def jpeg_is_complete(data: bytes) -> bool:
     """True when the JPEG has an end-of-image marker after its last scan.
 
     Truncated downloads are the common corruption; they lack that marker.
@@ -223,7 +225,7 @@ def jpeg_is_complete(data):
     return data.rfind(b"\xff\xd9", first_scan) > first_scan
 
 
-def _first_scan(data):
+def _first_scan(data: bytes) -> int | None:
     """Offset of the first start-of-scan marker, found by walking the header segments (their lengths
     skip embedded thumbnails), or None when the layout is not the usual one."""
     pos = 2
@@ -240,12 +242,12 @@ def _first_scan(data):
     return None
 
 
-def can_pass_through(fmt, mode, orientation, spec):
+def can_pass_through(fmt: str | None, mode: str, orientation: int, spec: ImageSpec) -> bool:
     """Whether the source bytes can be stored as they are."""
     return spec.image_size is None and spec.format == "jpeg" and fmt == "JPEG" and mode == "RGB" and orientation == 1
 
 
-def reduction_factor(width, height, spec):
+def reduction_factor(width: int, height: int, spec: ImageSpec) -> int:
     """Largest k in (1, 2, 4, 8) such that decoding at 1/k still covers the target."""
     if spec.image_size is None:
         return 1
@@ -256,7 +258,7 @@ def reduction_factor(width, height, spec):
     return k
 
 
-def orient(img, orientation):
+def orient(img: np.ndarray, orientation: int) -> np.ndarray:
     """Applies an EXIF orientation (1-8) to a decoded HxWxC array."""
     ops = {
         2: lambda a: a[:, ::-1],
@@ -270,12 +272,13 @@ def orient(img, orientation):
     return np.ascontiguousarray(ops[orientation](img)) if orientation in ops else img
 
 
-def to_bgr8(img):
+def to_bgr8(img: np.ndarray) -> np.ndarray:
     """Converts any decoded array (gray, gray+alpha, BGR, BGRA; 8 or 16 bit) to 3-channel uint8 BGR."""
     if img.dtype == np.uint16:
         img = (img >> 8).astype(np.uint8)
     elif img.dtype != np.uint8:
-        img = cv2.normalize(img, None, 0, 255, cv2.NORM_MINMAX).astype(np.uint8)
+        # OpenCV allocates the output when dst is None; its stubs require an array there.
+        img = cv2.normalize(img, None, 0, 255, cv2.NORM_MINMAX).astype(np.uint8)  # type: ignore[call-overload]
     if img.ndim == 2:
         img = img[:, :, None]
     channels = img.shape[2]
@@ -289,7 +292,9 @@ def to_bgr8(img):
     return img
 
 
-def decode(data, fmt, size, orientation, spec, name):
+def decode(
+    data: bytes, fmt: str | None, size: tuple[int, int], orientation: int, spec: ImageSpec, name: str
+) -> np.ndarray:
     """Decodes to uint8 BGR, upright (as Pillow's ``ImageOps.exif_transpose`` shows it), using reduced decoding
     where it is free.
 
@@ -311,15 +316,17 @@ def decode(data, fmt, size, orientation, spec, name):
     return orient(to_bgr8(img), orientation)
 
 
-def _decode_upright_with_pillow(data, name):
+def _decode_upright_with_pillow(data: bytes, name: str) -> np.ndarray:
     """Pillow's decode turned by its EXIF orientation, as BGR(A) or gray (to_bgr8 finishes the conversion)."""
     try:
         with _pillow_size_limit_lifted(), Image.open(io.BytesIO(data)) as im:
-            im = ImageOps.exif_transpose(im)
-            if im.mode in ("I;16", "I;16B", "I;16L", "L", "LA", "RGB", "RGBA"):
-                arr = np.asarray(im)
+            upright = ImageOps.exif_transpose(im)
+            if upright.mode in ("I;16", "I;16B", "I;16L", "L", "LA", "RGB", "RGBA"):
+                arr = np.asarray(upright)
             else:  # palette, CMYK, YCbCr, 1-bit, ...: through RGB(A), as Pillow converts them
-                arr = np.asarray(im.convert("RGBA" if "transparency" in im.info or "A" in im.mode else "RGB"))
+                arr = np.asarray(
+                    upright.convert("RGBA" if "transparency" in upright.info or "A" in upright.mode else "RGB")
+                )
     except Exception as e:  # Pillow raises many types for broken data
         raise TfpipeError(f"{name}: image data is corrupt or truncated ({type(e).__name__})") from None
     if arr.dtype.kind == "u" and arr.dtype.itemsize == 2:
@@ -329,10 +336,11 @@ def _decode_upright_with_pillow(data, name):
     return np.ascontiguousarray(arr)
 
 
-def fit_to_square(img, spec):
+def fit_to_square(img: np.ndarray, spec: ImageSpec) -> np.ndarray:
     """Resizes an upright BGR image to ``spec.image_size`` square, per ``spec.fit``."""
     h, w = img.shape[:2]
     s = spec.image_size
+    assert s is not None, "fit_to_square needs spec.image_size"
     if spec.fit == "stretch":
         return _resize(img, s, s)
     if spec.fit == "crop":  # cut the centre square first: scaling a 1 x 70000 strip up first took 4 GB at 128 px
@@ -346,7 +354,7 @@ def fit_to_square(img, spec):
     return cv2.copyMakeBorder(img, top, s - nh - top, left, s - nw - left, cv2.BORDER_CONSTANT, value=(PAD_VALUE,) * 3)
 
 
-def _resize(img, width, height):
+def _resize(img: np.ndarray, width: int, height: int) -> np.ndarray:
     """INTER_AREA where a side shrinks (each output pixel averages what it covers, so even a 70000-pixel side
     keeps its mean instead of a few sampled pixels), INTER_CUBIC where it grows (INTER_AREA is blurry there). A
     resize that shrinks one side and grows the other (a 1 x N strip) takes the two in turn."""
@@ -362,7 +370,7 @@ def _resize(img, width, height):
     return cv2.resize(img, (width, height), interpolation=interp)
 
 
-def encode(img, spec):
+def encode(img: np.ndarray, spec: ImageSpec) -> bytes:
     """Encodes a BGR image as JPEG or PNG bytes."""
     if spec.format == "png":
         ok, buf = cv2.imencode(".png", img)
@@ -373,7 +381,7 @@ def encode(img, spec):
     return buf.tobytes()
 
 
-def check_encodable(img, spec, name):
+def check_encodable(img: np.ndarray, spec: ImageSpec, name: str) -> None:
     """Refuses what the stored format cannot hold: JPEG stores at most 65535 pixels per side."""
     h, w = img.shape[:2]
     if spec.format == "jpeg" and max(h, w) > JPEG_MAX_SIDE:
@@ -383,7 +391,9 @@ def check_encodable(img, spec, name):
         )
 
 
-def prepare_image(data, spec, name, header=None):
+def prepare_image(
+    data: bytes, spec: ImageSpec, name: str, header: ImageHeader | None = None
+) -> tuple[bytes, int, int, bool]:
     """Turns a source file's bytes into stored bytes.
 
     Args:

@@ -7,16 +7,22 @@ Works on shards written by ``tfpipe.write`` and on TFRecords from elsewhere
 (the schema is inferred from the records themselves).
 """
 
+from __future__ import annotations
+
+import argparse
 import collections
 import itertools
 import posixpath
 import sys
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, TextIO, TypeAlias
 
 import numpy as np
 
 from tfpipe import fs, schema
+from tfpipe.deprecations import renamed_arguments
 from tfpipe.errors import ArgumentParser, TfpipeError, check_count, option, run_cli
-from tfpipe.shards import open_shards, verify
+from tfpipe.shards import Records, Shards, open_shards, verify
 from tfpipe.tfrecord import CorruptRecord, read_records
 
 SCAN_RECORDS = 5000  # records read for the schema and label frequencies
@@ -28,14 +34,20 @@ CAPTION_CHARS = 24  # what fits a tile at the caption's font size
 IMAGE_MAGIC = (b"\xff\xd8", b"\x89PNG")
 LABEL_KEYS = ("target", "label", "labels", "class")  # tried in order when --label-key is not given
 
+# A parsed record: feature key -> (kind: "bytes_list", "float_list", "int64_list", None if the feature is empty;
+# its values). A schema field: (kind, fewest values, most values, records holding the key).
+Row: TypeAlias = dict[str, tuple[str | None, list[Any]]]
+Field: TypeAlias = tuple[str | None, int, int, int]
 
-def scan(shards, limit):
+
+def scan(shards: Shards, limit: int) -> tuple[list[Row], list[str]]:
     """Parses up to ``limit`` records as ``tf.train.Example`` (the schema's wire-identical classes, no TensorFlow).
 
     Returns (records as dicts key -> (kind, values), files that could not be read to the end of what was
     scanned). A file that holds something else than ``tf.train.Example`` records is an error naming it.
     """
-    rows, unreadable = [], []
+    rows: list[Row] = []
+    unreadable: list[str] = []
     for path in shards.files:
         try:
             for raw in itertools.islice(read_records(path), limit - len(rows)):
@@ -47,19 +59,19 @@ def scan(shards, limit):
     return rows, unreadable
 
 
-def _parse(raw, path):
+def _parse(raw: bytes, path: str) -> Row:
     example = schema.parse_record(raw, path)
     return {key: (feature.WhichOneof("kind"), _values(feature)) for key, feature in example.features.feature.items()}
 
 
-def _values(feature):
+def _values(feature: Any) -> list[Any]:
     kind = feature.WhichOneof("kind")
     return list(getattr(feature, kind).value) if kind else []
 
 
-def infer_schema(records):
+def infer_schema(records: Iterable[Row]) -> dict[str, Field]:
     """key -> (type, min length, max length, records holding it)."""
-    out = {}
+    out: dict[str, Field] = {}
     for row in records:
         for key, (kind, values) in row.items():
             t, lo, hi, n = out.get(key, (kind, len(values), len(values), 0))
@@ -67,7 +79,9 @@ def infer_schema(records):
     return dict(sorted(out.items()))
 
 
-def pick_keys(records, image_key=None, label_key=None):
+def pick_keys(
+    records: Sequence[Row], image_key: str | None = None, label_key: str | None = None
+) -> tuple[str | None, str | None]:
     """Which feature holds the image and which the labels (ours, or guessed for foreign records)."""
     first = records[0] if records else {}
     if image_key is None:
@@ -80,8 +94,9 @@ def pick_keys(records, image_key=None, label_key=None):
     return image_key, label_key
 
 
-def label_frequencies(records, label_key):
-    counts, empty = collections.Counter(), 0
+def label_frequencies(records: Iterable[Row], label_key: str) -> tuple[collections.Counter[int], int]:
+    counts: collections.Counter[int] = collections.Counter()
+    empty = 0
     for row in records:
         values = row.get(label_key, ("", []))[1]
         counts.update(values)
@@ -89,12 +104,19 @@ def label_frequencies(records, label_key):
     return counts, empty
 
 
-def contact_sheet(rows, image_key, label_key, class_names, count, labeled=True):
+def contact_sheet(
+    rows: Sequence[Row],
+    image_key: str,
+    label_key: str | None,
+    class_names: Sequence[str],
+    count: int,
+    labeled: bool = True,
+) -> np.ndarray:
     """A grid of the first ``count`` images, each captioned with its id and its labels ("no labels" for an empty
     list, "unlabeled" for shards written without labels). Returns BGR uint8."""
     import cv2
 
-    tiles = []
+    tiles: list[np.ndarray] = []
     for row in rows[:count]:
         data = row[image_key][1][0]
         img = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
@@ -115,18 +137,18 @@ def contact_sheet(rows, image_key, label_key, class_names, count, labeled=True):
         tiles.append(tile)
     while len(tiles) % SHEET_COLUMNS:
         tiles.append(np.zeros_like(tiles[0]))
-    rows = [np.hstack(tiles[i : i + SHEET_COLUMNS]) for i in range(0, len(tiles), SHEET_COLUMNS)]
-    return np.vstack(rows)
+    strips = [np.hstack(tiles[i : i + SHEET_COLUMNS]) for i in range(0, len(tiles), SHEET_COLUMNS)]
+    return np.vstack(strips)
 
 
-def _caption_id(row):
+def _caption_id(row: Row) -> str:
     """The record's id, shortened from the left (the end of a path or id is what tells images apart)."""
     name = row.get(schema.IMAGE_NAME, ("", [b""]))[1]
     text = (name[0] if name else b"").decode("utf-8", "replace") or "(no id)"
     return text if len(text) <= CAPTION_CHARS else ".." + text[-(CAPTION_CHARS - 2) :]
 
 
-def _caption_labels(row, label_key, class_names, labeled):
+def _caption_labels(row: Row, label_key: str | None, class_names: Sequence[str], labeled: bool) -> str:
     if not labeled or not label_key:
         return "unlabeled"
     labels = row.get(label_key, ("", []))[1]
@@ -134,7 +156,7 @@ def _caption_labels(row, label_key, class_names, labeled):
     return text if len(text) <= CAPTION_CHARS else text[: CAPTION_CHARS - 2] + ".."
 
 
-def save_sheet(image, path):
+def save_sheet(image: np.ndarray, path: str) -> None:
     """Writes a BGR contact sheet as a PNG carrying ``SHEET_MARK``, so a later ``--sheet`` may replace it."""
     import io
 
@@ -147,7 +169,7 @@ def save_sheet(image, path):
     fs.write_atomic(path, buffer.getvalue())
 
 
-def check_sheet(path):
+def check_sheet(path: str) -> None:
     """``--sheet`` replaces only a contact sheet written before, never a file named by mistake (``--sheet
     train.csv``) or a user's own ``contact_sheet.png`` in the working folder."""
     if fs.isdir(path):
@@ -159,27 +181,28 @@ def check_sheet(path):
         )
 
 
-def _is_sheet(path):
-    from PIL import Image, UnidentifiedImageError
+def _is_sheet(path: str) -> bool:
+    from PIL import Image, PngImagePlugin, UnidentifiedImageError
 
     try:
         with fs.open(path, "rb") as f, Image.open(f) as image:
-            return image.format == "PNG" and image.text.get(SHEET_MARK[0]) == SHEET_MARK[1]
+            return isinstance(image, PngImagePlugin.PngImageFile) and image.text.get(SHEET_MARK[0]) == SHEET_MARK[1]
     except (UnidentifiedImageError, OSError, ValueError):
         return False
 
 
+@renamed_arguments(out="stream")
 def inspect_shards(
-    records,
+    records: Records,
     *,
-    scan_records=SCAN_RECORDS,
-    sheet=None,
-    sheet_count=32,
-    do_verify=False,
-    image_key=None,
-    label_key=None,
-    out=sys.stdout,
-):
+    scan_records: int = SCAN_RECORDS,
+    sheet: str | None = None,
+    sheet_count: int = 32,
+    do_verify: bool = False,
+    image_key: str | None = None,
+    label_key: str | None = None,
+    stream: TextIO | None = None,
+) -> dict[str, Any]:
     """Prints what the shards hold; optionally writes a contact sheet and verifies every record.
 
     Args:
@@ -188,8 +211,9 @@ def inspect_shards(
       sheet: contact-sheet PNG to write, or None.
       sheet_count: images on the sheet.
       do_verify: read every record, check CRCs and counts (raises on a problem).
-      image_key, label_key: features holding the image and the labels (default: guessed).
-      out: where to print.
+      image_key: the feature holding the encoded image (default: guessed).
+      label_key: the int64 feature holding the labels (default: guessed).
+      stream: where to print (default: ``sys.stdout`` at the time of the call).
 
     Returns a dict with ``files``, ``schema``, ``label_counts`` and ``problems``.
 
@@ -197,6 +221,7 @@ def inspect_shards(
       TfpipeError: when ``do_verify`` finds a corrupt, truncated or miscounted shard.
     """
     check_count(1, scan_records=scan_records, sheet_count=sheet_count)
+    stream = stream or sys.stdout
     if sheet:
         check_sheet(sheet)
     shards = open_shards(records, any_schema=True)  # inspect also reads other writers' records
@@ -204,15 +229,15 @@ def inspect_shards(
     fields = infer_schema(rows)
     image_key, label_key = pick_keys(rows, image_key, label_key)
     classes = shards.classes or []
-    print_files(records, shards, out)
-    print_schema(fields, len(rows), image_key, label_key, out)
-    counts = print_labels(rows, label_key, classes, out) if label_key else collections.Counter()
+    print_files(records, shards, stream)
+    print_schema(fields, len(rows), image_key, label_key, stream)
+    counts = print_labels(rows, label_key, classes, stream) if label_key else collections.Counter[int]()
     for f in unreadable:
-        print(f"  WARNING {posixpath.basename(f)}: corrupt or truncated (run with --verify)", file=out)
+        print(f"  WARNING {posixpath.basename(f)}: corrupt or truncated (run with --verify)", file=stream)
     if sheet and image_key and rows:
         save_sheet(contact_sheet(rows, image_key, label_key, classes, sheet_count, shards.labeled), sheet)
-        print(f"contact sheet: {sheet}", file=out)
-    problems = verify_and_report(shards, out) if do_verify else []
+        print(f"contact sheet: {sheet}", file=stream)
+    problems = verify_and_report(shards, stream) if do_verify else []
     return {
         "files": list(shards.files),
         "schema": fields,
@@ -223,49 +248,54 @@ def inspect_shards(
     }
 
 
-def print_files(records, shards, out):
+def print_files(records: Records, shards: Shards, stream: TextIO) -> None:
     counts = shards.counts
     print(
         f"{records}: {len(shards.files)} files, {sum(c or 0 for c in counts.values())} records"
         f"{' (manifest)' if shards.manifest else ''}",
-        file=out,
+        file=stream,
     )
     for f, n in counts.items():
-        print(f"  {posixpath.basename(f)}: {n if n is not None else '?'} records", file=out)
+        print(f"  {posixpath.basename(f)}: {n if n is not None else '?'} records", file=stream)
 
 
-def print_schema(fields, scanned, image_key, label_key, out):
-    print(f"schema (from {scanned} records):", file=out)
+def print_schema(
+    fields: Mapping[str, Field], scanned: int, image_key: str | None, label_key: str | None, stream: TextIO
+) -> None:
+    print(f"schema (from {scanned} records):", file=stream)
     for key, (kind, lo, hi, n) in fields.items():
         length = f"{lo}" if lo == hi else f"{lo}..{hi}"
         mark = " <- image" if key == image_key else " <- labels" if key == label_key else ""
-        print(f"  {key}: {kind.replace('_list', '')} x {length}{'' if n == scanned else f' in {n}'}{mark}", file=out)
+        kind = (kind or "none").replace("_list", "")  # None: a feature holding no value list at all
+        print(f"  {key}: {kind} x {length}{'' if n == scanned else f' in {n}'}{mark}", file=stream)
 
 
-def print_labels(rows, label_key, classes, out):
+def print_labels(
+    rows: Sequence[Row], label_key: str, classes: Sequence[str], stream: TextIO
+) -> collections.Counter[int]:
     counts, empty = label_frequencies(rows, label_key)
-    print(f"labels (over {len(rows)} records; {empty} with none):", file=out)
+    print(f"labels (over {len(rows)} records; {empty} with none):", file=stream)
     for value, n in sorted(counts.items()):
         name = classes[value] if 0 <= value < len(classes) else str(value)
-        print(f"  {value:>4} {name}: {n}", file=out)
+        print(f"  {value:>4} {name}: {n}", file=stream)
     return counts
 
 
-def verify_and_report(shards, out):
+def verify_and_report(shards: Shards, stream: TextIO) -> list[str]:
     """``verify`` with one line per problem; raises naming the bad shards."""
     problems = verify(shards)
     for p in problems:
-        print(f"  BAD {p}", file=out)
+        print(f"  BAD {p}", file=stream)
     if problems:
         raise TfpipeError(
             f"{len(problems)} of {len(shards.files)} shards failed verification: "
             + "; ".join(p.split(":")[0] for p in problems)
         )
-    print(f"verified: {len(shards.files)} files, every record read and CRC-checked, counts match", file=out)
+    print(f"verified: {len(shards.files)} files, every record read and CRC-checked, counts match", file=stream)
     return problems
 
 
-def run(args):
+def run_command(args: argparse.Namespace) -> None:
     inspect_shards(
         args.records,
         scan_records=args.scan_records,
@@ -277,8 +307,8 @@ def run(args):
     )
 
 
-def build_parser():
-    p = ArgumentParser(prog="python -m tfpipe.inspect", description=__doc__.split("\n\n")[0])
+def build_parser() -> ArgumentParser:
+    p = ArgumentParser(prog="python -m tfpipe.inspect", description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("records", help="shard folder, glob pattern or file (local or gs://)")
     p.add_argument("--verify", action="store_true", help="read every record (CRC) and check counts; exit 2 if bad")
     p.add_argument("--sheet", default="contact_sheet.png", help="contact sheet PNG")
@@ -290,8 +320,9 @@ def build_parser():
     return p
 
 
-def main(argv=None):
-    return run_cli("tfpipe.inspect", run, build_parser().parse_args(argv))
+def main(argv: Sequence[str] | None = None) -> int:
+
+    return run_cli("tfpipe.inspect", run_command, build_parser().parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -19,10 +19,10 @@ import hashlib
 import json
 import posixpath
 import re
-import warnings
 from typing import Any
 
 from tfpipe import fs
+from tfpipe.deprecations import warn_renamed
 from tfpipe.errors import TfpipeError
 
 MANIFEST = "manifest.json"
@@ -76,7 +76,7 @@ class Manifest:
     max_labels: int | None = None  # most labels on one image (None: not recorded, manifests of tfpipe <= 0.2)
     id_column: str = "image"
     image: StoredImages = StoredImages()
-    folds: int | None = None
+    num_folds: int | None = None  # K; the JSON key is "folds" (kept from tfpipe 0.x, see docs/glossary.md)
     seed: int = 0
     fingerprint: str | None = None  # the job (inputs, labels, plan, settings): --resume's identity
     skipped: tuple[dict, ...] = ()
@@ -105,7 +105,7 @@ class Manifest:
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form (``num_classes`` and ``num_examples`` included for people and other tools)."""
-        d = dataclasses.asdict(self)
+        d = {("folds" if k == "num_folds" else k): v for k, v in dataclasses.asdict(self).items()}
         d.update(
             num_classes=self.num_classes,
             num_examples=self.num_examples,
@@ -132,20 +132,11 @@ class Manifest:
             raise _missing(folder)
         return from_dict(fs.read_json(path, "manifest"), path)
 
-    def __getitem__(self, key: str) -> Any:
-        """``manifest["classes"]``, as when manifests were dicts (tfpipe <= 0.2): warns, use ``manifest.classes``."""
-        warnings.warn(
-            f"manifest[{key!r}] is manifest.{key} (a Manifest since tfpipe 0.3); dict access will be removed in 1.0",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return self.to_dict()[key]
-
-    def get(self, key: str, default: Any = None) -> Any:
-        warnings.warn(
-            f"manifest.get({key!r}) is manifest.{key} (a Manifest, tfpipe 0.3)", DeprecationWarning, stacklevel=2
-        )
-        return self.to_dict().get(key, default)
+    @property
+    def folds(self) -> int | None:
+        """Deprecated: ``num_folds`` (``folds`` means fold ids everywhere else)."""
+        warn_renamed("Manifest.folds", "Manifest.num_folds")
+        return self.num_folds
 
 
 def content_id(data: dict) -> str:
@@ -170,7 +161,7 @@ def _missing(folder: str) -> TfpipeError:
 class _Fields:
     """Typed reads of one JSON object, each failure a ``TfpipeError`` naming the file and the field."""
 
-    def __init__(self, data: Any, path: str, prefix: str = ""):
+    def __init__(self, data: Any, path: str, prefix: str = "") -> None:
         if not isinstance(data, dict):
             raise TfpipeError(
                 f"{path}: {prefix.rstrip('.') or 'the manifest'} is not a JSON object; the "
@@ -187,7 +178,13 @@ class _Fields:
         )
 
     def get(
-        self, key: str, types: type | tuple, *, default: Any = ..., low: int | None = None, choices: tuple | None = None
+        self,
+        key: str,
+        types: type[Any] | tuple[type[Any], ...],
+        *,
+        default: Any = ...,
+        low: int | None = None,
+        choices: tuple[object, ...] | None = None,
     ) -> Any:
         if key not in self.data:
             if default is ...:
@@ -221,8 +218,8 @@ def from_dict(data: Any, path: str) -> Manifest:
         raise f.bad("split", "is not a shard-name prefix")
     classes = _classes(f)
     labeled = f.get("labeled", bool, default=True)
-    folds = f.get("folds", int, default=None, low=2)
-    shards = _shards(f, folds)
+    num_folds = f.get("folds", int, default=None, low=2)
+    shards = _shards(f, num_folds)
     manifest = Manifest(
         split=split,
         classes=classes,
@@ -232,7 +229,7 @@ def from_dict(data: Any, path: str) -> Manifest:
         max_labels=f.get("max_labels", int, default=None, low=0),
         id_column=_non_empty(f, "id_column", "image"),
         image=_images(_Fields(f.get("image", dict, default={}), path, "image.")),
-        folds=folds,
+        num_folds=num_folds,
         seed=f.get("seed", int, default=0, low=0),
         fingerprint=f.get("fingerprint", str, default=None),
         skipped=tuple(_skipped(f)),
@@ -262,7 +259,7 @@ def _non_empty(f: _Fields, key: str, default: str) -> str:
     return value
 
 
-def _shards(f: _Fields, folds: int | None) -> tuple[ShardEntry, ...]:
+def _shards(f: _Fields, num_folds: int | None) -> tuple[ShardEntry, ...]:
     listed = f.get("shards", list)
     if not listed:
         raise f.bad("shards", "lists no shard")
@@ -272,8 +269,8 @@ def _shards(f: _Fields, folds: int | None) -> tuple[ShardEntry, ...]:
         name = s.get("file", str)
         check_shard_file_name(name, s)
         fold = s.get("fold", int, default=None, low=0)
-        if (folds is None) != (fold is None) or (fold is not None and fold >= folds):
-            raise s.bad("fold", f"does not fit the {folds or 'no'} folds the manifest declares")
+        if (num_folds is None) != (fold is None) or (fold is not None and fold >= num_folds):
+            raise s.bad("fold", f"does not fit the {num_folds or 'no'} folds the manifest declares")
         entries.append(ShardEntry(name, s.get("count", int, low=0), fold, s.get("bytes", int, default=None, low=0)))
     names = [e.file for e in entries]
     if len(set(names)) != len(names):

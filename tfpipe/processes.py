@@ -1,13 +1,17 @@
 """Child processes that end with their parent (principle 4 of the README's Reliability section)."""
 
+from __future__ import annotations
+
 import os
 import threading
 import time
+from collections.abc import Callable
+from typing import NoReturn
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
-def die_with_parent(parent_pid, poll_seconds=1.0):
+def die_with_parent(parent_pid: int, poll_seconds: float = 1.0) -> None:
     """Ends the calling (child) process when ``parent_pid`` ends, however it ends (``kill -9``, SIGTERM).
 
     Call it first thing in a child: a DataLoader ``worker_init_fn``, a pool ``initializer``, a ``preexec_fn``
@@ -22,7 +26,7 @@ def die_with_parent(parent_pid, poll_seconds=1.0):
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     except (AttributeError, OSError):  # not Linux: poll instead
 
-        def watch():
+        def watch() -> NoReturn:
             while os.getppid() == parent_pid:
                 time.sleep(poll_seconds)
             os._exit(1)
@@ -32,7 +36,7 @@ def die_with_parent(parent_pid, poll_seconds=1.0):
         os._exit(1)
 
 
-def child_of_this_process():
+def child_of_this_process() -> Callable[[], None]:
     """A ``preexec_fn`` for ``subprocess``: the child dies with this process."""
     parent = os.getpid()
     return lambda: die_with_parent(parent)

@@ -8,22 +8,24 @@ vectorised ``tf.io.parse_example`` call; images stay uint8 until they reach
 the model (normalising there moves 4x fewer bytes to the accelerator).
 """
 
+from __future__ import annotations
+
 import contextlib
 import dataclasses
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 from tfpipe.deps import require
 
-tf = require("tensorflow")  # or one line saying what to install
+if TYPE_CHECKING:
+    import numpy as np
+    import tensorflow as tf
+else:
+    tf = require("tensorflow")  # or one line saying what to install
 from tfpipe import augment as aug_lib
 from tfpipe import schema
-from tfpipe.errors import TfpipeError, check_count, renamed
-from tfpipe.shards import (
-    MANIFEST,
-    checked_num_classes,
-    fold_split,
-    open_shards,
-    verify,
-)
+from tfpipe.errors import TfpipeError, check_count
+from tfpipe.shards import MANIFEST, Records, Shards, checked_num_classes, fold_split, open_shards, verify
 
 AUTOTUNE = tf.data.AUTOTUNE
 LABEL_MODES = ("multi_hot", "one_hot", "class_id")
@@ -41,7 +43,7 @@ class ReadOptions:
 
 
 @contextlib.contextmanager
-def naming_corrupt_shards(records):
+def naming_corrupt_shards(records: Records) -> Iterator[None]:
     """Turns TensorFlow's ``DataLossError`` (which names no file) into a ``TfpipeError`` naming the bad shard.
 
     Example::
@@ -58,7 +60,7 @@ def naming_corrupt_shards(records):
         ) from None
 
 
-def targets_from_indices(indices, num_classes, label_mode):
+def targets_from_indices(indices: tf.Tensor, num_classes: int, label_mode: str) -> tf.Tensor:
     """[B, L] class indices padded with -1 -> [B, C] multi-hot / one-hot float32, or [B] int32 class ids.
 
     An index >= ``num_classes`` stops the pipeline (``tf.one_hot`` would silently give it a zero row).
@@ -76,21 +78,58 @@ def targets_from_indices(indices, num_classes, label_mode):
     return tf.cast(first, tf.int32)
 
 
-def make_parse(num_classes, label_mode):
-    spec = schema.feature_spec((schema.IMAGE, schema.TARGET, schema.IMAGE_NAME))
+@dataclasses.dataclass(frozen=True)
+class Parser:
+    """How serialized records become examples: the output side, the classes, the label mode, and how the
+    images are stored. ``Parser.for_shards`` checks the wanted output against the manifest."""
 
-    def parse(serialized):
-        f = tf.io.parse_example(serialized, spec)
+    image_size: int
+    num_classes: int
+    label_mode: str = "multi_hot"
+    stored_size: int | None = None  # the manifest's stored side; another side is resized in the pipeline
+    image_format: str | None = None  # "jpeg", "png", or None (records from other writers: any format)
+
+    @classmethod
+    def for_shards(
+        cls,
+        shards: Shards,
+        *,
+        image_size: int | None = None,
+        num_classes: int | None = None,
+        label_mode: str = "multi_hot",
+        records: object = None,
+    ) -> Parser:
+        """Given settings, or the manifest's; a disagreement with the manifest is an error naming ``records``."""
+        records = records if records is not None else shards.folder or list(shards.files)
+        if label_mode not in LABEL_MODES:
+            raise TfpipeError(f"label_mode must be one of {', '.join(LABEL_MODES)} (got {label_mode!r})")
+        check_count(1, image_size=image_size, num_classes=num_classes)  # 0 is a mistake, not "from the manifest"
+        size = image_size or shards.image_size
+        if not size:
+            raise TfpipeError(f"{records}: stored images have no fixed size; pass image_size")
+        classes = checked_num_classes(records, shards, num_classes)
+        check_label_mode(records, shards, label_mode)
+        return cls(size, classes, label_mode, shards.image_size, shards.image_format)
+
+    def parse(self, serialized: tf.Tensor) -> dict[str, tf.Tensor]:
+        """A batch of serialized records -> ``image`` (still encoded), ``target``, ``image_name``: one vectorised
+        ``parse_example`` call."""
+        f = tf.io.parse_example(serialized, schema.feature_spec((schema.IMAGE, schema.TARGET, schema.IMAGE_NAME)))
         return {
             "image": f[schema.IMAGE],
-            "target": targets_from_indices(f[schema.TARGET], num_classes, label_mode),
+            "target": targets_from_indices(f[schema.TARGET], self.num_classes, self.label_mode),
             "image_name": f[schema.IMAGE_NAME],
         }
 
-    return parse
+    def decode(self, data: tf.Tensor) -> tf.Tensor:
+        """Encoded bytes -> uint8 [size, size, 3], resizing only when the stored size differs."""
+        image = decode(data, self.image_format)
+        if self.stored_size != self.image_size:
+            image = aug_lib.resize(image, self.image_size, tf.uint8)
+        return tf.ensure_shape(image, [self.image_size, self.image_size, 3])
 
 
-def decode(data, image_format):
+def decode(data: tf.Tensor, image_format: str | None) -> tf.Tensor:
     """Encoded bytes -> uint8 [H, W, 3]."""
     if image_format == "jpeg":
         return tf.io.decode_jpeg(data, channels=3)
@@ -99,19 +138,7 @@ def decode(data, image_format):
     return tf.io.decode_image(data, channels=3, expand_animations=False)  # records from other writers
 
 
-def make_decode(size, stored_size, image_format):
-    """Bytes -> uint8 [size, size, 3], resizing only when the stored size differs."""
-
-    def decode_one(data):
-        image = decode(data, image_format)
-        if stored_size != size:
-            image = aug_lib.resize(image, size, tf.uint8)
-        return tf.ensure_shape(image, [size, size, 3])
-
-    return decode_one
-
-
-def shard_for_input(files, input_context):
+def shard_for_input(files: Sequence[str], input_context: tf.distribute.InputContext | None) -> tuple[list[str], bool]:
     """Splits work between input pipelines (hosts) of a distribution strategy.
 
     Returns (files for this pipeline, whether records must be sharded instead):
@@ -127,7 +154,8 @@ def shard_for_input(files, input_context):
     return list(files), True
 
 
-def use_cache(cache, shards, size, budget):
+def use_cache(cache: bool | str, shards: Shards, size: int, budget: int) -> bool:
+    """``cache="auto"``: when the decoded images of ``shards`` fit in ``budget`` bytes."""
     if cache != "auto":
         return bool(cache)
     n = shards.num_examples
@@ -135,27 +163,29 @@ def use_cache(cache, shards, size, budget):
 
 
 def make_dataset(
-    records,
-    batch_size,
+    records: Records,
+    batch_size: int,
     *,
-    image_size=None,
-    training=False,
-    folds=None,
-    num_classes=None,
-    label_mode="multi_hot",
-    drop_remainder=None,
-    with_ids=False,
-    augment=None,
-    cache="auto",
-    seed=None,
-    deterministic=None,
-    input_context=None,
-    pad_batches=False,
-    options=ReadOptions(),
-    shuffle_buffer=None,
-    cache_budget=None,
-):
+    image_size: int | None = None,
+    training: bool = False,
+    folds: Sequence[int] | None = None,
+    num_classes: int | None = None,
+    label_mode: str = "multi_hot",
+    drop_remainder: bool | None = None,
+    with_ids: bool = False,
+    augment: aug_lib.Augment | None = None,
+    cache: bool | str = "auto",
+    seed: int | None = None,
+    deterministic: bool | None = None,
+    input_context: tf.distribute.InputContext | None = None,
+    pad_batches: bool = False,
+    options: ReadOptions = ReadOptions(),
+) -> tf.data.Dataset:
     """Builds a ``tf.data.Dataset`` of ``(images, targets)`` batches from shards.
+
+    The stages, each public and usable on its own: ``open_shards`` -> ``Parser.for_shards`` ->
+    ``read_shuffled`` / ``read_in_order`` -> ``training_batches`` / ``evaluation_batches`` (->
+    ``pad_to_replicas``) -> ``as_tuples``.
 
     Example::
 
@@ -172,7 +202,7 @@ def make_dataset(
       batch_size: images per batch (per replica, under a strategy).
       image_size: output side; default the stored size. A different size is resized in the pipeline.
       training: shuffle, augment, repeat forever and drop the last partial batch.
-      folds: fold numbers to read (e.g. all but the validation fold); None reads everything.
+      folds: fold ids to read (e.g. all but the validation fold); None reads everything.
       num_classes: needed only for shards without a manifest.
       label_mode: "multi_hot" (default; float32 [B, C], an empty list is a zero row),
         "one_hot" or "class_id" (int32 [B], -1 for no label) for single-label data.
@@ -191,91 +221,36 @@ def make_dataset(
         step. Every shape is then static (TPUs need that) and weighted metrics
         still count every real record exactly once.
       options: ``ReadOptions`` (read-ahead, interleave width, parse batch, shuffle buffer, cache budget).
-      shuffle_buffer, cache_budget: tfpipe 0.1's names of those options (warn).
 
     Returns:
       A dataset of ``(images uint8 [B, S, S, 3], targets)`` (plus ``weights`` with
       ``pad_batches``, then ``image_names`` with ``with_ids``).
     """
-    options = _with_old_options(options, shuffle_buffer, cache_budget)
     check_count(1, batch_size=batch_size)
     shards = open_shards(records, folds)
     if training and not shards.labeled:
         raise TfpipeError(f"{records}: written unlabeled ({MANIFEST}: labeled false); training needs labels")
-    size, classes = _checked_output(records, shards, image_size, num_classes, label_mode)
-    files, shard_records = shard_for_input(shards.files, input_context)
-    cached = use_cache(cache, shards, size, options.cache_budget)
-    parse = make_parse(classes, label_mode)
-    decode_one = make_decode(size, shards.image_size, shards.image_format)
-    if training:
-        ds = _training_pipeline(
-            files,
-            batch_size,
-            size,
-            parse,
-            decode_one,
-            shards.image_format,
-            cached,
-            augment or aug_lib.Augment(),
-            options,
-            seed,
-            deterministic if deterministic is not None else seed is not None,
-            drop_remainder if drop_remainder is not None else True,
-            shard_records,
-            input_context,
-        )
-    else:
-        ds = _evaluation_pipeline(
-            files,
-            batch_size,
-            size,
-            parse,
-            decode_one,
-            cached,
-            bool(drop_remainder),
-            shard_records,
-            input_context,
-            options,
-        )
-        if pad_batches:  # static shapes for every replica; weight 0 marks the padding
-            ds = _pad_batches(
-                ds,
-                batch_size,
-                _local_count(shards, files, shard_records, input_context),
-                _batches_per_pipeline(input_context),
-            )
-    keys = (
-        ("image", "target")
-        + (("weight",) if pad_batches and not training else ())
-        + (("image_name",) if with_ids else ())
+    parser = Parser.for_shards(
+        shards, image_size=image_size, num_classes=num_classes, label_mode=label_mode, records=records
     )
-    ds = ds.map(lambda b: tuple(b[k] for k in keys))  # dicts inside, tuples at the edge (Keras)
+    cached = use_cache(cache, shards, parser.image_size, options.cache_budget)
+    deterministic = deterministic if deterministic is not None else seed is not None
+    if training:
+        ds = read_shuffled(shards, seed=seed, deterministic=deterministic, input_context=input_context, options=options)
+        ds = training_batches(
+            ds, parser, batch_size, augment=augment or aug_lib.Augment(), cached=cached, seed=seed,
+            deterministic=deterministic, drop_remainder=drop_remainder is not False, options=options,
+        )  # fmt: skip
+    else:
+        ds = read_in_order(shards, input_context=input_context, options=options)
+        ds = evaluation_batches(ds, parser, batch_size, cached=cached, drop_remainder=bool(drop_remainder))
+        if pad_batches:  # static shapes for every replica; weight 0 marks the padding
+            ds = pad_to_replicas(ds, batch_size, shards, input_context)
+    ds = as_tuples(ds, weights=pad_batches and not training, ids=with_ids)
     return ds.prefetch(AUTOTUNE)  # last: overlap the input pipeline with the training step
 
 
-def _with_old_options(options, shuffle_buffer, cache_budget):
-    """tfpipe 0.1's ``shuffle_buffer=`` and ``cache_budget=`` arguments, now ``ReadOptions`` fields."""
-    for name, value in (("shuffle_buffer", shuffle_buffer), ("cache_budget", cache_budget)):
-        if value is not None:
-            renamed(f"make_dataset({name}=...)", f"make_dataset(options=ReadOptions({name}=...))", stacklevel=4)
-            options = dataclasses.replace(options, **{name: value})
-    return options
-
-
-def _checked_output(records, shards, image_size, num_classes, label_mode):
-    """(image side, number of classes): given, or from the manifest; a disagreement with the manifest is an error."""
-    if label_mode not in LABEL_MODES:
-        raise TfpipeError(f"label_mode must be one of {', '.join(LABEL_MODES)} (got {label_mode!r})")
-    check_count(1, image_size=image_size, num_classes=num_classes)  # 0 is a mistake, not "from the manifest"
-    size = image_size or shards.image_size
-    if not size:
-        raise TfpipeError(f"{records}: stored images have no fixed size; pass image_size")
-    classes = checked_num_classes(records, shards, num_classes)
-    check_label_mode(records, shards, label_mode)
-    return size, classes
-
-
-def check_label_mode(records, shards, label_mode):
+def check_label_mode(records: object, shards: Shards, label_mode: str) -> None:
     """One-hot and class-id targets keep one label per image: on shards whose manifest says an image can hold
     more, that would silently drop the others, so it is refused (shards without a manifest carry no claim)."""
     if label_mode != "multi_hot" and shards.multi_label:
@@ -286,26 +261,158 @@ def check_label_mode(records, shards, label_mode):
         )
 
 
-def _batches_per_pipeline(ctx):
-    """Replicas this input pipeline feeds: each needs a batch on the last step."""
-    return 1 if ctx is None else max(1, ctx.num_replicas_in_sync // ctx.num_input_pipelines)
+def read_in_order(
+    shards: Shards,
+    *,
+    input_context: tf.distribute.InputContext | None = None,
+    options: ReadOptions = ReadOptions(),
+) -> tf.data.Dataset:
+    """Serialized records in the written order (shards sorted by name, records in file order); under a
+    strategy, this input pipeline's part of them."""
+    files, shard_records = shard_for_input(shards.files, input_context)
+    ds = tf.data.TFRecordDataset(files, buffer_size=options.read_buffer)  # one file after another: the written order
+    if shard_records and input_context is not None:  # shard_records: several pipelines, so a context
+        ds = ds.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
+    return ds
 
 
-def _local_count(shards, files, shard_records, ctx):
+def read_shuffled(
+    shards: Shards,
+    *,
+    seed: int | None = None,
+    deterministic: bool = False,
+    input_context: tf.distribute.InputContext | None = None,
+    options: ReadOptions = ReadOptions(),
+) -> tf.data.Dataset:
+    """Serialized records for training: files in a new order every epoch, read interleaved."""
+    files, shard_records = shard_for_input(shards.files, input_context)
+    if shard_records and input_context is not None:  # pipelines share files: a fixed order, every n-th record kept
+        ds = tf.data.TFRecordDataset(files, buffer_size=options.read_buffer)
+        return ds.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
+    ds = tf.data.Dataset.from_tensor_slices(files)
+    ds = ds.shuffle(len(files), seed=seed)  # a new file order every epoch
+    return ds.interleave(
+        lambda f: tf.data.TFRecordDataset(f, buffer_size=options.read_buffer),
+        cycle_length=min(len(files), options.cycle_length),
+        num_parallel_calls=AUTOTUNE,
+        deterministic=deterministic,
+    )
+
+
+def evaluation_batches(
+    ds: tf.data.Dataset, parser: Parser, batch_size: int, *, cached: bool = False, drop_remainder: bool = False
+) -> tf.data.Dataset:
+    """Serialized records -> batches of decoded examples (dicts), order kept."""
+    size = parser.image_size
+    ds = ds.batch(batch_size, drop_remainder=drop_remainder)
+    ds = ds.map(parser.parse, num_parallel_calls=AUTOTUNE)  # one vectorised parse per batch
+
+    def decode_batch(b: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+        images = tf.map_fn(parser.decode, b["image"], fn_output_signature=tf.TensorSpec([size, size, 3], tf.uint8))
+        return dict(b, image=images)
+
+    ds = ds.map(decode_batch, num_parallel_calls=AUTOTUNE)  # batches decode in parallel, order kept
+    if cached:
+        ds = ds.cache()  # the next pass (e.g. validation after every epoch) skips reading and decoding
+    return ds
+
+
+def training_batches(
+    ds: tf.data.Dataset,
+    parser: Parser,
+    batch_size: int,
+    *,
+    augment: aug_lib.Augment,
+    cached: bool = False,
+    seed: int | None = None,
+    deterministic: bool = False,
+    drop_remainder: bool = True,
+    options: ReadOptions = ReadOptions(),
+) -> tf.data.Dataset:
+    """Serialized records -> shuffled, repeated, augmented batches of examples (dicts)."""
+    ds = ds.batch(options.parse_batch)
+    ds = ds.map(parser.parse, num_parallel_calls=AUTOTUNE, deterministic=deterministic)
+    ds = ds.unbatch()
+    if cached:
+        ds = ds.map(
+            lambda e: dict(e, image=parser.decode(e["image"])), num_parallel_calls=AUTOTUNE, deterministic=deterministic
+        )
+        ds = ds.cache()  # decode once: later epochs start from pixels in memory
+    ds = ds.shuffle(options.shuffle_buffer, seed=seed)  # before decoding (when not cached): a buffer of small JPEGs
+    ds = ds.repeat()
+    ds = _augment_images(ds, parser, augment, cached, seed, deterministic)
+    ds = ds.batch(batch_size, drop_remainder=drop_remainder)  # static shapes for the TPU
+    per_batch = aug_lib.make_batch_augment(augment, parser.image_size)  # pad crop, flip, colour: one XLA op a batch
+    mix = aug_lib.batch_mix(augment)
+    if per_batch is not None or mix is not None:  # batch ops; MixUp / CutMix pair images within a batch
+        ds = tf.data.Dataset.zip((ds, tf.data.Dataset.random(seed=None if seed is None else seed + 1).batch(2)))
+        ds = ds.map(
+            lambda b, s: _augment_batch(b, s, per_batch, mix), num_parallel_calls=AUTOTUNE, deterministic=deterministic
+        )
+    return ds
+
+
+def _augment_images(
+    ds: tf.data.Dataset,
+    parser: Parser,
+    augment: aug_lib.Augment,
+    cached: bool,
+    seed: int | None,
+    deterministic: bool,
+) -> tf.data.Dataset:
+    """Decoding (unless cached) and per-image ops (resized crop, erasing), each image with its own seed."""
+    size = parser.image_size
+    crop_on_decode = augment.crop == "resized" and parser.image_format == "jpeg" and not cached
+    per_image = aug_lib.image_ops(augment, size, crop_done=crop_on_decode)
+    if not per_image and cached:  # pixels in memory and nothing to do per image
+        return ds
+    ds = tf.data.Dataset.zip((ds, tf.data.Dataset.random(seed=seed).batch(2)))  # a stateless seed per image
+
+    def augment_one(e: dict[str, tf.Tensor], s: tf.Tensor) -> dict[str, tf.Tensor]:
+        seeds = tf.random.experimental.stateless_split(s, 2)
+        if crop_on_decode:  # random resized crop while decoding: only the window's pixels are decoded
+            image = _crop_decode(e["image"], size, augment, seeds[0])
+        else:
+            image = e["image"] if cached else parser.decode(e["image"])
+        image = aug_lib.augment_image(image, seeds[1], per_image)
+        return dict(e, image=tf.ensure_shape(image, [size, size, 3]))
+
+    return ds.map(augment_one, num_parallel_calls=AUTOTUNE, deterministic=deterministic)
+
+
+def pad_to_replicas(
+    ds: tf.data.Dataset, batch_size: int, shards: Shards, input_context: tf.distribute.InputContext | None = None
+) -> tf.data.Dataset:
+    """Pads the last batch to ``batch_size`` (``weight`` 0) and appends blank batches until every replica this
+    input pipeline feeds gets one on the last step; real rows get ``weight`` 1."""
+    multiple = (
+        1 if input_context is None else max(1, input_context.num_replicas_in_sync // input_context.num_input_pipelines)
+    )
+    return _pad_batches(ds, batch_size, _local_count(shards, input_context), multiple)
+
+
+def as_tuples(ds: tf.data.Dataset, *, weights: bool = False, ids: bool = False) -> tf.data.Dataset:
+    """Dicts inside, tuples at the edge (Keras): ``(image, target[, weight][, image_name])``."""
+    keys = ("image", "target") + (("weight",) if weights else ()) + (("image_name",) if ids else ())
+    return ds.map(lambda b: tuple(b[k] for k in keys))
+
+
+def _local_count(shards: Shards, ctx: tf.distribute.InputContext | None) -> int:
     """Records this input pipeline reads."""
+    files, shard_records = shard_for_input(shards.files, ctx)
     total = dataclasses.replace(shards, files=tuple(files)).num_examples if not shard_records else shards.num_examples
     if total is None:
         raise TfpipeError("pad_batches needs record counts (a manifest or counts in the shard names)")
-    if shard_records:
+    if shard_records and ctx is not None:  # shard_records: several pipelines, so a context
         return len(range(ctx.input_pipeline_id, total, ctx.num_input_pipelines))
     return total
 
 
-def _pad_batches(ds, batch_size, count, multiple):
+def _pad_batches(ds: tf.data.Dataset, batch_size: int, count: int, multiple: int) -> tf.data.Dataset:
     """Pads the last batch to ``batch_size`` (weight 0) and appends blank batches up to a multiple."""
     spec = ds.element_spec
 
-    def pad(b):
+    def pad(b: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
         n = tf.shape(b["image"])[0]
         padded = {k: tf.pad(v, [[0, batch_size - n]] + [[0, 0]] * (len(spec[k].shape) - 1)) for k, v in b.items()}
         padded["weight"] = tf.sequence_mask(n, batch_size, dtype=tf.float32)
@@ -320,94 +427,9 @@ def _pad_batches(ds, batch_size, count, multiple):
     return ds
 
 
-def _evaluation_pipeline(
-    files, batch_size, size, parse, decode_one, cached, drop_remainder, shard_records, ctx, options
-):
-    ds = tf.data.TFRecordDataset(files, buffer_size=options.read_buffer)  # one file after another: the written order
-    if shard_records:
-        ds = ds.shard(ctx.num_input_pipelines, ctx.input_pipeline_id)
-    ds = ds.batch(batch_size, drop_remainder=drop_remainder)
-    ds = ds.map(parse, num_parallel_calls=AUTOTUNE)  # one vectorised parse per batch
-
-    def decode_batch(b):
-        images = tf.map_fn(decode_one, b["image"], fn_output_signature=tf.TensorSpec([size, size, 3], tf.uint8))
-        return dict(b, image=images)
-
-    ds = ds.map(decode_batch, num_parallel_calls=AUTOTUNE)  # batches decode in parallel, order kept
-    if cached:
-        ds = ds.cache()  # the next pass (e.g. validation after every epoch) skips reading and decoding
-    return ds
-
-
-def _training_pipeline(
-    files,
-    batch_size,
-    size,
-    parse,
-    decode_one,
-    image_format,
-    cached,
-    augment,
-    options,
-    seed,
-    deterministic,
-    drop_remainder,
-    shard_records,
-    ctx,
-):
-    crop_on_decode = augment.crop == "resized" and image_format == "jpeg" and not cached
-    per_image = aug_lib.image_ops(augment, size, crop_done=crop_on_decode)  # resized crop, erasing
-    per_batch = aug_lib.make_batch_augment(augment, size)  # pad crop, flip, colour: one XLA op per batch
-    mix = aug_lib.batch_mix(augment)
-    ds = _shuffled_records(files, shard_records, ctx, seed, deterministic, options)
-    ds = ds.batch(options.parse_batch)
-    ds = ds.map(parse, num_parallel_calls=AUTOTUNE, deterministic=deterministic)
-    ds = ds.unbatch()
-    if cached:
-        ds = ds.map(
-            lambda e: dict(e, image=decode_one(e["image"])), num_parallel_calls=AUTOTUNE, deterministic=deterministic
-        )
-        ds = ds.cache()  # decode once: later epochs start from pixels in memory
-    ds = ds.shuffle(options.shuffle_buffer, seed=seed)  # before decoding (when not cached): a buffer of small JPEGs
-    ds = ds.repeat()
-    if per_image or not cached:  # decoding and per-image ops; a cached pipeline with neither skips this map
-        ds = tf.data.Dataset.zip((ds, tf.data.Dataset.random(seed=seed).batch(2)))  # a stateless seed per image
-
-        def augment_one(e, s):
-            seeds = tf.random.experimental.stateless_split(s, 2)
-            if crop_on_decode:  # random resized crop while decoding: only the window's pixels are decoded
-                image = _crop_decode(e["image"], size, augment, seeds[0])
-            else:
-                image = e["image"] if cached else decode_one(e["image"])
-            image = aug_lib.augment_image(image, seeds[1], per_image)
-            return dict(e, image=tf.ensure_shape(image, [size, size, 3]))
-
-        ds = ds.map(augment_one, num_parallel_calls=AUTOTUNE, deterministic=deterministic)
-    ds = ds.batch(batch_size, drop_remainder=drop_remainder)  # static shapes for the TPU
-    if per_batch is not None or mix is not None:  # batch ops; MixUp / CutMix pair images within a batch
-        ds = tf.data.Dataset.zip((ds, tf.data.Dataset.random(seed=None if seed is None else seed + 1).batch(2)))
-        ds = ds.map(
-            lambda b, s: _augment_batch(b, s, per_batch, mix), num_parallel_calls=AUTOTUNE, deterministic=deterministic
-        )
-    return ds
-
-
-def _shuffled_records(files, shard_records, ctx, seed, deterministic, options):
-    """Serialized records for training: files in a new order every epoch, read interleaved."""
-    if shard_records:  # several pipelines share files: read in a fixed order, then keep every n-th record
-        ds = tf.data.TFRecordDataset(files, buffer_size=options.read_buffer)
-        return ds.shard(ctx.num_input_pipelines, ctx.input_pipeline_id)
-    ds = tf.data.Dataset.from_tensor_slices(files)
-    ds = ds.shuffle(len(files), seed=seed)  # a new file order every epoch
-    return ds.interleave(
-        lambda f: tf.data.TFRecordDataset(f, buffer_size=options.read_buffer),
-        cycle_length=min(len(files), options.cycle_length),
-        num_parallel_calls=AUTOTUNE,
-        deterministic=deterministic,
-    )
-
-
-def _augment_batch(batch, seed, per_batch, mix):
+def _augment_batch(
+    batch: dict[str, tf.Tensor], seed: tf.Tensor, per_batch: aug_lib.ImageOp | None, mix: aug_lib.MixOp | None
+) -> dict[str, tf.Tensor]:
     seeds = tf.random.experimental.stateless_split(seed, 2)
     images, targets = batch["image"], batch["target"]
     if per_batch is not None:
@@ -417,14 +439,14 @@ def _augment_batch(batch, seed, per_batch, mix):
     return dict(batch, image=images, target=targets)
 
 
-def _crop_decode(data, size, augment, seed):
+def _crop_decode(data: tf.Tensor, size: int, augment: aug_lib.Augment, seed: tf.Tensor) -> tf.Tensor:
     """A random resized crop of a JPEG, decoding only the window (``decode_and_crop_jpeg``)."""
     begin, crop = aug_lib.crop_window(tf.io.extract_jpeg_shape(data), augment.crop_scale, augment.crop_ratio, seed)
     window = tf.stack([begin[0], begin[1], crop[0], crop[1]])
     return aug_lib.resize(tf.io.decode_and_crop_jpeg(data, window, channels=3), size, tf.uint8)
 
 
-def count_examples(records, folds=None):
+def count_examples(records: Records, folds: Sequence[int] | None = None) -> int:
     """Number of records in ``records`` (from the manifest or the counts in shard names)."""
     n = open_shards(records, folds).num_examples
     if n is None:
@@ -432,7 +454,7 @@ def count_examples(records, folds=None):
     return n
 
 
-def _read_column(records, folds, key):
+def _read_column(records: Records, folds: Sequence[int] | None, key: str) -> list[Any]:
     """One parsed feature of every record, in written order (no image decoding)."""
     spec = schema.feature_spec((key,))
     files = list(open_shards(records, folds).files)
@@ -441,13 +463,13 @@ def _read_column(records, folds, key):
     return [row for batch in ds.as_numpy_iterator() for row in batch]
 
 
-def image_names(records, folds=None):
+def image_names(records: Records, folds: Sequence[int] | None = None) -> list[str]:
     """The ``image_name`` of every record in written order (the row order of evaluation batches)."""
     with naming_corrupt_shards(records):
         return [n.decode("utf-8") for n in _read_column(records, folds, schema.IMAGE_NAME)]
 
 
-def read_targets(records, num_classes, folds=None):
+def read_targets(records: Records, num_classes: int, folds: Sequence[int] | None = None) -> np.ndarray:
     """Multi-hot float32 [N, C] targets of every record in written order, without decoding images."""
     with naming_corrupt_shards(records):
         rows = _read_column(records, folds, schema.TARGET)
@@ -455,11 +477,18 @@ def read_targets(records, num_classes, folds=None):
 
 
 __all__ = [
+    "Parser",
     "ReadOptions",
+    "as_tuples",
     "count_examples",
+    "evaluation_batches",
     "fold_split",
     "image_names",
     "make_dataset",
     "naming_corrupt_shards",
+    "pad_to_replicas",
+    "read_in_order",
+    "read_shuffled",
     "read_targets",
+    "training_batches",
 ]

@@ -8,8 +8,16 @@ importing TensorFlow in workers is slow and can hang). The reader turns the
 same table into ``tf.io.parse_example`` specs with ``feature_spec``.
 """
 
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, TypeAlias
+
 import numpy as np
+import numpy.typing as npt
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+from google.protobuf.descriptor_pb2 import FieldDescriptorProto
+from google.protobuf.message import Message
 
 from tfpipe.errors import TfpipeError
 
@@ -29,9 +37,17 @@ FEATURES = {
     HEIGHT: ("int64", "scalar"),
     WIDTH: ("int64", "scalar"),
 }
+# A value of one feature in ``encode_example``: bytes or str (bytes features), an int (int64 scalars), ints (lists).
+FeatureValue: TypeAlias = bytes | str | int | Sequence[int]
 
 
-def _example_classes():
+# (name, number, type, label, type name) of one field of a message in example.proto
+FieldSpec: TypeAlias = tuple[
+    str, int, "FieldDescriptorProto.Type.ValueType", "FieldDescriptorProto.Label.ValueType", "str | None"
+]
+
+
+def _example_classes() -> type[Message]:
     """Builds Example/Features/Feature message classes matching example.proto.
 
     Field numbers and types are those of tensorflow/core/example/*.proto; the
@@ -41,7 +57,9 @@ def _example_classes():
     T = descriptor_pb2.FieldDescriptorProto
     rep, opt = T.LABEL_REPEATED, T.LABEL_OPTIONAL
 
-    def message(name, fields, nested=()):
+    def message(
+        name: str, fields: Iterable[FieldSpec], nested: Iterable[descriptor_pb2.DescriptorProto] = ()
+    ) -> descriptor_pb2.DescriptorProto:
         m = f.message_type.add(name=name)
         for fname, number, ftype, label, type_name in fields:
             m.field.add(name=fname, number=number, type=ftype, label=label, type_name=type_name)
@@ -52,14 +70,8 @@ def _example_classes():
     message("BytesList", [("value", 1, T.TYPE_BYTES, rep, None)])
     message("FloatList", [("value", 1, T.TYPE_FLOAT, rep, None)])
     message("Int64List", [("value", 1, T.TYPE_INT64, rep, None)])
-    message(
-        "Feature",
-        [
-            ("bytes_list", 1, T.TYPE_MESSAGE, opt, ".tfpipe.BytesList"),
-            ("float_list", 2, T.TYPE_MESSAGE, opt, ".tfpipe.FloatList"),
-            ("int64_list", 3, T.TYPE_MESSAGE, opt, ".tfpipe.Int64List"),
-        ],
-    )
+    kinds = [("bytes_list", 1, "BytesList"), ("float_list", 2, "FloatList"), ("int64_list", 3, "Int64List")]
+    message("Feature", [(name, n, T.TYPE_MESSAGE, opt, f".tfpipe.{kind}") for name, n, kind in kinds])
     m = f.message_type[-1]
     m.oneof_decl.add(name="kind")
     for field in m.field:
@@ -75,10 +87,11 @@ def _example_classes():
     return message_factory.GetMessageClass(pool.FindMessageTypeByName("tfpipe.Example"))
 
 
-Example = _example_classes()
+# The class is built at run time: its fields (``example.features.feature``) are unknown to a type checker.
+Example: Any = _example_classes()
 
 
-def encode_example(values):
+def encode_example(values: Mapping[str, FeatureValue]) -> bytes:
     """Serializes one record.
 
     Args:
@@ -105,7 +118,7 @@ def encode_example(values):
     return example.SerializeToString(deterministic=True)
 
 
-def parse_record(raw, path):
+def parse_record(raw: bytes, path: str) -> Any:
     """A record's bytes -> ``Example`` (no TensorFlow); bytes that are not an Example are an error naming ``path``."""
     from google.protobuf.message import DecodeError
 
@@ -115,10 +128,10 @@ def parse_record(raw, path):
         raise TfpipeError(f"{path}: its records are not tf.train.Example protos; tfpipe reads only those") from None
 
 
-def decode_example(data):
+def decode_example(data: bytes) -> dict[str, Any]:
     """Parses a serialized record into a dict (no TensorFlow; for tools and tests)."""
     example = Example.FromString(data)
-    out = {}
+    out: dict[str, Any] = {}
     for key, feature in example.features.feature.items():
         kind = feature.WhichOneof("kind")
         values = list(getattr(feature, kind).value) if kind else []
@@ -127,7 +140,7 @@ def decode_example(data):
     return out
 
 
-def multi_hot(targets, num_classes, dtype=np.float32):
+def multi_hot(targets: Sequence[npt.ArrayLike], num_classes: int, dtype: npt.DTypeLike = np.float32) -> np.ndarray:
     """[N, C] rows of 0/1 from N lists of class indices (the ``target`` feature): the one such conversion
     outside TensorFlow graphs (``tfpipe.read.targets_from_indices`` is its in-graph twin).
 
@@ -147,7 +160,7 @@ def multi_hot(targets, num_classes, dtype=np.float32):
     return out
 
 
-def feature_spec(keys=tuple(FEATURES)):
+def feature_spec(keys: Iterable[str] = tuple(FEATURES)) -> dict[str, Any]:
     """The ``tf.io.parse_example`` spec for our records (or a subset of keys).
 
     ``target`` is a ``FixedLenSequenceFeature`` with ``allow_missing=True``:
@@ -160,7 +173,7 @@ def feature_spec(keys=tuple(FEATURES)):
 
     dtypes = {"bytes": tf.string, "int64": tf.int64}
     defaults = {"bytes": "", "int64": -1}
-    spec = {}
+    spec: dict[str, Any] = {}
     for key in keys:
         dtype, shape = FEATURES[key]
         if shape == "list":
@@ -172,6 +185,6 @@ def feature_spec(keys=tuple(FEATURES)):
     return spec
 
 
-def describe():
+def describe() -> dict[str, Any]:
     """The schema as plain data, for the manifest."""
     return {"version": SCHEMA_VERSION, "features": {k: {"type": t, "shape": s} for k, (t, s) in FEATURES.items()}}

@@ -14,13 +14,17 @@ All file access goes through ``tfpipe.fs`` (``tf.io.gfile`` for ``gs://`` and
 other remote paths), so a bucket works like a folder.
 """
 
+from __future__ import annotations
+
 import dataclasses
 import os
 import posixpath
 import re
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from tfpipe import fs, schema
+from tfpipe.deprecations import warn_renamed
 from tfpipe.errors import TfpipeError, option
 from tfpipe.manifest import (
     MANIFEST,
@@ -35,21 +39,21 @@ COUNT_IN_NAME = re.compile(r"-(\d+)\.tfrec$")  # the record count shard_name put
 STAT_THREADS = 16  # size checks run at once: one stat per file is slow on a bucket
 
 
-def shard_name(split, index, total, count, fold=None):
+def shard_name(split: str, index: int, total: int, count: int, fold: int | None = None) -> str:
     """``train-00-of-16-2071.tfrec``, or ``train-fold3-07-of-20-512.tfrec`` with folds."""
     width = max(2, len(str(total - 1)))
     fold_part = "" if fold is None else f"-fold{fold}"
     return f"{split}{fold_part}-{index:0{width}d}-of-{total:0{width}d}-{count}{SHARD_SUFFIX}"
 
 
-def existing_shards(out_dir):
+def existing_shards(out_dir: str) -> list[str]:
     """Shard files (``*.tfrec``) directly in ``out_dir``, sorted by name."""
     if not fs.isdir(out_dir):
         return []
     return sorted(fs.glob(posixpath.join(out_dir, "*" + SHARD_SUFFIX)))
 
 
-def remove_outputs(out_dir, manifest):
+def remove_outputs(out_dir: str, manifest: Manifest) -> None:
     """Deletes what an earlier ``tfpipe.write`` wrote in ``out_dir``: its manifest first (so the folder never
     describes a half-deleted dataset), then the shards that (validated) manifest lists -- plain ``*.tfrec`` names
     inside the folder, never other files."""
@@ -60,7 +64,7 @@ def remove_outputs(out_dir, manifest):
             fs.remove(path)  # a link is removed itself, never what it points to
 
 
-def check_split(split):
+def check_split(split: object) -> None:
     """A split is the first part of every shard name: letters, digits, ``_ . -``, no folder separators."""
     if not isinstance(split, str) or not SPLIT_NAME.fullmatch(split):
         raise TfpipeError(
@@ -69,10 +73,10 @@ def check_split(split):
         )
 
 
-def shard_counts(files, manifest=None):
+def shard_counts(files: Iterable[str], manifest: Manifest | None = None) -> dict[str, int | None]:
     """Records per file, from the manifest or else the count at the end of the name (None: unknown)."""
     listed = {s.file: s.count for s in manifest.shards} if manifest else {}
-    out = {}
+    out: dict[str, int | None] = {}
     for f in files:
         name = posixpath.basename(f)
         match = COUNT_IN_NAME.search(name)
@@ -85,60 +89,67 @@ class Shards:
     """Opened ``records``: files in written order, the folder's validated ``Manifest`` and the folder (both None
     for a glob or a list). Pass it on instead of the path: it is opened and checked once."""
 
-    files: tuple
+    files: tuple[str, ...]
     manifest: Manifest | None = None
     folder: str | None = None
 
     @property
-    def counts(self):
+    def counts(self) -> dict[str, int | None]:
         return shard_counts(self.files, self.manifest)
 
     @property
-    def num_examples(self):
+    def num_examples(self) -> int | None:
         """Records in ``files``: from the manifest, else from the counts in the names (None if unknown)."""
         counts = self.counts.values()
-        return None if None in counts else sum(counts)
+        known = [n for n in counts if n is not None]
+        return None if len(known) < len(counts) else sum(known)
 
     @property
     def images(self) -> StoredImages | None:
         return self.manifest.image if self.manifest else None
 
     @property
-    def image_size(self):
+    def image_size(self) -> int | None:
         return self.manifest.image.image_size if self.manifest else None
 
     @property
-    def image_format(self):
+    def image_format(self) -> str | None:
         return self.manifest.image.format if self.manifest else None
 
     @property
-    def num_classes(self):
+    def num_classes(self) -> int | None:
         return self.manifest.num_classes if self.manifest else None
 
     @property
-    def classes(self):
+    def classes(self) -> list[str] | None:
         return list(self.manifest.classes) if self.manifest else None
 
     @property
-    def labeled(self):
+    def labeled(self) -> bool:
         """False when the manifest says the records carry no ``target``; True for unknown (foreign) shards."""
         return self.manifest.labeled if self.manifest else True
 
     @property
-    def folds(self):
-        """K of shards written with ``--folds K``; None without folds or without a manifest."""
-        return self.manifest.folds if self.manifest else None
+    def num_folds(self) -> int | None:
+        """K of shards written with ``num_folds=K``; None without folds or without a manifest."""
+        return self.manifest.num_folds if self.manifest else None
 
     @property
-    def single_label(self):
+    def folds(self) -> int | None:
+        """Deprecated: ``num_folds`` (``folds`` means fold ids everywhere else)."""
+        warn_renamed("Shards.folds", "Shards.num_folds")
+        return self.num_folds
+
+    @property
+    def single_label(self) -> bool | None:
         return self.manifest.single_label if self.manifest else None
 
     @property
-    def multi_label(self):
+    def multi_label(self) -> bool:
         """True when the manifest says an image may hold several labels (one-hot targets would drop some)."""
         return self.manifest is not None and self.manifest.labeled and not self.manifest.one_label_each
 
-    def describe_labels(self):
+    def describe_labels(self) -> str:
         """``multi-label data (up to 3 labels an image; manifest.json: single_label false)``, for messages."""
         most = self.manifest.max_labels if self.manifest else None
         return (
@@ -147,18 +158,18 @@ class Shards:
         )
 
     @property
-    def id_column(self):
+    def id_column(self) -> str:
         """The source's id column (a submission's key): ``image`` when unknown."""
         return self.manifest.id_column if self.manifest else "image"
 
     @property
-    def dataset_id(self):
+    def dataset_id(self) -> str | None:
         return self.manifest.dataset_id if self.manifest else None
 
-    def check_unchanged(self):
+    def check_unchanged(self) -> None:
         """Raises if the folder was rewritten (another dataset id, or no manifest) since it was opened: a job
         reading it must not go on claiming classes or records the folder no longer holds."""
-        if self.manifest is None:
+        if self.manifest is None or self.folder is None:  # no folder (Shards built by hand): nothing to re-read
             return
         try:
             now = Manifest.load(self.folder).dataset_id
@@ -172,13 +183,16 @@ class Shards:
             )
 
 
-def open_shards(records, folds=None, any_schema=False):
+Records = str | Sequence[str] | Shards  # what every reader takes: a folder, a glob, files, or opened Shards
+
+
+def open_shards(records: Records, folds: Sequence[int] | None = None, any_schema: bool = False) -> Shards:
     """Opens what a user calls ``records``: the one resolver behind every reader, ``inspect`` and ``train``.
 
     Args:
       records: a folder written by ``tfpipe.write`` (local or ``gs://``), a glob pattern, a list of files,
         or ``Shards`` already opened.
-      folds: fold numbers to keep (the folder must have been written with ``--folds``); None keeps all.
+      folds: fold ids to keep (the folder must have been written with ``num_folds``); None keeps all.
       any_schema: accept files without a manifest whose records are not tfpipe's (``inspect``); otherwise the
         first record of each such file must hold tfpipe's ``image`` feature.
 
@@ -191,7 +205,7 @@ def open_shards(records, folds=None, any_schema=False):
     """
     if isinstance(records, Shards):
         shards = records
-    elif isinstance(records, (list, tuple)):
+    elif not isinstance(records, str) and isinstance(records, Sequence):  # a list (or tuple, ...) of files
         shards = Shards(tuple(sorted(records)))
     elif records and fs.isdir(records):
         manifest = Manifest.load(records)
@@ -202,14 +216,14 @@ def open_shards(records, folds=None, any_schema=False):
         shards = select_folds(shards, folds, records)
     if not shards.files:
         raise TfpipeError(f"{records or repr(records)}: no shard files found")
-    if shards.manifest and not isinstance(records, Shards):
-        check_sizes(shards.files, shards.manifest, records)
+    if shards.manifest and shards.folder is not None and not isinstance(records, Shards):  # a folder: records
+        check_sizes(shards.files, shards.manifest, shards.folder)
     elif not shards.manifest and not isinstance(records, Shards) and not any_schema:
         check_first_records(shards.files)
     return shards
 
 
-def checked_num_classes(records, shards, num_classes):
+def checked_num_classes(records: object, shards: Shards, num_classes: int | None) -> int:
     """The number of classes a reader uses: ``num_classes`` or the manifest's; the two must agree (fewer classes
     would drop labels), and shards without a manifest need it given."""
     if num_classes and shards.num_classes and num_classes != shards.num_classes:
@@ -223,12 +237,12 @@ def checked_num_classes(records, shards, num_classes):
     return classes
 
 
-def check_first_records(files):
+def check_first_records(files: Iterable[str]) -> None:
     """For shards without a manifest (a glob, a list): the first record of each file must be a
     ``tf.train.Example`` with tfpipe's ``image`` bytes, so a foreign ``.tfrec`` the glob picked up is named here
     instead of failing later inside TensorFlow (``Feature: image is required``, no file named)."""
 
-    def problem(path):
+    def problem(path: str) -> str | None:
         try:
             raw = next(read_records(path), None)
         except CorruptRecord as e:
@@ -250,7 +264,7 @@ def check_first_records(files):
     raise_first_problem(problem, files)
 
 
-def raise_first_problem(problem, files):
+def raise_first_problem(problem: Callable[[str], str | None], files: Iterable[str]) -> None:
     """Runs ``problem(path)`` for every file at once (one request each is slow on a bucket) and raises the first
     message, in file order, as a ``TfpipeError``."""
     with ThreadPoolExecutor(STAT_THREADS) as pool:
@@ -259,27 +273,28 @@ def raise_first_problem(problem, files):
                 raise TfpipeError(message)
 
 
-def select_folds(shards, folds, records):
+def select_folds(shards: Shards, folds: Sequence[int], records: object) -> Shards:
     """The shards of ``folds`` only; folds the shards were not written with are an error."""
-    k = shards.folds
-    if not k:
+    manifest = shards.manifest
+    k = manifest.num_folds if manifest else None
+    if manifest is None or not k:
         raise TfpipeError(
             f"{records}: folds {list(folds)} were asked for, but these shards were written without "
-            "folds (tfpipe.write --folds K)"
+            "folds (tfpipe.write --num-folds K)"
         )
     outside = [f for f in folds if f not in range(k)]
     if outside:
         raise TfpipeError(f"{records}: folds {outside} outside 0..{k - 1} (written with {k} folds)")
-    fold_of = {s.file: s.fold for s in shards.manifest.shards}
+    fold_of = {s.file: s.fold for s in manifest.shards}
     keep = set(folds)
     return dataclasses.replace(
         shards, files=tuple(f for f in shards.files if fold_of.get(posixpath.basename(f)) in keep)
     )
 
 
-def fold_split(records, fold):
+def fold_split(records: Records, fold: int) -> tuple[list[int], list[int]]:
     """(training folds, validation folds) for validating on ``fold`` of a folded shard folder."""
-    k = open_shards(records).folds
+    k = open_shards(records).num_folds
     if not k:
         raise TfpipeError(f"{records}: written without folds; cannot pick validation fold {fold}")
     if fold not in range(k):
@@ -287,7 +302,7 @@ def fold_split(records, fold):
     return [f for f in range(k) if f != fold], [fold]
 
 
-def holdout_split(shards, val_fraction):
+def holdout_split(shards: Shards, val_fraction: float) -> tuple[Shards, Shards]:
     """(training, validation) ``Shards`` holding out the last shards, about ``val_fraction`` of them."""
     files = shards.files
     if len(files) < 2:
@@ -296,12 +311,12 @@ def holdout_split(shards, val_fraction):
     return dataclasses.replace(shards, files=files[:-n_val]), dataclasses.replace(shards, files=files[-n_val:])
 
 
-def check_sizes(files, manifest, folder):
+def check_sizes(files: Iterable[str], manifest: Manifest, folder: str) -> None:
     """Compares each file's size with the manifest: a missing or truncated shard is named before reading starts,
     and so is one that is not a file of the folder (a folder, or a link to outside it)."""
     listed = {s.file: s.bytes for s in manifest.shards}
 
-    def problem(path):
+    def problem(path: str) -> str | None:
         expected = listed.get(posixpath.basename(path))
         if not fs.exists(path):
             return f"{path}: shard listed in {MANIFEST} is missing"
@@ -320,17 +335,18 @@ def check_sizes(files, manifest, folder):
     raise_first_problem(problem, files)
 
 
-def _links_out(path, folder):
+def _links_out(path: str, folder: str) -> bool:
     """A local shard that resolves (through links) to somewhere outside its folder."""
     if fs.is_remote(path):
         return False
     return os.path.dirname(os.path.realpath(path)) != os.path.realpath(folder)
 
 
-def verify(shards):
+def verify(shards: Shards) -> list[str]:
     """Reads every record of every shard, checking both CRCs (no TensorFlow) and the counts the manifest or the
     names give. Returns a list of problems, one line each."""
-    problems = []
+    problems: list[str] = []
+
     for path, expected in shards.counts.items():
         try:
             n = sum(1 for _ in read_records(path))

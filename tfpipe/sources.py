@@ -20,6 +20,8 @@ is not whitespace (``--sep ,``), a label holding a space is refused unless
 class names contain spaces (``--spaces-in-names`` / ``spaces_in_names``).
 """
 
+from __future__ import annotations
+
 import ast
 import collections
 import csv
@@ -29,6 +31,8 @@ import io
 import posixpath
 import re
 import unicodedata
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Protocol, TypeAlias, overload, runtime_checkable
 
 import pandas as pd
 
@@ -45,7 +49,7 @@ class Item:
 
     path: str
     name: str
-    labels: tuple = ()
+    labels: tuple[str, ...] = ()
     data: bytes | None = dataclasses.field(default=None, repr=False)  # encoded image, when not from a file
 
 
@@ -64,16 +68,21 @@ class LabelFormat:
 
     labels_col: str = "labels"
     sep: str = " "
-    label_cols: tuple = ()
+    label_cols: tuple[str, ...] = ()
     class_col: str | None = None
     spaces_in_names: bool = False
 
     @property
-    def single_label(self):
+    def single_label(self) -> bool:
         return self.class_col is not None
 
 
-def read_csv(csv_path, *, image_col="image", label_format=LabelFormat(), labeled=True):
+Row: TypeAlias = tuple[int, str, tuple[str, ...]]  # (data row from 1, image id, label names) of a CSV
+
+
+def read_csv(
+    csv_path: str, *, image_col: str = "image", label_format: LabelFormat = LabelFormat(), labeled: bool = True
+) -> list[Row]:
     """Reads a CSV into (row number, image id, label names) triples.
 
     Args:
@@ -97,7 +106,7 @@ def read_csv(csv_path, *, image_col="image", label_format=LabelFormat(), labeled
     return [(i + 1, name, labels) for i, (name, labels) in enumerate(zip(ids, labels))]
 
 
-def _read_table(csv_path):
+def _read_table(csv_path: str) -> pd.DataFrame:
     """The CSV as a frame of strings; unreadable, undecodable or ambiguous (a column named twice) is an error."""
     try:
         if not fs.exists(csv_path):
@@ -123,11 +132,11 @@ def _read_table(csv_path):
         raise TfpipeError(f"{csv_path}: cannot parse CSV ({str(e).splitlines()[0]})") from None
 
 
-def _check_ids(ids, image_col, csv_path):
+def _check_ids(ids: Sequence[str], image_col: str, csv_path: str) -> None:
     """Ids key the records and the submission: an empty or repeated id, or one reaching outside the images
     folder (``../``, an absolute path), is an error naming its rows. (Two spellings of one file are caught
     when ids are matched to files.)"""
-    first = {}
+    first: dict[str, int] = {}
     for row, name in enumerate(ids, start=1):
         if not name:
             raise TfpipeError(f"{csv_path}: row {row}: empty id in column {image_col!r}")
@@ -165,12 +174,16 @@ ASCII_INTEGER = re.compile(r"[+-]?[0-9]+")  # labels sorted as numbers (str.isdi
 ASCII_NUMBER = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)")  # "5", "05", "+5", "5.0": one number
 
 
-def nfc(text):
+@overload
+def nfc(text: str) -> str: ...
+@overload
+def nfc(text: None) -> None: ...
+def nfc(text: str | None) -> str | None:
     """``text`` in Unicode NFC (None stays None): how labels and column names are compared and stored."""
     return None if text is None else unicodedata.normalize("NFC", text)
 
 
-def clean_label(label, where):
+def clean_label(label: str, where: str) -> str:
     """A label as it is compared and stored: in NFC, with no invisible character (a Unicode format or control
     character, or a space other than the ASCII one) -- such a character is an error naming it and ``where``."""
     if label.isascii() and label.isprintable():  # the common case, without a look at each character
@@ -187,7 +200,7 @@ def clean_label(label, where):
     return nfc(label)
 
 
-def check_label_spellings(labels, csv_path):
+def check_label_spellings(labels: Iterable[Iterable[str]], csv_path: str) -> None:
     """Refuses label spellings that would silently become extra classes.
 
     Two labels that differ only in case ("Cat", "cat"), in Unicode compatibility
@@ -196,17 +209,17 @@ def check_label_spellings(labels, csv_path):
     errors naming both spellings and their first rows: merging them is the
     user's decision.
     """
-    first_row = {}
+    first_row: dict[str, str] = {}
     for row, row_labels in enumerate(labels, start=1):
         for label in row_labels:
             first_row.setdefault(label, f"row {row}")
     refuse_twin_spellings(first_row, csv_path)
 
 
-def refuse_twin_spellings(first_seen, origin):
+def refuse_twin_spellings(first_seen: Mapping[str, str], origin: str) -> None:
     """``first_seen``: label -> where it is first seen ("row 3", "folder 'Cat'"); two spellings of one label are
     an error naming both, as ``check_label_spellings`` says."""
-    by_key = {}
+    by_key: dict[str | decimal.Decimal, list[str]] = {}
     for label in first_seen:
         by_key.setdefault(_spelling(label), []).append(label)
     for key, spellings in by_key.items():
@@ -224,20 +237,20 @@ def refuse_twin_spellings(first_seen, origin):
             )
 
 
-def _spelling(label):
+def _spelling(label: str) -> str | decimal.Decimal:
     """What the spellings of one label share: NFKC (full-width letters, "²"), case-folded, stray separators off;
     a number written with ASCII digits is its value."""
     text = unicodedata.normalize("NFKC", label).strip(STRAY).casefold()
     return decimal.Decimal(text) if ASCII_NUMBER.fullmatch(text) else text
 
 
-def _require_columns(df, columns, csv_path):
+def _require_columns(df: pd.DataFrame, columns: Iterable[str], csv_path: str) -> None:
     missing = [c for c in columns if c not in df.columns]
     if missing:
         raise TfpipeError(f"{csv_path}: column {missing[0]!r} not found (columns: {', '.join(df.columns)})")
 
 
-def _labels(df, fmt, csv_path):
+def _labels(df: pd.DataFrame, fmt: LabelFormat, csv_path: str) -> list[tuple[str, ...]]:
     if fmt.label_cols:
         return _one_hot_labels(df, fmt.label_cols, csv_path)
     if fmt.class_col is not None:
@@ -255,7 +268,7 @@ def _labels(df, fmt, csv_path):
     ]
 
 
-def check_separator(fmt):
+def check_separator(fmt: LabelFormat) -> None:
     """An empty separator (an unset variable: ``--sep "$SEP"``) would split on every kind of blank, and
     ``spaces_in_names`` means nothing when the separator itself is a space."""
     if not fmt.sep:
@@ -269,10 +282,10 @@ def check_separator(fmt):
         )
 
 
-def _class_labels(df, class_col, csv_path):
+def _class_labels(df: pd.DataFrame, class_col: str, csv_path: str) -> list[tuple[str, ...]]:
     """One class per row (a class may hold spaces: the column holds one name, never a list)."""
     _require_columns(df, [class_col], csv_path)
-    out = []
+    out: list[tuple[str, ...]] = []
     for row, value in enumerate(df[class_col], start=1):
         if not value.strip(ASCII_SPACE) or value.strip(ASCII_SPACE) in MISSING:
             raise TfpipeError(
@@ -287,7 +300,9 @@ LIST_SEP = "list"  # LabelFormat.sep / --sep for cells holding Python lists: ['c
 MISSING = frozenset({"nan", "NaN", "NAN", "<NA>", "None", "null", "NULL", "N/A", "n/a", "#N/A"})  # pandas' "missing"
 
 
-def label_cell(cell, sep, row, column, csv_path, *, spaces_in_names=False):
+def label_cell(
+    cell: str, sep: str, row: int, column: str, csv_path: str, *, spaces_in_names: bool = False
+) -> tuple[str, ...]:
     """One cell of a separated label list -> label names in NFC (whitespace around labels and empty items
     dropped, a repeated label counted once). What cannot be read one way only is an error naming row, column and
     value: a separator other than ``sep`` glued to a label (``"cat, dog"`` with ``sep=" "``), a Python list
@@ -297,6 +312,7 @@ def label_cell(cell, sep, row, column, csv_path, *, spaces_in_names=False):
     spaces, read with the wrong separator)."""
     where = f"{csv_path}: row {row}, column {column!r}: {cell!r}"
     text = cell.strip()
+    labels: Sequence[str]
     if sep == LIST_SEP:
         labels = _python_list(text, where)
     elif text.startswith("[") and text.endswith("]"):
@@ -305,7 +321,7 @@ def label_cell(cell, sep, row, column, csv_path, *, spaces_in_names=False):
         labels = [t.strip(ASCII_SPACE) for t in cell.split(sep)]
     labels = tuple(dict.fromkeys(t for t in labels if t))
     no_spaces = not spaces_in_names and sep not in (LIST_SEP, "", None) and not sep.isspace()
-    cleaned = []
+    cleaned: list[str] = []
     for label in labels:
         stray = [c for c in STRAY if c in label and c != sep]
         if stray and sep != LIST_SEP:
@@ -328,7 +344,7 @@ def label_cell(cell, sep, row, column, csv_path, *, spaces_in_names=False):
     return tuple(dict.fromkeys(cleaned))  # NFC can make two spellings in one cell one label
 
 
-def _python_list(text, where):
+def _python_list(text: str, where: str) -> list[str]:
     """A cell like ``['cat', 'dog']`` (what pandas writes for a list column) -> its strings; ``[]`` or empty: none."""
     if not text:
         return []
@@ -341,16 +357,17 @@ def _python_list(text, where):
     return [str(v).strip() for v in value]
 
 
-def _one_hot_labels(df, label_cols, csv_path):
+def _one_hot_labels(df: pd.DataFrame, label_cols: Iterable[str], csv_path: str) -> list[tuple[str, ...]]:
     """Each named 0/1 column is a class; its name (in NFC, as the CSV header is read) is the label."""
     label_cols = [nfc(col) for col in label_cols]
     _require_columns(df, label_cols, csv_path)
     for col in label_cols:
         clean_label(col, f"{csv_path}: label column {col!r}")
-    out = []
+    out: list[tuple[str, ...]] = []
     for row, values in enumerate(df[label_cols].itertuples(index=False), start=1):
-        labels = []
+        labels: list[str] = []
         for col, value in zip(label_cols, values):
+            flag: float | None
             try:
                 flag = float(value)
             except ValueError:
@@ -363,14 +380,48 @@ def _one_hot_labels(df, label_cols, csv_path):
     return out
 
 
+@runtime_checkable
+class SourceProtocol(Protocol):
+    """What ``write_shards`` reads from a source; ``Source`` and ``TfdsSource`` are the two that tfpipe has.
+
+    A source of your own (a database, another dataset library) works when it has these members.
+    """
+
+    @property
+    def labeled(self) -> bool:
+        """False: the records carry no ``target`` (on the command line ``--unlabeled``)."""
+
+    @property
+    def classes(self) -> Sequence[str] | None:
+        """The source's own class order, or None for sorted labels (or the caller's ``classes=``)."""
+
+    @property
+    def single_label(self) -> bool:
+        """One class per image by construction (a class column, a TFDS ``ClassLabel``)."""
+
+    @property
+    def id_column(self) -> str:
+        """The name of the id column a submission is keyed by (stored in the manifest)."""
+
+    @property
+    def label_format(self) -> LabelFormat | None:
+        """How a CSV lays out its labels (recorded in the manifest), None for other sources."""
+
+    @property
+    def origin(self) -> str:
+        """What error messages name: the CSV, the images folder, the dataset."""
+
+    def items(self, skip_bad: bool = False) -> tuple[list[Item], list[dict[str, str]]]:
+        """(items in input order, skipped images with their reasons)."""
+        ...
+
+
 @dataclasses.dataclass(frozen=True)
 class Source:
     """Images with a Kaggle-style CSV, or (``csv=None``) a folder per class -- or, unlabeled, a flat folder.
 
-    Every writer source has this small protocol (``TfdsSource`` too): ``items(skip_bad)``, ``classes``
-    (the source's own class order, or None for sorted labels), ``single_label``, ``id_column`` and
-    ``labeled`` (False: the records carry no ``target``; a property of the source, on the command line
-    ``--unlabeled``).
+    Satisfies ``SourceProtocol`` (as ``TfdsSource`` does); ``tfpipe.open_source`` makes either from the
+    command line's words.
     """
 
     images: str
@@ -381,20 +432,24 @@ class Source:
     classes = None  # the class order comes from the labels (or the caller's classes=)
 
     @property
-    def single_label(self):
+    def single_label(self) -> bool:
         return self.label_format.single_label
 
     @property
-    def id_column(self):
+    def id_column(self) -> str:
         """The CSV column of the ids (a submission's key); a folder's ids are ``CLASS/file`` in ``image``."""
         return self.image_col if self.csv else "image"
 
-    def items(self, skip_bad=False):
+    @property
+    def origin(self) -> str:
+        return self.csv or self.images
+
+    def items(self, skip_bad: bool = False) -> tuple[list[Item], list[dict[str, str]]]:
         """(items in input order, skipped); missing images are errors unless ``skip_bad``."""
         return collect_items(self, skip_bad)
 
 
-def collect_items(source, skip_bad):
+def collect_items(source: Source, skip_bad: bool) -> tuple[list[Item], list[dict[str, str]]]:
     """Returns (items, skipped) for a ``Source``; missing images are errors unless skipped."""
     if source.csv is None:
         if source.labeled:
@@ -402,7 +457,7 @@ def collect_items(source, skip_bad):
         if not fs.isdir(source.images):
             raise TfpipeError(f"{source.images}: images folder not found")
         # Every entry but a folder: a FIFO, device or broken link is then named when it is read, not left out.
-        rows = [
+        rows: list[Row] = [
             (i + 1, f, ())
             for i, f in enumerate(sorted(fs.listdir(source.images)))
             if not f.startswith(".") and not fs.isdir(fs.join(source.images, f))
@@ -426,7 +481,7 @@ def collect_items(source, skip_bad):
     return items, skipped
 
 
-def resolve_images(rows, images_dir, csv_path):
+def resolve_images(rows: Iterable[Row], images_dir: str, csv_path: str) -> tuple[list[Item], list[tuple[int, str]]]:
     """Maps each CSV id to a file in ``images_dir``.
 
     An id may be a relative file name or a name without extension, in which
@@ -442,7 +497,9 @@ def resolve_images(rows, images_dir, csv_path):
     if not fs.isdir(images_dir):
         raise TfpipeError(f"{images_dir}: images folder not found")
     listing = set(fs.listdir(images_dir))
-    items, missing, row_of_file = [], [], {}
+    items: list[Item] = []
+    missing: list[tuple[int, str]] = []
+    row_of_file: dict[str, tuple[int, str]] = {}
     for row, name, labels in rows:
         found = _find_images(name, images_dir, listing)
         if len(found) > 1:
@@ -465,11 +522,11 @@ def resolve_images(rows, images_dir, csv_path):
     return items, missing
 
 
-def _find_images(name, images_dir, listing):
+def _find_images(name: str, images_dir: str, listing: Collection[str]) -> list[str]:
     """The files (relative to ``images_dir``) an id names: itself if it is a file, else the id plus each known
     extension that exists. More than one is ambiguous."""
     candidates = [name] + [name + ext for ext in IMAGE_EXTENSIONS + tuple(e.upper() for e in IMAGE_EXTENSIONS)]
-    found = []
+    found: list[str] = []
     for candidate in candidates:
         if candidate in listing or ("/" in candidate and _is_entry(fs.join(images_dir, candidate))):  # sub-folders
             if candidate == name:
@@ -478,12 +535,12 @@ def _find_images(name, images_dir, listing):
     return found
 
 
-def _is_entry(path):
+def _is_entry(path: str) -> bool:
     """Anything but a folder (a FIFO or device is named when it is read, instead of reported missing)."""
     return fs.exists(path) and not fs.isdir(path)
 
 
-def read_folder_tree(root):
+def read_folder_tree(root: str) -> list[Item]:
     """Reads a folder-per-class tree: ``root/CLASS/*.jpg``; ids are ``CLASS/file``.
 
     A folder's name is its class, spaces included (the user's own name, not a list); like every label it is
@@ -492,7 +549,8 @@ def read_folder_tree(root):
     """
     if not fs.isdir(root):
         raise TfpipeError(f"{root}: images folder not found")
-    items, first_seen = [], {}
+    items: list[Item] = []
+    first_seen: dict[str, str] = {}
     for cls in sorted(d for d in fs.listdir(root) if not d.startswith(".") and fs.isdir(fs.join(root, d))):
         check_utf8(cls, root)
         label = clean_label(cls, f"{root}: class folder {cls!r}")
@@ -512,7 +570,7 @@ def read_folder_tree(root):
     return items
 
 
-def check_utf8(name, folder):
+def check_utf8(name: str, folder: str) -> None:
     """A file name becomes an id (UTF-8 text in every record and the submission); one that is not valid UTF-8
     (``os.listdir`` gives it with surrogates) is an error naming it."""
     try:
@@ -525,7 +583,7 @@ def check_utf8(name, folder):
         ) from None
 
 
-def class_names(items, classes=None):
+def class_names(items: Sequence[Item], classes: Sequence[str] | None = None) -> list[str]:
     """The class list: ``classes`` if given (checked, in NFC like every label), else sorted unique labels.
 
     Labels that are all integers written with ASCII digits sort numerically, so
@@ -547,7 +605,11 @@ def class_names(items, classes=None):
     return classes
 
 
-def targets(items, classes):
+def targets(items: Iterable[Item], classes: Sequence[str]) -> list[list[int]]:
     """Sorted class indices for every item (labels compared in NFC, as ``class_names`` stores them)."""
     index = {name: i for i, name in enumerate(classes)}
     return [sorted(index[nfc(label)] for label in item.labels) for item in items]
+
+
+if TYPE_CHECKING:  # the type checker proves that Source has every member write_shards reads
+    _source: type[SourceProtocol] = Source

@@ -8,6 +8,8 @@ complete, which is what ``--resume`` continues from. Names, the manifest and
 everything a reader needs are in ``tfpipe.shards``.
 """
 
+from __future__ import annotations
+
 import dataclasses
 import json
 import math
@@ -16,12 +18,15 @@ import posixpath
 import socket
 import time
 import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from types import TracebackType
+from typing import Any, Literal, TypedDict
 
 from tfpipe import fs
 from tfpipe.errors import TfpipeError, option
 from tfpipe.manifest import MANIFEST, PROGRESS, STAGING, Manifest, ShardEntry
 from tfpipe.shards import existing_shards, remove_outputs, shard_name
-from tfpipe.tfrecord import RecordWriter
+from tfpipe.tfrecord import RecordSink, RecordWriter
 
 LOCK = ".tfpipe-write.lock"  # who is writing this folder now (outside .staging, which a new write clears)
 STAGING_MARK = ".tfpipe-staging"  # in .staging: made by tfpipe.write (a user's own .staging is never deleted)
@@ -32,7 +37,16 @@ MIN_SHARD_RECORDS = 64  # below this a shard costs more in file opens than it gi
 SHARD_MULTIPLE = 8  # a TPU v3-8 has 8 cores; 8k shards split evenly between them
 
 
-def num_shards(num_records, est_bytes, requested=None):
+class PlannedShard(TypedDict):
+    """One shard of ``plan``: its fold (None without folds), first record, number of records and index."""
+
+    fold: int | None
+    start: int
+    size: int
+    index: int
+
+
+def num_shards(num_records: int, est_bytes: float, requested: int | None = None) -> int:
     """How many shards to write: a multiple of 8 where the data allows it.
 
     Args:
@@ -50,12 +64,12 @@ def num_shards(num_records, est_bytes, requested=None):
     return min(by_bytes, most // SHARD_MULTIPLE * SHARD_MULTIPLE)
 
 
-def split_evenly(n, parts):
+def split_evenly(n: int, parts: int) -> list[int]:
     """Sizes of ``parts`` consecutive chunks of ``n`` items, differing by at most one."""
     return [n // parts + (1 if i < n % parts else 0) for i in range(parts)]
 
 
-def plan(fold_sizes, total_shards):
+def plan(fold_sizes: Sequence[int], total_shards: int) -> list[PlannedShard]:
     """Assigns consecutive record ranges to shards, never mixing folds in a shard.
 
     Args:
@@ -68,7 +82,8 @@ def plan(fold_sizes, total_shards):
     """
     with_folds = len(fold_sizes) > 1
     per_fold = max(1, round(total_shards / len(fold_sizes)))
-    shards, start = [], 0
+    shards: list[PlannedShard] = []
+    start = 0
     for fold, size in enumerate(fold_sizes):
         for part in split_evenly(size, min(per_fold, max(size, 1))):
             shards.append({"fold": fold if with_folds else None, "start": start, "size": part, "index": len(shards)})
@@ -76,7 +91,7 @@ def plan(fold_sizes, total_shards):
     return shards
 
 
-def locked_folder(out_dir, job, fingerprint=None):
+def locked_folder(out_dir: str, job: str, fingerprint: str | None = None) -> WriteLock:
     """``out_dir`` made (never over a file) and a ``WriteLock`` on it for ``job`` (``tfpipe.write``, ``train.fit``):
     ``with locked_folder(out, "train.fit") as lock:``."""
     if fs.exists(out_dir) and not fs.isdir(out_dir):
@@ -95,9 +110,9 @@ class WriteLock:
     host (``kill -9``) is taken over; one from another host is refused with the way out.
     """
 
-    def __init__(self, out_dir, fingerprint, job="tfpipe.write"):
+    def __init__(self, out_dir: str, fingerprint: str | None, job: str = "tfpipe.write") -> None:
         self.path, self.job = posixpath.join(out_dir, LOCK), job
-        self.token = {
+        self.token: dict[str, Any] = {
             "id": uuid.uuid4().hex,
             "host": socket.gethostname(),
             "pid": os.getpid(),
@@ -105,7 +120,7 @@ class WriteLock:
             "fingerprint": fingerprint,
         }
 
-    def __enter__(self):
+    def __enter__(self) -> WriteLock:
         for _ in range(2):  # the second try follows removing a dead job's lock
             if self._create():
                 return self
@@ -116,7 +131,7 @@ class WriteLock:
                 fs.remove(self.path)
         raise TfpipeError(self._busy(self._holder() or {}))
 
-    def _create(self):
+    def _create(self) -> bool:
         data = json.dumps(self.token)
         if fs.is_remote(self.path):
             if fs.exists(self.path):
@@ -132,7 +147,7 @@ class WriteLock:
             f.write(data)
         return True
 
-    def _holder(self):
+    def _holder(self) -> dict[str, Any] | None:
         """The lock's content, or None when it is gone, half-written by its creator or not a lock at all."""
         try:
             holder = fs.read_json(self.path, "lock file")
@@ -144,7 +159,7 @@ class WriteLock:
             raise
         return holder if isinstance(holder, dict) else None
 
-    def _stale(self):
+    def _stale(self) -> bool:
         """A lock file that holds no lock (empty: its creator died between creating and writing it; junk) and is
         older than ``STALE_SECONDS``: nobody holds it."""
         try:
@@ -155,7 +170,7 @@ class WriteLock:
             return False
         return self._holder() is None and age > STALE_SECONDS
 
-    def _dead(self, holder):
+    def _dead(self, holder: Mapping[str, Any]) -> bool:
         """True for a lock whose job ran on this host and no longer runs."""
         if holder.get("host") != self.token["host"]:
             return False
@@ -167,35 +182,35 @@ class WriteLock:
             return False
         return holder.get("pid") == os.getpid()  # our own pid: a lock left by this process, not a live job
 
-    def _busy(self, holder):
+    def _busy(self, holder: Mapping[str, Any]) -> str:
         return (
             f"{posixpath.dirname(self.path)} is being written by another {self.job} (host "
             f"{holder.get('host', '?')}, pid {holder.get('pid', '?')}, started {holder.get('started', '?')}); "
             f"wait for it, or if that job is gone delete {self.path}"
         )
 
-    def held(self):
+    def held(self) -> bool:
         """Whether the lock file is still ours (a remote lock can be lost to a writer that raced us)."""
         holder = self._holder()
         return holder is not None and holder.get("id") == self.token["id"]
 
-    def check(self):
+    def check(self) -> None:
         """Before committing: refuse if another writer took the folder meanwhile (remote filesystems)."""
         if not self.held():
             raise TfpipeError(self._busy(self._holder() or {}) + "; this job's output was not committed")
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> Literal[False]:
         if self.held():
             fs.remove(self.path)
         return False
 
 
-def write_manifest(folder, manifest):
+def write_manifest(folder: str, manifest: Manifest) -> None:
     """Saves ``manifest`` in ``folder`` (a seam: tests fill the disk here)."""
     manifest.save(folder)
 
 
-def existing_manifest(out_dir):
+def existing_manifest(out_dir: str) -> Manifest | None:
     """The validated manifest of an earlier write in ``out_dir``, or None when there is none. A manifest that
     fails validation is never acted on (``--overwrite`` would delete what it lists): the user decides."""
     if not fs.exists(posixpath.join(out_dir, MANIFEST)):
@@ -209,7 +224,9 @@ def existing_manifest(out_dir):
         ) from None
 
 
-def check_destination(out_dir, split, fingerprint, *, overwrite, resume):
+def check_destination(
+    out_dir: str, split: str, fingerprint: str, *, overwrite: bool, resume: bool
+) -> tuple[Manifest | None, Manifest | None]:
     """What may happen to ``out_dir``. Returns (finished, replace): the manifest when ``resume`` finds this job
     already finished there (nothing to do), and the manifest of the dataset an ``overwrite`` replaces (only the
     files it lists are deleted); raises when writing would replace or mix with something it must not.
@@ -259,18 +276,27 @@ class StagedShards:
     an interrupted one's progress unless ``discard`` (``--overwrite``).
     """
 
-    def __init__(self, out_dir, split, shard_plan, fingerprint="", resume=False, discard=False):
+    def __init__(
+        self,
+        out_dir: str,
+        split: str,
+        shard_plan: Sequence[PlannedShard],
+        fingerprint: str = "",
+        resume: bool = False,
+        discard: bool = False,
+    ) -> None:
         self.out_dir, self.split, self.plan = out_dir, split, shard_plan
         self.fingerprint, self.resume, self.discard = fingerprint, resume, discard
         self.staging = posixpath.join(out_dir, STAGING)
         self.progress_path = posixpath.join(self.staging, PROGRESS)
         self.counts = [0] * len(shard_plan)
-        self.skipped = [[] for _ in shard_plan]
-        self.finished = set()
-        self.sizes = {}  # bytes of each finished staged shard, recorded so --resume can check the file
-        self._writer, self._current = None, None
+        self.skipped: list[list[dict[str, str]]] = [[] for _ in shard_plan]
+        self.finished: set[int] = set()
+        self.sizes: dict[int, int] = {}  # bytes of each finished staged shard, recorded so --resume can check the file
+        self._writer: RecordSink | None = None
+        self._current: int | None = None
 
-    def __enter__(self):
+    def __enter__(self) -> StagedShards:
         if fs.exists(self.staging) and not self._ours():
             raise TfpipeError(
                 f"{self.staging} exists and was not made by tfpipe.write; it is not deleted -- move it, "
@@ -298,7 +324,7 @@ class StagedShards:
             self._take_finished(entry)
         return self
 
-    def _ours(self):
+    def _ours(self) -> bool:
         """Whether ``.staging`` was made by tfpipe.write: it holds our mark, or (writes of tfpipe 0.2) a progress
         file of ours. Anything else there is the user's and is never deleted."""
         if fs.exists(posixpath.join(self.staging, STAGING_MARK)):
@@ -308,7 +334,7 @@ class StagedShards:
         except (TfpipeError, OSError):
             return False
 
-    def _take_finished(self, entry):
+    def _take_finished(self, entry: Mapping[str, Any]) -> None:
         """Keeps a shard the interrupted write finished, after checking its staged file is the one recorded."""
         index, staged = entry["index"], self.staged_path(entry["index"])
         present = fs.exists(staged)
@@ -323,7 +349,7 @@ class StagedShards:
         self.sizes[index] = entry.get("bytes", 0)
         self.finished.add(index)
 
-    def _read_progress(self):
+    def _read_progress(self) -> dict[str, Any] | None:
         """The progress file, validated: a damaged one is an error, never a resume from wrong offsets."""
         if not fs.exists(self.progress_path):
             return None
@@ -340,29 +366,30 @@ class StagedShards:
             f"{option('resume', True)} to start over"
         )
 
-    def staged_path(self, index):
+    def staged_path(self, index: int) -> str:
         return posixpath.join(self.staging, f"{self.split}-{index:05d}.part")
 
-    def first_unfinished_record(self):
+    def first_unfinished_record(self) -> int:
         """Index of the first record not in a finished shard (shards are consecutive record ranges)."""
         for s in self.plan:
             if s["index"] not in self.finished:
                 return s["start"]
         return sum(s["size"] for s in self.plan)
 
-    def write(self, index, record):
+    def write(self, index: int, record: bytes) -> None:
         """Appends a serialized record to shard ``index`` (shards are written in order)."""
         if index != self._current:
             self._close()
             self._writer, self._current = RecordWriter(self.staged_path(index)), index
+        assert self._writer is not None  # open whenever _current is set
         self._writer.write(record)
         self.counts[index] += 1
 
-    def skip(self, index, entry):
+    def skip(self, index: int, entry: dict[str, str]) -> None:
         """Notes a record of shard ``index`` that was skipped (``entry``: image and reason)."""
         self.skipped[index].append(entry)
 
-    def finish(self, index):
+    def finish(self, index: int) -> None:
         """Marks shard ``index`` complete: closes it and records it in the progress file."""
         if self._current == index:
             self._close()
@@ -375,20 +402,20 @@ class StagedShards:
         ]
         fs.write_atomic(self.progress_path, json.dumps({"fingerprint": self.fingerprint, "shards": entries}))
 
-    def add_finished(self, index, count, skipped):
+    def add_finished(self, index: int, count: int, skipped: list[dict[str, str]]) -> None:
         """Records shard ``index`` as complete when something else wrote its staged file (the Beam runner)."""
         self.counts[index], self.skipped[index] = count, skipped
         self.finish(index)
 
-    def _close(self):
+    def _close(self) -> None:
         if self._writer is not None:
             self._writer.close()
             self._writer, self._current = None, None
 
-    def all_skipped(self):
+    def all_skipped(self) -> list[dict[str, str]]:
         return [entry for per_shard in self.skipped for entry in per_shard]
 
-    def commit(self, manifest, replace=None):
+    def commit(self, manifest: Manifest, replace: Manifest | None = None) -> Manifest:
         """Moves the finished shards into place, the manifest last; returns the manifest.
 
         The manifest is written under ``.staging`` first, so a full disk fails before anything moves (the staged
@@ -419,7 +446,9 @@ class StagedShards:
         fs.rmtree(self.staging)
         return manifest
 
-    def __exit__(self, exc_type, exc, tb):
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> Literal[False]:
         """On failure keeps the finished shards for ``resume`` and drops the unfinished one."""
         current = self._current
         self._close()
@@ -430,7 +459,7 @@ class StagedShards:
         return False
 
 
-def _valid_progress(progress, shard_plan):
+def _valid_progress(progress: object, shard_plan: Sequence[PlannedShard]) -> bool:
     """A progress file names the job and lists finished shards of this plan, each with its records and skipped
     images adding up to the shard's planned size (and the staged file's bytes, checked when resuming)."""
     if not isinstance(progress, dict) or not isinstance(progress.get("fingerprint"), str):
@@ -457,7 +486,7 @@ def _valid_progress(progress, shard_plan):
     return True
 
 
-def _move_all(moves):
+def _move_all(moves: Iterable[tuple[str, str]]) -> None:
     """Renames (source, destination) pairs; on a failure the ones already done are moved back, so no ``*.tfrec``
     of an unfinished commit is left in the folder."""
     done = []

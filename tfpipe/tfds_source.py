@@ -10,12 +10,19 @@ dataset's own. Encoded images are held in memory until written, which suits
 datasets up to a few GB (cifar10/100, tf_flowers, plant_village).
 """
 
+from __future__ import annotations
+
 import dataclasses
 import functools
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from tfpipe.deps import require
 from tfpipe.errors import TfpipeError
 from tfpipe.sources import Item
+
+if TYPE_CHECKING:
+    from tfpipe.sources import SourceProtocol
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,37 +36,42 @@ class TfdsSource:
     label_key: str | None = None
     labeled: bool = True
     id_column = "id"  # the manifest's id column: TFDS "id" feature, else the record's tfds_id
+    label_format = None  # labels come from the dataset's features, not a CSV layout
+
+    @property
+    def origin(self) -> str:
+        return f"TFDS {self.name}[{self.split}]"
 
     @functools.cached_property
-    def _label_info(self):
+    def _label_info(self) -> tuple[str | None, list[str], bool]:
         """(label key, class names, single_label) from the dataset's features (no examples are read)."""
         if not self.labeled:
             return None, [], False
         return _label_feature(_builder(self).info.features, self.label_key)
 
     @property
-    def classes(self):
+    def classes(self) -> list[str] | None:
         return self._label_info[1] or None
 
     @property
-    def single_label(self):
+    def single_label(self) -> bool:
         return self._label_info[2]
 
-    def items(self, skip_bad=False):
+    def items(self, skip_bad: bool = False) -> tuple[list[Item], list[dict[str, str]]]:
         """(items with encoded image bytes, skipped): nothing is skipped, every example has its image."""
         return read_tfds(self)[0], []
 
 
-def _label_feature(features, key):
+def _label_feature(features: Any, key: str | None) -> tuple[str | None, list[str], bool]:
     """(key, class names, single_label) of the label feature, or (None, [], False)."""
     tfds = require("tensorflow_datasets")
 
-    def names_of(feature):
+    def names_of(feature: Any) -> tuple[Sequence[str] | None, bool]:
         if isinstance(feature, tfds.features.ClassLabel):
             return feature.names, True
         if isinstance(feature, tfds.features.Sequence) and isinstance(feature.feature, tfds.features.ClassLabel):
             return feature.feature.names, False
-        return None, None
+        return None, False
 
     keys = [key] if key else list(features.keys())
     for k in keys:
@@ -73,7 +85,7 @@ def _label_feature(features, key):
     return None, [], False
 
 
-def _builder(source):
+def _builder(source: TfdsSource) -> Any:
     tfds = require("tensorflow_datasets")
     try:
         return tfds.builder(source.name, data_dir=source.data_dir)
@@ -81,7 +93,7 @@ def _builder(source):
         raise TfpipeError(f"TFDS dataset {source.name!r}: {str(e).splitlines()[0][:200]}") from None
 
 
-def read_tfds(source):
+def read_tfds(source: TfdsSource) -> tuple[list[Item], list[str], bool]:
     """(items with encoded image bytes, class names, single_label) for a ``TfdsSource``."""
     tfds = require("tensorflow_datasets")
     builder = _builder(source)
@@ -102,10 +114,11 @@ def read_tfds(source):
             f"TFDS dataset {source.name!r} split {source.split!r}: {str(e).splitlines()[0][:200]} "
             f"(prepare it first with tfds build, or pass --data-dir)"
         ) from None
-    items = []
+    items: list[Item] = []
     for ex in ds.as_numpy_iterator():
         name = ex["id"].decode() if "id" in ex else ex["tfds_id"].decode()
-        labels = ()
+        labels: tuple[str, ...] = ()
+
         if label_key is not None:
             value = ex[label_key]
             labels = (names[int(value)],) if single else tuple(dict.fromkeys(names[int(v)] for v in value))
@@ -115,3 +128,7 @@ def read_tfds(source):
     if not items:
         raise TfpipeError(f"TFDS dataset {source.name!r} split {source.split!r} is empty")
     return items, names, single
+
+
+if TYPE_CHECKING:  # the type checker proves that TfdsSource has every member write_shards reads
+    _source: type[SourceProtocol] = TfdsSource

@@ -6,7 +6,11 @@ the data, masked CRC-32C of the data — the format of
 ``tf.io.TFRecordWriter`` (tested). Remote paths use TensorFlow's writer.
 """
 
+from __future__ import annotations
+
 import struct
+from collections.abc import Iterator
+from typing import Protocol
 
 import google_crc32c
 
@@ -15,12 +19,20 @@ from tfpipe import fs
 MASK_DELTA = 0xA282EAD8
 
 
-def masked_crc(data):
+class RecordSink(Protocol):
+    """What ``RecordWriter`` returns: ``LocalRecordWriter`` or ``tf.io.TFRecordWriter``."""
+
+    def write(self, record: bytes) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def masked_crc(data: bytes) -> int:
     crc = google_crc32c.value(data)
     return (((crc >> 15) | (crc << 17)) + MASK_DELTA) & 0xFFFFFFFF
 
 
-def _header(length):
+def _header(length: int) -> bytes:
     size = struct.pack("<Q", length)
     return size + struct.pack("<I", masked_crc(size))
 
@@ -28,25 +40,25 @@ def _header(length):
 class LocalRecordWriter:
     """Writes serialized records to a local TFRecord file, framing each one as TensorFlow does."""
 
-    def __init__(self, path):
+    def __init__(self, path: str) -> None:
         self._file = open(path, "wb")
 
-    def write(self, record):
+    def write(self, record: bytes) -> None:
         self._file.write(_header(len(record)))
         self._file.write(record)  # written as is: no copy of the (possibly large) record
         self._file.write(struct.pack("<I", masked_crc(record)))
 
-    def close(self):
+    def close(self) -> None:
         self._file.close()
 
-    def __enter__(self):
+    def __enter__(self) -> LocalRecordWriter:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
-def RecordWriter(path):
+def RecordWriter(path: str) -> RecordSink:
     """A TFRecord writer for ``path``: ``tf.io.TFRecordWriter`` for remote paths, else ``LocalRecordWriter``."""
     if fs.is_remote(path):
         from tfpipe.deps import require
@@ -59,7 +71,7 @@ class CorruptRecord(Exception):
     """A TFRecord file whose framing or checksums are wrong (the message names the file and offset)."""
 
 
-def read_records(path):
+def read_records(path: str) -> Iterator[bytes]:
     """Yields the payload of every record of a TFRecord file, checking both CRCs (like TensorFlow's reader).
 
     Raises ``CorruptRecord`` naming ``path`` and the byte offset on a truncated

@@ -16,7 +16,11 @@ whole shards are dealt to the (rank, worker) readers when there are enough of
 them, otherwise every reader scans all shards and keeps every n-th record.
 """
 
+from __future__ import annotations
+
 import random
+from collections.abc import Iterable, Iterator, Sequence
+from typing import TypeAlias, TypeVar
 
 import cv2
 import numpy as np
@@ -29,13 +33,17 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from tfpipe import schema
 from tfpipe.errors import TfpipeError, check_count
-from tfpipe.shards import checked_num_classes, open_shards
+from tfpipe.shards import Records, checked_num_classes, open_shards
 from tfpipe.tfrecord import read_records
 
+# (image uint8 [3, H, W], target float32 [C]), and the record's image_name with ``with_ids``
+Sample: TypeAlias = tuple[torch.Tensor, torch.Tensor] | tuple[torch.Tensor, torch.Tensor, str]
+T = TypeVar("T")
 
-def reader_slot(rank=None, world_size=None):
+
+def reader_slot(rank: int | None = None, world_size: int | None = None) -> tuple[int, int]:
     """(index, count) of this reader among all (rank, DataLoader worker) readers."""
-    if rank is None:
+    if rank is None or world_size is None:  # RecordDataset takes both or neither
         dist = torch.distributed
         rank, world_size = (
             (dist.get_rank(), dist.get_world_size()) if dist.is_available() and dist.is_initialized() else (0, 1)
@@ -45,7 +53,7 @@ def reader_slot(rank=None, world_size=None):
     return rank * workers + worker, world_size * workers
 
 
-class RecordDataset(IterableDataset):
+class RecordDataset(IterableDataset[Sample]):
     """Yields ``(image uint8 [3, H, W], target float32 [C])`` from tfpipe shards.
 
     Args:
@@ -57,24 +65,27 @@ class RecordDataset(IterableDataset):
       seed: base seed of the shuffle.
       shuffle_buffer: records held for shuffling, per reader.
       with_ids: also yield the record's ``image_name``.
-      rank, world_size: this process's place among distributed ranks (default:
-        from ``torch.distributed`` when it is initialised, else 0 of 1).
+      rank: this process's rank among distributed ranks (give both or neither; default: from
+        ``torch.distributed`` when it is initialised, else 0).
+      world_size: the number of ranks (default: from ``torch.distributed``, else 1).
     """
 
     def __init__(
         self,
-        records,
+        records: Records,
         *,
-        folds=None,
-        num_classes=None,
-        shuffle=False,
-        seed=0,
-        shuffle_buffer=1024,
-        with_ids=False,
-        rank=None,
-        world_size=None,
-    ):
+        folds: Sequence[int] | None = None,
+        num_classes: int | None = None,
+        shuffle: bool = False,
+        seed: int = 0,
+        shuffle_buffer: int = 1024,
+        with_ids: bool = False,
+        rank: int | None = None,
+        world_size: int | None = None,
+    ) -> None:
         super().__init__()
+        if (rank is None) != (world_size is None):
+            raise TfpipeError(f"RecordDataset: give rank and world_size together (got {rank=}, {world_size=})")
         check_count(1, num_classes=num_classes)  # 0 is a mistake, not "from the manifest" (as in make_dataset)
         shards = open_shards(records, folds)  # the same checks and messages as make_dataset
         self.shards, self.files = shards, shards.files
@@ -83,10 +94,10 @@ class RecordDataset(IterableDataset):
         self.rank, self.world_size = rank, world_size
         self.epoch = 0
 
-    def set_epoch(self, epoch):
+    def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
-    def _records(self):
+    def _records(self) -> Iterator[bytes]:
         slot, slots = reader_slot(self.rank, self.world_size)
         files = list(self.files)
         if self.shuffle:  # the same permutation in every reader, so the deal below stays disjoint
@@ -99,12 +110,12 @@ class RecordDataset(IterableDataset):
                 if i % slots == slot:
                     yield record
 
-    def _decode(self, record):
+    def _decode(self, record: bytes) -> Sample:
         ex = schema.decode_example(record)
-        image = cv2.imdecode(np.frombuffer(ex[schema.IMAGE], np.uint8), cv2.IMREAD_COLOR)
-        if image is None:
+        pixels = cv2.imdecode(np.frombuffer(ex[schema.IMAGE], np.uint8), cv2.IMREAD_COLOR)
+        if pixels is None:
             raise TfpipeError(f"record {ex.get(schema.IMAGE_NAME, b'?')!r}: image does not decode")
-        image = torch.from_numpy(np.ascontiguousarray(image[:, :, ::-1].transpose(2, 0, 1)))  # BGR HWC -> RGB CHW
+        image = torch.from_numpy(np.ascontiguousarray(pixels[:, :, ::-1].transpose(2, 0, 1)))  # BGR HWC -> RGB CHW
         target = torch.from_numpy(schema.multi_hot([ex.get(schema.TARGET, [])], self.num_classes)[0])
         name = ex.get(schema.IMAGE_NAME, b"")
         return (
@@ -113,7 +124,7 @@ class RecordDataset(IterableDataset):
             else (image, target)
         )
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Sample]:
         self.shards.check_unchanged()  # every epoch: a folder rewritten since would change what an index means
         records = self._records()
         if self.shuffle:
@@ -122,9 +133,10 @@ class RecordDataset(IterableDataset):
             yield self._decode(record)
 
 
-def _shuffled(items, buffer_size, rng):
+def _shuffled(items: Iterable[T], buffer_size: int, rng: random.Random) -> Iterator[T]:
     """A shuffle buffer over a stream (what tf.data's shuffle does)."""
-    buffer = []
+    buffer: list[T] = []
+
     for item in items:
         buffer.append(item)
         if len(buffer) >= buffer_size:

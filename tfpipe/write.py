@@ -1,7 +1,7 @@
 """Write a Kaggle-style image folder + CSV as sharded TFRecords.
 
     python -m tfpipe.write --csv data/demo/train.csv --images data/demo/images \
-        --out records/demo/train --image-size 128 --folds 5
+        --out records/demo/train --image-size 128 --num-folds 5
 
 Steps: read the source (CSV or folder-per-class) -> fix the classes -> assign
 folds -> plan shards -> decode/resize/encode/serialize in a torch DataLoader
@@ -9,6 +9,10 @@ folds -> plan shards -> decode/resize/encode/serialize in a torch DataLoader
 and write ``manifest.json``. See ``python -m tfpipe.write --help``.
 """
 
+from __future__ import annotations
+
+import argparse
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -16,52 +20,66 @@ import json
 import os
 import sys
 import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from tfpipe import __version__, fs, schema
+from tfpipe.deprecations import add_deprecated_flag, renamed_arguments
 from tfpipe.deps import require
 from tfpipe.encode import encode_item
-from tfpipe.errors import ArgumentParser, TfpipeError, check_count, check_path, check_seed, option, renamed, run_cli
+from tfpipe.errors import ArgumentParser, TfpipeError, check_count, check_path, check_seed, option, run_cli
 from tfpipe.images import FITS, FORMATS, ImageSpec, from_millions
 from tfpipe.manifest import MANIFEST, Manifest, StoredImages
 from tfpipe.processes import die_with_parent
 from tfpipe.shards import STAT_THREADS, check_split
-from tfpipe.sources import LabelFormat, Source, class_names, targets
-from tfpipe.staging import StagedShards, check_destination, locked_folder, num_shards, plan
+from tfpipe.sources import Item, LabelFormat, Source, SourceProtocol, class_names, targets
+from tfpipe.staging import PlannedShard, StagedShards, check_destination, locked_folder, plan
+from tfpipe.staging import num_shards as shard_count
 from tfpipe.tfds_source import TfdsSource
+
+if TYPE_CHECKING:
+    from apache_beam.options.pipeline_options import PipelineOptions
+    from tqdm import tqdm
 
 RUNNERS = ("local", "beam")
 LOADER_BATCH = 16  # images per DataLoader batch: amortises inter-process overhead
 EST_BYTES_PER_PIXEL = {"jpeg": 0.5, "png": 2.0}  # for shard planning before any image is encoded
 MAX_LISTED_SKIPS = 5  # how many skipped files the summary line names
 
+Encoded: TypeAlias = tuple[int, bytes | None, str | None]  # (index, record, error): a record or an error
+Identity: TypeAlias = tuple[int, int] | str | None  # (size, mtime_ns) of a file, a hash of in-memory bytes, None
+Pace: TypeAlias = tuple[int, float]  # (images after the first batch, seconds since it arrived)
+
 
 class EncodeDataset:
     """Map-style dataset for the DataLoader: index -> (index, record bytes, error), run in worker processes."""
 
-    def __init__(self, items, item_targets, spec, start=0):
+    def __init__(
+        self, items: Sequence[Item], item_targets: Sequence[Sequence[int]] | None, spec: ImageSpec, start: int = 0
+    ) -> None:
         self.items, self.targets, self.spec, self.start = items, item_targets, spec, start
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self.items) - self.start
 
-    def __getitem__(self, i):
+    def __getitem__(self, i: int) -> Encoded:
         i += self.start  # --resume: records of finished shards are not encoded again
         return (i, *encode_item(self.items[i], None if self.targets is None else self.targets[i], self.spec))
 
 
-def _keep_batch(batch):
+def _keep_batch(batch: list[Encoded]) -> list[Encoded]:
     return batch  # a list of (index, record, error); no tensors involved
 
 
-def _worker_init(parent_pid, _):
+def _worker_init(parent_pid: int, _: int) -> None:
     import cv2
 
     die_with_parent(parent_pid)
     cv2.setNumThreads(1)  # one process per core already; OpenCV threads would oversubscribe
 
 
-def start_encoding(dataset, num_workers, start_method):
+def start_encoding(dataset: EncodeDataset, num_workers: int, start_method: str) -> Iterator[list[Encoded]]:
     """Starts DataLoader workers and returns an iterator of batches in input order.
 
     Each batch is a list of (index, record, error). The workers start (and
@@ -90,7 +108,7 @@ def start_encoding(dataset, num_workers, start_method):
     return iter(loader)
 
 
-def default_workers(items, spec):
+def default_workers(items: Sequence[Item], spec: ImageSpec) -> int:
     """One worker per core, except when JPEGs will mostly be copied as they are (no ``--image-size``):
     then there is no codec work to spread, and moving each file's bytes through a worker process costs
     more than it saves (measured: 700 vs 490 images/s on 2 cores)."""
@@ -100,10 +118,10 @@ def default_workers(items, spec):
         and all(item.path.lower().endswith((".jpg", ".jpeg")) for item in items)
     ):
         return 0
-    return os.cpu_count()
+    return os.cpu_count() or 1  # None: the count is unknown
 
 
-def estimate_bytes(items, spec, identities):
+def estimate_bytes(items: Sequence[Item], spec: ImageSpec, identities: Sequence[Identity]) -> int:
     """The dataset's size for planning shards: the files' sizes when they are copied as they are (a file that
     cannot be stat'ed counts 0; its record reports it), else pixels times a typical ratio."""
     if spec.image_size is None:
@@ -114,7 +132,15 @@ def estimate_bytes(items, spec, identities):
     return int(len(items) * spec.image_size * spec.image_size * EST_BYTES_PER_PIXEL[spec.format])
 
 
-def job_fingerprint(items, item_targets, names, shard_plan, spec, split, identities):
+def job_fingerprint(
+    items: Sequence[Item],
+    item_targets: Sequence[Sequence[int]] | None,
+    names: Sequence[str],
+    shard_plan: Sequence[PlannedShard],
+    spec: ImageSpec,
+    split: str,
+    identities: Sequence[Identity],
+) -> str:
     """A hash of everything that decides the output bytes, so --resume never mixes two different jobs: settings,
     classes, plan, and per image its id, path, labels and ``identities`` (the file's size and modification time;
     the bytes' hash for in-memory images), so an image changed since an earlier write is a new job."""
@@ -124,11 +150,11 @@ def job_fingerprint(items, item_targets, names, shard_plan, spec, split, identit
     return h.hexdigest()
 
 
-def input_identities(items):
+def input_identities(items: Sequence[Item]) -> list[Identity]:
     """(size, mtime_ns) of every input file, in order (threads: one request each is slow on a bucket); None for a
     file that cannot be stat'ed now (its record reports the problem). In-memory images: a hash of their bytes."""
 
-    def identity(item):
+    def identity(item: Item) -> Identity:
         if item.data is not None:
             return hashlib.sha1(item.data).hexdigest()
         try:
@@ -142,39 +168,39 @@ def input_identities(items):
         return list(pool.map(identity, items))
 
 
-def shutdown(batches):
+def shutdown(batches: object) -> None:
     """Stops DataLoader workers now (Ctrl-C, errors) instead of whenever the iterator is collected."""
     stop = getattr(batches, "_shutdown_workers", None)
     if stop is not None:
         stop()
 
 
+@renamed_arguments(shards="num_shards", folds="num_folds")
 def write_shards(
-    source,
-    out,
+    source: SourceProtocol,
+    out: str,
     *,
-    spec=ImageSpec(),  # noqa: B008 (frozen dataclass: one shared default is safe)
-    classes=None,
-    split="train",
-    shards=None,
-    folds=None,
-    seed=0,
-    skip_bad=False,
-    overwrite=False,
-    resume=False,
-    workers=None,
-    start_method="auto",
-    progress=True,
-    runner="local",
-    pipeline_args=(),
-    num_workers=None,
-):
+    spec: ImageSpec = ImageSpec(),  # noqa: B008 (frozen dataclass: one shared default is safe)
+    classes: Sequence[str] | None = None,
+    split: str = "train",
+    num_shards: int | None = None,
+    num_folds: int | None = None,
+    seed: int = 0,
+    skip_bad: bool = False,
+    overwrite: bool = False,
+    resume: bool = False,
+    workers: int | None = None,
+    start_method: str = "auto",
+    progress: bool = True,
+    runner: str = "local",
+    pipeline_args: Sequence[str] = (),
+) -> Manifest:
     """Writes a source as sharded TFRecords plus ``manifest.json`` into ``out`` (what a call writes comes last).
 
     Example::
 
         import tfpipe
-        manifest = tfpipe.write_shards(tfpipe.Source("images", csv="train.csv"), "records/train", folds=5)
+        manifest = tfpipe.write_shards(tfpipe.Source("images", csv="train.csv"), "records/train", num_folds=5)
 
     Args:
       source: a ``Source`` (images + CSV, or a folder per class) or a ``TfdsSource``.
@@ -183,8 +209,8 @@ def write_shards(
       classes: class names in index order, or None for sorted unique labels.
       split: name prefix of the shards; a split written with an unlabeled
         ``Source`` has no ``target`` feature.
-      shards: number of shards (default: a multiple of 8 giving ~150 MB shards).
-      folds: K for stratified K-fold assignment; shards never mix folds.
+      num_shards: number of shards (default: a multiple of 8 giving ~150 MB shards).
+      num_folds: K, the number of stratified folds to assign; shards never mix folds.
       seed: seed of the fold assignment.
       skip_bad: skip unreadable or missing images (listed in the manifest) instead of stopping.
       overwrite: replace the dataset an earlier ``tfpipe.write`` left in ``out`` (only the files its
@@ -202,58 +228,73 @@ def write_shards(
       runner: "local" (a torch DataLoader on this machine) or "beam" (Apache Beam;
         see ``tfpipe.beam``): same records, same shards, same manifest.
       pipeline_args: Beam pipeline options for ``runner="beam"``.
-      num_workers: tfpipe 0.1's name of ``workers`` (warns).
 
-    ``write_shards(out, source)``, tfpipe 0.1's argument order, still works with a warning.
+    ``shards=`` and ``folds=`` (tfpipe 0.x's names of ``num_shards`` and ``num_folds``) still work and warn.
 
     Returns:
       The ``Manifest`` written (``tfpipe.manifest``).
     """
-    source, out, workers = _old_arguments(source, out, workers, num_workers)
     started = time.perf_counter()
-    _check_settings(out, spec, split, shards, folds, workers, seed, runner, resume)
-    job = plan_job(source, spec, classes=classes, split=split, shards=shards, folds=folds, seed=seed, skip_bad=skip_bad)
+    _check_settings(source, out, spec, split, num_shards, num_folds, workers, seed, runner, resume)
+    job = plan_job(source, spec, classes, split, num_shards, num_folds, seed, skip_bad)
     beam_options = _beam_options(pipeline_args) if runner == "beam" else None  # refuse bad options before work
     workers = default_workers(job.items, spec) if workers is None else workers
-    # Start the workers first (before this process may import TensorFlow for gs:// output, so they can fork);
-    # a resumed write must first learn from the staging folder where to start.
-    batches = None
-    if runner == "local" and not resume:
-        batches = start_encoding(EncodeDataset(job.items, job.targets, spec), workers, start_method)
-    try:
+    with contextlib.ExitStack() as workers_running:  # no orphan workers after an error or Ctrl-C
+        # Start the workers first (before this process may import TensorFlow for gs:// output, so they can fork);
+        # a resumed write must first learn from the staging folder where to start.
+        batches: Iterator[list[Encoded]] | None = None
+        if runner == "local" and not resume:
+            batches = _start(workers_running, EncodeDataset(job.items, job.targets, spec), workers, start_method)
         # One writer per folder, locked before anything in it is touched.
         with locked_folder(out, "tfpipe.write", job.fingerprint) as lock:
             finished, replace = check_destination(out, split, job.fingerprint, overwrite=overwrite, resume=resume)
             if finished is not None:
                 print(
-                    f"{out}: this write already finished ({finished.num_examples} images, inputs unchanged); "
-                    "nothing to do"
+                    f"{out}: this write already finished ({finished.num_examples} images, same inputs); nothing to do"
                 )
                 return finished
             with StagedShards(out, split, job.shard_plan, job.fingerprint, resume=resume, discard=overwrite) as staged:
                 if runner == "local" and batches is None:  # a resumed write starts at the first unfinished record
-                    batches = start_encoding(
-                        EncodeDataset(job.items, job.targets, spec, staged.first_unfinished_record()),
-                        workers,
-                        start_method,
+                    first = staged.first_unfinished_record()
+                    batches = _start(
+                        workers_running, EncodeDataset(job.items, job.targets, spec, first), workers, start_method
                     )
                 pace = _encode(staged, job, spec, runner, batches, skip_bad, beam_options, progress, out)
                 if sum(staged.counts) == 0:
                     raise TfpipeError(f"every image was skipped; nothing written to {out}")
                 lock.check()
                 manifest = staged.commit(_manifest(job, spec, staged), replace=replace)
-    finally:
-        shutdown(batches)  # no orphan workers after an error or Ctrl-C
     _summary(manifest, out, time.perf_counter() - started, pace)
     return manifest
 
 
-def _encode(staged, job, spec, runner, batches, skip_bad, beam_options, progress, out):
+def _start(
+    stack: contextlib.ExitStack, dataset: EncodeDataset, workers: int, start_method: str
+) -> Iterator[list[Encoded]]:
+    """Starts encoding ``dataset``; its workers stop when ``stack`` closes."""
+    batches = start_encoding(dataset, workers, start_method)
+    stack.callback(shutdown, batches)
+    return batches
+
+
+def _encode(
+    staged: StagedShards,
+    job: Job,
+    spec: ImageSpec,
+    runner: str,
+    batches: Iterator[list[Encoded]] | None,
+    skip_bad: bool,
+    beam_options: PipelineOptions | None,
+    progress: bool,
+    out: str,
+) -> Pace | None:
     """Encodes every record not yet finished into ``staged`` with the chosen runner. Returns the writing pace
     (images after the first batch, seconds since it arrived) of the default runner, None for Beam."""
     if runner == "beam":
+        assert beam_options is not None  # write_shards makes them for runner="beam"
         _write_with_beam(staged, job, spec, skip_bad, beam_options)
         return None
+    assert batches is not None  # write_shards starts the workers for the default runner
     return _write_local(batches, staged, job, skip_bad, progress, staged.first_unfinished_record(), out)
 
 
@@ -262,27 +303,36 @@ class Job:
     """Everything decided before any image is touched: items in write order, their targets, the classes, the
     shard plan and the fingerprint that ``--resume`` checks."""
 
-    source: object
+    source: SourceProtocol
     split: str
-    items: list
-    targets: list | None
-    classes: list
-    skipped: list
-    folds: int | None
+    items: list[Item]
+    targets: list[list[int]] | None
+    classes: list[str]
+    skipped: list[dict[str, str]]
+    num_folds: int | None
     seed: int
-    shard_plan: list
+    shard_plan: list[PlannedShard]
     fingerprint: str
 
     @property
-    def shard_of(self):
+    def shard_of(self) -> list[int]:
         return [s["index"] for s in self.shard_plan for _ in range(s["size"])]
 
     @property
-    def last_of_shard(self):
+    def last_of_shard(self) -> dict[int, int]:
         return {s["start"] + s["size"] - 1: s["index"] for s in self.shard_plan}
 
 
-def plan_job(source, spec, *, classes, split, shards, folds, seed, skip_bad):
+def plan_job(
+    source: SourceProtocol,
+    spec: ImageSpec,
+    classes: Sequence[str] | None,
+    split: str,
+    num_shards: int | None,
+    num_folds: int | None,
+    seed: int,
+    skip_bad: bool,
+) -> Job:
     """Reads the source and decides classes, folds (records grouped by fold, input order within) and shards."""
     items, skipped = source.items(skip_bad)
     classes = classes or source.classes
@@ -290,16 +340,16 @@ def plan_job(source, spec, *, classes, split, shards, folds, seed, skip_bad):
     item_targets = targets(items, names) if source.labeled else None
     if source.labeled and not any(item.labels for item in items):
         raise TfpipeError(
-            f"{_source_name(source)}: no image has a label (every label list is empty); for images "
+            f"{source.origin}: no image has a label (every label list is empty); for images "
             f"without labels pass {option('unlabeled', True)}"
         )
-    fold_of = _folds(item_targets, len(names), folds, seed) if folds else [0] * len(items)
+    fold_of = _folds(item_targets, len(names), num_folds, seed) if num_folds else [0] * len(items)
     order = sorted(range(len(items)), key=lambda i: fold_of[i])  # stable: input order within a fold
     items = [items[i] for i in order]
-    item_targets = [item_targets[i] for i in order] if source.labeled else None
-    fold_sizes = [fold_of.count(f) for f in range(folds or 1)]
+    item_targets = [item_targets[i] for i in order] if item_targets is not None else None  # None: unlabeled
+    fold_sizes = [fold_of.count(f) for f in range(num_folds or 1)]
     identities = input_identities(items)  # one stat per file (measured: 14 ms for 5,000 local files)
-    shard_plan = plan(fold_sizes, num_shards(len(items), estimate_bytes(items, spec, identities), shards))
+    shard_plan = plan(fold_sizes, shard_count(len(items), estimate_bytes(items, spec, identities), num_shards))
     return Job(
         source,
         split,
@@ -307,42 +357,42 @@ def plan_job(source, spec, *, classes, split, shards, folds, seed, skip_bad):
         item_targets,
         names,
         skipped,
-        folds,
+        num_folds,
         seed,
         shard_plan,
         job_fingerprint(items, item_targets, names, shard_plan, spec, split, identities),
     )
 
 
-def _source_name(source):
-    return getattr(source, "csv", None) or getattr(source, "images", None) or getattr(source, "name", "the source")
-
-
-def _old_arguments(source, out, workers, num_workers):
-    """tfpipe 0.1's ``write_shards(out, source)`` and ``num_workers=``, turned into today's with a warning."""
-    if isinstance(source, str) and hasattr(out, "items"):
-        renamed("write_shards(out, source)", "write_shards(source, out)", stacklevel=4)
-        source, out = out, source
-    if num_workers is not None:
-        renamed("write_shards(num_workers=...)", "write_shards(workers=...)", stacklevel=4)
-        workers = num_workers
-    return source, out, workers
-
-
-def _check_settings(out, spec, split, shards, folds, workers, seed, runner, resume):
+def _check_settings(
+    source: object,
+    out: object,
+    spec: object,
+    split: object,
+    num_shards: int | None,
+    num_folds: int | None,
+    workers: int | None,
+    seed: int,
+    runner: str,
+    resume: bool,
+) -> None:
     """Every setting of ``write_shards`` checked before any worker starts or ``out`` is made."""
+    if not isinstance(source, SourceProtocol):
+        raise TfpipeError(
+            f"source must be a tfpipe Source or TfdsSource (see tfpipe.open_source), got {type(source).__name__}"
+        )
     if not isinstance(spec, ImageSpec):
         raise TfpipeError(f"spec must be an ImageSpec, e.g. ImageSpec(image_size={spec!r}) (got {spec!r})")
     check_path(out=out)
     check_split(split)
-    check_count(1, shards=shards)
-    check_count(2, folds=folds)
+    check_count(1, num_shards=num_shards)
+    check_count(2, num_folds=num_folds)
     check_count(0, workers=workers)
     check_seed(seed=seed)
     _check_runner(runner, resume)
 
 
-def _check_runner(runner, resume):
+def _check_runner(runner: str, resume: bool) -> None:
     if runner not in RUNNERS:
         raise TfpipeError(f"unknown runner {runner!r}: use {' or '.join(RUNNERS)}")
     if runner == "beam" and resume:
@@ -352,7 +402,15 @@ def _check_runner(runner, resume):
         )
 
 
-def _write_local(batches, staged, job, skip_bad, progress, start, out):
+def _write_local(
+    batches: Iterable[list[Encoded]],
+    staged: StagedShards,
+    job: Job,
+    skip_bad: bool,
+    progress: bool,
+    start: int,
+    out: str,
+) -> Pace:
     """The default runner's writing loop, with a progress bar; Ctrl-C says what was kept and how to go on."""
     from tqdm import tqdm
 
@@ -366,7 +424,15 @@ def _write_local(batches, staged, job, skip_bad, progress, start, out):
         ) from None
 
 
-def _write_records(batches, staged, items, shard_of, last_of_shard, skip_bad, bar):
+def _write_records(
+    batches: Iterable[list[Encoded]],
+    staged: StagedShards,
+    items: Sequence[Item],
+    shard_of: Sequence[int],
+    last_of_shard: Mapping[int, int],
+    skip_bad: bool,
+    bar: tqdm[Any],
+) -> Pace:
     """Appends encoded records to their shards in input order, marking each shard finished after its last record.
     Returns (images after the first batch, seconds since the first batch arrived): the pace of the work itself,
     without the start-up (workers starting, the first images decoding)."""
@@ -383,6 +449,7 @@ def _write_records(batches, staged, items, shard_of, last_of_shard, skip_bad, ba
                         raise TfpipeError(error)
                     staged.skip(shard_of[i], {"image": items[i].name, "reason": error})
                 else:
+                    assert record is not None  # encode_item gives a record or an error
                     staged.write(shard_of[i], record)
                 if i in last_of_shard:
                     staged.finish(last_of_shard[i])
@@ -390,13 +457,13 @@ def _write_records(batches, staged, items, shard_of, last_of_shard, skip_bad, ba
     return after_first, (time.perf_counter() - first) if first is not None else 0.0
 
 
-def _beam_options(pipeline_args):
+def _beam_options(pipeline_args: Sequence[str]) -> PipelineOptions:
     from tfpipe.beam import pipeline_options
 
     return pipeline_options(pipeline_args)
 
 
-def _write_with_beam(staged, job, spec, skip_bad, options):
+def _write_with_beam(staged: StagedShards, job: Job, spec: ImageSpec, skip_bad: bool, options: PipelineOptions) -> None:
     """Runs the Beam pipeline into the staging folder, then applies the error policy as ``_write_records`` does."""
     from tfpipe.beam import encode_shards
 
@@ -409,17 +476,17 @@ def _write_with_beam(staged, job, spec, skip_bad, options):
         staged.add_finished(index, count, [{"image": name, "reason": error} for _, name, error in fails])
 
 
-def _folds(item_targets, num_classes, k, seed):
+def _folds(item_targets: Sequence[Sequence[int]] | None, num_classes: int, k: int, seed: int) -> list[int]:
     from tfpipe.folds import assign_folds
 
     if item_targets is None:
-        raise TfpipeError(f"{option('folds')} needs labels; an unlabeled source cannot be stratified")
+        raise TfpipeError(f"{option('num_folds')} needs labels; an unlabeled source cannot be stratified")
     return assign_folds(item_targets, num_classes, k, seed)
 
 
-def _manifest(job, spec, staged):
+def _manifest(job: Job, spec: ImageSpec, staged: StagedShards) -> Manifest:
     """The manifest of this write (its shards are filled in when they are committed)."""
-    label_format = getattr(job.source, "label_format", None)
+    label_format = job.source.label_format
     return Manifest(
         split=job.split,
         classes=tuple(job.classes),
@@ -429,7 +496,7 @@ def _manifest(job, spec, staged):
         max_labels=max((len(t) for t in job.targets), default=0) if job.targets is not None else None,
         id_column=job.source.id_column,  # the submission's key column
         image=StoredImages(**{f.name: getattr(spec, f.name) for f in dataclasses.fields(StoredImages)}),
-        folds=job.folds,
+        num_folds=job.num_folds,
         seed=job.seed,
         fingerprint=job.fingerprint,  # --resume on a finished folder: the same job (nothing to do) or refused
         skipped=tuple(job.skipped + staged.all_skipped()),
@@ -439,7 +506,7 @@ def _manifest(job, spec, staged):
     )
 
 
-def _summary(manifest, out, seconds, pace):
+def _summary(manifest: Manifest, out: str, seconds: float, pace: Pace | None) -> None:
     """``wrote 2000 images in 8 shards, 2.4 MB, in 1.6 s: 0.9 s start-up, then 2,950 images/s -> OUT``: the rate
     counts the work (from the first encoded batch on), start-up (reading the source, starting workers, the first
     batch) apart; a write too short to measure a pace says only its time."""
@@ -458,8 +525,8 @@ def _summary(manifest, out, seconds, pace):
         print(f"skipped {len(skipped)} images: {listed}{more} (reasons in {out}/{MANIFEST})")
 
 
-def build_parser():
-    p = ArgumentParser(prog="python -m tfpipe.write", description=__doc__.split("\n\n")[0])
+def build_parser() -> ArgumentParser:
+    p = ArgumentParser(prog="python -m tfpipe.write", description=(__doc__ or "").split("\n\n")[0])
     src = p.add_argument_group("source")
     src.add_argument("--csv", help="Kaggle-style CSV; without it --images is a folder per class")
     src.add_argument("--images", help="folder holding the images")
@@ -478,7 +545,7 @@ def build_parser():
     src.add_argument("--label-cols", help="one-hot label columns, comma-separated (e.g. healthy,rust,scab)")
     src.add_argument("--class-col", help="CSV column with a single class per row (single-label data)")
     src.add_argument("--classes", help="class names in index order, comma-separated (default: sorted labels)")
-    src.add_argument("--split", default="train", help="shard name prefix (default: train)")
+    src.add_argument("--split", default="train", help="the split's name (train, test, ...): the shards' name prefix")
     src.add_argument(
         "--unlabeled",
         action="store_true",
@@ -487,11 +554,13 @@ def build_parser():
     src.add_argument("--tfds", metavar="NAME", help="read a TensorFlow Datasets dataset instead (e.g. cifar10)")
     src.add_argument("--tfds-split", default="train", help="TFDS split, e.g. train or 'train[:90%%]' (default: train)")
     src.add_argument("--data-dir", help="TFDS data directory (default: TFDS's own)")
-    _image_and_output_args(p)
+    _image_args(p)
+    _output_args(p)
+    _run_args(p)
     return p
 
 
-def _image_and_output_args(p):
+def _image_args(p: argparse.ArgumentParser) -> None:
     img = p.add_argument_group("images")
     img.add_argument("--image-size", type=int, help="resize to S x S (default: keep size, copy JPEGs as they are)")
     img.add_argument(
@@ -516,10 +585,15 @@ def _image_and_output_args(p):
         help="refuse source files above this many megabytes, before they are opened; no more is ever "
         "read (default: 1000, which holds any 100 MP image)",
     )
+
+
+def _output_args(p: argparse.ArgumentParser) -> None:
     out = p.add_argument_group("output")
-    out.add_argument("--out", required=True, help="output folder (local or gs://)")
-    out.add_argument("--shards", type=int, help="number of shards (default: multiple of 8, ~150 MB each)")
-    out.add_argument("--folds", type=int, help="assign K stratified folds; shards never mix folds")
+    out.add_argument("--out", required=True, help="the shard folder to write (local or gs://)")
+    out.add_argument("--num-shards", type=int, help="number of shards (default: multiple of 8, ~150 MB each)")
+    out.add_argument("--num-folds", type=int, metavar="K", help="number of stratified folds; shards never mix folds")
+    add_deprecated_flag(out, "--shards", "--num-shards")
+    add_deprecated_flag(out, "--folds", "--num-folds")
     out.add_argument("--seed", type=int, default=0, help="seed of the fold assignment (default: 0)")
     out.add_argument("--skip-bad", action="store_true", help="skip unreadable/missing images and list them")
     out.add_argument(
@@ -532,6 +606,9 @@ def _image_and_output_args(p):
         action="store_true",
         help="continue an interrupted write into --out (same command): keep its finished shards",
     )
+
+
+def _run_args(p: argparse.ArgumentParser) -> None:
     run = p.add_argument_group("run")
     run.add_argument(
         "--workers",
@@ -554,32 +631,46 @@ def _image_and_output_args(p):
     )
 
 
-def _csv_list(value):
+def _csv_list(value: str | None) -> tuple[str, ...]:
     return tuple(v.strip() for v in value.split(",") if v.strip()) if value else ()
 
 
-def _unlabeled(args):
-    """--unlabeled; --split test alone still means it, as in 0.1 (with a warning: the split is only a name)."""
-    if args.split == "test" and not args.unlabeled:
-        print(
-            "tfpipe.write: warning: --split test without --unlabeled is read as --unlabeled, as in tfpipe 0.1; "
-            "say --unlabeled (a later release will take --split as a name only)",
-            file=sys.stderr,
-        )
-        return True
-    return args.unlabeled
+def open_source(
+    images: str | None = None,
+    csv: str | None = None,
+    *,
+    tfds: str | None = None,
+    tfds_split: str = "train",
+    data_dir: str | None = None,
+    image_col: str = "image",
+    label_format: LabelFormat = LabelFormat(),  # noqa: B008 (frozen dataclass: one shared default is safe)
+    labeled: bool = True,
+) -> SourceProtocol:
+    """The source the words name: ``tfds=NAME`` a TFDS dataset, else images (with ``csv``, or a folder per class).
 
+    The command line (``--images``, ``--csv``, ``--tfds``, ...) makes its source here too, so both check alike.
 
-def run(args, pipeline_args=()):
-    """Turns parsed arguments (and Beam options, given after ``--``) into a ``write_shards`` call."""
-    check_path(csv=args.csv, images=args.images, data_dir=args.data_dir)
-    if pipeline_args and args.runner != "beam":
+    Example::
+
+        source = tfpipe.open_source("images", csv="train.csv", label_format=tfpipe.LabelFormat(sep=","))
+    """
+    if tfds:
+        if images or csv:
+            raise TfpipeError(
+                f"{option('tfds')} reads a TFDS dataset; it takes no {option('images')} or {option('csv')}"
+            )
+        return TfdsSource(tfds, split=tfds_split, data_dir=data_dir, labeled=labeled)
+    if not images:
         raise TfpipeError(
-            f"options after -- ({' '.join(pipeline_args)}) are Beam pipeline options; they need --runner beam"
+            f"give {option('images')} (a folder, with {option('csv')} or a folder per class) or {option('tfds')} NAME"
         )
+    return Source(images=images, csv=csv, image_col=image_col, label_format=label_format, labeled=labeled)
+
+
+def source_from_args(args: argparse.Namespace) -> SourceProtocol:
+    """The source the flags name (``tfpipe.open_source``, as from Python)."""
     if args.label_cols and args.class_col:
         raise TfpipeError("--label-cols and --class-col are two label layouts; give one")
-    labeled = not _unlabeled(args)
     label_format = LabelFormat(
         labels_col=args.labels_col,
         sep=args.sep,
@@ -587,14 +678,26 @@ def run(args, pipeline_args=()):
         class_col=args.class_col,
         spaces_in_names=args.spaces_in_names,
     )
-    if args.tfds:
-        source = TfdsSource(args.tfds, split=args.tfds_split, data_dir=args.data_dir, labeled=labeled)
-    elif not args.images:
-        raise TfpipeError("give --images (a folder, with --csv or a folder per class) or --tfds NAME")
-    else:
-        source = Source(
-            images=args.images, csv=args.csv, image_col=args.image_col, label_format=label_format, labeled=labeled
+    return open_source(
+        args.images,
+        args.csv,
+        tfds=args.tfds,
+        tfds_split=args.tfds_split,
+        data_dir=args.data_dir,
+        image_col=args.image_col,
+        label_format=label_format,
+        labeled=not args.unlabeled,
+    )
+
+
+def run_command(args: argparse.Namespace, pipeline_args: Sequence[str] = ()) -> None:
+    """Turns parsed arguments (and Beam options, given after ``--``) into a ``write_shards`` call."""
+    check_path(csv=args.csv, images=args.images, data_dir=args.data_dir)
+    if pipeline_args and args.runner != "beam":
+        raise TfpipeError(
+            f"options after -- ({' '.join(pipeline_args)}) are Beam pipeline options; they need --runner beam"
         )
+    source = source_from_args(args)
     spec = ImageSpec(
         image_size=args.image_size,
         fit=args.fit,
@@ -603,15 +706,15 @@ def run(args, pipeline_args=()):
         max_pixels=from_millions(args.max_pixels, "max_pixels"),
         max_bytes=from_millions(args.max_bytes, "max_bytes"),
     )  # checks every setting, before any work
-    classes = list(_csv_list(args.classes)) or (list(label_format.label_cols) or None)
+    label_cols = list(source.label_format.label_cols) if source.label_format else []
     write_shards(
         source,
         args.out,
         spec=spec,
-        classes=classes,
+        classes=list(_csv_list(args.classes)) or label_cols or None,
         split=args.split,
-        shards=args.shards,
-        folds=args.folds,
+        num_shards=args.num_shards,
+        num_folds=args.num_folds,
         seed=args.seed,
         skip_bad=args.skip_bad,
         overwrite=args.overwrite,
@@ -624,10 +727,11 @@ def run(args, pipeline_args=()):
     )
 
 
-def main(argv=None):
+def main(argv: Sequence[str] | None = None) -> int:
+
     argv = list(sys.argv[1:] if argv is None else argv)
     cut = argv.index("--") if "--" in argv else len(argv)  # after "--": Beam's options (it has its own --runner)
-    return run_cli("tfpipe.write", run, build_parser().parse_args(argv[:cut]), argv[cut + 1 :])
+    return run_cli("tfpipe.write", run_command, build_parser().parse_args(argv[:cut]), argv[cut + 1 :])
 
 
 if __name__ == "__main__":

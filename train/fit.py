@@ -1,29 +1,43 @@
 """Train an image classifier on tfpipe shards, on TPU, GPUs, CPU or N virtual CPU replicas.
 
     python -m train.fit --records records/demo/train --strategy cpu --replicas 8 \
-        --steps-per-execution 8 --out runs/demo
+        --steps-per-execution 8 --run runs/demo
 
 On a Kaggle TPU v3-8: ``--strategy tpu`` (the same command otherwise). This module is the configuration and
 the command line, and imports no TensorFlow (``--help`` answers at once); ``fit`` runs the engine in
 ``train.trainer``, whose other names (``compile_model``, ``make_auc``, ...) are reachable from here too.
 """
 
+from __future__ import annotations
+
+import argparse
 import dataclasses
 import importlib
 import sys
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
+from tfpipe.deprecations import add_deprecated_flag, renamed_arguments, warn_renamed
 from tfpipe.errors import ArgumentParser, run_cli
-from train.names import MODEL_NAMES, OPTIMIZERS, PRECISIONS, SCHEDULES, STRATEGIES
+from train.models import model_names
+from train.names import OPTIMIZERS, PRECISIONS, SCHEDULES, STRATEGIES
+
+if TYPE_CHECKING:
+    from tfpipe.augment import Augment
 
 ENGINE = "train.trainer"
 
 
 @dataclasses.dataclass
 class FitConfig:
-    """Everything ``fit`` needs; the command line maps one flag to each field."""
+    """Everything ``fit`` needs; the command line maps one flag to each field.
+
+    ``records`` is the shard folder to train on, ``run`` the run folder to write (``FitConfig(out=...)``,
+    tfpipe 0.x's name of ``run``, still works and warns).
+    """
 
     records: str = "records/demo/train"
-    out: str = "runs/demo"
+    run: str = "runs/demo"
     strategy: str = "auto"
     replicas: int | None = None
     model: str = "efficientnet-b0"
@@ -43,7 +57,7 @@ class FitConfig:
     burn_epochs: int = 0
     burn_lr: float | None = None
     precision: str | None = None
-    augment: object = None  # a tfpipe.Augment; None: Augment() (the default augmentation)
+    augment: Augment | None = None  # a tfpipe.Augment; None: Augment() (the default augmentation)
     threshold: float = 0.5
     single_label: bool | None = None
     seed: int | None = None
@@ -54,34 +68,59 @@ class FitConfig:
     verbose: int = 2
     callbacks: tuple = ()  # extra Keras callbacks (from Python), run after the built-in ones
 
+    @property
+    def out(self) -> str:
+        """Deprecated: ``run``."""
+        warn_renamed("FitConfig.out", "FitConfig.run")
+        return self.run
 
-def fit(cfg):
+
+FitConfig.__init__ = renamed_arguments(where="FitConfig", out="run")(FitConfig.__init__)  # type: ignore[method-assign]
+
+
+def fit(cfg: FitConfig) -> dict[str, Any]:
     """Trains per ``cfg`` (a ``FitConfig``); returns the metrics dict also written to ``metrics.json``.
 
     Example (a notebook on a TPU, or anywhere with ``strategy="cpu", replicas=8``)::
 
         from train.fit import FitConfig, fit
-        metrics = fit(FitConfig(records="gs://bucket/train", out="gs://bucket/runs/b0", strategy="tpu"))
+        metrics = fit(FitConfig(records="gs://bucket/train", run="gs://bucket/runs/b0", strategy="tpu"))
     """
     return importlib.import_module(ENGINE).fit(cfg)
 
 
-def __getattr__(name):
+def __getattr__(name: str) -> Any:
     """``from train.fit import compile_model`` and the like: the engine's names, imported when first asked for."""
     if name.startswith("__"):
         raise AttributeError(name)
     return getattr(importlib.import_module(ENGINE), name)
 
 
-def build_parser():
+def build_parser() -> ArgumentParser:
     d = FitConfig()
-    p = ArgumentParser(prog="python -m train.fit", description=__doc__.split("\n\n")[0])
+    p = ArgumentParser(prog="python -m train.fit", description=(__doc__ or "").split("\n\n")[0])
+    _data_args(p, d)
+    _model_args(p, d)
+    _optimizer_args(p, d)
+    _training_args(p, d)
+    _augment_args(p)
+    _run_args(p, d)
+    return p
+
+
+def _data_args(p: ArgumentParser, d: FitConfig) -> None:
+    """What to train on, where to write, on which devices."""
     p.add_argument("--records", default=d.records, help="shard folder from tfpipe.write")
-    p.add_argument("--out", default=d.out, help="run folder")
+    p.add_argument("--run", default=d.run, help="the run folder to write (model, thresholds, history, metrics)")
+    add_deprecated_flag(p, "--out", "--run")
     p.add_argument("--strategy", choices=STRATEGIES, default=d.strategy, help="auto: TPU, then GPUs, then CPU")
     p.add_argument("--replicas", type=int, help="with --strategy cpu: N virtual CPU replicas (dry-run a TPU: 8)")
+
+
+def _model_args(p: ArgumentParser, d: FitConfig) -> None:
+    """The model, its input, and the size of the training steps."""
     p.add_argument(
-        "--model", choices=MODEL_NAMES, default=d.model, metavar="MODEL", help=f"one of {', '.join(MODEL_NAMES)}"
+        "--model", choices=model_names(), default=d.model, metavar="MODEL", help=f"one of {', '.join(model_names())}"
     )
     p.add_argument("--weights", default="none", help="none, imagenet (downloads) or a weights file")
     p.add_argument("--image-size", type=int, help="input side (default: the stored size)")
@@ -93,24 +132,40 @@ def build_parser():
         default=d.steps_per_execution,
         help="training steps per compiled call (fewer host round trips)",
     )
+
+
+def _optimizer_args(p: ArgumentParser, d: FitConfig) -> None:
+    """Learning rate, schedule, optimizer and loss."""
     p.add_argument("--lr", type=float, default=d.lr, help="base LR for ONE replica; scaled by the replica count")
     p.add_argument("--schedule", choices=SCHEDULES, default=d.schedule, help="learning-rate schedule")
     p.add_argument("--warmup-epochs", type=float, default=d.warmup_epochs, help="linear warm-up of the schedule")
     p.add_argument("--optimizer", choices=OPTIMIZERS, default=d.optimizer, help="optimizer")
     p.add_argument("--weight-decay", type=float, default=d.weight_decay, help="weight decay of adamw")
     p.add_argument("--label-smoothing", type=float, default=d.label_smoothing, help="label smoothing of the loss")
-    p.add_argument("--fold", type=int, help="validation fold of shards written with --folds (default: 0)")
+
+
+def _training_args(p: ArgumentParser, d: FitConfig) -> None:
+    """The validation split, the burn-in phase, precision and the outputs' labels."""
+    p.add_argument("--fold", type=int, help="validation fold of shards written with --num-folds (default: 0)")
     p.add_argument("--val-fraction", type=float, default=d.val_fraction, help="held-out shards without folds")
     p.add_argument("--burn-epochs", type=int, default=0, help="epochs training the head with the backbone frozen")
     p.add_argument("--burn-lr", type=float, help="base LR of the burn-in (default: --lr)")
     p.add_argument("--precision", choices=PRECISIONS, help="default: bfloat16 on TPU, float16 on GPU, float32 on CPU")
     p.add_argument("--single-label", action="store_true", default=None, help="softmax (default: from the manifest)")
     p.add_argument("--threshold", type=float, default=d.threshold, help="for F1 and accuracy of multi-label outputs")
+
+
+def _augment_args(p: ArgumentParser) -> None:
+    """Training augmentation (``config_from_args`` makes the ``Augment`` of them)."""
     p.add_argument("--no-augment", action="store_true", help="no training augmentation at all")
     p.add_argument("--crop", choices=("pad", "resized", "none"), default="pad", help="training crop")
     p.add_argument("--erasing", type=int, default=0, help="random-erasing rectangles per image")
     p.add_argument("--mixup", type=float, default=0.0, help="MixUp alpha (0 = off)")
     p.add_argument("--cutmix", type=float, default=0.0, help="CutMix alpha (0 = off)")
+
+
+def _run_args(p: ArgumentParser, d: FitConfig) -> None:
+    """Seeding, weight averaging, the report, resuming and Keras' output."""
     p.add_argument("--seed", type=int, help="seed of shuffling and augmentation (fixes the input order)")
     p.add_argument(
         "--deterministic",
@@ -126,7 +181,7 @@ def build_parser():
     p.add_argument(
         "--no-report", dest="report", action="store_false", help="skip validation predictions, thresholds and pictures"
     )
-    p.add_argument("--resume", action="store_true", help="continue the run in --out from its last epoch")
+    p.add_argument("--resume", action="store_true", help="continue the run in --run from its last epoch")
     p.add_argument(
         "--verbose",
         type=int,
@@ -134,10 +189,9 @@ def build_parser():
         choices=(0, 1, 2),
         help="Keras' progress output: 0 silent, 1 progress bar, 2 one line per epoch",
     )
-    return p
 
 
-def config_from_args(args):
+def config_from_args(args: argparse.Namespace) -> FitConfig:
     from tfpipe.augment import NO_AUGMENT, Augment
 
     augment = (
@@ -151,23 +205,23 @@ def config_from_args(args):
     return FitConfig(augment=augment, **{k: v for k, v in vars(args).items() if k in fields})
 
 
-def run(args):
+def run_command(args: argparse.Namespace) -> None:
     cfg = config_from_args(args)
     m = fit(cfg)
     print(
         f"validation AUC {_headline_auc(m)}, {m['epochs']} epochs, {m['optimizer_steps']} steps, "
         f"{m['replicas']} replica{'s' * (m['replicas'] > 1)} x {m['per_replica_batch_size']} = "
         f"{m['global_batch_size']} per step, "
-        f"steps_per_execution {m['steps_per_execution']}, {m['images_per_sec']} images/s -> {cfg.out}"
+        f"steps_per_execution {m['steps_per_execution']}, {m['images_per_sec']} images/s -> {cfg.run}"
     )
     if "swa" in m:
         print(
             f"SWA of the last {m['swa']['epochs_averaged']} epochs: validation AUC {_headline_auc(m['swa'])}"
-            f" -> {cfg.out}/model-swa.keras"
+            f" -> {cfg.run}/model-swa.keras"
         )
 
 
-def _headline_auc(m):
+def _headline_auc(m: Mapping[str, Any]) -> str:
     """The exact AUC of the saved model (sklearn, as in roc.png) when the report ran, with Keras' per-epoch
     binned estimate labelled as such; without the report only the estimate exists, and says so."""
     keras_auc = m["final"]["val_auc"] if "final" in m else m.get("val_auc", float("nan"))
@@ -183,8 +237,8 @@ def _headline_auc(m):
     return f"{exact:.4f} (exact; Keras' binned estimate {keras_auc:.4f}{best})"
 
 
-def main(argv=None):
-    return run_cli("train.fit", run, build_parser().parse_args(argv))
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_cli("train.fit", run_command, build_parser().parse_args(argv))
 
 
 if __name__ == "__main__":

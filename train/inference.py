@@ -5,21 +5,31 @@ Rows follow the shards' written order and are keyed by the CSV id stored in each
 strategy: batches are padded to static shapes and the padding rows are dropped.
 """
 
+from __future__ import annotations
+
 import hashlib
 import math
 import posixpath
 import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import numpy.typing as npt
 
 from tfpipe.deps import require_keras
 
-keras = require_keras()  # tf-keras of TensorFlow's release, or MissingDependency saying what to install
+if TYPE_CHECKING:
+    import pandas as pd
+    import tf_keras as keras
+else:
+    keras = require_keras()  # tf-keras of TensorFlow's release, or MissingDependency saying what to install
 import tensorflow as tf
 
 import tfpipe
 from tfpipe import fs
 from tfpipe.errors import TfpipeError, check_count, check_fraction, check_path, option
+from tfpipe.shards import Records, Shards
 from train import run as run_files
 from train.run import RunConfig
 from train.strategy import resolve_strategy
@@ -39,7 +49,7 @@ TTA_VIEWS = (
 )
 
 
-def tta_view(images, k):
+def tta_view(images: tf.Tensor, k: int) -> tf.Tensor:
     """View ``k`` of a uint8 batch [B, S, S, 3]: view 0 is the batch itself, then mirror and zoomed crops."""
     box, flip = TTA_VIEWS[k]
     if box != (0, 0, 1, 1):
@@ -50,12 +60,12 @@ def tta_view(images, k):
     return tf.reverse(images, axis=[2]) if flip else images
 
 
-def read_run_config(run):
+def read_run_config(run: str) -> RunConfig:
     """A ``train.fit`` run folder's validated ``RunConfig`` (``train.run``)."""
     return RunConfig.load(run)
 
 
-def load_run(run, config=None):
+def load_run(run: str, config: RunConfig | None = None) -> tuple[Any, RunConfig]:
     """(model, run config) of a ``train.fit`` run folder; the model must output the run's classes."""
     config = config or RunConfig.load(run)
     model_path = run_files.path(run, run_files.MODEL)
@@ -66,7 +76,7 @@ def load_run(run, config=None):
     return model, config
 
 
-def check_model_fits_run(model, config, model_path):
+def check_model_fits_run(model: Any, config: RunConfig, model_path: str) -> None:
     """The model must be the run's: its class count, input size and head (softmax for single-label runs,
     sigmoid for multi-label ones) as ``config.json`` says; a model file copied from another run is refused."""
     outputs, size = model.output_shape[-1], tuple(model.input_shape[1:3])
@@ -85,31 +95,40 @@ def check_model_fits_run(model, config, model_path):
     raise TfpipeError(f"{model_path} {problem}; the model file belongs to another run")
 
 
-def load_model(path):
+def load_model(path: str) -> Any:
     from train.models import custom_objects
 
     return keras.models.load_model(path, custom_objects=custom_objects(), compile=False)
 
 
 def predict_probabilities(
-    model, source, strategy, *, batch_size, image_size, num_classes, folds=None, tta=1, progress=False
-):
-    """Model outputs [N, C] for every record of ``source`` in written order, averaged over ``tta`` views.
+    model: Any,
+    records: Records,
+    strategy: tf.distribute.Strategy,
+    *,
+    batch_size: int,
+    image_size: int | None,
+    num_classes: int,
+    folds: Sequence[int] | None = None,
+    tta: int = 1,
+    progress: bool = False,
+) -> npt.NDArray[np.float32]:
+    """Model outputs [N, C] for every record of ``records`` in written order, averaged over ``tta`` views.
 
     The model must have been built in ``strategy.scope()`` (or loaded there).
     Every replica gets a full padded batch, so shapes stay static; the padding
     rows (at the end, in written order) are dropped.
     """
     check_tta(tta)
-    n = tfpipe.count_examples(source, folds)
+    n = tfpipe.count_examples(records, folds)
     global_batch = batch_size * strategy.num_replicas_in_sync
     steps = math.ceil(n / global_batch)
     total = np.zeros((n, num_classes), np.float64)
     for k in range(tta):
 
-        def dataset_fn(ctx, k=k):
+        def dataset_fn(ctx: tf.distribute.InputContext, k: int = k) -> tf.data.Dataset:
             ds = tfpipe.make_dataset(
-                source,
+                records,
                 ctx.get_per_replica_batch_size(global_batch),
                 image_size=image_size,
                 folds=folds,
@@ -126,12 +145,14 @@ def predict_probabilities(
     return (total / tta).astype(np.float32)
 
 
-def check_tta(tta):
+def check_tta(tta: int) -> None:
     if not 1 <= tta <= len(TTA_VIEWS):
         raise TfpipeError(f"{option('tta')} must be in 1..{len(TTA_VIEWS)} (got {tta})")
 
 
-def labels_at(probs, classes, thresholds, single_label):
+def labels_at(
+    probs: npt.NDArray[np.floating[Any]], classes: Sequence[str], thresholds: Sequence[float], single_label: bool
+) -> list[str]:
     """Space-separated predicted class names per row: argmax for single-label, else every class above its threshold."""
     if single_label:
         return [classes[i] for i in probs.argmax(axis=1)]
@@ -139,7 +160,9 @@ def labels_at(probs, classes, thresholds, single_label):
     return [" ".join(c for c, on in zip(classes, row) if on) for row in above]
 
 
-def tune_thresholds(probs, targets, default):
+def tune_thresholds(
+    probs: npt.NDArray[np.floating[Any]], targets: npt.NDArray[np.floating[Any]], default: float
+) -> list[float]:
     """Per-class thresholds maximising validation F1 (``default`` for a class with no positive)."""
     from sklearn.metrics import precision_recall_curve
 
@@ -155,27 +178,25 @@ def tune_thresholds(probs, targets, default):
 
 
 def predict(
-    run,
-    records,
-    out="submission.csv",
+    run: str,
+    records: str | Sequence[str],
+    out: str = "submission.csv",
     *,
-    tta=1,
-    threshold=None,
-    probabilities=False,
-    strategy="auto",
-    replicas=None,
-    batch_size=32,
-    id_column=None,
-    overwrite=False,
-    progress=True,
-):
+    tta: int = 1,
+    threshold: float | None = None,
+    probabilities: bool = False,
+    strategy: str | tf.distribute.Strategy = "auto",
+    replicas: int | None = None,
+    batch_size: int = 32,
+    id_column: str | None = None,
+    overwrite: bool = False,
+    progress: bool = True,
+) -> pd.DataFrame:
     """Writes the submission of run folder ``run`` on the shards ``records``; returns it as a DataFrame.
 
     Called through ``train.predict.predict`` (see its example). Everything the run and the shards claim is
     checked against each other before the model is loaded; the records are opened once.
     """
-    import pandas as pd
-
     check_path(run=run, records=records)
     check_count(1, batch_size=batch_size, replicas=replicas)
     check_fraction(threshold=threshold)
@@ -189,9 +210,8 @@ def predict(
         check_labels_can_be_joined(config.classes, config.single_label)
     thresholds = None if probabilities else _thresholds(run, config, threshold)
     id_column = id_column or shards.id_column
-    columns = [id_column, *(config.classes if probabilities else ["labels"])]
     ids = tfpipe.image_names(shards)
-    batch_size = _batch_for(shards.num_examples, batch_size, strat.num_replicas_in_sync, progress)
+    batch_size = _batch_for(_num_examples(shards, records), batch_size, strat.num_replicas_in_sync, progress)
     with strat.scope():  # variables placed on every replica
         model, config = load_run(run, config)
     classes = list(config.classes)
@@ -206,19 +226,44 @@ def predict(
             tta=tta,
             progress=progress,
         )
-    if probabilities:
-        df = pd.DataFrame(probs, columns=classes)
-        df.insert(0, id_column, ids)
-    else:
-        df = pd.DataFrame({id_column: ids, "labels": labels_at(probs, classes, thresholds, config.single_label)})
-    df = df[columns]
+    df = _submission_table(probs, ids, id_column, config, thresholds)
     shards.check_unchanged()  # the ids and predictions above are of the shards that were opened
     if out:
         write_submission(out, df.to_csv(index=False), overwrite)
     return df
 
 
-def _batch_for(n, batch_size, replicas, progress):
+def _submission_table(
+    probs: npt.NDArray[np.float32],
+    ids: Sequence[str],
+    id_column: str,
+    config: RunConfig,
+    thresholds: list[float] | None,
+) -> pd.DataFrame:
+    """The submission: ``id_column``, then one probability column per class when ``thresholds`` is None
+    (``probabilities``), else the labels at ``thresholds`` (space-separated)."""
+    import pandas as pd
+
+    classes = list(config.classes)
+    columns = [id_column, *(classes if thresholds is None else ["labels"])]
+    if thresholds is None:
+        df = pd.DataFrame(probs, columns=classes)
+        df.insert(0, id_column, ids)
+    else:
+        df = pd.DataFrame({id_column: ids, "labels": labels_at(probs, classes, thresholds, config.single_label)})
+    return df[columns]
+
+
+def _num_examples(shards: Shards, records: Records) -> int:
+    """Records in ``shards``, from the manifest or the counts in the shard names; unknown (foreign shards named
+    without counts) is an error naming ``records``, as ``tfpipe.count_examples`` says it."""
+    n = shards.num_examples
+    if n is None:
+        raise TfpipeError(f"{records}: record count unknown (no manifest and no count in the file names)")
+    return n
+
+
+def _batch_for(n: int, batch_size: int, replicas: int, progress: bool) -> int:
     """The per-replica batch: a global batch larger than the records would only predict padding (gigabytes of
     it), so it is capped, with a line saying so."""
     most = max(1, math.ceil(n / replicas))
@@ -233,7 +278,7 @@ def _batch_for(n, batch_size, replicas, progress):
     return most
 
 
-def check_destination(out, overwrite):
+def check_destination(out: str, overwrite: bool) -> None:
     """Before any predicting: ``out`` must be a regular file name whose folder exists (created if missing). An
     existing file is replaced only when ``train.predict`` wrote it and nobody changed it since (its hash is
     recorded beside it in ``.NAME.tfpipe``), or with ``overwrite``: never a ``train.csv``, a manifest or anything
@@ -257,13 +302,13 @@ def check_destination(out, overwrite):
         fs.makedirs(folder)
 
 
-def _record_path(out):
+def _record_path(out: str) -> str:
     """``.submission.csv.tfpipe`` beside ``submission.csv``: the SHA-256 of what train.predict wrote there (one
     record per file, so two predictions into one folder never lose each other's)."""
     return posixpath.join(posixpath.dirname(out), f".{posixpath.basename(out)}.tfpipe")
 
 
-def _sha256(path):
+def _sha256(path: str) -> str:
     h = hashlib.sha256()
     with fs.open(path, "rb") as f:
         for block in iter(lambda: f.read(2**20), b""):
@@ -271,7 +316,7 @@ def _sha256(path):
     return h.hexdigest()
 
 
-def _wrote_it(out):
+def _wrote_it(out: str) -> bool:
     """Whether ``out`` is byte for byte the file train.predict recorded writing there."""
     record = _record_path(out)
     if not fs.exists(record):
@@ -283,7 +328,7 @@ def _wrote_it(out):
     return recorded == _sha256(out)
 
 
-def write_submission(out, text, overwrite):
+def write_submission(out: str, text: str, overwrite: bool) -> None:
     """Writes ``out`` whole (complete or absent, also on gs://) and records its hash beside it."""
     check_destination(out, overwrite)  # again: another job may have put a file there while this one predicted
     data = text.encode("utf-8")
@@ -291,7 +336,7 @@ def write_submission(out, text, overwrite):
     fs.write_atomic(_record_path(out), hashlib.sha256(data).hexdigest() + "\n")
 
 
-def check_run_fits_records(config, shards, records):
+def check_run_fits_records(config: RunConfig, shards: Shards, records: Records) -> None:
     """A run predicts only shards made the way its training shards were: its own classes (in its order), its
     input size, the same fit (stretch/crop/pad); a single-label run never predicts multi-label shards. Anything
     else would be a full submission of wrong labels, or of differently framed images. Labeled shards the run
@@ -308,7 +353,7 @@ def check_run_fits_records(config, shards, records):
             f"{records}: images stored at {shards.image_size} px, the run was trained at "
             f"{config.image_size} px; write the shards again with --image-size {config.image_size}"
         )
-    fit = shards.images.effective_fit
+    fit = shards.manifest.image.effective_fit  # shards.images, of a folder with a manifest
     if config.fit and fit != config.fit:
         raise TfpipeError(
             f"{records}: images fitted to a square by {fit!r}, the run's training images by "
@@ -328,7 +373,7 @@ def check_run_fits_records(config, shards, records):
         )
 
 
-def check_labels_can_be_joined(classes, single_label):
+def check_labels_can_be_joined(classes: Sequence[str], single_label: bool) -> None:
     """A multi-label submission joins each row's labels with spaces: a class named ``New York`` (a one-hot
     column or a folder name) would be read back as two labels, so such runs write probabilities instead."""
     spaced = [c for c in classes if not c or any(ch.isspace() for ch in c)]
@@ -339,11 +384,11 @@ def check_labels_can_be_joined(classes, single_label):
         )
 
 
-def _listed(classes, most=6):
+def _listed(classes: Sequence[str], most: int = 6) -> str:
     return ", ".join(classes[:most]) + (f", ... {len(classes)} in all" if len(classes) > most else "")
 
 
-def _thresholds(run, config, threshold):
+def _thresholds(run: str, config: RunConfig, threshold: float | None) -> list[float]:
     """Per-class thresholds: ``threshold`` for all, else the run's tuned ones (validated), else the run's default."""
     if threshold is not None:
         return [threshold] * len(config.classes)

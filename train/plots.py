@@ -6,13 +6,21 @@ Each function takes plain arrays / a DataFrame and writes one PNG (through
 the process's (a notebook's) matplotlib backend is never changed.
 """
 
+from __future__ import annotations
+
 import io
 import textwrap
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from tfpipe import fs
 from tfpipe.deps import require
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from matplotlib.figure import Figure
 
 RIGHT, WRONG = "tab:blue", "tab:red"
 # Keras' AUC during training is a binned estimate; the exact figure of the saved model is in roc.png and
@@ -21,19 +29,19 @@ TITLES = {"auc": "AUC (Keras' binned estimate)"}
 GRID_CHARS = 26  # characters of a caption line that fit a 2.2-inch grid cell at 8 pt
 
 
-def subplots(rows, columns, figsize):
+def subplots(rows: int, columns: int, figsize: tuple[float, float]) -> tuple[Figure, np.ndarray]:
     """A figure and its [rows, columns] axes, without pyplot (no backend is selected or changed)."""
     fig = require("matplotlib.figure").Figure(figsize=figsize)
     return fig, fig.subplots(rows, columns, squeeze=False)
 
 
-def save(fig, path):
+def save(fig: Figure, path: str) -> None:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
     fs.write_atomic(path, buf.getvalue())
 
 
-def learning_curves(history, path):
+def learning_curves(history: pd.DataFrame, path: str) -> None:
     """Loss, every validation score, and the learning rate per epoch (from ``history.csv``)."""
     metrics = [c for c in history.columns if not c.startswith("val_") and c not in ("epoch", "lr", "loss")]
     panels = ["loss", *metrics, *(["lr"] if "lr" in history else [])]
@@ -51,7 +59,7 @@ def learning_curves(history, path):
     save(fig, path)
 
 
-def roc_curves(targets, probs, classes, path):
+def roc_curves(targets: np.ndarray, probs: np.ndarray, classes: Sequence[str], path: str) -> None:
     """One validation ROC curve per class (classes without both positives and negatives are left out)."""
     from sklearn.metrics import roc_auc_score, roc_curve
 
@@ -67,7 +75,7 @@ def roc_curves(targets, probs, classes, path):
     save(fig, path)
 
 
-def wrapped(text, width=GRID_CHARS, most_lines=3):
+def wrapped(text: str, width: int = GRID_CHARS, most_lines: int = 3) -> str:
     """A caption wrapped to a grid cell's width, at most ``most_lines`` lines (the rest elided)."""
     lines = textwrap.wrap(text, width) or [""]
     return (
@@ -77,7 +85,13 @@ def wrapped(text, width=GRID_CHARS, most_lines=3):
     )
 
 
-def prediction_grid(images, true_labels, predicted_labels, path, columns=6):
+def prediction_grid(
+    images: np.ndarray | Sequence[np.ndarray],
+    true_labels: Sequence[str],
+    predicted_labels: Sequence[str],
+    path: str,
+    columns: int = 6,
+) -> None:
     """Images titled "true / predicted", blue when the label sets agree, red when they do not."""
     n = len(images)
     rows = max(1, -(-n // columns))

@@ -10,16 +10,24 @@ instead (the Plant Pathology 2020 format). This module is the command line and i
 reachable from here too.
 """
 
+from __future__ import annotations
+
+import argparse
 import importlib
 import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from tfpipe.errors import ArgumentParser, check_path, run_cli
 from train.names import STRATEGIES, TTA_VIEW_COUNT
 
+if TYPE_CHECKING:
+    import pandas as pd
+
 ENGINE = "train.inference"
 
 
-def predict(run, records, out="submission.csv", **kwargs):
+def predict(run: str, records: str | Sequence[str], out: str = "submission.csv", **kwargs: Any) -> pd.DataFrame:
     """Writes the submission of run folder ``run`` on the shards ``records``; returns it as a DataFrame.
 
     Keyword arguments: ``tta``, ``threshold``, ``probabilities``, ``strategy``, ``replicas``, ``batch_size``,
@@ -33,7 +41,7 @@ def predict(run, records, out="submission.csv", **kwargs):
     return importlib.import_module(ENGINE).predict(run, records, out, **kwargs)
 
 
-def __getattr__(name):
+def __getattr__(name: str) -> Any:
     """``from train.predict import predict_probabilities`` and the like: the engine's names, imported when first
     asked for."""
     if name.startswith("__"):
@@ -41,8 +49,8 @@ def __getattr__(name):
     return getattr(importlib.import_module(ENGINE), name)
 
 
-def build_parser():
-    p = ArgumentParser(prog="python -m train.predict", description=__doc__.split("\n\n")[0])
+def build_parser() -> ArgumentParser:
+    p = ArgumentParser(prog="python -m train.predict", description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--run", required=True, help="run folder written by train.fit")
     p.add_argument("--records", required=True, help="shards to predict (e.g. written with --split test)")
     p.add_argument(
@@ -63,7 +71,7 @@ def build_parser():
     return p
 
 
-def run(args):
+def run_command(args: argparse.Namespace) -> None:
     check_path(out=args.out)
     df = predict(
         args.run,
@@ -82,8 +90,8 @@ def run(args):
     print(f"wrote {len(df)} rows ({args.tta} view{'s' if args.tta > 1 else ''}) -> {args.out}")
 
 
-def main(argv=None):
-    return run_cli("train.predict", run, build_parser().parse_args(argv))
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_cli("train.predict", run_command, build_parser().parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -9,42 +9,62 @@
 A SWA model writes the same files with a ``-swa`` suffix (no learning curves).
 """
 
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 import pandas as pd
 
 import tfpipe
 from tfpipe import fs
+from tfpipe.shards import Records
 from train import plots
 from train import run as run_files
 from train.inference import labels_at, predict_probabilities, tune_thresholds
+
+if TYPE_CHECKING:
+    import tensorflow as tf
 
 GRID_IMAGES = 24
 
 
 def validation_report(
-    model, strategy, out, *, classes, single_label, source, folds, image_size, batch_size, threshold, suffix=""
-):
+    model: Any,
+    strategy: tf.distribute.Strategy,
+    run_dir: str,
+    *,
+    classes: Sequence[str],
+    single_label: bool,
+    records: Records,
+    folds: Sequence[int] | None,
+    image_size: int,
+    batch_size: int,
+    threshold: float,
+    suffix: str = "",
+) -> dict[str, float | None]:
     """Predicts the validation records, writes the files above, returns validation scores (sklearn)."""
     from sklearn.metrics import f1_score, roc_auc_score
 
     probs = predict_probabilities(
-        model, source, strategy, batch_size=batch_size, image_size=image_size, num_classes=len(classes), folds=folds
+        model, records, strategy, batch_size=batch_size, image_size=image_size, num_classes=len(classes), folds=folds
     )
-    targets = tfpipe.read_targets(source, len(classes), folds)
+    targets = tfpipe.read_targets(records, len(classes), folds)
     thresholds = [threshold] * len(classes) if single_label else tune_thresholds(probs, targets, threshold)
     predicted = labels_at(probs, classes, thresholds, single_label)
     truth = [" ".join(c for c, on in zip(classes, row) if on) for row in targets > 0]
-    ids = tfpipe.image_names(source, folds)
+    ids = tfpipe.image_names(records, folds)
     table = pd.DataFrame({"image_name": ids, "true": truth, "predicted": predicted})
     table = pd.concat([table, pd.DataFrame(probs, columns=classes)], axis=1)
-    fs.write_atomic(f"{out}/val_predictions{suffix}.csv", table.to_csv(index=False))
+    fs.write_atomic(f"{run_dir}/val_predictions{suffix}.csv", table.to_csv(index=False))
     if not single_label:
-        run_files.save_thresholds(out, classes, thresholds, suffix)
-    plots.roc_curves(targets, probs, classes, f"{out}/roc{suffix}.png")
+        run_files.save_thresholds(run_dir, classes, thresholds, suffix)
+    plots.roc_curves(targets, probs, classes, f"{run_dir}/roc{suffix}.png")
     images = next(
-        iter(tfpipe.make_dataset(source, GRID_IMAGES, image_size=image_size, folds=folds, num_classes=len(classes)))
+        iter(tfpipe.make_dataset(records, GRID_IMAGES, image_size=image_size, folds=folds, num_classes=len(classes)))
     )[0].numpy()
-    plots.prediction_grid(images, truth[:GRID_IMAGES], predicted[:GRID_IMAGES], f"{out}/predictions{suffix}.png")
+    plots.prediction_grid(images, truth[:GRID_IMAGES], predicted[:GRID_IMAGES], f"{run_dir}/predictions{suffix}.png")
     present = [c for c in range(len(classes)) if 0 < targets[:, c].sum() < len(targets)]
     hits = targets > 0 if not single_label else None
     return {
@@ -58,7 +78,7 @@ def validation_report(
     }
 
 
-def learning_curves(out):
-    with fs.open(run_files.path(out, run_files.HISTORY)) as f:
+def learning_curves(run_dir: str) -> None:
+    with fs.open(run_files.path(run_dir, run_files.HISTORY)) as f:
         history = pd.read_csv(f)
-    plots.learning_curves(history, f"{out}/learning_curves.png")
+    plots.learning_curves(history, f"{run_dir}/learning_curves.png")

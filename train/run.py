@@ -17,6 +17,7 @@ import dataclasses
 import json
 import math
 import posixpath
+from collections.abc import Sequence
 from typing import Any
 
 from tfpipe import fs
@@ -54,7 +55,7 @@ class RunConfig:
     dataset_id: str | None  # the training shards' dataset id (None: unknown, runs of tfpipe <= 0.2)
     fold: int | None  # the validation fold (None: the last shards were held out)
     records: str
-    settings: dict = dataclasses.field(default_factory=dict)
+    settings: dict[str, Any] = dataclasses.field(default_factory=dict)
     version: int = RUN_VERSION
 
     def to_dict(self) -> dict[str, Any]:
@@ -137,7 +138,7 @@ def from_dict(data: Any, p: str) -> RunConfig:
     )
 
 
-def read_state(run: str) -> dict:
+def read_state(run: str) -> dict[str, bool]:
     """``state.json`` (``burn_done``, ``finished``: booleans), or {} before the first phase ends."""
     p = path(run, STATE)
     if not fs.exists(p):
@@ -148,18 +149,18 @@ def read_state(run: str) -> dict:
     return state
 
 
-def write_state(run: str, state: dict) -> None:
+def write_state(run: str, state: dict[str, bool]) -> None:
     fs.write_atomic(path(run, STATE), json.dumps(state))
 
 
-def save_thresholds(run: str, classes: list[str], thresholds: list[float], suffix: str = "") -> None:
+def save_thresholds(run: str, classes: Sequence[str], thresholds: Sequence[float], suffix: str = "") -> None:
     fs.write_atomic(
         path(run, f"thresholds{suffix}.json"),
         json.dumps(dict(zip(classes, thresholds)), indent=1, ensure_ascii=False) + "\n",
     )
 
 
-def load_thresholds(run: str, classes: list[str]) -> list[float] | None:
+def load_thresholds(run: str, classes: Sequence[str]) -> list[float] | None:
     """The tuned per-class thresholds in ``classes`` order, or None when the run has none (single-label runs).
     A file naming other classes (copied from another run) or holding a value outside [0, 1] is an error."""
     p = path(run, THRESHOLDS)

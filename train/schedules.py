@@ -7,7 +7,10 @@ own ``CosineDecay``; Keras has no one-cycle or Kaggle ramp schedule, so those
 two are small classes here.
 """
 
+from __future__ import annotations
+
 import math
+from typing import TYPE_CHECKING
 
 import tensorflow as tf
 
@@ -15,10 +18,13 @@ from tfpipe.deps import require_keras
 from tfpipe.errors import TfpipeError
 from train.names import SCHEDULES
 
-keras = require_keras()
+if TYPE_CHECKING:
+    import tf_keras as keras
+else:
+    keras = require_keras()
 
 
-def scaled_lr(base_lr, replicas):
+def scaled_lr(base_lr: float, replicas: int) -> float:
     """The TPU notebooks' rule: the base LR is for one replica and grows with the replica count."""
     return base_lr * replicas
 
@@ -27,7 +33,9 @@ class OneCycle(keras.optimizers.schedules.LearningRateSchedule):
     """One-cycle (Smith 2018): cosine rise from peak/div to peak over ``pct_start``, then cosine down to
     peak/(div*final_div)."""
 
-    def __init__(self, peak, total_steps, pct_start=0.3, div=25.0, final_div=1e4):
+    def __init__(
+        self, peak: float, total_steps: int, pct_start: float = 0.3, div: float = 25.0, final_div: float = 1e4
+    ) -> None:
         self.peak, self.total_steps, self.pct_start, self.div, self.final_div = (
             peak,
             total_steps,
@@ -36,18 +44,18 @@ class OneCycle(keras.optimizers.schedules.LearningRateSchedule):
             final_div,
         )
 
-    def __call__(self, step):
+    def __call__(self, step: tf.Tensor | int) -> tf.Tensor:
         step = tf.cast(step, tf.float32)
         up = max(1.0, self.pct_start * self.total_steps)
         down = max(1.0, self.total_steps - up)
         start, end = self.peak / self.div, self.peak / (self.div * self.final_div)
 
-        def anneal(a, b, t):
+        def anneal(a: float, b: float, t: tf.Tensor) -> tf.Tensor:
             return b + (a - b) * (1 + tf.cos(math.pi * tf.clip_by_value(t, 0.0, 1.0))) / 2
 
         return tf.where(step < up, anneal(start, self.peak, step / up), anneal(self.peak, end, (step - up) / down))
 
-    def get_config(self):
+    def get_config(self) -> dict[str, float]:
         return {
             "peak": self.peak,
             "total_steps": self.total_steps,
@@ -61,11 +69,20 @@ class KaggleRamp(keras.optimizers.schedules.LearningRateSchedule):
     """The Kaggle TPU notebooks' ``lrfn``: linear ramp-up, sustain, then exponential decay per epoch,
     evaluated per step at fractional epochs."""
 
-    def __init__(self, peak, steps_per_epoch, start=1e-5, minimum=1e-6, rampup_epochs=5, sustain_epochs=0, decay=0.8):
+    def __init__(
+        self,
+        peak: float,
+        steps_per_epoch: int,
+        start: float = 1e-5,
+        minimum: float = 1e-6,
+        rampup_epochs: float = 5,
+        sustain_epochs: float = 0,
+        decay: float = 0.8,
+    ) -> None:
         self.peak, self.steps_per_epoch, self.start, self.minimum = peak, steps_per_epoch, start, minimum
         self.rampup_epochs, self.sustain_epochs, self.decay = rampup_epochs, sustain_epochs, decay
 
-    def __call__(self, step):
+    def __call__(self, step: tf.Tensor | int) -> tf.Tensor:
         epoch = tf.cast(step, tf.float32) / self.steps_per_epoch
         ramp = self.start + (self.peak - self.start) * epoch / max(self.rampup_epochs, 1e-9)
         decayed = (self.peak - self.minimum) * self.decay ** (
@@ -77,7 +94,7 @@ class KaggleRamp(keras.optimizers.schedules.LearningRateSchedule):
             tf.where(epoch < self.rampup_epochs + self.sustain_epochs, self.peak, decayed),
         )
 
-    def get_config(self):
+    def get_config(self) -> dict[str, float]:
         return {
             "peak": self.peak,
             "steps_per_epoch": self.steps_per_epoch,
@@ -89,7 +106,9 @@ class KaggleRamp(keras.optimizers.schedules.LearningRateSchedule):
         }
 
 
-def make_schedule(name, peak, steps_per_epoch, epochs, warmup_epochs=1.0):
+def make_schedule(
+    name: str, peak: float, steps_per_epoch: int, epochs: int, warmup_epochs: float = 1.0
+) -> keras.optimizers.schedules.LearningRateSchedule | float:
     """A schedule over ``epochs * steps_per_epoch`` optimizer steps peaking at ``peak``."""
     total = max(1, epochs * steps_per_epoch)
     warmup = min(round(warmup_epochs * steps_per_epoch), total - 1)

@@ -1,29 +1,35 @@
 """Resolve a strategy name to a ``tf.distribute.Strategy``: auto, tpu, gpu or cpu (with N virtual replicas)."""
 
+from __future__ import annotations
+
 import glob
 import os
+from typing import TYPE_CHECKING
 
 from tfpipe.deps import require
 from tfpipe.errors import TfpipeError, option
 from train.names import STRATEGIES
 
-tf = require("tensorflow")
+if TYPE_CHECKING:
+    import tensorflow as tf
+else:
+    tf = require("tensorflow")
 
 TPU_HINTS = ("TPU_NAME", "COLAB_TPU_ADDR", "TPU_ACCELERATOR_TYPE", "KAGGLE_TPU")  # env vars set next to a TPU
 
 
-def tpu_present():
+def tpu_present() -> bool:
     """A cheap look for a TPU (environment or TPU VM device files) that starts nothing."""
     return any(os.environ.get(k) for k in TPU_HINTS) or bool(glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"))
 
 
-def connect_tpu():
+def connect_tpu() -> tf.distribute.TPUStrategy:
     """Finds, connects to and initialises the TPU; returns a ``TPUStrategy``.
 
     Tries the address from the environment (Kaggle, Colab, ``TPU_NAME``) and
     then ``tpu="local"`` (a TPU VM).
     """
-    errors = []
+    errors: list[str] = []
     for kwargs in ({}, {"tpu": "local"}):
         try:
             resolver = tf.distribute.cluster_resolver.TPUClusterResolver(**kwargs)
@@ -35,7 +41,7 @@ def connect_tpu():
     raise TfpipeError(f"no TPU found (tried TPU_NAME/Colab/Kaggle address, then a local TPU VM: {errors[-1]})")
 
 
-def ensure_virtual_cpus(n):
+def ensure_virtual_cpus(n: int) -> list[str]:
     """Makes ``n`` logical CPU devices exist (must run before TensorFlow initialises its devices)."""
     cpus = tf.config.list_physical_devices("CPU")
     try:
@@ -52,7 +58,9 @@ def ensure_virtual_cpus(n):
     return [d.name for d in tf.config.list_logical_devices("CPU")[:n]]
 
 
-def resolve_strategy(name="auto", replicas=None):
+def resolve_strategy(
+    name: str | tf.distribute.Strategy = "auto", replicas: int | None = None
+) -> tuple[tf.distribute.Strategy, str]:
     """Returns (strategy, kind) for a strategy name.
 
     One device (a CPU or a single GPU) gets the default strategy, which Keras
@@ -91,7 +99,7 @@ def resolve_strategy(name="auto", replicas=None):
     return tf.distribute.get_strategy(), "cpu"
 
 
-def strategy_kind(strategy):
+def strategy_kind(strategy: tf.distribute.Strategy) -> str:
     """ "tpu", "gpu" or "cpu": where a strategy's replicas run."""
     if "TPU" in type(strategy).__name__:
         return "tpu"
@@ -100,6 +108,6 @@ def strategy_kind(strategy):
     return "gpu" if gpu else "cpu"
 
 
-def default_precision(kind):
+def default_precision(kind: str) -> str:
     """bfloat16 on TPU, float16 on GPU, float32 on CPU (the Keras mixed-precision policy names)."""
     return {"tpu": "mixed_bfloat16", "gpu": "mixed_float16"}.get(kind, "float32")

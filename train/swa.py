@@ -9,18 +9,28 @@ BatchNormalization layer's momentum set per step to a cumulative average
 ``model.fit`` with a zero learning rate so it runs under any strategy.
 """
 
+from __future__ import annotations
+
 import io
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import numpy.typing as npt
 import tensorflow as tf
 
 from tfpipe import fs
 from tfpipe.deps import require_keras
 
-keras = require_keras()
+if TYPE_CHECKING:
+    import tf_keras as keras
+else:
+    keras = require_keras()
 
 
-def average_weights(average, count, weights):
+def average_weights(
+    average: list[npt.NDArray[np.float64]] | None, count: int, weights: Sequence[npt.ArrayLike]
+) -> list[npt.NDArray[np.float64]]:
     """Running mean: ``average`` of ``count`` snapshots updated with one more (lists of arrays)."""
     if average is None:
         return [np.array(w, np.float64) for w in weights]
@@ -30,31 +40,34 @@ def average_weights(average, count, weights):
 class AverageWeights(keras.callbacks.Callback):
     """Averages the model's weights at the end of every epoch from ``start_epoch`` (0-based, global) on."""
 
-    def __init__(self, start_epoch, path):
+    def __init__(self, start_epoch: int, path: str) -> None:
         super().__init__()
         self.start_epoch, self.path = start_epoch, path
-        self.average, self.count = None, 0
+        self.average: list[npt.NDArray[np.float64]] | None = None
+        self.count = 0
         if fs.exists(path):  # resumed: continue the running mean
             with fs.open(path, "rb") as f:
                 saved = np.load(io.BytesIO(f.read()))
                 self.count = int(saved["count"])
                 self.average = [saved[f"w{i}"] for i in range(len(saved.files) - 1)]
 
-    def on_epoch_end(self, epoch, logs=None):
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         if epoch < self.start_epoch or epoch < self.start_epoch + self.count:  # before the window, or already in
             return
         self.average = average_weights(self.average, self.count, self.model.get_weights())
         self.count += 1
         buf = io.BytesIO()
-        np.savez(buf, count=self.count, **{f"w{i}": w for i, w in enumerate(self.average)})
+        # Any: mypy checks **arrays against savez's allow_pickle (a bool) too
+        arrays: dict[str, Any] = {f"w{i}": w for i, w in enumerate(self.average)}
+        np.savez(buf, count=self.count, **arrays)
         fs.write_atomic(self.path, buf.getvalue())  # a crash keeps the previous average
 
 
-def batch_norm_layers(model):
+def batch_norm_layers(model: keras.Model) -> list[keras.layers.BatchNormalization]:
     return [layer for layer in model.submodules if isinstance(layer, keras.layers.BatchNormalization)]
 
 
-def sync_batch_norm(model):
+def sync_batch_norm(model: keras.Model) -> None:
     """Gives every replica the batch-norm statistics the saved model has.
 
     Keras keeps moving means and variances as sync-on-read variables: under a MirroredStrategy each replica
@@ -68,7 +81,9 @@ def sync_batch_norm(model):
                 variable.assign(variable.read_value())  # cross-replica read = the mean, assigned to every copy
 
 
-def recompute_batch_norm(model, dataset, steps, loss):
+def recompute_batch_norm(
+    model: keras.Model, dataset: tf.data.Dataset, steps: int, loss: str | Callable[..., tf.Tensor]
+) -> int:
     """Sets every BatchNormalization layer's moving statistics to their mean over ``steps`` training batches.
 
     Runs one ``model.fit`` epoch with a zero learning rate (weights unchanged,
@@ -88,7 +103,7 @@ def recompute_batch_norm(model, dataset, steps, loss):
         layer.momentum = momentum  # read at every step of the traced train function
 
     class CumulativeMomentum(keras.callbacks.Callback):
-        def on_train_batch_begin(self, batch, logs=None):
+        def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
             momentum.assign(batch / (batch + 1))
 
     if not hasattr(model, "_training_state"):  # BackupAndRestore deletes it when the previous fit ends

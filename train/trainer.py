@@ -6,6 +6,8 @@ build and compile the model inside ``strategy.scope()`` -> (optionally) train th
 frozen -> fine-tune everything -> save ``model.keras``, ``history.csv``, ``metrics.json``.
 """
 
+from __future__ import annotations
+
 import contextlib
 import dataclasses
 import errno
@@ -16,10 +18,15 @@ import shutil
 import statistics
 import sys
 import time
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple, TextIO
 
 from tfpipe.deps import check_installed, require_keras
 
-keras = require_keras()  # tf-keras of TensorFlow's release, or MissingDependency saying what to install
+if TYPE_CHECKING:
+    import tf_keras as keras
+else:
+    keras = require_keras()  # tf-keras of TensorFlow's release, or MissingDependency saying what to install
 import tensorflow as tf
 
 import tfpipe
@@ -35,8 +42,8 @@ from tfpipe.errors import (
     check_seed,
     option,
 )
-from tfpipe.shards import fold_split, holdout_split, open_shards
-from tfpipe.staging import LOCK, locked_folder
+from tfpipe.shards import Shards, fold_split, holdout_split, open_shards
+from tfpipe.staging import LOCK, WriteLock, locked_folder
 from train import run as run_files
 from train.models import build_model, min_image_size
 from train.report import learning_curves, validation_report
@@ -44,6 +51,9 @@ from train.run import RunConfig, read_state, write_state
 from train.schedules import make_schedule, scaled_lr
 from train.strategy import default_precision, resolve_strategy
 from train.swa import AverageWeights, recompute_batch_norm, sync_batch_norm
+
+if TYPE_CHECKING:
+    from train.fit import FitConfig
 
 BURN_DONE = f"{run_files.CHECKPOINTS}/burn-done"  # weights after the burn-in phase, for --resume
 # Keras' default 200 thresholds could not tell apart predictions squeezed into 0.463-0.483 (a run reported 0.52
@@ -69,28 +79,43 @@ RESUME_KEYS = (
 )
 
 
-def split_sources(shards, fold, val_fraction):
-    """(train shards, train folds, val shards, val folds): by fold when the shards have folds, else
-    the last shards (about ``val_fraction`` of them) are held out."""
-    if shards.folds:
+# (training dataset, validation dataset, training steps an epoch, validation steps)
+PhaseData = tuple[tf.distribute.DistributedDataset, tf.distribute.DistributedDataset, int, int]
+
+
+class Parts(NamedTuple):
+    """The records a run trains on and validates on: shards, and the fold ids to read (None: all)."""
+
+    train: Shards
+    train_folds: list[int] | None
+    validation: Shards
+    validation_folds: list[int] | None
+
+
+def training_parts(shards: Shards, fold: int | None, val_fraction: float) -> Parts:
+    """By fold when the shards have folds, else the last shards (about ``val_fraction`` of them) are held out."""
+    if shards.num_folds:
+        assert fold is not None, "prepare() picks fold 0 of shards with folds"
         train_folds, val_folds = fold_split(shards, fold)
-        return shards, train_folds, shards, val_folds
+        return Parts(shards, train_folds, shards, val_folds)
     train_shards, val_shards = holdout_split(shards, val_fraction)
-    return train_shards, None, val_shards, None
+    return Parts(train_shards, None, val_shards, None)
 
 
-def build_datasets(cfg, strategy, num_classes, split):
+def build_datasets(
+    cfg: FitConfig, strategy: tf.distribute.Strategy, num_classes: int | None, parts: Parts
+) -> tuple[tf.distribute.DistributedDataset, tf.distribute.DistributedDataset, int, int, int]:
     """Distributed training and validation datasets, and their sizes."""
-    train_src, train_folds, val_src, val_folds = split
+    train_src, train_folds, val_src, val_folds = parts
     n_train, n_val = tfpipe.count_examples(train_src, train_folds), tfpipe.count_examples(val_src, val_folds)
     global_batch = cfg.batch_size * strategy.num_replicas_in_sync
-    common = {
+    common: dict[str, Any] = {
         "image_size": cfg.image_size,
         "num_classes": num_classes,
         "label_mode": "one_hot" if cfg.single_label else "multi_hot",
     }
 
-    def train_fn(ctx):
+    def train_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
         return tfpipe.make_dataset(
             train_src,
             ctx.get_per_replica_batch_size(global_batch),
@@ -102,7 +127,8 @@ def build_datasets(cfg, strategy, num_classes, split):
             **common,
         )
 
-    def val_fn(ctx):  # padded to static shapes; weight 0 on padding keeps the metrics exact
+    # padded to static shapes; weight 0 on padding keeps the metrics exact
+    def val_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
         return tfpipe.make_dataset(
             val_src,
             ctx.get_per_replica_batch_size(global_batch),
@@ -122,19 +148,19 @@ class F1Score(keras.metrics.F1Score):
     """Keras' F1Score as a weighted metric: compile passes it [B, 1] sample weights, which its own update
     expands once more (to [B, 1, 1]) and then fails on; it gets them as [B]."""
 
-    def update_state(self, y_true, y_pred, sample_weight=None):
+    def update_state(self, y_true: tf.Tensor, y_pred: tf.Tensor, sample_weight: tf.Tensor | None = None) -> Any:
         if sample_weight is not None:
             sample_weight = tf.reshape(sample_weight, [-1])
         return super().update_state(y_true, y_pred, sample_weight)
 
 
-def make_auc(num_classes):
+def make_auc(num_classes: int) -> keras.metrics.AUC:
     """Keras' macro AUC, as tracked per epoch: an estimate from predictions binned at ``AUC_THRESHOLDS`` evenly
     spaced thresholds (the exact AUC of the saved model is ``report.roc_auc_macro``, computed after training)."""
     return keras.metrics.AUC(name="auc", multi_label=True, num_labels=num_classes, num_thresholds=AUC_THRESHOLDS)
 
 
-def make_metrics(num_classes, single_label, threshold):
+def make_metrics(num_classes: int, single_label: bool, threshold: float) -> list[keras.metrics.Metric]:
     if single_label:
         return [keras.metrics.CategoricalAccuracy(name="accuracy"), make_auc(num_classes)]
     return [
@@ -144,7 +170,9 @@ def make_metrics(num_classes, single_label, threshold):
     ]
 
 
-def make_optimizer(name, lr, weight_decay):
+def make_optimizer(
+    name: str, lr: float | keras.optimizers.schedules.LearningRateSchedule, weight_decay: float
+) -> keras.optimizers.Optimizer:
     if name == "adam":
         return keras.optimizers.Adam(lr)
     if name == "adamw":
@@ -154,7 +182,9 @@ def make_optimizer(name, lr, weight_decay):
     raise TfpipeError(f"unknown optimizer {name!r}: use adam, adamw or sgd")
 
 
-def compile_model(model, cfg, lr, num_classes):
+def compile_model(
+    model: keras.Model, cfg: FitConfig, lr: float | keras.optimizers.schedules.LearningRateSchedule, num_classes: int
+) -> None:
     loss = (
         keras.losses.CategoricalCrossentropy(label_smoothing=cfg.label_smoothing)
         if cfg.single_label
@@ -166,7 +196,7 @@ def compile_model(model, cfg, lr, num_classes):
     model.compile(
         optimizer=make_optimizer(cfg.optimizer, lr, cfg.weight_decay),
         loss=loss,
-        weighted_metrics=make_metrics(num_classes, cfg.single_label, cfg.threshold),
+        weighted_metrics=make_metrics(num_classes, bool(cfg.single_label), cfg.threshold),
         steps_per_execution=cfg.steps_per_execution,
     )
 
@@ -174,14 +204,16 @@ def compile_model(model, cfg, lr, num_classes):
 class Throughput(keras.callbacks.Callback):
     """Training images/s per epoch, timed from epoch start to the start of validation."""
 
-    def __init__(self, images_per_epoch):
+    def __init__(self, images_per_epoch: int) -> None:
         super().__init__()
-        self.images_per_epoch, self.rates, self._start = images_per_epoch, [], None
+        self.images_per_epoch = images_per_epoch
+        self.rates: list[float] = []
+        self._start: float | None = None
 
-    def on_epoch_begin(self, epoch, logs=None):
+    def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         self._start = time.perf_counter()
 
-    def on_test_begin(self, logs=None):
+    def on_test_begin(self, logs: dict[str, Any] | None = None) -> None:
         if self._start is not None:
             self.rates.append(self.images_per_epoch / (time.perf_counter() - self._start))
             self._start = None
@@ -192,7 +224,7 @@ class SyncBatchNorm(keras.callbacks.Callback):
     otherwise each replica validates with its own copy, and the epoch's scores describe another model than
     the one saved (a 40-image test reported 0.48 for a model.keras that scores 0.55)."""
 
-    def on_test_begin(self, logs=None):
+    def on_test_begin(self, logs: dict[str, Any] | None = None) -> None:
         sync_batch_norm(self.model)
 
 
@@ -201,16 +233,20 @@ class StartupProgress(keras.callbacks.Callback):
     for a large graph on CPU replicas), then, in the first epoch, where it is every ``every`` seconds -- Keras'
     one line per epoch (``verbose=2``) would otherwise leave the terminal silent until the epoch ends."""
 
-    def __init__(self, replicas, steps_per_execution, steps, every=15.0, out=sys.stdout):
+    def __init__(
+        self, replicas: int, steps_per_execution: int, steps: int, every: float = 15.0, out: TextIO = sys.stdout
+    ) -> None:
         super().__init__()
         self.replicas, self.spe, self.steps, self.every, self.out = replicas, steps_per_execution, steps, every, out
-        self._start = self._last = self._epoch = None
+        self._start: float | None = None
+        self._last: float | None = None
+        self._epoch: int | None = None
         self._first_step_seen = self._validation_seen = self._first_epoch_over = False
 
-    def _say(self, text):
+    def _say(self, text: str) -> None:
         print(f"train.fit: {text}", file=self.out, flush=True)
 
-    def on_train_begin(self, logs=None):
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         self._start = time.perf_counter()
         many = (
             (
@@ -225,24 +261,24 @@ class StartupProgress(keras.callbacks.Callback):
             f"(steps_per_execution {self.spe}); the first steps wait for it{many}"
         )
 
-    def on_epoch_begin(self, epoch, logs=None):
+    def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         self._epoch = None if self._first_epoch_over else epoch
 
-    def on_train_batch_end(self, batch, logs=None):
-        if self._epoch is None:
+    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        if self._epoch is None or self._start is None:  # past the first epoch (on_train_begin set the start)
             return
         now = time.perf_counter()
         if not self._first_step_seen:
             self._first_step_seen, self._last = True, now
             self._say(f"compiled; the first {batch + 1} step{'s' * (batch > 0)} done after {now - self._start:.0f} s")
-        elif now - self._last >= self.every:
+        elif self._last is not None and now - self._last >= self.every:  # set with the first step
             self._last = now
             self._say(f"epoch {self._epoch + 1}: step {batch + 1}/{self.steps}, {now - self._start:.0f} s")
 
-    def on_epoch_end(self, epoch, logs=None):
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         self._first_epoch_over, self._epoch = True, None
 
-    def on_test_begin(self, logs=None):
+    def on_test_begin(self, logs: dict[str, Any] | None = None) -> None:
         if not self._validation_seen:
             self._validation_seen = True
             self._say("compiling the validation step")
@@ -251,11 +287,23 @@ class StartupProgress(keras.callbacks.Callback):
 class LogLearningRate(keras.callbacks.Callback):
     """Adds to the logs (so to history.csv) the learning rate the epoch's last step used."""
 
-    def on_epoch_end(self, epoch, logs=None):
-        logs["lr"] = float(keras.backend.get_value(self.model.optimizer.learning_rate))
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        if logs is not None:  # Keras always passes the epoch's logs
+            logs["lr"] = float(keras.backend.get_value(self.model.optimizer.learning_rate))
 
 
-def run_phase(model, cfg, name, lr_schedule, epochs, initial_epoch, data, num_classes, throughput, first=()):
+def run_phase(
+    model: keras.Model,
+    cfg: FitConfig,
+    name: str,
+    lr_schedule: float | keras.optimizers.schedules.LearningRateSchedule,
+    epochs: int,
+    initial_epoch: int,
+    data: PhaseData,
+    num_classes: int,
+    throughput: Throughput,
+    first: Sequence[keras.callbacks.Callback] = (),
+) -> None:
     """Compiles and fits one phase, backed up every epoch so ``--resume`` continues it.
 
     ``first``: callbacks that run before the backup at the end of an epoch.
@@ -270,13 +318,13 @@ def run_phase(model, cfg, name, lr_schedule, epochs, initial_epoch, data, num_cl
             else []
         ),
         *first,
-        keras.callbacks.BackupAndRestore(run_files.path(cfg.out, f"{run_files.BACKUP}/{name}"), save_freq="epoch"),
+        keras.callbacks.BackupAndRestore(run_files.path(cfg.run, f"{run_files.BACKUP}/{name}"), save_freq="epoch"),
         throughput,
         LogLearningRate(),
-        keras.callbacks.CSVLogger(run_files.path(cfg.out, run_files.HISTORY), append=True),
-        keras.callbacks.TensorBoard(run_files.path(cfg.out, run_files.LOGS), update_freq="epoch", profile_batch=0),
+        keras.callbacks.CSVLogger(run_files.path(cfg.run, run_files.HISTORY), append=True),
+        keras.callbacks.TensorBoard(run_files.path(cfg.run, run_files.LOGS), update_freq="epoch", profile_batch=0),
         keras.callbacks.ModelCheckpoint(
-            run_files.path(cfg.out, f"{run_files.CHECKPOINTS}/best"),
+            run_files.path(cfg.run, f"{run_files.CHECKPOINTS}/best"),
             monitor="val_auc",
             mode="max",
             save_best_only=True,
@@ -296,39 +344,39 @@ def run_phase(model, cfg, name, lr_schedule, epochs, initial_epoch, data, num_cl
     )
 
 
-def set_trainable(backbone, trainable):
+def set_trainable(backbone: keras.Model, trainable: bool) -> None:
     backbone.trainable = trainable  # a frozen backbone also runs its BatchNorm layers in inference mode
 
 
-def check_out(cfg, shards):
+def check_out(cfg: FitConfig, shards: Shards) -> None:
     """A run folder is a new or empty folder, or a run that ``resume`` continues with the settings it started
     with, on the same shards; a finished run is never trained over, and a folder holding anything train.fit did
     not write (no valid ``config.json``) is never trained into. Each is an error naming the way out. Called
     holding the folder's lock."""
-    others = sorted(n for n in fs.listdir(cfg.out) if n != LOCK)
-    if others and not fs.exists(run_files.path(cfg.out, run_files.CONFIG)):
+    others = sorted(n for n in fs.listdir(cfg.run) if n != LOCK)
+    if others and not fs.exists(run_files.path(cfg.run, run_files.CONFIG)):
         listed = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
         raise TfpipeError(
-            f"{cfg.out} holds files train.fit did not write ({listed}); choose a new or empty {option('out')} folder"
+            f"{cfg.run} holds files train.fit did not write ({listed}); choose a new or empty {option('run')} folder"
         )
     if not others:
         return
-    config = RunConfig.load(cfg.out)
+    config = RunConfig.load(cfg.run)
     if not cfg.resume:
         raise TfpipeError(
-            f"{cfg.out} already holds a run; pass {option('resume', True)} to continue it or choose "
-            f"another {option('out')} folder"
+            f"{cfg.run} already holds a run; pass {option('resume', True)} to continue it or choose "
+            f"another {option('run')} folder"
         )
-    if read_state(cfg.out).get("finished"):
+    if read_state(cfg.run).get("finished"):
         raise TfpipeError(
-            f"{cfg.out} holds a finished run (model.keras); {option('resume', True)} continues an "
-            f"interrupted one -- choose another {option('out')} folder to train again"
+            f"{cfg.run} holds a finished run (model.keras); {option('resume', True)} continues an "
+            f"interrupted one -- choose another {option('run')} folder to train again"
         )
     if config.dataset_id and config.dataset_id != shards.dataset_id:
         raise TfpipeError(
-            f"{cfg.records} was rewritten since {cfg.out} started (dataset id {config.dataset_id}, "
+            f"{cfg.records} was rewritten since {cfg.run} started (dataset id {config.dataset_id}, "
             f"now {shards.dataset_id}); {option('resume', True)} continues a run on its own shards "
-            f"-- choose another {option('out')} folder to train on the new ones"
+            f"-- choose another {option('run')} folder to train on the new ones"
         )
     before = config.settings
     now = dict(dataclasses.asdict(cfg), classes=shards.classes)
@@ -336,16 +384,28 @@ def check_out(cfg, shards):
     if changed:
         k = changed[0]
         raise TfpipeError(
-            f"{cfg.out} was started with {k}={before[k]!r}, not {now[k]!r}; {option('resume', True)} "
+            f"{cfg.run} was started with {k}={before[k]!r}, not {now[k]!r}; {option('resume', True)} "
             "continues a run with its own settings"
         )
 
 
-def summarise(cfg, kind, strategy, global_batch, steps, n_train, n_val, precision, model, seconds, throughput):
+def summarise(
+    cfg: FitConfig,
+    kind: str,
+    strategy: tf.distribute.Strategy,
+    global_batch: int,
+    steps: int,
+    n_train: int,
+    n_val: int,
+    precision: str,
+    model: keras.Model,
+    seconds: float,
+    throughput: Throughput,
+) -> dict[str, Any]:
     """metrics.json: the run's configuration, speed and validation scores (from history.csv)."""
     import pandas as pd
 
-    with fs.open(run_files.path(cfg.out, run_files.HISTORY)) as f:
+    with fs.open(run_files.path(cfg.run, run_files.HISTORY)) as f:
         history = pd.read_csv(f)
     val_cols = [c for c in history.columns if c.startswith("val_")]
     best = history.loc[history["val_auc"].idxmax()] if "val_auc" in history else history.iloc[-1]
@@ -377,45 +437,55 @@ def summarise(cfg, kind, strategy, global_batch, steps, n_train, n_val, precisio
     }
 
 
-def save_model(model, path):
+def save_model(model: keras.Model, path: str) -> None:
     """Saves through a temporary name: a crash while saving never leaves a half-written model file."""
     tmp = fs.temporary_name(path[: -len(".keras")]) + ".keras"  # a name no user file has
     model.save(tmp)
     fs.rename(tmp, path, overwrite=True)
 
 
-def write_run_config(plan, shards):
+def write_run_config(plan: FitConfig, shards: Shards) -> None:
     """config.json: what predicting with this run depends on (classes, input size, how the images were fitted,
     single- or multi-label, the shards' dataset id, the validation fold), plus every setting used."""
     settings = {k: v for k, v in dataclasses.asdict(plan).items() if k != "callbacks"}
+    manifest = shards.manifest
+    # prepare() refuses shards without a manifest, and decides the input size and single- or multi-label
+    assert manifest is not None and plan.image_size is not None and plan.single_label is not None
     RunConfig(
-        classes=tuple(shards.classes),
+        classes=tuple(manifest.classes),
         image_size=plan.image_size,
         single_label=plan.single_label,
-        fit=shards.images.effective_fit,
+        fit=manifest.image.effective_fit,
         dataset_id=shards.dataset_id,
         fold=plan.fold,
         records=plan.records,
         settings=json.loads(json.dumps(settings, default=str)),
-    ).save(plan.out)
+    ).save(plan.run)
 
 
-def finish_swa(model, swa, strategy, cfg, data, report_args):
+def finish_swa(
+    model: keras.Model,
+    swa: AverageWeights,
+    strategy: tf.distribute.Strategy,
+    cfg: FitConfig,
+    data: PhaseData,
+    report_args: dict[str, Any],
+) -> dict[str, Any]:
     """Loads the averaged weights, re-estimates batch-norm statistics, saves ``model-swa.keras`` and scores it."""
     train_ds, val_ds, steps, val_steps = data
     model.set_weights(swa.average)
     recompute_batch_norm(model, train_ds, steps, model.loss)
     with strategy.scope():
         compile_model(model, cfg, 0.0, len(report_args["classes"]))  # metrics again, for evaluate
-    save_model(model, run_files.path(cfg.out, run_files.MODEL_SWA))
+    save_model(model, run_files.path(cfg.run, run_files.MODEL_SWA))
     scores = model.evaluate(val_ds, steps=val_steps, return_dict=True, verbose=0)
-    result = {"epochs_averaged": swa.count, **{f"val_{k}": float(v) for k, v in scores.items()}}
+    result: dict[str, Any] = {"epochs_averaged": swa.count, **{f"val_{k}": float(v) for k, v in scores.items()}}
     if cfg.report:
-        result["report"] = validation_report(model, strategy, cfg.out, suffix="-swa", **report_args)
+        result["report"] = validation_report(model, strategy, cfg.run, suffix="-swa", **report_args)
     return result
 
 
-def prepare(cfg, shards):
+def prepare(cfg: FitConfig, shards: Shards) -> FitConfig:
     """The plan: ``cfg`` with what it leaves open decided from the shards (single- or multi-label, input size,
     the seed of a deterministic run). A copy: the caller's config is never changed, so it can be reused."""
     if shards.manifest is None:
@@ -425,22 +495,15 @@ def prepare(cfg, shards):
         )
     if not shards.labeled:
         raise TfpipeError(
-            f"{cfg.records}: written unlabeled (manifest: labeled false, e.g. --split test); "
+            f"{cfg.records}: written unlabeled (manifest: labeled false, written with --unlabeled); "
             "training needs labeled shards"
         )
     check_numbers(cfg)
-    image_size = cfg.image_size or shards.image_size
-    if not image_size:
-        raise TfpipeError(f"{cfg.records}: images were stored without a fixed size; pass {option('image_size')}")
-    if image_size < min_image_size(cfg.model):
-        raise TfpipeError(
-            f"{option('image_size')} {image_size} is below {cfg.model}'s smallest input "
-            f"({min_image_size(cfg.model)} px)"
-        )
-    if cfg.fold is not None and not shards.folds:
+    image_size = checked_image_size(cfg, shards)
+    if cfg.fold is not None and not shards.num_folds:
         raise TfpipeError(
             f"{cfg.records}: written without folds, so {option('fold', cfg.fold)} has nothing to pick; "
-            f"drop it (the last shards are held out, {option('val_fraction')}) or write with --folds"
+            f"drop it (the last shards are held out, {option('val_fraction')}) or write with --num-folds"
         )
     if not 0 <= cfg.swa_epochs <= cfg.epochs:
         raise TfpipeError(f"{option('swa_epochs')} must be in 0..{cfg.epochs} (the epochs); got {cfg.swa_epochs}")
@@ -452,7 +515,7 @@ def prepare(cfg, shards):
     single_label = shards.single_label if cfg.single_label is None else cfg.single_label
     seed = (0 if cfg.seed is None else cfg.seed) if cfg.deterministic else cfg.seed  # seeded input order
     weights = None if cfg.weights in (None, "none") else cfg.weights  # "none": the command line's word for None
-    fold = 0 if cfg.fold is None and shards.folds else cfg.fold
+    fold = 0 if cfg.fold is None and shards.num_folds else cfg.fold
     return dataclasses.replace(
         cfg,
         image_size=image_size,
@@ -464,7 +527,21 @@ def prepare(cfg, shards):
     )
 
 
-def check_numbers(cfg):
+def checked_image_size(cfg: FitConfig, shards: Shards) -> int:
+    """The input side: ``cfg.image_size``, else the stored size; refused when there is none, or when it is below
+    the model's smallest input."""
+    image_size = cfg.image_size or shards.image_size
+    if not image_size:
+        raise TfpipeError(f"{cfg.records}: images were stored without a fixed size; pass {option('image_size')}")
+    if image_size < min_image_size(cfg.model):
+        raise TfpipeError(
+            f"{option('image_size')} {image_size} is below {cfg.model}'s smallest input "
+            f"({min_image_size(cfg.model)} px)"
+        )
+    return image_size
+
+
+def check_numbers(cfg: FitConfig) -> None:
     """Every numeric setting in its range (the command line and Python refuse the same values)."""
     check_count(
         1,
@@ -484,7 +561,7 @@ def check_numbers(cfg):
         raise TfpipeError(f"{option('label_smoothing')} must be below 1 (got {cfg.label_smoothing})")
 
 
-def fit(cfg):
+def fit(cfg: FitConfig) -> dict[str, Any]:
     """Trains per ``cfg`` (a ``FitConfig``); returns the metrics dict also written to ``metrics.json``.
 
     Called through ``train.fit.fit`` (see its example).
@@ -493,7 +570,7 @@ def fit(cfg):
     if cfg.deterministic:
         keras.utils.set_random_seed(0 if cfg.seed is None else cfg.seed)  # weight initialisation, dropout
         tf.config.experimental.enable_op_determinism()
-    check_path(records=cfg.records, out=cfg.out)
+    check_path(records=cfg.records, run=cfg.run)
     check_count(1, replicas=cfg.replicas)
     if cfg.report:
         check_installed("matplotlib")  # the pictures come last: a missing package must not cost a whole run
@@ -501,46 +578,35 @@ def fit(cfg):
     shards = open_shards(cfg.records)
     plan = prepare(cfg, shards)
     # One job per run folder: two fits started together would interleave one history.csv and one model.keras.
-    with locked_folder(plan.out, "train.fit") as lock:
+    with locked_folder(plan.run, "train.fit") as lock:
         check_out(plan, shards)
         return train_and_report(plan, shards, strategy, kind, lock, started)
 
 
-def train_and_report(plan, shards, strategy, kind, lock, started):
-    """The run itself, in ``plan.out`` (locked by ``lock``): config, training, model.keras, reports, metrics.json.
+def train_and_report(
+    plan: FitConfig, shards: Shards, strategy: tf.distribute.Strategy, kind: str, lock: WriteLock, started: float
+) -> dict[str, Any]:
+    """The run itself, in ``plan.run`` (locked by ``lock``): config, training, model.keras, reports, metrics.json.
     The shards are checked against their dataset id at every epoch's end and before each output: a folder
     rewritten meanwhile stops the run, and no finished run claims classes or records the shards no longer hold."""
     write_run_config(plan, shards)
     precision = plan.precision or default_precision(kind)
     keras.mixed_precision.set_global_policy(precision)
-    split = split_sources(shards, plan.fold, plan.val_fraction)
-    train_ds, val_ds, n_train, n_val, global_batch = build_datasets(plan, strategy, shards.num_classes, split)
+    parts = training_parts(shards, plan.fold, plan.val_fraction)
+    train_ds, val_ds, n_train, n_val, global_batch = build_datasets(plan, strategy, shards.num_classes, parts)
     check_batch_fits(plan, strategy, n_train)
     steps = max(1, n_train // global_batch)
     data = (train_ds, val_ds, steps, math.ceil(n_val / global_batch))
     throughput = Throughput(steps * global_batch)
     if plan.verbose == 2:
-        print(
-            f"train.fit: building {plan.model} at {plan.image_size} px on {strategy.num_replicas_in_sync} "
-            f"{kind} replica{'s' * (strategy.num_replicas_in_sync > 1)}; {n_train} training, {n_val} validation "
-            "images",
-            flush=True,
-        )
+        announce_build(plan, strategy, kind, n_train, n_val)
     with strategy.scope(), tfpipe.naming_corrupt_shards(shards), stopping_cleanly(plan, shards):
         model, swa = train_phases(plan, strategy, shards, data, throughput)
     lock.check()  # on gs:// the lock is advisory: a job that lost it saves nothing
     shards.check_unchanged()
-    report_args = {
-        "classes": shards.classes,
-        "single_label": plan.single_label,
-        "source": split[2],
-        "folds": split[3],
-        "image_size": plan.image_size,
-        "batch_size": plan.batch_size,
-        "threshold": plan.threshold,
-    }
-    with unfinished_on_error(plan.out):
-        save_model(model, run_files.path(plan.out, run_files.MODEL))
+    report_args = report_arguments(plan, shards, parts)
+    with unfinished_on_error(plan.run):
+        save_model(model, run_files.path(plan.run, run_files.MODEL))
         metrics = summarise(
             plan,
             kind,
@@ -554,18 +620,57 @@ def train_and_report(plan, shards, strategy, kind, lock, started):
             time.perf_counter() - started,
             throughput,
         )
-        if plan.report:
-            metrics["report"] = validation_report(model, strategy, plan.out, **report_args)
-            learning_curves(plan.out)
-        if plan.swa_epochs:
-            metrics["swa"] = finish_swa(model, swa, strategy, plan, data, report_args)
+        metrics.update(reports(model, swa, strategy, plan, data, report_args))
         shards.check_unchanged()
-        fs.write_atomic(run_files.path(plan.out, run_files.METRICS), json.dumps(metrics, indent=1) + "\n")
-    write_state(plan.out, dict(read_state(plan.out), burn_done=bool(plan.burn_epochs), finished=True))
+        fs.write_atomic(run_files.path(plan.run, run_files.METRICS), json.dumps(metrics, indent=1) + "\n")
+    write_state(plan.run, dict(read_state(plan.run), burn_done=bool(plan.burn_epochs), finished=True))
     return metrics
 
 
-def check_batch_fits(plan, strategy, n_train):
+def announce_build(plan: FitConfig, strategy: tf.distribute.Strategy, kind: str, n_train: int, n_val: int) -> None:
+    """The line saying what is built on what, before the minutes of building and compiling."""
+    print(
+        f"train.fit: building {plan.model} at {plan.image_size} px on {strategy.num_replicas_in_sync} "
+        f"{kind} replica{'s' * (strategy.num_replicas_in_sync > 1)}; {n_train} training, {n_val} validation "
+        "images",
+        flush=True,
+    )
+
+
+def report_arguments(plan: FitConfig, shards: Shards, parts: Parts) -> dict[str, Any]:
+    """What ``validation_report`` needs besides the model: the classes, the validation records and how to read
+    and score them."""
+    return {
+        "classes": shards.classes,
+        "single_label": plan.single_label,
+        "records": parts.validation,
+        "folds": parts.validation_folds,
+        "image_size": plan.image_size,
+        "batch_size": plan.batch_size,
+        "threshold": plan.threshold,
+    }
+
+
+def reports(
+    model: keras.Model,
+    swa: AverageWeights,
+    strategy: tf.distribute.Strategy,
+    plan: FitConfig,
+    data: PhaseData,
+    report_args: dict[str, Any],
+) -> dict[str, Any]:
+    """metrics.json's ``report`` (validation predictions, thresholds and pictures, with ``plan.report``) and
+    ``swa`` (the averaged model saved and scored, with ``plan.swa_epochs``)."""
+    found: dict[str, Any] = {}
+    if plan.report:
+        found["report"] = validation_report(model, strategy, plan.run, **report_args)
+        learning_curves(plan.run)
+    if plan.swa_epochs:
+        found["swa"] = finish_swa(model, swa, strategy, plan, data, report_args)
+    return found
+
+
+def check_batch_fits(plan: FitConfig, strategy: tf.distribute.Strategy, n_train: int) -> None:
     """A global batch larger than the training set would train on padding-sized nothing (and a huge batch
     costs gigabytes before failing): refused, naming the numbers."""
     replicas = strategy.num_replicas_in_sync
@@ -580,16 +685,16 @@ def check_batch_fits(plan, strategy, n_train):
 class ShardsUnchanged(keras.callbacks.Callback):
     """At every epoch's end: stop if the shard folder was rewritten since training started."""
 
-    def __init__(self, shards):
+    def __init__(self, shards: Shards) -> None:
         super().__init__()
         self.shards = shards
 
-    def on_epoch_end(self, epoch, logs=None):
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         self.shards.check_unchanged()
 
 
 @contextlib.contextmanager
-def stopping_cleanly(plan, shards):
+def stopping_cleanly(plan: FitConfig, shards: Shards) -> Iterator[None]:
     """Turns what stops training from outside into one line: the shards rewritten under it (their files gone
     mid-epoch), or a full disk while Keras backs up the epoch (its half-written ``*_temp`` folders removed)."""
     try:
@@ -598,15 +703,15 @@ def stopping_cleanly(plan, shards):
         shards.check_unchanged()
         if "No space left" not in str(e) and getattr(e, "errno", None) != errno.ENOSPC:
             raise
-        removed = remove_temporaries(run_files.path(plan.out, run_files.BACKUP))
+        removed = remove_temporaries(run_files.path(plan.run, run_files.BACKUP))
         raise TfpipeError(
-            f"{plan.out}: no space left on the device while saving the epoch's backup "
+            f"{plan.run}: no space left on the device while saving the epoch's backup "
             f"({removed} half-written file{'s' * (removed != 1)} removed); free space and continue "
             f"with {option('resume', True)}"
         ) from None
 
 
-def remove_temporaries(folder):
+def remove_temporaries(folder: str) -> int:
     """Deletes the ``*_temp*`` files and folders TensorFlow's checkpoint writer left under ``folder``."""
     removed = 0
     for root, dirs, files in os.walk(folder) if not fs.is_remote(folder) else ():
@@ -621,54 +726,37 @@ def remove_temporaries(folder):
 
 
 @contextlib.contextmanager
-def unfinished_on_error(out):
+def unfinished_on_error(run_dir: str) -> Iterator[None]:
     """After model.keras is saved, a failure (the shards rewritten, a crash in the report) removes the models
     this job saved, so the folder never holds a model that looks finished but is not."""
     try:
         yield
     except BaseException:
         for name in (run_files.MODEL, run_files.MODEL_SWA):
-            if fs.exists(run_files.path(out, name)):
-                fs.remove(run_files.path(out, name))
+            if fs.exists(run_files.path(run_dir, name)):
+                fs.remove(run_files.path(run_dir, name))
         raise
 
 
-def train_phases(plan, strategy, shards, data, throughput):
+def train_phases(
+    plan: FitConfig, strategy: tf.distribute.Strategy, shards: Shards, data: PhaseData, throughput: Throughput
+) -> tuple[keras.Model, AverageWeights]:
     """Builds the model (inside ``strategy.scope()``), trains the head with the backbone frozen when asked, then
     everything. Returns (model, the SWA average)."""
     replicas, steps, num_classes = strategy.num_replicas_in_sync, data[2], shards.num_classes
+    # prepare() refuses shards without a manifest (which gives the classes) and decides the input size
+    assert num_classes is not None and plan.image_size is not None
     watch = ShardsUnchanged(shards)
     model, backbone = build_model(
         plan.model, num_classes, plan.image_size, weights=plan.weights, multi_label=not plan.single_label
     )
-    state = read_state(plan.out) if plan.resume else {}
-    if plan.burn_epochs and not state.get("burn_done"):
-        set_trainable(backbone, False)
-        run_phase(
-            model,
-            plan,
-            "burn",
-            scaled_lr(plan.burn_lr or plan.lr, replicas),
-            plan.burn_epochs,
-            0,
-            data,
-            num_classes,
-            throughput,
-            first=[watch],
-        )
-        model.save_weights(run_files.path(plan.out, BURN_DONE))
-        write_state(plan.out, dict(state, burn_done=True))
-    elif plan.burn_epochs:
-        if not tf.io.gfile.glob(run_files.path(plan.out, BURN_DONE) + "*"):
-            raise TfpipeError(
-                f"{plan.out}: {run_files.STATE} says the burn-in finished, but its weights "
-                f"({BURN_DONE}) are gone; start a new run in another {option('out')} folder"
-            )
-        model.load_weights(run_files.path(plan.out, BURN_DONE))
+    state = read_state(plan.run) if plan.resume else {}
+    if plan.burn_epochs:
+        burn_in(model, backbone, plan, state, replicas, data, num_classes, throughput, watch)
     set_trainable(backbone, True)
     schedule = make_schedule(plan.schedule, scaled_lr(plan.lr, replicas), steps, plan.epochs, plan.warmup_epochs)
     swa = AverageWeights(
-        plan.burn_epochs + plan.epochs - plan.swa_epochs, run_files.path(plan.out, run_files.SWA_AVERAGE)
+        plan.burn_epochs + plan.epochs - plan.swa_epochs, run_files.path(plan.run, run_files.SWA_AVERAGE)
     )
     run_phase(
         model,
@@ -683,3 +771,41 @@ def train_phases(plan, strategy, shards, data, throughput):
         first=[watch, swa] if plan.swa_epochs else [watch],
     )
     return model, swa
+
+
+def burn_in(
+    model: keras.Model,
+    backbone: keras.Model,
+    plan: FitConfig,
+    state: dict[str, bool],
+    replicas: int,
+    data: PhaseData,
+    num_classes: int,
+    throughput: Throughput,
+    watch: ShardsUnchanged,
+) -> None:
+    """Trains the head with the backbone frozen for ``plan.burn_epochs`` and keeps its weights for ``--resume``;
+    a resumed run whose state says the burn-in finished loads those weights instead."""
+    if not state.get("burn_done"):
+        set_trainable(backbone, False)
+        run_phase(
+            model,
+            plan,
+            "burn",
+            scaled_lr(plan.burn_lr or plan.lr, replicas),
+            plan.burn_epochs,
+            0,
+            data,
+            num_classes,
+            throughput,
+            first=[watch],
+        )
+        model.save_weights(run_files.path(plan.run, BURN_DONE))
+        write_state(plan.run, dict(state, burn_done=True))
+    elif not tf.io.gfile.glob(run_files.path(plan.run, BURN_DONE) + "*"):
+        raise TfpipeError(
+            f"{plan.run}: {run_files.STATE} says the burn-in finished, but its weights "
+            f"({BURN_DONE}) are gone; start a new run in another {option('run')} folder"
+        )
+    else:
+        model.load_weights(run_files.path(plan.run, BURN_DONE))

@@ -1,0 +1,101 @@
+"""Old spellings of tfpipe 1.0's renamed arguments and flags: each keeps working until ``REMOVED_IN`` and warns.
+
+The renames (``RENAMES``) are the one list: the Python wrappers, the command lines' deprecated flags, the
+CHANGELOG (a test checks every entry is listed there) and the glossary (docs/glossary.md) all follow it.
+Python callers get a ``DeprecationWarning`` pointing at their own line; a command line prints one line on
+stderr and carries on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import sys
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar, cast
+
+from tfpipe.errors import TfpipeError
+
+REMOVED_IN = "1.1"
+F = TypeVar("F", bound=Callable[..., Any])
+
+# (where, old spelling, new spelling): Python keyword arguments as "name=", command-line flags as "--name".
+RENAMES: tuple[tuple[str, str, str], ...] = (
+    ("tfpipe.write_shards", "shards=", "num_shards="),
+    ("tfpipe.write_shards", "folds=", "num_folds="),
+    ("tfpipe.inspect_shards", "out=", "stream="),
+    ("tfpipe.Shards", ".folds", ".num_folds"),
+    ("tfpipe.Manifest", ".folds", ".num_folds"),
+    ("train.fit.FitConfig", "out=", "run="),
+    ("python -m tfpipe.write", "--shards", "--num-shards"),
+    ("python -m tfpipe.write", "--folds", "--num-folds"),
+    ("python -m train.fit", "--out", "--run"),
+)
+
+
+def warn_renamed(old: str, new: str, stacklevel: int = 3) -> None:
+    """Warns that ``old`` is now ``new`` (``stacklevel`` 3: the warning points at the caller of the caller)."""
+    warnings.warn(
+        f"{old} is deprecated, use {new} (the old spelling is removed in tfpipe {REMOVED_IN})",
+        DeprecationWarning,
+        stacklevel=stacklevel,
+    )
+
+
+def renamed_arguments(where: str | None = None, **renames: str) -> Callable[[F], F]:
+    """Decorator: ``@renamed_arguments(shards="num_shards")`` accepts ``shards=`` for ``num_shards=`` with a warning.
+
+    ``where`` names the callable in the warning (default: the function's name; a dataclass's ``__init__``
+    wants its class name). Giving both spellings is an error (which one would win is a guess).
+    """
+
+    def decorate(func: F) -> F:
+        name = where or func.__name__
+
+        @functools.wraps(func)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            for old, new in renames.items():
+                if old in kwargs:
+                    if new in kwargs:
+                        raise TfpipeError(f"{name}() got both {old}= and {new}=; pass only {new}=")
+                    warn_renamed(f"{name}({old}=...)", f"{name}({new}=...)")
+                    kwargs[new] = kwargs.pop(old)
+            return func(*args, **kwargs)
+
+        return cast(F, wrapper)  # functools.wraps keeps the signature
+
+    return decorate
+
+
+class DeprecatedFlag(argparse.Action):
+    """A command line's old flag: stores into the new flag's destination and says so in one line on stderr."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, *, new: str, **kwargs: Any) -> None:
+        kwargs.setdefault("help", argparse.SUPPRESS)  # --help shows only the new spelling
+        super().__init__(option_strings, dest, **kwargs)
+        self.new = new
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        print(
+            f"{parser.prog}: {option_string} is deprecated, use {self.new} "
+            f"(the old spelling is removed in tfpipe {REMOVED_IN})",
+            file=sys.stderr,
+        )
+        setattr(namespace, self.dest, values)
+
+
+def add_deprecated_flag(parser: argparse._ActionsContainer, old: str, new: str, **kwargs: Any) -> None:
+    """Adds ``old`` as a hidden, warning spelling of the already added flag ``new`` (same type, same dest).
+
+    ``parser`` is a parser or one of its argument groups (both see every flag of the parser)."""
+    target = next(a for a in parser._actions if new in a.option_strings)  # argparse has no public lookup
+    if target.type is not None:  # None is argparse's default (the string as given)
+        kwargs["type"] = target.type
+    parser.add_argument(old, action=DeprecatedFlag, new=new, dest=target.dest, **kwargs)
