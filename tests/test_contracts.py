@@ -207,7 +207,7 @@ def test_a_rewrite_from_another_process_during_fit_ends_it_in_one_line(shard_dir
             "train.fit",
             "--records",
             str(folder),
-            "--out",
+            "--run",
             str(run),
             "--strategy",
             "cpu",
@@ -559,7 +559,7 @@ def test_a_full_disk_at_the_epoch_backup_is_one_line_and_leaves_no_temporaries(s
                 [
                     "--records",
                     shard_dir[0],
-                    "--out",
+                    "--run",
                     str(run / "run"),
                     "--batch-size",
                     "4",

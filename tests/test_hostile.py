@@ -589,7 +589,7 @@ def test_a_second_fit_into_the_same_run_folder_is_refused_while_the_first_runs(s
         (["--image-size", "7"], "--image-size 7 is below small-cnn's smallest input (8 px)"),
         (["--val-fraction", "1.5"], "--val-fraction must be between 0 and 1"),
         (["--epochs", "x"], "argument --epochs: invalid int value: 'x'"),
-        (["--out", ""], "--out is empty"),
+        (["--run", ""], "--run is empty"),
     ],
 )
 def test_fit_refuses_nonsense_numbers_in_one_line(shard_dir, tmp_path, capsys, flags, needle):
@@ -675,7 +675,7 @@ def test_predict_never_joins_a_class_name_holding_a_space(trained_run, tmp_path,
         (["--batch-size", "0"], "--batch-size must be at least 1 (got 0)"),
         (["--tta", "9"], "--tta must be in 1..8"),
         (["--replicas", "0"], "--replicas must be at least 1 (got 0)"),
-        (["--out", ""], "--out is empty"),
+        (["--run", ""], "--run is empty"),
         (["--threshold", "5"], "--threshold must be between 0 and 1 (got 5.0)"),  # an empty submission otherwise
         (["--threshold", "nan"], "--threshold must be between 0 and 1 (got nan)"),
     ],

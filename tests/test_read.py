@@ -226,3 +226,36 @@ def test_the_readme_snippet_for_canonical_kaggle_readers_gives_multi_hot_batches
     exec(without, namespace)
     with pytest.raises(tf.errors.InvalidArgumentError, match="Cannot add tensor to the batch"):
         list(namespace["ds"])
+
+
+def test_make_dataset_is_a_column_of_public_stages(shard_dir):
+    """The stages, composed by hand, give what make_dataset gives; a stage of one's own fits between them."""
+    folder = shard_dir[0]
+    shards = open_shards(folder, [1, 2])
+    parser = read.Parser.for_shards(shards)
+    assert (parser.image_size, parser.num_classes, parser.label_mode) == (32, 3, "multi_hot")
+    ds = read.read_in_order(shards)
+    ds = read.evaluation_batches(ds, parser, 8)
+    ds = ds.map(lambda b: dict(b, image=255 - b["image"]))  # one's own step, on named tensors
+    ds = read.as_tuples(ds, ids=True)
+    staged = [(x.numpy(), y.numpy(), i.numpy()) for x, y, i in ds]
+    whole = [(x.numpy(), y.numpy(), i.numpy()) for x, y, i in read.make_dataset(folder, 8, folds=[1, 2], with_ids=True)]
+    assert len(staged) == len(whole) > 1
+    for (xs, ys, ids), (xw, yw, idw) in zip(staged, whole):
+        assert np.array_equal(xs, 255 - xw) and np.array_equal(ys, yw) and list(ids) == list(idw)
+    train = read.read_shuffled(shards, seed=1, deterministic=True)
+    train = read.training_batches(train, parser, 4, augment=NO_AUGMENT, seed=1, deterministic=True)
+    images, targets = next(iter(read.as_tuples(train)))
+    assert images.shape == (4, 32, 32, 3) and images.dtype == tf.uint8 and targets.shape == (4, 3)
+    padded = read.pad_to_replicas(read.evaluation_batches(read.read_in_order(shards), parser, 7), 7, shards)
+    weights = np.concatenate([w.numpy() for _, _, w in read.as_tuples(padded, weights=True)])
+    assert weights.sum() == shards.num_examples and len(weights) % 7 == 0
+
+
+def test_parser_for_shards_checks_what_is_asked_against_the_manifest(shard_dir):
+    shards = open_shards(shard_dir[0])
+    with pytest.raises(TfpipeError, match="label_mode"):
+        read.Parser.for_shards(shards, label_mode="softmax")
+    with pytest.raises(TfpipeError, match="label_mode='multi_hot'"):  # multi-label shards: one-hot drops labels
+        read.Parser.for_shards(shards, label_mode="one_hot")
+    assert read.Parser.for_shards(shards, image_size=24).stored_size == 32

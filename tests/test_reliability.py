@@ -282,7 +282,7 @@ def test_training_killed_mid_epoch_resumes_to_the_same_epochs_and_steps(shard_di
         "train.fit",
         "--records",
         shard_dir[0],
-        "--out",
+        "--run",
         str(out),
         "--strategy",
         "cpu",

@@ -106,7 +106,7 @@ def test_verify_names_a_miscount_and_a_corrupt_shard(shard_dir, tmp_path):
     miscounted.write_bytes(open(os.path.join(folder, manifest.shards[1].file), "rb").read())
     problems = verify(open_shards([str(bad), str(miscounted)]))
     assert problems[0].startswith(f"{bad}: corrupt record data at byte")
-    assert problems[1] == f"{miscounted}: holds {manifest['shards'][1]['count']} records, expected 7"
+    assert problems[1] == f"{miscounted}: holds {manifest.shards[1].count} records, expected 7"
 
 
 def test_inspect_names_records_that_are_not_examples(tmp_path):

@@ -161,6 +161,27 @@ def test_every_model_builds_and_runs_forward(name):
     assert out.shape == (2, 4) and np.all(np.isfinite(out.numpy())) and model.input.dtype == tf.uint8
 
 
+def test_a_model_registered_where_it_is_built_is_offered_by_the_command_line():
+    """timm-style: @register_model adds the name to the table train.fit --model offers; a name twice is a bug."""
+    from train.fit import build_parser
+    from train.models import register_model
+
+    @register_model("test-tiny-{}", ("a", "b"))
+    def tiny(variant, input_shape, weights):
+        inputs = keras.Input(input_shape)
+        return keras.Model(inputs, keras.layers.Conv2D(2 if variant == "a" else 3, 3)(inputs)), []
+
+    try:
+        choices = next(a for a in build_parser()._actions if "--model" in a.option_strings).choices
+        assert {"test-tiny-a", "test-tiny-b"} <= set(choices)
+        model, backbone = build_model("test-tiny-b", 4, 16)
+        assert backbone.output.shape[-1] == 3 and model.output.shape == (None, 4)
+        with pytest.raises(ValueError, match="registered twice"):
+            register_model("test-tiny-{}", ("a",))(tiny)
+    finally:
+        MODELS.pop("test-tiny-a"), MODELS.pop("test-tiny-b")
+
+
 def test_single_label_head_is_softmax():
     model, _ = build_model("small-cnn", 4, 32, multi_label=False)
     probs = model(np.zeros((2, 32, 32, 3), np.uint8)).numpy()
@@ -189,7 +210,7 @@ def test_tpu_cli_without_tpu_exits_cleanly(shard_dir, tmp_path):
             shard_dir[0],
             "--strategy",
             "tpu",
-            "--out",
+            "--run",
             str(tmp_path / "run"),
         ],
         capture_output=True,

@@ -171,7 +171,7 @@ def test_old_flags_still_work_with_one_line_on_stderr(module, old, new, args, ca
     assert getattr(parsed, new.lstrip("-").replace("-", "_")) == (3 if new != "--run" else "3")
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [
-        f"{parser.prog}: {old} is deprecated, use {new} (the old spelling is removed in tfpipe {REMOVED_IN})"
+        f"{module}: warning: {old} is deprecated, use {new} (the old spelling is removed in tfpipe {REMOVED_IN})"
     ]
     assert old not in parser.format_help().replace(new, "")  # --help shows only the new spelling
 

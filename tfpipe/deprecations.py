@@ -83,8 +83,9 @@ class DeprecatedFlag(argparse.Action):
         values: Any,
         option_string: str | None = None,
     ) -> None:
+        command = parser.prog.removeprefix("python -m ")  # as the command's errors say it: "tfpipe.write: ..."
         print(
-            f"{parser.prog}: {option_string} is deprecated, use {self.new} "
+            f"{command}: warning: {option_string} is deprecated, use {self.new} "
             f"(the old spelling is removed in tfpipe {REMOVED_IN})",
             file=sys.stderr,
         )
