@@ -29,5 +29,7 @@ def test_docs_build_strict(tmp_path):
     reading = (site / "api" / "reading" / "index.html").read_text(encoding="utf-8")
     assert "make_dataset" in reading
     assert "read_shuffled" in reading
+    training = (site / "api" / "training" / "index.html").read_text(encoding="utf-8")
+    assert "steps_per_execution" in training and "register_model" in training  # dataclass fields are listed
     glossary = (site / "glossary" / "index.html").read_text(encoding="utf-8")
     assert "num_folds" in glossary

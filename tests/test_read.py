@@ -259,3 +259,20 @@ def test_parser_for_shards_checks_what_is_asked_against_the_manifest(shard_dir):
     with pytest.raises(TfpipeError, match="label_mode='multi_hot'"):  # multi-label shards: one-hot drops labels
         read.Parser.for_shards(shards, label_mode="one_hot")
     assert read.Parser.for_shards(shards, image_size=24).stored_size == 32
+
+
+def test_pad_to_replicas_rounds_up_whatever_the_stream_holds(shard_dir):
+    """Every replica of 8 gets a batch on the last step even when a step of one's own (take) shortened the stream."""
+    shards = open_shards(shard_dir[0])
+    parser = read.Parser.for_shards(shards)
+    ctx = tf.distribute.InputContext(num_input_pipelines=1, input_pipeline_id=0, num_replicas_in_sync=8)
+    for take in (9, 16, 40):
+        ds = read.evaluation_batches(read.read_in_order(shards).take(take), parser, 2)
+        weights = [w.numpy() for _, _, w in read.as_tuples(read.pad_to_replicas(ds, 2, shards, ctx), weights=True)]
+        assert len(weights) % 8 == 0 and len(weights) >= -(-take // 2) and np.concatenate(weights).sum() == take
+    with pytest.raises(TfpipeError, match="no weight"):
+        read.as_tuples(read.evaluation_batches(read.read_in_order(shards), parser, 2), weights=True)
+    with pytest.raises(TfpipeError, match="pad_batches is for evaluation"):
+        read.make_dataset(shard_dir[0], 4, training=True, pad_batches=True)
+    with pytest.raises(TfpipeError, match="cache must be"):
+        read.make_dataset(shard_dir[0], 4, cache="off")

@@ -197,6 +197,8 @@ def test_changelog_lists_every_rename_and_the_version_is_1_0():
 
 def test_docs_readme_and_notebook_use_only_the_new_names():
     texts = {p: p.read_text() for p in [ROOT / "README.md", ROOT / "examples" / "kaggle_tpu.ipynb", ROOT / "Makefile"]}
+    code = [p for folder in ("tfpipe", "train", "bench") for p in (ROOT / folder).glob("*.py")]
+    texts.update({p: p.read_text() for p in code if p.name != "deprecations.py"})  # docstrings, messages, help
     texts.update(
         {p: p.read_text() for p in (ROOT / "docs").rglob("*.md") if p.name not in ("changelog.md", "glossary.md")}
     )  # these two list the old names
@@ -208,7 +210,10 @@ def test_docs_readme_and_notebook_use_only_the_new_names():
         r"train\.fit [^\n]*--out\b",
         r"FitConfig\([^)]*\bout=",
     ]
-    texts = {p: "\n".join(line for line in text.splitlines() if "→" not in line) for p, text in texts.items()}
+    kept = ("→", "deprecated", "add_deprecated_flag", "renamed_arguments", "warn_renamed")  # lines that say a rename
+    texts = {
+        p: "\n".join(ln for ln in text.splitlines() if not any(k in ln for k in kept)) for p, text in texts.items()
+    }
     found = [  # lines with "→" say what was renamed to what
         (p.name, m.group(0)) for p, text in texts.items() for pat in old_spellings for m in re.finditer(pat, text)
     ]
@@ -219,3 +224,179 @@ def test_the_glossary_names_every_public_word():
     glossary = (ROOT / "docs" / "glossary.md").read_text()
     for word in ("records", "shard folder", "run folder", "source", "split", "fold", "folds", "num_folds", "out"):
         assert re.search(rf"\*\*{re.escape(word)}\*\*", glossary), word
+
+
+def test_predict_probabilities_takes_records_and_source_warns():
+    from train.predict import predict_probabilities
+
+    with pytest.warns(DeprecationWarning, match=r"predict_probabilities\(records=...\)"):
+        with pytest.raises(TfpipeError, match="no shard files"):  # warned first, then the records are opened
+            predict_probabilities(
+                None, source="/nonexistent/*.tfrec", strategy=None, batch_size=1, image_size=None, num_classes=1
+            )
+
+
+# ---------------------------------------------------------------- the second look: what a hostile tester found
+
+
+def _write_cli(args):
+    from tfpipe.write import main
+
+    return main(args)
+
+
+@pytest.mark.parametrize(
+    ("module", "args", "needle"),
+    [
+        ("tfpipe.write", ["--folds", "3", "--num-folds", "5"], "--folds is the old spelling of --num-folds"),
+        ("tfpipe.write", ["--num-shards=4", "--shards=8"], "--shards is the old spelling of --num-shards"),
+        ("train.fit", ["--out", "a", "--run", "b"], "--out is the old spelling of --run"),
+        ("tfpipe.write", ["--fold", "3"], "unrecognized arguments: --fold 3"),  # no abbreviations of --folds
+    ],
+)
+def test_old_and_new_flag_together_is_one_line_exit_2(module, args, needle, capsys):
+    import importlib
+
+    with pytest.raises(SystemExit) as stop:
+        required = ["--images", "i", "--out", "o"] if module == "tfpipe.write" else []
+        importlib.import_module(module).build_parser().parse_args(required + args)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 2 and needle in err[-1] and "Traceback" not in "".join(err)
+
+
+def test_messages_name_the_setting_as_the_user_spells_it_there(labeled_folder, tmp_path, capsys):
+    rows = [(name, "") for name, _ in labeled_folder["rows"]]
+    from tests.conftest import write_csv
+
+    empty = write_csv(tmp_path / "empty.csv", ["image", "labels"], rows)
+    with pytest.raises(TfpipeError, match=re.escape("pass Source(..., labeled=False)")):
+        tfpipe.write_shards(tfpipe.Source(labeled_folder["images"], csv=str(empty)), str(tmp_path / "o"), workers=0)
+    source_args = ["--images", labeled_folder["images"], "--csv", labeled_folder["csv"], "--workers", "0"]
+    assert _write_cli([*source_args, "--out", str(tmp_path / "o2"), "--num-folds", "500"]) == 2
+    assert "--num-folds 500 is more than the 12 images" in capsys.readouterr().err
+    assert _write_cli([*source_args, "--out", str(tmp_path / "o3"), "--num-folds", "3", "--num-shards", "2"]) == 2
+    assert "--num-shards 2 is fewer than --num-folds 3" in capsys.readouterr().err
+
+
+def test_unlabeled_shards_read_with_targets_of_width_zero(labeled_folder, tmp_path):
+    out = str(tmp_path / "test")
+    source = tfpipe.Source(labeled_folder["images"], csv=labeled_folder["csv"], labeled=False)
+    tfpipe.write_shards(source, out, split="test", spec=tfpipe.ImageSpec(image_size=16), workers=0, progress=False)
+    images, targets, ids = next(iter(tfpipe.make_dataset(out, 12, with_ids=True)))
+    assert images.shape == (12, 16, 16, 3) and targets.shape == (12, 0) and len(set(ids.numpy())) == 12
+    _, wide = next(iter(tfpipe.make_dataset(out, 12, num_classes=4)))  # the width of a run's classes: zeros
+    assert wide.shape == (12, 4) and float(wide.numpy().sum()) == 0.0
+    from tfpipe.torch import RecordDataset
+
+    image, target = next(iter(RecordDataset(out)))
+    assert tuple(image.shape) == (3, 16, 16) and tuple(target.shape) == (0,)
+
+
+class _Mine:
+    """A source of one's own: every SourceProtocol member, with the items it is given."""
+
+    labeled, single_label, id_column, label_format, origin, classes = True, False, "image", None, "mine", None
+
+    def __init__(self, items, **overrides):
+        self._items = items
+        for name, value in overrides.items():
+            setattr(self, name, value)
+
+    def items(self, skip_bad=False):
+        return self._items, []
+
+
+def _items(folder, labels):
+    return [tfpipe.Item(f"{folder}/img{i:02d}.jpg", f"img{i:02d}", lab) for i, lab in enumerate(labels)]
+
+
+@pytest.mark.parametrize(
+    ("make", "needle"),
+    [
+        (lambda f: object(), "a object has no classes, id_column, items, label_format, labeled, origin"),
+        (lambda f: _Mine(_items(f, [("a",)]), labeled="yes"), "source.labeled must be a bool"),
+        (lambda f: _Mine(_items(f, [("a",)]), classes="abc"), "source.classes must be None or a list"),
+        (lambda f: _Mine(_items(f, ["cat", ("dog",)])), "labels must be a tuple of class names (got 'cat')"),
+        (lambda f: _Mine(_items(f, [("a",), ("b",)])[:1] * 2), "the id 'img00' comes twice"),
+        (lambda f: _Mine(_items(f, [("a", "b")]), single_label=True), "single-label but the item has 2 labels"),
+        (lambda f: _Mine([("img.jpg", ["a"])]), "is a tuple, not a tfpipe Item"),
+        (lambda f: "images/", "not the path 'images/': write_shards(source, out)"),
+    ],
+)
+def test_a_source_of_ones_own_is_checked_like_input(labeled_folder, tmp_path, make, needle):
+    source = make(labeled_folder["images"])
+    with pytest.raises(TfpipeError, match=re.escape(needle)):
+        tfpipe.write_shards(source, str(tmp_path / "out"), workers=0, progress=False)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_source_of_ones_own_that_is_right_writes(labeled_folder, tmp_path):
+    source = _Mine(_items(labeled_folder["images"], [("a",), ("b", "a"), ()]))
+    assert isinstance(source, tfpipe.SourceProtocol)
+    m = tfpipe.write_shards(source, str(tmp_path / "out"), workers=0, progress=False)
+    assert m.classes == ("a", "b") and m.num_examples == 3 and m.max_labels == 2
+
+
+@pytest.mark.parametrize(
+    ("call", "needle"),
+    [
+        (lambda r: tfpipe.make_dataset(r, 8, folds=3), "folds are fold ids, a list such as folds=[0, 1] (got 3)"),
+        (lambda r: tfpipe.count_examples(r, [True]), "folds are fold ids"),
+        (lambda r: tfpipe.open_shards(r, []), "folds=[] selects no fold"),
+        (lambda r: tfpipe.fold_split(r, [0]), "fold must be a whole number"),
+        (lambda r: tfpipe.make_dataset(tfpipe.open_shards(r, [0]), 8, folds=[1]), "records: no shard files found"),
+    ],
+)
+def test_fold_ids_and_counts_are_told_apart(shard_dir, call, needle):
+    with pytest.raises(TfpipeError, match=re.escape(needle)) as err:
+        call(shard_dir[0])
+    assert len(str(err.value)) < 300  # opened Shards are named by their folder, not their whole repr
+
+
+@pytest.mark.parametrize(
+    ("call", "needle"),
+    [
+        (lambda: tfpipe.ImageSpec(size=16), "ImageSpec(size=...) was removed in tfpipe 1.0: use image_size="),
+        (lambda: tfpipe.write_shards(None, "o", num_workers=0), "use workers="),
+        (lambda: tfpipe.make_dataset("r", 8, shuffle_buffer=4), "options=ReadOptions(shuffle_buffer=...)"),
+        (lambda: tfpipe.Manifest("train", (), ())["classes"], "use manifest.classes"),
+    ],
+)
+def test_what_1_0_removed_says_what_replaced_it(call, needle):
+    with pytest.raises(TypeError, match=re.escape(needle)):
+        call()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "needle"),
+    [
+        ({"images": "i", "tfds": "mnist"}, "reads a TFDS dataset, which has no images"),
+        ({"tfds": "mnist", "image_col": "id"}, "which has no image_col"),
+        ({"images": "i", "tfds_split": "test"}, "tfds_split belong to tfds NAME"),
+        ({"images": "i", "data_dir": "/d"}, "data_dir belong to tfds NAME"),
+    ],
+)
+def test_open_source_refuses_settings_that_would_be_ignored(kwargs, needle):
+    with pytest.raises(TfpipeError, match=re.escape(needle)):
+        tfpipe.open_source(**kwargs)
+
+
+def test_read_options_help_and_dir_hold_no_surprises():
+    with pytest.raises(TfpipeError, match="parse_batch must be at least 1"):
+        tfpipe.ReadOptions(parse_batch=0)
+    from tfpipe.write import build_parser
+
+    text = " ".join(build_parser().format_help().split())
+    assert "seed of the fold assignment (default: 0)" in text  # a zero default is shown
+    assert "list them (default: False)" not in text  # a flag's help says what it does
+    assert {"make_dataset", "write_shards", "Item", "SourceProtocol"} <= set(dir(tfpipe))
+
+
+def test_fit_names_its_run_folder_as_run(shard_dir, tmp_path, capsys):
+    from tests.test_hostile import _fit_cli
+
+    afile = tmp_path / "afile"
+    afile.write_text("mine")
+    assert _fit_cli(["--records", shard_dir[0], "--run", str(afile), "--epochs", "1"]) == 2
+    assert f"{afile} is a file; --run names a folder" in capsys.readouterr().err
+    assert afile.read_text() == "mine"

@@ -38,7 +38,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time each name is i
         read_targets,
     )
     from tfpipe.shards import Shards, fold_split, open_shards, verify
-    from tfpipe.sources import LabelFormat, Source, SourceProtocol
+    from tfpipe.sources import Item, LabelFormat, Source, SourceProtocol
     from tfpipe.tfds_source import TfdsSource
     from tfpipe.write import open_source, write_shards
 
@@ -46,6 +46,7 @@ _LAZY = {
     "write_shards": "tfpipe.write",
     "Source": "tfpipe.sources",
     "SourceProtocol": "tfpipe.sources",
+    "Item": "tfpipe.sources",
     "open_source": "tfpipe.write",
     "TfdsSource": "tfpipe.tfds_source",
     "Shards": "tfpipe.shards",
@@ -67,6 +68,11 @@ _LAZY = {
 }
 
 
+def __dir__() -> list[str]:
+    """The public names (tab completion in a notebook), though most are imported only when first used."""
+    return sorted({*__all__, "__version__"})
+
+
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
@@ -76,6 +82,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [  # the same names as _LAZY (a test checks)
     "Augment",
     "ImageSpec",
+    "Item",
     "LabelFormat",
     "Manifest",
     "ReadOptions",

@@ -1,6 +1,6 @@
 """The writer's Apache Beam runner: the same per-image encode, spread over a Beam runner's workers.
 
-    python -m tfpipe.write --csv train.csv --images images --out records/train --image-size 256 --folds 5 \
+    python -m tfpipe.write --csv train.csv --images images --out records/train --image-size 256 --num-folds 5 \
         --runner beam -- --direct_num_workers=2 --direct_running_mode=multi_processing
 
 Everything after ``--`` is a Beam pipeline option (DirectRunner locally by default; e.g.

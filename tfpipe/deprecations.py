@@ -28,6 +28,7 @@ RENAMES: tuple[tuple[str, str, str], ...] = (
     ("tfpipe.Shards", ".folds", ".num_folds"),
     ("tfpipe.Manifest", ".folds", ".num_folds"),
     ("train.fit.FitConfig", "out=", "run="),
+    ("train.predict.predict_probabilities", "source=", "records="),
     ("python -m tfpipe.write", "--shards", "--num-shards"),
     ("python -m tfpipe.write", "--folds", "--num-folds"),
     ("python -m train.fit", "--out", "--run"),
@@ -64,6 +65,25 @@ def renamed_arguments(where: str | None = None, **renames: str) -> Callable[[F],
             return func(*args, **kwargs)
 
         return cast(F, wrapper)  # functools.wraps keeps the signature
+
+    return decorate
+
+
+def removed_arguments(where: str | None = None, **replacements: str) -> Callable[[F], F]:
+    """Decorator: an argument removed in 1.0 is a ``TypeError`` that says what replaced it (not Python's bare
+    "unexpected keyword argument")."""
+
+    def decorate(func: F) -> F:
+        name = where or func.__name__
+
+        @functools.wraps(func)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            for old, instead in replacements.items():
+                if old in kwargs:
+                    raise TypeError(f"{name}({old}=...) was removed in tfpipe 1.0: use {instead}")
+            return func(*args, **kwargs)
+
+        return cast(F, wrapper)
 
     return decorate
 

@@ -6,7 +6,7 @@ import argparse
 import contextvars
 import numbers
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 _COMMAND: contextvars.ContextVar[str | None] = contextvars.ContextVar(
@@ -18,12 +18,15 @@ class TfpipeError(Exception):
     """Bad input or configuration: shown to the user as one line, no traceback."""
 
 
-def option(name: str, value: object = None) -> str:
-    """A setting as the user wrote it: ``--skip-bad`` / ``--folds 4`` / ``--tta`` under a command,
-    ``skip_bad=True`` / ``folds=4`` / ``tta`` from Python, so an error names what the user can change where
-    they are."""
+def option(name: str, value: object = None, python: str | None = None) -> str:
+    """A setting as the user wrote it: ``--skip-bad`` / ``--num-folds 4`` / ``--tta`` under a command,
+    ``skip_bad=True`` / ``num_folds=4`` / ``tta`` from Python, so an error names what the user can change where
+    they are. ``python`` is the Python spelling when it is not the flag's name (``--unlabeled``:
+    ``Source(..., labeled=False)``)."""
     if _COMMAND.get():
         return f"--{name.replace('_', '-')}" + ("" if value is None or value is True else f" {_shell_word(value)}")
+    if python is not None:
+        return python
     return name if value is None else f"{name}={value!r}"
 
 
@@ -92,7 +95,9 @@ class DefaultsFormatter(argparse.HelpFormatter):
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
-        if "default" in text or action.default in (None, False, argparse.SUPPRESS) or not action.option_strings:
+        flag = action.nargs == 0  # --skip-bad, --no-report: what it does is the help, not a True/False default
+        hidden = action.default is None or action.default == argparse.SUPPRESS  # 0 is shown: 0 == False
+        if "default" in text or flag or hidden or not action.option_strings:
             return text
         return f"{text} (default: {action.default})"
 
@@ -103,10 +108,27 @@ class ArgumentParser(argparse.ArgumentParser):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("formatter_class", DefaultsFormatter)
+        # No abbreviations: "--fold" must not quietly mean tfpipe.write's deprecated "--folds" (a count).
+        kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        """Also refuses a setting given under both its old and its new flag (which should win is a guess)."""
+        given = list(sys.argv[1:] if args is None else args)
+        for action in self._actions:
+            new = getattr(action, "new", None)  # a tfpipe.deprecations.DeprecatedFlag
+            if new and _used(action.option_strings, given) and _used([new], given):
+                self.error(f"{action.option_strings[0]} is the old spelling of {new}; give only {new}")
+        return super().parse_known_args(args, namespace)
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def _used(flags: Sequence[str], args: Sequence[str]) -> bool:
+    return any(arg == flag or arg.startswith(flag + "=") for arg in args for flag in flags)
 
 
 def run_cli(prog: str, fn: Callable[..., object], *args: object) -> int:

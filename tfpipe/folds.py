@@ -23,9 +23,9 @@ def assign_folds(targets: Sequence[Sequence[int]], num_classes: int, k: int, see
     from iterstrat.ml_stratifiers import MultilabelStratifiedKFold
 
     n = len(targets)
-    check_count(2, folds=k)
+    check_count(2, num_folds=k)
     if k > n:
-        raise TfpipeError(f"{option('folds', k)} is more than the {n} images")
+        raise TfpipeError(f"{option('num_folds', k)} is more than the {n} images")
     y = multi_hot(targets, num_classes, np.int8)
     y = np.concatenate([y, (y.sum(axis=1, keepdims=True) == 0)], axis=1)  # stratify "no label" like a class
     folds = np.zeros(n, np.int64)

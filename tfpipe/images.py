@@ -26,6 +26,7 @@ import cv2
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
+from tfpipe.deprecations import removed_arguments
 from tfpipe.errors import TfpipeError, check_count, option
 
 FITS = ("stretch", "crop", "pad")
@@ -56,8 +57,7 @@ class ImageSpec:
 
     Attributes:
       image_size: side of the square output in pixels (a whole number >= 1), or None to keep the source size
-        (JPEG sources that need no conversion are then copied byte for byte). ``size=`` is
-        its 0.1 name, still accepted with a warning.
+        (JPEG sources that need no conversion are then copied byte for byte).
       fit: how a non-square source becomes square: "stretch" (resize both sides,
         keeps everything in view), "crop" (shorter side to ``size``, centre crop)
         or "pad" (longer side to ``size``, pad the rest). A degenerate source (1 x N) is
@@ -94,6 +94,9 @@ class ImageSpec:
         for name in ("image_size", "quality", "max_pixels", "max_bytes"):  # NumPy integers -> int: JSON takes them
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, int(getattr(self, name)))
+
+
+ImageSpec.__init__ = removed_arguments(where="ImageSpec", size="image_size=")(ImageSpec.__init__)  # type: ignore[method-assign]
 
 
 def from_millions(value: float, name: str) -> int:

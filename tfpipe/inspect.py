@@ -177,7 +177,7 @@ def check_sheet(path: str) -> None:
     if fs.exists(path) and not _is_sheet(path):
         raise TfpipeError(
             f"{path} exists and is not a contact sheet tfpipe.inspect wrote; it is not replaced -- "
-            f"remove it, choose another {option('sheet')} or pass {option('no_sheet', True)}"
+            f"remove it, choose another {option('sheet')} or pass {option('no_sheet', True, python='sheet=None')}"
         )
 
 

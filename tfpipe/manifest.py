@@ -132,6 +132,10 @@ class Manifest:
             raise _missing(folder)
         return from_dict(fs.read_json(path, "manifest"), path)
 
+    def __getitem__(self, key: str) -> Any:
+        """Dict reads (tfpipe 0.2's dict manifests; warned in 0.3) were removed in 1.0: say what replaced them."""
+        raise TypeError(f"manifest[{key!r}] was removed in tfpipe 1.0 (a Manifest is not a dict): use manifest.{key}")
+
     @property
     def folds(self) -> int | None:
         """Deprecated: ``num_folds`` (``folds`` means fold ids everywhere else)."""

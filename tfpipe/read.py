@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from tfpipe.deps import require
 
@@ -24,6 +24,7 @@ else:
     tf = require("tensorflow")  # or one line saying what to install
 from tfpipe import augment as aug_lib
 from tfpipe import schema
+from tfpipe.deprecations import removed_arguments
 from tfpipe.errors import TfpipeError, check_count
 from tfpipe.shards import MANIFEST, Records, Shards, checked_num_classes, fold_split, open_shards, verify
 
@@ -40,6 +41,11 @@ class ReadOptions:
     parse_batch: int = 256  # records parsed per vectorised call in training, before per-image augmentation
     shuffle_buffer: int = 2048  # records, on top of the shuffled file order (training)
     cache_budget: int = 2 * 2**30  # bytes of decoded images that cache="auto" may keep in memory
+
+    def __post_init__(self) -> None:
+        check_count(1, read_buffer=self.read_buffer, cycle_length=self.cycle_length, parse_batch=self.parse_batch)
+        check_count(1, shuffle_buffer=self.shuffle_buffer)
+        check_count(0, cache_budget=self.cache_budget)
 
 
 @contextlib.contextmanager
@@ -154,7 +160,7 @@ def shard_for_input(files: Sequence[str], input_context: tf.distribute.InputCont
     return list(files), True
 
 
-def use_cache(cache: bool | str, shards: Shards, size: int, budget: int) -> bool:
+def use_cache(cache: bool | Literal["auto"], shards: Shards, size: int, budget: int) -> bool:
     """``cache="auto"``: when the decoded images of ``shards`` fit in ``budget`` bytes."""
     if cache != "auto":
         return bool(cache)
@@ -162,6 +168,9 @@ def use_cache(cache: bool | str, shards: Shards, size: int, budget: int) -> bool
     return n is not None and n * size * size * 3 <= budget
 
 
+@removed_arguments(
+    shuffle_buffer="options=ReadOptions(shuffle_buffer=...)", cache_budget="options=ReadOptions(cache_budget=...)"
+)
 def make_dataset(
     records: Records,
     batch_size: int,
@@ -174,7 +183,7 @@ def make_dataset(
     drop_remainder: bool | None = None,
     with_ids: bool = False,
     augment: aug_lib.Augment | None = None,
-    cache: bool | str = "auto",
+    cache: bool | Literal["auto"] = "auto",
     seed: int | None = None,
     deterministic: bool | None = None,
     input_context: tf.distribute.InputContext | None = None,
@@ -227,6 +236,7 @@ def make_dataset(
       ``pad_batches``, then ``image_names`` with ``with_ids``).
     """
     check_count(1, batch_size=batch_size)
+    _check_modes(training, pad_batches, cache)
     shards = open_shards(records, folds)
     if training and not shards.labeled:
         raise TfpipeError(f"{records}: written unlabeled ({MANIFEST}: labeled false); training needs labels")
@@ -248,6 +258,13 @@ def make_dataset(
             ds = pad_to_replicas(ds, batch_size, shards, input_context)
     ds = as_tuples(ds, weights=pad_batches and not training, ids=with_ids)
     return ds.prefetch(AUTOTUNE)  # last: overlap the input pipeline with the training step
+
+
+def _check_modes(training: bool, pad_batches: bool, cache: object) -> None:
+    if training and pad_batches:
+        raise TfpipeError("pad_batches is for evaluation (training=False): training batches are never partial")
+    if cache not in (True, False, "auto"):
+        raise TfpipeError(f"cache must be True, False or 'auto' (got {cache!r})")
 
 
 def check_label_mode(records: object, shards: Shards, label_mode: str) -> None:
@@ -384,7 +401,8 @@ def pad_to_replicas(
     ds: tf.data.Dataset, batch_size: int, shards: Shards, input_context: tf.distribute.InputContext | None = None
 ) -> tf.data.Dataset:
     """Pads the last batch to ``batch_size`` (``weight`` 0) and appends blank batches until every replica this
-    input pipeline feeds gets one on the last step; real rows get ``weight`` 1."""
+    input pipeline feeds gets one on the last step; real rows get ``weight`` 1. ``ds`` may hold fewer batches
+    than ``shards`` (a ``take`` or ``filter`` before it): the count is rounded up to whole steps all the same."""
     multiple = (
         1 if input_context is None else max(1, input_context.num_replicas_in_sync // input_context.num_input_pipelines)
     )
@@ -394,6 +412,9 @@ def pad_to_replicas(
 def as_tuples(ds: tf.data.Dataset, *, weights: bool = False, ids: bool = False) -> tf.data.Dataset:
     """Dicts inside, tuples at the edge (Keras): ``(image, target[, weight][, image_name])``."""
     keys = ("image", "target") + (("weight",) if weights else ()) + (("image_name",) if ids else ())
+    missing = [k for k in keys if k not in ds.element_spec]
+    if missing:
+        raise TfpipeError(f"as_tuples: the batches have no {', '.join(missing)} (weight comes from pad_to_replicas)")
     return ds.map(lambda b: tuple(b[k] for k in keys))
 
 
@@ -409,22 +430,25 @@ def _local_count(shards: Shards, ctx: tf.distribute.InputContext | None) -> int:
 
 
 def _pad_batches(ds: tf.data.Dataset, batch_size: int, count: int, multiple: int) -> tf.data.Dataset:
-    """Pads the last batch to ``batch_size`` (weight 0) and appends blank batches up to a multiple."""
+    """Pads the last batch to ``batch_size`` (weight 0) and appends blank batches up to a multiple of ``multiple``
+    batches, whatever ``ds`` holds (a ``take`` or ``filter`` before it included); ``count`` 0: only blanks."""
     spec = ds.element_spec
 
     def pad(b: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
         n = tf.shape(b["image"])[0]
         padded = {k: tf.pad(v, [[0, batch_size - n]] + [[0, 0]] * (len(spec[k].shape) - 1)) for k, v in b.items()}
         padded["weight"] = tf.sequence_mask(n, batch_size, dtype=tf.float32)
-        return {k: tf.ensure_shape(v, [batch_size] + v.shape[1:]) for k, v in padded.items()}
+        return {k: tf.ensure_shape(v, [batch_size, *v.shape[1:]]) for k, v in padded.items()}
 
     ds = ds.map(pad, num_parallel_calls=AUTOTUNE)
-    batches = -(-count // batch_size)
-    blanks = (-batches) % multiple if batches else multiple
-    if blanks:
-        blank = {k: tf.zeros([batch_size] + s.shape[1:], s.dtype) for k, s in ds.element_spec.items()}
-        ds = ds.concatenate(tf.data.Dataset.from_tensors(blank).repeat(blanks))
-    return ds
+    blank = {k: tf.zeros([batch_size, *s.shape[1:]], s.dtype) for k, s in ds.element_spec.items()}
+    blanks = tf.data.Dataset.from_tensors(blank)
+    if count == 0:  # this pipeline reads nothing, yet each of its replicas needs a batch on the last step
+        return blanks.repeat(multiple)
+    if multiple == 1:
+        return ds
+    # Up to multiple-1 blanks, then whole groups only: the batch count rounds up to a multiple.
+    return ds.concatenate(blanks.repeat(multiple - 1)).batch(multiple, drop_remainder=True).unbatch()
 
 
 def _augment_batch(

@@ -17,6 +17,7 @@ other remote paths), so a bucket works like a folder.
 from __future__ import annotations
 
 import dataclasses
+import numbers
 import os
 import posixpath
 import re
@@ -25,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from tfpipe import fs, schema
 from tfpipe.deprecations import warn_renamed
-from tfpipe.errors import TfpipeError, option
+from tfpipe.errors import TfpipeError, check_count, option
 from tfpipe.manifest import (
     MANIFEST,
     SHARD_SUFFIX,
@@ -92,6 +93,14 @@ class Shards:
     files: tuple[str, ...]
     manifest: Manifest | None = None
     folder: str | None = None
+
+    def __str__(self) -> str:
+        """What messages name (opened shards are passed on in place of a path): the folder, or the files."""
+        if self.folder:
+            return self.folder
+        if len(self.files) == 1:
+            return self.files[0]
+        return f"{self.files[0]} and {len(self.files) - 1} more shard files" if self.files else "no shard files"
 
     @property
     def counts(self) -> dict[str, int | None]:
@@ -213,7 +222,7 @@ def open_shards(records: Records, folds: Sequence[int] | None = None, any_schema
     else:
         shards = Shards(tuple(sorted(fs.glob(records))) if records else ())
     if folds is not None:
-        shards = select_folds(shards, folds, records)
+        shards = select_folds(shards, check_fold_ids(folds), records)
     if not shards.files:
         raise TfpipeError(f"{records or repr(records)}: no shard files found")
     if shards.manifest and shards.folder is not None and not isinstance(records, Shards):  # a folder: records
@@ -225,13 +234,15 @@ def open_shards(records: Records, folds: Sequence[int] | None = None, any_schema
 
 def checked_num_classes(records: object, shards: Shards, num_classes: int | None) -> int:
     """The number of classes a reader uses: ``num_classes`` or the manifest's; the two must agree (fewer classes
-    would drop labels), and shards without a manifest need it given."""
+    would drop labels), and shards without a manifest need it given. Shards written unlabeled have none: 0."""
     if num_classes and shards.num_classes and num_classes != shards.num_classes:
         raise TfpipeError(
             f"{records}: num_classes={num_classes}, but the shards hold {shards.num_classes} classes "
             f"({MANIFEST}); labels would be lost"
         )
     classes = num_classes or shards.num_classes
+    if not classes and shards.manifest is not None and not shards.labeled:
+        return 0  # written unlabeled: images and ids, and targets of width 0 (num_classes=C gives C zeros)
     if not classes:
         raise TfpipeError(f"{records}: no {MANIFEST} to read the classes from; pass num_classes")
     return classes
@@ -273,6 +284,20 @@ def raise_first_problem(problem: Callable[[str], str | None], files: Iterable[st
                 raise TfpipeError(message)
 
 
+def check_fold_ids(folds: object) -> list[int]:
+    """``folds`` are fold ids, a list of whole numbers: a count there is a mix-up with
+    ``num_folds``, and an empty list would select nothing."""
+    ids = list(folds) if isinstance(folds, Iterable) and not isinstance(folds, (str, bytes)) else None
+    if ids is None or any(isinstance(f, bool) or not isinstance(f, numbers.Integral) for f in ids):
+        raise TfpipeError(
+            f"folds are fold ids, a list such as folds=[0, 1] (got {folds!r}); the number of folds K is "
+            "num_folds, given when the shards are written"
+        )
+    if not ids:
+        raise TfpipeError("folds=[] selects no fold; folds=None reads every fold")
+    return [int(f) for f in ids]
+
+
 def select_folds(shards: Shards, folds: Sequence[int], records: object) -> Shards:
     """The shards of ``folds`` only; folds the shards were not written with are an error."""
     manifest = shards.manifest
@@ -294,6 +319,7 @@ def select_folds(shards: Shards, folds: Sequence[int], records: object) -> Shard
 
 def fold_split(records: Records, fold: int) -> tuple[list[int], list[int]]:
     """(training folds, validation folds) for validating on ``fold`` of a folded shard folder."""
+    check_count(0, fold=fold)
     k = open_shards(records).num_folds
     if not k:
         raise TfpipeError(f"{records}: written without folds; cannot pick validation fold {fold}")

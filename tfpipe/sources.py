@@ -260,7 +260,9 @@ def _labels(df: pd.DataFrame, fmt: LabelFormat, csv_path: str) -> list[tuple[str
     if labels_col not in df.columns:
         raise TfpipeError(
             f"{csv_path}: column {fmt.labels_col!r} not found (columns: {', '.join(df.columns)}); "
-            "name the labels with --labels-col, --label-cols or --class-col (LabelFormat in Python)"
+            f"name the labels with {option('labels_col')}, {option('label_cols')} or {option('class_col')} "
+            f"(LabelFormat), or, for images without labels, pass "
+            f"{option('unlabeled', True, python='Source(..., labeled=False)')}"
         )
     return [
         label_cell(cell, fmt.sep, row, labels_col, csv_path, spaces_in_names=fmt.spaces_in_names)

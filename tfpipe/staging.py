@@ -52,7 +52,7 @@ def num_shards(num_records: int, est_bytes: float, requested: int | None = None)
     Args:
       num_records: records to write.
       est_bytes: estimated total size in bytes.
-      requested: the user's ``--shards``, which wins (capped at one record a shard).
+      requested: the user's ``num_shards`` (``--num-shards``), which wins (capped at one record a shard).
     """
     if requested:
         return max(1, min(requested, num_records))
@@ -91,11 +91,11 @@ def plan(fold_sizes: Sequence[int], total_shards: int) -> list[PlannedShard]:
     return shards
 
 
-def locked_folder(out_dir: str, job: str, fingerprint: str | None = None) -> WriteLock:
+def locked_folder(out_dir: str, job: str, fingerprint: str | None = None, setting: str = "out") -> WriteLock:
     """``out_dir`` made (never over a file) and a ``WriteLock`` on it for ``job`` (``tfpipe.write``, ``train.fit``):
-    ``with locked_folder(out, "train.fit") as lock:``."""
+    ``with locked_folder(run, "train.fit", setting="run") as lock:``; ``setting`` is what errors call the folder."""
     if fs.exists(out_dir) and not fs.isdir(out_dir):
-        raise TfpipeError(f"{out_dir} is a file; {option('out')} names a folder")
+        raise TfpipeError(f"{out_dir} is a file; {option(setting)} names a folder")
     fs.makedirs(out_dir)
     return WriteLock(out_dir, fingerprint, job)
 

@@ -1,6 +1,6 @@
 """TensorFlow Datasets as a writer source: ``TfdsSource("cifar10", split="train")``.
 
-    python -m tfpipe.write --tfds cifar10 --tfds-split train --out records/cifar10 --image-size 32 --folds 5
+    python -m tfpipe.write --tfds cifar10 --tfds-split train --out records/cifar10 --image-size 32 --num-folds 5
 
 The image feature is read still encoded (``SkipDecoding``), so the writer's
 workers decode and resize it like a file from disk. A ``ClassLabel`` label

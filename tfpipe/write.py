@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from tfpipe import __version__, fs, schema
-from tfpipe.deprecations import add_deprecated_flag, renamed_arguments
+from tfpipe.deprecations import add_deprecated_flag, removed_arguments, renamed_arguments
 from tfpipe.deps import require
 from tfpipe.encode import encode_item
 from tfpipe.errors import ArgumentParser, TfpipeError, check_count, check_path, check_seed, option, run_cli
@@ -175,7 +175,8 @@ def shutdown(batches: object) -> None:
         stop()
 
 
-@renamed_arguments(shards="num_shards", folds="num_folds")
+@renamed_arguments(shards="num_shards", folds="num_folds")  # outermost: its warning points at the caller
+@removed_arguments(num_workers="workers=")
 def write_shards(
     source: SourceProtocol,
     out: str,
@@ -334,14 +335,14 @@ def plan_job(
     skip_bad: bool,
 ) -> Job:
     """Reads the source and decides classes, folds (records grouped by fold, input order within) and shards."""
-    items, skipped = source.items(skip_bad)
+    items, skipped = checked_items(source, skip_bad)
     classes = classes or source.classes
     names = class_names(items, classes) if source.labeled else list(classes or [])
     item_targets = targets(items, names) if source.labeled else None
     if source.labeled and not any(item.labels for item in items):
         raise TfpipeError(
             f"{source.origin}: no image has a label (every label list is empty); for images "
-            f"without labels pass {option('unlabeled', True)}"
+            f"without labels pass {option('unlabeled', True, python='Source(..., labeled=False)')}"
         )
     fold_of = _folds(item_targets, len(names), num_folds, seed) if num_folds else [0] * len(items)
     order = sorted(range(len(items)), key=lambda i: fold_of[i])  # stable: input order within a fold
@@ -377,19 +378,68 @@ def _check_settings(
     resume: bool,
 ) -> None:
     """Every setting of ``write_shards`` checked before any worker starts or ``out`` is made."""
-    if not isinstance(source, SourceProtocol):
-        raise TfpipeError(
-            f"source must be a tfpipe Source or TfdsSource (see tfpipe.open_source), got {type(source).__name__}"
-        )
+    check_source(source)
     if not isinstance(spec, ImageSpec):
         raise TfpipeError(f"spec must be an ImageSpec, e.g. ImageSpec(image_size={spec!r}) (got {spec!r})")
     check_path(out=out)
     check_split(split)
     check_count(1, num_shards=num_shards)
     check_count(2, num_folds=num_folds)
+    if num_shards and num_folds and num_shards < num_folds:
+        raise TfpipeError(
+            f"{option('num_shards', num_shards)} is fewer than {option('num_folds', num_folds)}: shards never mix "
+            "folds, so each fold needs a shard of its own"
+        )
     check_count(0, workers=workers)
     check_seed(seed=seed)
     _check_runner(runner, resume)
+
+
+def check_source(source: object) -> None:
+    """A source is a ``Source``, a ``TfdsSource`` or one's own with every member ``SourceProtocol`` lists, of
+    the right kind: a source of one's own is input too."""
+    if isinstance(source, str):
+        raise TfpipeError(
+            f"source must be a tfpipe Source or TfdsSource, not the path {source!r}: write_shards(source, out) "
+            "(tfpipe 0.1's write_shards(out, source) was removed in 1.0)"
+        )
+    members = [name for name in dir(SourceProtocol) if not name.startswith("_")]
+    missing = [name for name in members if not hasattr(source, name)]
+    if missing:
+        raise TfpipeError(
+            f"source must be a tfpipe Source or TfdsSource (tfpipe.open_source), or have every member of "
+            f"tfpipe.SourceProtocol; a {type(source).__name__} has no {', '.join(missing)}"
+        )
+    kinds = {"labeled": bool, "single_label": bool, "id_column": str, "origin": str}
+    for name, kind in kinds.items():
+        if not isinstance(getattr(source, name), kind):
+            raise TfpipeError(f"source.{name} must be a {kind.__name__} (got {getattr(source, name)!r})")
+    classes = source.classes  # type: ignore[attr-defined]  # present: checked above
+    if classes is not None and (isinstance(classes, str) or not all(isinstance(c, str) for c in classes)):
+        raise TfpipeError(f"source.classes must be None or a list of class names (got {classes!r})")
+
+
+def checked_items(source: SourceProtocol, skip_bad: bool) -> tuple[list[Item], list[dict[str, str]]]:
+    """The source's items, checked like its other members: tfpipe's own sources pass by construction."""
+    got = source.items(skip_bad)
+    if not (isinstance(got, tuple) and len(got) == 2):
+        raise TfpipeError(f"{source.origin}: items() must return (items, skipped), got a {type(got).__name__}")
+    items, skipped = list(got[0]), list(got[1])
+    seen: set[str] = set()
+    for i, item in enumerate(items):
+        where = f"{source.origin}: item {i}"
+        if not isinstance(item, Item):
+            raise TfpipeError(f"{where} is a {type(item).__name__}, not a tfpipe Item")
+        if isinstance(item.labels, str) or not all(isinstance(label, str) for label in item.labels):
+            raise TfpipeError(f"{where} ({item.name!r}): labels must be a tuple of class names (got {item.labels!r})")
+        if source.single_label and len(item.labels) > 1:
+            raise TfpipeError(
+                f"{where} ({item.name!r}): the source is single-label but the item has {len(item.labels)} labels"
+            )
+        if item.name in seen:
+            raise TfpipeError(f"{where}: the id {item.name!r} comes twice (ids key a submission's rows)")
+        seen.add(item.name)
+    return items, skipped
 
 
 def _check_runner(runner: str, resume: bool) -> None:
@@ -655,11 +705,21 @@ def open_source(
         source = tfpipe.open_source("images", csv="train.csv", label_format=tfpipe.LabelFormat(sep=","))
     """
     if tfds:
-        if images or csv:
-            raise TfpipeError(
-                f"{option('tfds')} reads a TFDS dataset; it takes no {option('images')} or {option('csv')}"
-            )
+        unused = {
+            "images": images,
+            "csv": csv,
+            "image_col": image_col != "image",
+            "label_format": label_format != LabelFormat(),
+        }
+        given = [option(name) for name, value in unused.items() if value]
+        if given:
+            raise TfpipeError(f"{option('tfds')} reads a TFDS dataset, which has no {', '.join(given)}")
         return TfdsSource(tfds, split=tfds_split, data_dir=data_dir, labeled=labeled)
+    tfds_only = [
+        option(name) for name, value in (("tfds_split", tfds_split != "train"), ("data_dir", data_dir)) if value
+    ]
+    if tfds_only:
+        raise TfpipeError(f"{', '.join(tfds_only)} belong to {option('tfds')} NAME, which is not given")
     if not images:
         raise TfpipeError(
             f"give {option('images')} (a folder, with {option('csv')} or a folder per class) or {option('tfds')} NAME"

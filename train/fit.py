@@ -23,7 +23,15 @@ from train.models import model_names
 from train.names import OPTIMIZERS, PRECISIONS, SCHEDULES, STRATEGIES
 
 if TYPE_CHECKING:
+    import tensorflow as tf
+
     from tfpipe.augment import Augment
+
+    # The engine's names this module hands out (``__getattr__`` below), declared for type checkers: they see
+    # these, and a misspelt name is an error instead of Any.
+    from train.trainer import compile_model as compile_model
+    from train.trainer import make_auc as make_auc
+    from train.trainer import set_trainable as set_trainable
 
 ENGINE = "train.trainer"
 
@@ -32,13 +40,13 @@ ENGINE = "train.trainer"
 class FitConfig:
     """Everything ``fit`` needs; the command line maps one flag to each field.
 
-    ``records`` is the shard folder to train on, ``run`` the run folder to write (``FitConfig(out=...)``,
-    tfpipe 0.x's name of ``run``, still works and warns).
+    ``records`` is the shard folder to train on, ``run`` the run folder to write (tfpipe 0.x's name of it,
+    ``out``, is deprecated: ``FitConfig(out=...)`` and ``cfg.out`` still work and warn).
     """
 
     records: str = "records/demo/train"
     run: str = "runs/demo"
-    strategy: str = "auto"
+    strategy: str | tf.distribute.Strategy = "auto"  # a name (``STRATEGIES``) or a strategy you already made
     replicas: int | None = None
     model: str = "efficientnet-b0"
     weights: str | None = None  # None (random), "imagenet" (downloads) or a weights file; "none" = None
@@ -66,13 +74,18 @@ class FitConfig:
     swa_epochs: int = 0  # average the weights of the last N epochs (stochastic weight averaging)
     report: bool = True  # validation predictions, tuned thresholds and pictures after training
     verbose: int = 2
-    callbacks: tuple = ()  # extra Keras callbacks (from Python), run after the built-in ones
+    callbacks: tuple[Any, ...] = ()  # extra Keras callbacks (from Python), run after the built-in ones
 
     @property
     def out(self) -> str:
         """Deprecated: ``run``."""
         warn_renamed("FitConfig.out", "FitConfig.run")
         return self.run
+
+    @out.setter
+    def out(self, value: str) -> None:
+        warn_renamed("FitConfig.out", "FitConfig.run")
+        self.run = value
 
 
 FitConfig.__init__ = renamed_arguments(where="FitConfig", out="run")(FitConfig.__init__)  # type: ignore[method-assign]
@@ -86,14 +99,18 @@ def fit(cfg: FitConfig) -> dict[str, Any]:
         from train.fit import FitConfig, fit
         metrics = fit(FitConfig(records="gs://bucket/train", run="gs://bucket/runs/b0", strategy="tpu"))
     """
-    return importlib.import_module(ENGINE).fit(cfg)
+    metrics: dict[str, Any] = importlib.import_module(ENGINE).fit(cfg)
+    return metrics
 
 
-def __getattr__(name: str) -> Any:
-    """``from train.fit import compile_model`` and the like: the engine's names, imported when first asked for."""
-    if name.startswith("__"):
-        raise AttributeError(name)
-    return getattr(importlib.import_module(ENGINE), name)
+if not TYPE_CHECKING:  # hidden from type checkers, which would take any name (a typo too) for one of these
+
+    def __getattr__(name: str) -> Any:
+        """``from train.fit import compile_model`` and the like: the engine's names, imported when first asked
+        for."""
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(importlib.import_module(ENGINE), name)
 
 
 def build_parser() -> ArgumentParser:
@@ -179,7 +196,10 @@ def _run_args(p: ArgumentParser, d: FitConfig) -> None:
         help="stochastic weight averaging over the last N epochs -> model-swa.keras",
     )
     p.add_argument(
-        "--no-report", dest="report", action="store_false", help="skip validation predictions, thresholds and pictures"
+        "--no-report",
+        dest="report",
+        action="store_false",
+        help="skip the validation report (by default written after training: predictions, thresholds, pictures)",
     )
     p.add_argument("--resume", action="store_true", help="continue the run in --run from its last epoch")
     p.add_argument(
@@ -209,14 +229,16 @@ def run_command(args: argparse.Namespace) -> None:
     cfg = config_from_args(args)
     m = fit(cfg)
     print(
-        f"validation AUC {_headline_auc(m)}, {m['epochs']} epochs, {m['optimizer_steps']} steps, "
+        f"validation AUC {_headline_auc(m)}, {m['epochs']} epoch{'s' * (m['epochs'] != 1)}, "
+        f"{m['optimizer_steps']} step{'s' * (m['optimizer_steps'] != 1)}, "
         f"{m['replicas']} replica{'s' * (m['replicas'] > 1)} x {m['per_replica_batch_size']} = "
         f"{m['global_batch_size']} per step, "
         f"steps_per_execution {m['steps_per_execution']}, {m['images_per_sec']} images/s -> {cfg.run}"
     )
     if "swa" in m:
         print(
-            f"SWA of the last {m['swa']['epochs_averaged']} epochs: validation AUC {_headline_auc(m['swa'])}"
+            f"SWA of the last {m['swa']['epochs_averaged']} epoch{'s' * (m['swa']['epochs_averaged'] != 1)}: "
+            f"validation AUC {_headline_auc(m['swa'])}"
             f" -> {cfg.run}/model-swa.keras"
         )
 

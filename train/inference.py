@@ -28,6 +28,7 @@ import tensorflow as tf
 
 import tfpipe
 from tfpipe import fs
+from tfpipe.deprecations import renamed_arguments
 from tfpipe.errors import TfpipeError, check_count, check_fraction, check_path, option
 from tfpipe.shards import Records, Shards
 from train import run as run_files
@@ -83,7 +84,7 @@ def check_model_fits_run(model: Any, config: RunConfig, model_path: str) -> None
     activation = getattr(getattr(model.layers[-1], "activation", None), "__name__", None)
     expected = "softmax" if config.single_label else "sigmoid"
     if outputs != len(config.classes):
-        problem = f"outputs {outputs} classes, but {run_files.CONFIG} lists {len(config.classes)}"
+        problem = f"outputs {outputs} class{'es' * (outputs != 1)}, but {run_files.CONFIG} lists {len(config.classes)}"
     elif size != (config.image_size, config.image_size) and None not in size:
         problem = f"takes {size[0]}x{size[1]} px, but {run_files.CONFIG} says {config.image_size}"
     elif activation in ("softmax", "sigmoid") and activation != expected:
@@ -101,6 +102,7 @@ def load_model(path: str) -> Any:
     return keras.models.load_model(path, custom_objects=custom_objects(), compile=False)
 
 
+@renamed_arguments(source="records")
 def predict_probabilities(
     model: Any,
     records: Records,
@@ -140,7 +142,11 @@ def predict_probabilities(
 
         ds = strategy.distribute_datasets_from_function(dataset_fn)
         if progress:
-            print(f"train.predict: view {k + 1}/{tta}: {n} images in {steps} steps of {global_batch}", flush=True)
+            print(
+                f"train.predict: view {k + 1}/{tta}: {n} image{'s' * (n != 1)} in {steps} step{'s' * (steps != 1)} "
+                f"of {global_batch}",
+                flush=True,
+            )
         total += model.predict(ds, steps=steps, verbose=1 if progress else 0)[:n]  # Keras' progress bar
     return (total / tta).astype(np.float32)
 
@@ -179,7 +185,7 @@ def tune_thresholds(
 
 def predict(
     run: str,
-    records: str | Sequence[str],
+    records: Records,
     out: str = "submission.csv",
     *,
     tta: int = 1,
@@ -271,8 +277,8 @@ def _batch_for(n: int, batch_size: int, replicas: int, progress: bool) -> int:
         return batch_size
     if progress:
         print(
-            f"train.predict: {option('batch_size', batch_size)} is more than {n} images need on {replicas} "
-            f"replica{'s' * (replicas > 1)}; using {most}",
+            f"train.predict: {option('batch_size', batch_size)} is more than {n} "
+            f"{'images need' if n != 1 else 'image needs'} on {replicas} replica{'s' * (replicas > 1)}; using {most}",
             flush=True,
         )
     return most

@@ -10,8 +10,9 @@ inside the model (on the accelerator), so the input pipeline moves 4x fewer byte
 
 from __future__ import annotations
 
+import string
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, NamedTuple
 
 from tfpipe.deps import require, require_keras
 from tfpipe.errors import TfpipeError
@@ -23,21 +24,74 @@ BN_MOMENTUM = 0.9  # small-cnn: short runs need moving statistics that catch up 
 
 # builder(variant, input_shape, weights) -> (backbone model, preprocessing layers run before it)
 Builder = Callable[[str, tuple[int, int, int], "str | None"], tuple[Any, list[Any]]]
-MODELS: dict[str, tuple[Builder, str]] = {}  # name -> (builder, variant)
 
 
-def register_model(pattern: str, variants: Iterable[str] = ("",)) -> Callable[[Builder], Builder]:
-    """Registers ``builder`` under ``pattern.format(variant)`` for each variant; a name twice is a bug."""
+class Registered(NamedTuple):
+    """One entry of the model table: the builder, the variant it is called with, and the smallest input side the
+    model takes (EfficientNets downsample 32x; a small ConvNet takes less)."""
+
+    builder: Builder
+    variant: str
+    min_image_size: int
+
+
+MODELS: dict[str, Registered] = {}  # name -> (builder, variant, min_image_size)
+
+
+def register_model(
+    pattern: str, variants: Iterable[str] = ("",), min_image_size: int = 32
+) -> Callable[[Builder], Builder]:
+    """Registers ``builder`` under ``pattern.format(variant)`` for each variant; a name twice is a bug.
+
+    ``pattern`` holds one ``{}`` for the variant when there are several (``"efficientnet-b{}", ("0", "1")``) and
+    none for one model (``"small-cnn"``); ``min_image_size`` is the smallest input side the model takes (checked
+    before training starts). A pattern and variants that do not make one distinct name per variant are a
+    ``ValueError`` (``"bad-{}"`` without variants would register ``"bad-"``).
+    """
+    names = _names(pattern, variants)
+    if type(min_image_size) is not int or min_image_size < 1:
+        raise ValueError(f"min_image_size of {pattern!r} must be a whole number of pixels (got {min_image_size!r})")
 
     def add(builder: Builder) -> Builder:
-        for variant in variants:
-            name = pattern.format(variant)
-            if name in MODELS:
-                raise ValueError(f"model {name!r} registered twice")
-            MODELS[name] = (builder, variant)
+        twice = [name for name in names if name in MODELS]
+        if twice:
+            raise ValueError(f"model {twice[0]!r} registered twice")
+        for name, variant in names.items():
+            MODELS[name] = Registered(builder, variant, min_image_size)
         return builder
 
     return add
+
+
+def _names(pattern: str, variants: Iterable[str]) -> dict[str, str]:
+    """name -> variant for ``register_model``, or a ``ValueError`` saying why the pattern and the variants do not
+    make one distinct, non-empty name per variant."""
+    if isinstance(variants, str):
+        raise ValueError(f"variants of {pattern!r} must be a list of strings, not the string {variants!r}")
+    listed = tuple(variants)
+    if not listed or not all(isinstance(v, str) for v in listed):
+        raise ValueError(f"variants of {pattern!r} must be one or more strings (got {listed!r})")
+    fields = [field for _, field, _, _ in string.Formatter().parse(pattern) if field is not None]
+    if fields not in ([], [""]):
+        raise ValueError(f"pattern {pattern!r} must hold one {{}} (where the variant goes) or none")
+    if not fields and len(listed) > 1:
+        raise ValueError(f"pattern {pattern!r} has no {{}}, so its {len(listed)} variants would share one name")
+    if fields and listed == ("",):
+        raise ValueError(
+            f"pattern {pattern!r} has a {{}} but no variants to put there (it would register "
+            f"{pattern.format('')!r}); pass variants=(...), or drop the {{}} for a single model"
+        )
+    names = {pattern.format(v) if fields else pattern: v for v in listed}
+    if len(names) < len(listed) or not all(name.strip() for name in names):
+        raise ValueError(f"pattern {pattern!r} with variants {listed!r} does not make distinct, non-empty names")
+    return names
+
+
+def registered(name: str) -> Registered:
+    """The table's entry for ``name``; an unknown name is an error listing the known ones."""
+    if name not in MODELS:
+        raise TfpipeError(f"unknown model {name!r}; choose one of {', '.join(MODELS)}")
+    return MODELS[name]
 
 
 def model_names() -> tuple[str, ...]:
@@ -85,7 +139,7 @@ def custom_objects() -> dict[str, Any]:
 SMALL_CNN_WIDTHS = (32, 64, 128, 256)
 
 
-@register_model("small-cnn")
+@register_model("small-cnn", min_image_size=8)
 def _small_cnn(variant: str, input_shape: tuple[int, int, int], weights: str | None) -> tuple[Any, list[Any]]:
     """A small ConvNet (pairs of conv-BN-ReLU, then pooling) for CPU dry runs, tests and the demo.
 
@@ -108,9 +162,29 @@ def _small_cnn(variant: str, input_shape: tuple[int, int, int], weights: str | N
 
 
 def min_image_size(name: str) -> int:
-    """The smallest input side a model takes: EfficientNets downsample 32x (Keras refuses below 32);
-    small-cnn's three poolings need 8."""
-    return 8 if name == "small-cnn" else 32
+    """The smallest input side model ``name`` takes, as it was registered (``register_model(min_image_size=...)``):
+    32 for the EfficientNets (they downsample 32x; Keras refuses less), 8 for small-cnn's three poolings."""
+    return registered(name).min_image_size
+
+
+def _backbone(
+    name: str, builder: Builder, variant: str, input_shape: tuple[int, int, int], weights: str | None
+) -> tuple[Any, list[Any]]:
+    """Calls the builder. With ``weights`` given, its failure is reported as a weights problem (no internet for
+    "imagenet", a bad weights file); without, the builder's own error goes through unchanged (a bug in a user's
+    registered builder is not a weights problem)."""
+    try:
+        return builder(variant, input_shape, weights)
+    except (OSError, ValueError) as e:
+        if weights is None:
+            raise
+        raise TfpipeError(f"cannot load weights {weights!r} for {name}: {str(e).splitlines()[0][:200]}") from None
+    except Exception as e:  # urllib/HTTP errors from the download
+        if weights == "imagenet":
+            raise TfpipeError(
+                f"cannot download ImageNet weights for {name} (no internet?): {type(e).__name__}: {str(e)[:160]}"
+            ) from None
+        raise
 
 
 def build_model(
@@ -138,20 +212,9 @@ def build_model(
     Returns:
       (model, backbone): the backbone is returned so it can be frozen.
     """
-    if name not in MODELS:
-        raise TfpipeError(f"unknown model {name!r}; choose one of {', '.join(MODELS)}")
+    builder, variant, _ = registered(name)
     keras = require_keras()
-    builder, variant = MODELS[name]
-    try:
-        backbone, preprocess = builder(variant, (image_size, image_size, 3), weights)
-    except (OSError, ValueError) as e:  # no internet for "imagenet", or a bad weights file
-        raise TfpipeError(f"cannot load weights {weights!r} for {name}: {str(e).splitlines()[0][:200]}") from None
-    except Exception as e:  # urllib/HTTP errors from the download
-        if weights == "imagenet":
-            raise TfpipeError(
-                f"cannot download ImageNet weights for {name} (no internet?): {type(e).__name__}: {str(e)[:160]}"
-            ) from None
-        raise
+    backbone, preprocess = _backbone(name, builder, variant, (image_size, image_size, 3), weights)
     inputs = keras.Input((image_size, image_size, 3), dtype="uint8", name="image")
     x = keras.layers.Rescaling(1.0, name="cast")(inputs)  # uint8 -> compute dtype
     for layer in preprocess:

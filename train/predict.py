@@ -23,30 +23,72 @@ from train.names import STRATEGIES, TTA_VIEW_COUNT
 
 if TYPE_CHECKING:
     import pandas as pd
+    import tensorflow as tf
+
+    from tfpipe.shards import Records
+
+    # The engine's names this module hands out (``__getattr__`` below), declared for type checkers: they see
+    # these, and a misspelt name is an error instead of Any.
+    from train.inference import TTA_VIEWS as TTA_VIEWS
+    from train.inference import load_model as load_model
+    from train.inference import predict_probabilities as predict_probabilities
+    from train.inference import tta_view as tta_view
 
 ENGINE = "train.inference"
 
 
-def predict(run: str, records: str | Sequence[str], out: str = "submission.csv", **kwargs: Any) -> pd.DataFrame:
-    """Writes the submission of run folder ``run`` on the shards ``records``; returns it as a DataFrame.
+def predict(
+    run: str,
+    records: Records,
+    out: str = "submission.csv",
+    *,
+    tta: int = 1,
+    threshold: float | None = None,
+    probabilities: bool = False,
+    strategy: str | tf.distribute.Strategy = "auto",
+    replicas: int | None = None,
+    batch_size: int = 32,
+    id_column: str | None = None,
+    overwrite: bool = False,
+    progress: bool = True,
+) -> pd.DataFrame:
+    """Writes the submission of run folder ``run`` on the shards ``records`` (a shard folder, a glob, files, or
+    ``Shards`` already opened) to ``out``; returns it as a DataFrame.
 
-    Keyword arguments: ``tta``, ``threshold``, ``probabilities``, ``strategy``, ``replicas``, ``batch_size``,
-    ``id_column``, ``overwrite`` (as on the command line), ``progress`` (a progress bar; default True).
+    The keyword arguments are the command line's flags: ``tta`` views to average, one ``threshold`` for every
+    class (default: the run's tuned ones), ``probabilities`` (one column per class), ``strategy`` (a name or a
+    strategy you made) and ``replicas``, ``batch_size`` per replica, ``id_column``, ``overwrite``, ``progress``
+    (a progress bar).
 
     Example::
 
         from train.predict import predict
         df = predict("runs/demo", "records/demo/test", "submission.csv", tta=2)
     """
-    return importlib.import_module(ENGINE).predict(run, records, out, **kwargs)
+    return importlib.import_module(ENGINE).predict(
+        run,
+        records,
+        out,
+        tta=tta,
+        threshold=threshold,
+        probabilities=probabilities,
+        strategy=strategy,
+        replicas=replicas,
+        batch_size=batch_size,
+        id_column=id_column,
+        overwrite=overwrite,
+        progress=progress,
+    )
 
 
-def __getattr__(name: str) -> Any:
-    """``from train.predict import predict_probabilities`` and the like: the engine's names, imported when first
-    asked for."""
-    if name.startswith("__"):
-        raise AttributeError(name)
-    return getattr(importlib.import_module(ENGINE), name)
+if not TYPE_CHECKING:  # hidden from type checkers, which would take any name (a typo too) for one of these
+
+    def __getattr__(name: str) -> Any:
+        """``from train.predict import predict_probabilities`` and the like: the engine's names, imported when
+        first asked for."""
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(importlib.import_module(ENGINE), name)
 
 
 def build_parser() -> ArgumentParser:
@@ -87,7 +129,7 @@ def run_command(args: argparse.Namespace) -> None:
         overwrite=args.overwrite,
         progress=not args.no_progress,
     )
-    print(f"wrote {len(df)} rows ({args.tta} view{'s' if args.tta > 1 else ''}) -> {args.out}")
+    print(f"wrote {len(df)} row{'s' * (len(df) != 1)} ({args.tta} view{'s' if args.tta > 1 else ''}) -> {args.out}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

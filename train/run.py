@@ -1,4 +1,4 @@
-"""A run folder (``train.fit --out``): the one module that knows its file names and reads them back validated.
+"""A run folder (``train.fit --run``): the one module that knows its file names and reads them back validated.
 
     runs/NAME/config.json        RunConfig: what predicting needs (classes, input size, fit, single/multi-label,
                                  the training shards' dataset id, the validation fold) and every setting used
@@ -35,6 +35,9 @@ SWA_AVERAGE = "swa-average.npz"
 BACKUP = "backup"
 CHECKPOINTS = "checkpoints"
 LOGS = "logs"
+# Every name train.fit writes in a run folder besides the report's files (train.report): what a job that fails
+# before its first epoch is saved removes again from a folder that was new or empty when it started.
+WRITTEN = (CONFIG, MODEL, MODEL_SWA, THRESHOLDS, HISTORY, STATE, METRICS, SWA_AVERAGE, BACKUP, CHECKPOINTS, LOGS)
 # 1: tfpipe <= 0.2 (no version, fit and dataset id unknown); 2: run_version, fit, dataset_id, num_classes.
 RUN_VERSION = 2
 
@@ -103,13 +106,7 @@ def from_dict(data: Any, p: str) -> RunConfig:
         raise _bad(p, "run_version", "must be a whole number >= 1", version)
     if version > RUN_VERSION:
         raise TfpipeError(f"{p}: run version {version} was written by a newer tfpipe; upgrade tfpipe")
-    classes = data.get("classes")
-    if not isinstance(classes, list) or not classes or not all(isinstance(c, str) and c.strip() for c in classes):
-        raise _bad(p, "classes", "must list the class names (non-empty strings)", classes)
-    if len(set(classes)) != len(classes):
-        raise _bad(p, "classes", "lists a class twice", classes)
-    if "num_classes" in data and data["num_classes"] != len(classes):
-        raise _bad(p, "num_classes", f"does not match the {len(classes)} classes listed", data["num_classes"])
+    classes = _classes(data, p)
     size, single = data.get("image_size"), data.get("single_label")
     if type(size) is not int or size < 1:
         raise _bad(p, "image_size", "must be a whole number of pixels", size)
@@ -136,6 +133,19 @@ def from_dict(data: Any, p: str) -> RunConfig:
         settings=data,
         version=version,
     )
+
+
+def _classes(data: dict[str, Any], p: str) -> list[str]:
+    """``config.json``'s class names, validated (and its ``num_classes``, when given, against them)."""
+    classes = data.get("classes")
+    if not isinstance(classes, list) or not classes or not all(isinstance(c, str) and c.strip() for c in classes):
+        raise _bad(p, "classes", "must list the class names (non-empty strings)", classes)
+    if len(set(classes)) != len(classes):
+        raise _bad(p, "classes", "lists a class twice", classes)
+    n = len(classes)
+    if "num_classes" in data and data["num_classes"] != n:
+        raise _bad(p, "num_classes", f"does not match the {n} class{'es' * (n != 1)} listed", data["num_classes"])
+    return classes
 
 
 def read_state(run: str) -> dict[str, bool]:

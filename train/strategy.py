@@ -103,7 +103,10 @@ def strategy_kind(strategy: tf.distribute.Strategy) -> str:
     """ "tpu", "gpu" or "cpu": where a strategy's replicas run."""
     if "TPU" in type(strategy).__name__:
         return "tpu"
-    devices = getattr(strategy.extended, "worker_devices", ()) or ()
+    try:
+        devices = tuple(strategy.extended.worker_devices)
+    except (AttributeError, RuntimeError):  # the default strategy has no worker devices (it raises RuntimeError)
+        devices = ()
     gpu = any("GPU" in d.upper() for d in devices) or (not devices and tf.config.list_physical_devices("GPU"))
     return "gpu" if gpu else "cpu"
 

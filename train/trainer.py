@@ -46,6 +46,7 @@ from tfpipe.shards import Shards, fold_split, holdout_split, open_shards
 from tfpipe.staging import LOCK, WriteLock, locked_folder
 from train import run as run_files
 from train.models import build_model, min_image_size
+from train.names import OPTIMIZERS, PRECISIONS, SCHEDULES
 from train.report import learning_curves, validation_report
 from train.run import RunConfig, read_state, write_state
 from train.schedules import make_schedule, scaled_lr
@@ -202,12 +203,14 @@ def compile_model(
 
 
 class Throughput(keras.callbacks.Callback):
-    """Training images/s per epoch, timed from epoch start to the start of validation."""
+    """Training images/s per epoch, timed from epoch start to the start of validation; and ``epochs_saved``, the
+    epochs of this job that ended with their backup saved (``run_phase`` places it after ``BackupAndRestore``)."""
 
     def __init__(self, images_per_epoch: int) -> None:
         super().__init__()
         self.images_per_epoch = images_per_epoch
         self.rates: list[float] = []
+        self.epochs_saved = 0
         self._start: float | None = None
 
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
@@ -217,6 +220,9 @@ class Throughput(keras.callbacks.Callback):
         if self._start is not None:
             self.rates.append(self.images_per_epoch / (time.perf_counter() - self._start))
             self._start = None
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        self.epochs_saved += 1
 
 
 class SyncBatchNorm(keras.callbacks.Callback):
@@ -319,7 +325,7 @@ def run_phase(
         ),
         *first,
         keras.callbacks.BackupAndRestore(run_files.path(cfg.run, f"{run_files.BACKUP}/{name}"), save_freq="epoch"),
-        throughput,
+        throughput,  # after the backup: it counts the epochs saved
         LogLearningRate(),
         keras.callbacks.CSVLogger(run_files.path(cfg.run, run_files.HISTORY), append=True),
         keras.callbacks.TensorBoard(run_files.path(cfg.run, run_files.LOGS), update_freq="epoch", profile_batch=0),
@@ -348,19 +354,20 @@ def set_trainable(backbone: keras.Model, trainable: bool) -> None:
     backbone.trainable = trainable  # a frozen backbone also runs its BatchNorm layers in inference mode
 
 
-def check_out(cfg: FitConfig, shards: Shards) -> None:
+def check_out(cfg: FitConfig, shards: Shards) -> bool:
     """A run folder is a new or empty folder, or a run that ``resume`` continues with the settings it started
     with, on the same shards; a finished run is never trained over, and a folder holding anything train.fit did
     not write (no valid ``config.json``) is never trained into. Each is an error naming the way out. Called
-    holding the folder's lock."""
+    holding the folder's lock; returns True for a new or empty folder (no earlier run in it)."""
     others = sorted(n for n in fs.listdir(cfg.run) if n != LOCK)
     if others and not fs.exists(run_files.path(cfg.run, run_files.CONFIG)):
         listed = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
+        files = "files" if len(others) > 1 else "a file"
         raise TfpipeError(
-            f"{cfg.run} holds files train.fit did not write ({listed}); choose a new or empty {option('run')} folder"
+            f"{cfg.run} holds {files} train.fit did not write ({listed}); choose a new or empty {option('run')} folder"
         )
     if not others:
-        return
+        return True
     config = RunConfig.load(cfg.run)
     if not cfg.resume:
         raise TfpipeError(
@@ -379,7 +386,7 @@ def check_out(cfg: FitConfig, shards: Shards) -> None:
             f"-- choose another {option('run')} folder to train on the new ones"
         )
     before = config.settings
-    now = dict(dataclasses.asdict(cfg), classes=shards.classes)
+    now = dict(settings_of(cfg), classes=shards.classes)
     changed = [k for k in RESUME_KEYS if k in before and json.loads(json.dumps(now[k], default=str)) != before[k]]
     if changed:
         k = changed[0]
@@ -387,6 +394,7 @@ def check_out(cfg: FitConfig, shards: Shards) -> None:
             f"{cfg.run} was started with {k}={before[k]!r}, not {now[k]!r}; {option('resume', True)} "
             "continues a run with its own settings"
         )
+    return False
 
 
 def summarise(
@@ -447,7 +455,6 @@ def save_model(model: keras.Model, path: str) -> None:
 def write_run_config(plan: FitConfig, shards: Shards) -> None:
     """config.json: what predicting with this run depends on (classes, input size, how the images were fitted,
     single- or multi-label, the shards' dataset id, the validation fold), plus every setting used."""
-    settings = {k: v for k, v in dataclasses.asdict(plan).items() if k != "callbacks"}
     manifest = shards.manifest
     # prepare() refuses shards without a manifest, and decides the input size and single- or multi-label
     assert manifest is not None and plan.image_size is not None and plan.single_label is not None
@@ -459,8 +466,17 @@ def write_run_config(plan: FitConfig, shards: Shards) -> None:
         dataset_id=shards.dataset_id,
         fold=plan.fold,
         records=plan.records,
-        settings=json.loads(json.dumps(settings, default=str)),
+        settings=settings_of(plan),
     ).save(plan.run)
+
+
+def settings_of(cfg: FitConfig) -> dict[str, Any]:
+    """Every setting of ``cfg`` as JSON values, as ``config.json`` records them: a strategy object by its class
+    name, the callbacks left out (``dataclasses.asdict`` would deep-copy both, and the default strategy refuses
+    to be copied)."""
+    strategy = cfg.strategy if isinstance(cfg.strategy, str) else type(cfg.strategy).__name__
+    fields = dataclasses.asdict(dataclasses.replace(cfg, strategy=strategy, callbacks=()))
+    return dict(json.loads(json.dumps({k: v for k, v in fields.items() if k != "callbacks"}, default=str)))
 
 
 def finish_swa(
@@ -499,6 +515,7 @@ def prepare(cfg: FitConfig, shards: Shards) -> FitConfig:
             "training needs labeled shards"
         )
     check_numbers(cfg)
+    check_names(cfg)
     image_size = checked_image_size(cfg, shards)
     if cfg.fold is not None and not shards.num_folds:
         raise TfpipeError(
@@ -541,6 +558,21 @@ def checked_image_size(cfg: FitConfig, shards: Shards) -> int:
     return image_size
 
 
+def check_names(cfg: FitConfig) -> None:
+    """Every named setting is one the engine knows (the command line offers only those; Python may pass any),
+    and a weights file exists: checked before the run folder is touched. The model's name is checked with its
+    smallest input (``checked_image_size``)."""
+    for name, value, known in (
+        ("optimizer", cfg.optimizer, OPTIMIZERS),
+        ("schedule", cfg.schedule, SCHEDULES),
+        ("precision", cfg.precision, (None, *PRECISIONS)),
+    ):
+        if value not in known:
+            raise TfpipeError(f"unknown {name} {value!r}: use one of {', '.join(k for k in known if k)}")
+    if cfg.weights not in (None, "none", "imagenet") and not fs.exists(cfg.weights):
+        raise TfpipeError(f"cannot load weights {cfg.weights!r} for {cfg.model}: no such file")
+
+
 def check_numbers(cfg: FitConfig) -> None:
     """Every numeric setting in its range (the command line and Python refuse the same values)."""
     check_count(
@@ -577,31 +609,47 @@ def fit(cfg: FitConfig) -> dict[str, Any]:
     strategy, kind = resolve_strategy(cfg.strategy, cfg.replicas)  # first: virtual CPUs need a fresh TensorFlow
     shards = open_shards(cfg.records)
     plan = prepare(cfg, shards)
-    # One job per run folder: two fits started together would interleave one history.csv and one model.keras.
-    with locked_folder(plan.run, "train.fit") as lock:
-        check_out(plan, shards)
-        return train_and_report(plan, shards, strategy, kind, lock, started)
+    parts = training_parts(shards, plan.fold, plan.val_fraction)  # the fold exists
+    check_batch_fits(plan, strategy, tfpipe.count_examples(parts.train, parts.train_folds))
+    # Every check that needs no training has passed: only now is the run folder made and written.
+    created = not fs.exists(plan.run)
+    try:
+        # One job per run folder: two fits started together would interleave one history.csv and one model.keras.
+        with locked_folder(plan.run, "train.fit", setting="run") as lock:
+            fresh = check_out(plan, shards)
+            return train_and_report(plan, shards, parts, strategy, kind, lock, started, fresh)
+    except BaseException:
+        if created:
+            remove_if_empty(plan.run)  # made by this job, and nothing in it worth keeping
+        raise
 
 
 def train_and_report(
-    plan: FitConfig, shards: Shards, strategy: tf.distribute.Strategy, kind: str, lock: WriteLock, started: float
+    plan: FitConfig,
+    shards: Shards,
+    parts: Parts,
+    strategy: tf.distribute.Strategy,
+    kind: str,
+    lock: WriteLock,
+    started: float,
+    fresh: bool,
 ) -> dict[str, Any]:
     """The run itself, in ``plan.run`` (locked by ``lock``): config, training, model.keras, reports, metrics.json.
     The shards are checked against their dataset id at every epoch's end and before each output: a folder
-    rewritten meanwhile stops the run, and no finished run claims classes or records the shards no longer hold."""
-    write_run_config(plan, shards)
+    rewritten meanwhile stops the run, and no finished run claims classes or records the shards no longer hold.
+    In a ``fresh`` (new or empty) folder, a failure before the first epoch is saved removes what the job wrote."""
     precision = plan.precision or default_precision(kind)
-    keras.mixed_precision.set_global_policy(precision)
-    parts = training_parts(shards, plan.fold, plan.val_fraction)
     train_ds, val_ds, n_train, n_val, global_batch = build_datasets(plan, strategy, shards.num_classes, parts)
-    check_batch_fits(plan, strategy, n_train)
     steps = max(1, n_train // global_batch)
     data = (train_ds, val_ds, steps, math.ceil(n_val / global_batch))
     throughput = Throughput(steps * global_batch)
-    if plan.verbose == 2:
-        announce_build(plan, strategy, kind, n_train, n_val)
-    with strategy.scope(), tfpipe.naming_corrupt_shards(shards), stopping_cleanly(plan, shards):
-        model, swa = train_phases(plan, strategy, shards, data, throughput)
+    with removed_unless_an_epoch_is_saved(plan.run, fresh, throughput):
+        write_run_config(plan, shards)
+        keras.mixed_precision.set_global_policy(precision)
+        if plan.verbose == 2:
+            announce_build(plan, strategy, kind, n_train, n_val)
+        with strategy.scope(), tfpipe.naming_corrupt_shards(shards), stopping_cleanly(plan, shards):
+            model, swa = train_phases(plan, strategy, shards, data, throughput)
     lock.check()  # on gs:// the lock is advisory: a job that lost it saves nothing
     shards.check_unchanged()
     report_args = report_arguments(plan, shards, parts)
@@ -627,12 +675,39 @@ def train_and_report(
     return metrics
 
 
+@contextlib.contextmanager
+def removed_unless_an_epoch_is_saved(run_dir: str, fresh: bool, throughput: Throughput) -> Iterator[None]:
+    """A job that fails before its first epoch is saved (the model cannot be built: ImageNet weights offline) in a
+    ``fresh`` folder (new or empty when it started) removes the run files it wrote there: nothing could be
+    resumed, and they would make the corrected command refuse the folder. Nothing else is touched: not a file of
+    another name, never a folder that held a run before this job."""
+    try:
+        yield
+    except BaseException:
+        if fresh and not throughput.epochs_saved:
+            for name in run_files.WRITTEN:
+                p = run_files.path(run_dir, name)
+                if fs.isdir(p):
+                    fs.rmtree(p)
+                elif fs.exists(p):
+                    fs.remove(p)
+        raise
+
+
+def remove_if_empty(folder: str) -> None:
+    """Removes ``folder`` when it is empty (a run folder this job made and left nothing in); a local folder only
+    (an empty "folder" on gs:// is no object)."""
+    if not fs.is_remote(folder):
+        with contextlib.suppress(OSError):
+            os.rmdir(folder)
+
+
 def announce_build(plan: FitConfig, strategy: tf.distribute.Strategy, kind: str, n_train: int, n_val: int) -> None:
     """The line saying what is built on what, before the minutes of building and compiling."""
     print(
         f"train.fit: building {plan.model} at {plan.image_size} px on {strategy.num_replicas_in_sync} "
-        f"{kind} replica{'s' * (strategy.num_replicas_in_sync > 1)}; {n_train} training, {n_val} validation "
-        "images",
+        f"{kind} replica{'s' * (strategy.num_replicas_in_sync > 1)}; {n_train} training image{'s' * (n_train != 1)}, "
+        f"{n_val} validation image{'s' * (n_val != 1)}",
         flush=True,
     )
 
@@ -677,7 +752,8 @@ def check_batch_fits(plan: FitConfig, strategy: tf.distribute.Strategy, n_train:
     if plan.batch_size * replicas > n_train:
         raise TfpipeError(
             f"{option('batch_size', plan.batch_size)} x {replicas} replica{'s' * (replicas > 1)} = "
-            f"{plan.batch_size * replicas} images a step, more than the {n_train} training images; "
+            f"{plan.batch_size * replicas} image{'s' * (plan.batch_size * replicas != 1)} a step, more than the "
+            f"{n_train} training image{'s' * (n_train != 1)}; "
             f"use {option('batch_size')} {max(1, n_train // replicas)} or less"
         )
 
