@@ -12,7 +12,7 @@ import argparse
 import functools
 import sys
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar, cast
 
 from tfpipe.errors import TfpipeError
@@ -44,19 +44,24 @@ def warn_renamed(old: str, new: str, stacklevel: int = 3) -> None:
     )
 
 
-def renamed_arguments(where: str | None = None, **renames: str) -> Callable[[F], F]:
-    """Decorator: ``@renamed_arguments(shards="num_shards")`` accepts ``shards=`` for ``num_shards=`` with a warning.
-
-    ``where`` names the callable in the warning (default: the function's name; a dataclass's ``__init__``
-    wants its class name). Giving both spellings is an error (which one would win is a guess).
-    """
+def changed_arguments(
+    where: str | None = None, *, renamed: Mapping[str, str] | None = None, removed: Mapping[str, str] | None = None
+) -> Callable[[F], F]:
+    """Decorator for a callable whose keyword arguments changed: ``renamed`` old -> new name (accepted with a
+    warning at the caller's line; both spellings at once are an error, which one would win is a guess),
+    ``removed`` old name -> what replaced it (a ``TypeError`` saying so, not Python's bare "unexpected keyword
+    argument"). One wrapper, so the warning's stack level is right whatever else changed. ``where`` names the
+    callable (default: the function's name; a dataclass's ``__init__`` wants its class name)."""
 
     def decorate(func: F) -> F:
         name = where or func.__name__
 
         @functools.wraps(func)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            for old, new in renames.items():
+            for old, instead in (removed or {}).items():
+                if old in kwargs:
+                    raise TypeError(f"{name}({old}=...) was removed in tfpipe 1.0: use {instead}")
+            for old, new in (renamed or {}).items():
                 if old in kwargs:
                     if new in kwargs:
                         raise TfpipeError(f"{name}() got both {old}= and {new}=; pass only {new}=")
@@ -69,23 +74,14 @@ def renamed_arguments(where: str | None = None, **renames: str) -> Callable[[F],
     return decorate
 
 
+def renamed_arguments(where: str | None = None, **renames: str) -> Callable[[F], F]:
+    """``@renamed_arguments(shards="num_shards")``: ``changed_arguments`` with renames only."""
+    return changed_arguments(where, renamed=renames)
+
+
 def removed_arguments(where: str | None = None, **replacements: str) -> Callable[[F], F]:
-    """Decorator: an argument removed in 1.0 is a ``TypeError`` that says what replaced it (not Python's bare
-    "unexpected keyword argument")."""
-
-    def decorate(func: F) -> F:
-        name = where or func.__name__
-
-        @functools.wraps(func)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            for old, instead in replacements.items():
-                if old in kwargs:
-                    raise TypeError(f"{name}({old}=...) was removed in tfpipe 1.0: use {instead}")
-            return func(*args, **kwargs)
-
-        return cast(F, wrapper)
-
-    return decorate
+    """``@removed_arguments(size="image_size=")``: ``changed_arguments`` with removals only."""
+    return changed_arguments(where, removed=replacements)
 
 
 class DeprecatedFlag(argparse.Action):

@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from tfpipe import __version__, fs, schema
-from tfpipe.deprecations import add_deprecated_flag, removed_arguments, renamed_arguments
+from tfpipe.deprecations import add_deprecated_flag, changed_arguments
 from tfpipe.deps import require
 from tfpipe.encode import encode_item
 from tfpipe.errors import ArgumentParser, TfpipeError, check_count, check_path, check_seed, option, run_cli
@@ -175,8 +175,7 @@ def shutdown(batches: object) -> None:
         stop()
 
 
-@renamed_arguments(shards="num_shards", folds="num_folds")  # outermost: its warning points at the caller
-@removed_arguments(num_workers="workers=")
+@changed_arguments(renamed={"shards": "num_shards", "folds": "num_folds"}, removed={"num_workers": "workers="})
 def write_shards(
     source: SourceProtocol,
     out: str,
