@@ -6,13 +6,14 @@ import shutil
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import tensorflow as tf
 from PIL import Image
 
 from tests.conftest import gradient_image, jpeg_bytes
 from tfpipe.errors import TfpipeError
-from tfpipe.inspect import CAPTION_HEIGHT, inspect_shards
+from tfpipe.inspect import CAPTION_HEIGHT, SHEET_GAP, SHEET_TILE, inspect_shards
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -27,7 +28,16 @@ def test_our_shards_schema_labels_and_sheet(shard_dir, tmp_path):
     assert info["label_counts"] == {0: 16, 1: 16, 2: 24}  # a, b, c over the 40 records
     assert "8 files, 40 records" in buf.getvalue() and "verified" in buf.getvalue()
     with Image.open(sheet) as im:
-        assert im.format == "PNG" and im.size[0] == 8 * 128 and im.size[1] == 2 * (128 + CAPTION_HEIGHT)
+        assert im.format == "PNG"
+        pixels = np.asarray(im.convert("RGB"))
+    gap, tile, height = SHEET_GAP, SHEET_TILE, SHEET_TILE + CAPTION_HEIGHT
+    assert pixels.shape == (gap + 2 * (height + gap), gap + 8 * (tile + gap), 3)
+    # a grey gap around every tile: its captions and image never touch the neighbours'
+    for x in range(0, pixels.shape[1], tile + gap):
+        assert (pixels[:, x : x + gap] == 96).all()
+    for y in range(0, pixels.shape[0], height + gap):
+        assert (pixels[y : y + gap] == 96).all()
+    assert not (pixels[gap : gap + tile, gap : gap + tile] == 96).all()  # and an image inside
 
 
 def foreign_example(i):
@@ -107,8 +117,12 @@ def test_sheet_captions_carry_the_id_and_say_unlabeled_or_no_labels():
     from tfpipe.inspect import _caption_id, _caption_labels
 
     row = {"image_name": ("bytes_list", [b"folder/some-rather-long-image-name-0042.jpg"]), "target": ("int64_list", [])}
-    assert _caption_id(row).endswith("name-0042.jpg") and len(_caption_id(row)) <= 24
+    assert _caption_id(row).endswith("name-0042.jpg") and len(_caption_id(row)) <= 40
     assert _caption_labels(row, "target", ["a", "b"], labeled=True) == "no labels"
     assert _caption_labels(row, "target", ["a", "b"], labeled=False) == "unlabeled"
     row["target"] = ("int64_list", [1, 0])
-    assert _caption_labels(row, "target", ["a", "b"], labeled=True) == "b a"
+    assert _caption_labels(row, "target", ["a", "b"], labeled=True) == "b, a"  # "5, 6", never a "56"
+    from tfpipe.inspect import SHEET_TILE, _fitted
+
+    long = _fitted("x" * 200, SHEET_TILE - 6, "end")
+    assert long.startswith("..") and 5 < len(long) < 200  # shortened to the tile's width, by its pixels

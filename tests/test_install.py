@@ -4,8 +4,9 @@ Each case makes a venv with a user's TensorFlow + tf-keras + torch already insta
 TPU-VM image has them), installs the wheel with the ``[train]`` extra, checks that none of those packages
 (nor numpy) was replaced, and runs demo data -> write -> fit on 8 virtual CPU replicas with
 ``steps_per_execution`` -> predict through the installed commands, from a folder outside the repository with
-no ``PYTHONPATH``. The 2.19 case also executes the README's notebook cells; the newest case also installs the
-package the way Beam's ``--setup_file`` stages it for Dataflow workers and runs the multi-process DirectRunner.
+no ``PYTHONPATH``. The 2.19 case also executes the notebook cells of docs/guides/notebook.md; the newest case also
+installs the package the way Beam's ``--setup_file`` stages it for Dataflow workers and runs the multi-process
+DirectRunner.
 
 Slow (a few minutes per case; installs from the package registry): ``make test-install``, run by CI.
 """
@@ -19,7 +20,7 @@ import sys
 
 import pytest
 
-from tests.readme_cells import notebook_cells
+from tests.readme_cells import TEST_PARAMETERS, notebook_cells
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = pytest.mark.install
@@ -93,7 +94,7 @@ def user_env(venv):
 
 def make_user_venv(path, tf_version, keras_version):
     """A fresh venv holding what the user's image already had: TensorFlow, tf-keras, torch, and a current pip
-    (Python 3.11's bundled pip 23.2 cannot parse the ``name @ git+file:///...`` the README cell becomes here)."""
+    (as a notebook image has; Python 3.11's bundled pip is 23.2)."""
     run([sys.executable, "-m", "venv", str(path)], ROOT, os.environ)
     env = user_env(path)
     run(["python", "-m", "pip", "install", "--quiet", "--upgrade", "pip"], str(path), env)
@@ -238,30 +239,23 @@ def test_wheel_next_to_users_tensorflow(case, wheel, tmp_path):
     assert rows[0] == "image,labels" and [r.split(",")[0] for r in rows[1:]] == test_ids
 
     if case == "2.19":
-        readme_cells_in_a_notebook(venv, env, work)
+        notebook_cells_in_a_notebook(venv, env, work)
     if case == "newest":
         beam_workers_from_setup_file(env, work)
 
 
-# The README's notebook cells ---------------------------------------------------------------------------------
-# The install cell's git URL becomes this checkout (pip clones its committed HEAD, as it would clone GitHub);
-# the parameters cell is followed by one that points it at a tiny demo dataset.
-TEST_PARAMETERS = """
-DATA = "nbdata"
-IMAGES, TRAIN_CSV = f"{DATA}/images", f"{DATA}/train.csv"
-TEST_IMAGES, TEST_CSV = f"{DATA}/images", f"{DATA}/test.csv"
-RECORDS, RUN = "nbrecords", "nbrun"
-IMAGE_SIZE, MODEL, WEIGHTS, EPOCHS, BATCH_SIZE, STEPS_PER_EXECUTION = 32, "small-cnn", None, 1, 2, 2
-from tfpipe.demo import make_demo
-make_demo(DATA, train=64, test=8)
-"""
+# The notebook cells (docs/guides/notebook.md) ----------------------------------------------------------------
+# The install cell's TFPIPE becomes a folder holding a copy of the repository's package files (what a Kaggle dataset
+# of the repository holds); the parameters cell is followed by TEST_PARAMETERS, which point it at a tiny demo dataset.
+TFPIPE_SETTING = re.compile(r"^TFPIPE = .*$", re.M)
 DEVICES_FIRST = "import tensorflow as tf\nprint(tf.config.list_logical_devices())"
 
 
-def notebook(cells, repo_url):
+def notebook(cells, tfpipe_folder):
     import nbformat
 
-    sources = [c.replace("https://github.com/YOUR-ORG/tfpipe", repo_url) for c in cells]
+    sources = [TFPIPE_SETTING.sub(lambda _: f"TFPIPE = {str(tfpipe_folder)!r}", c) for c in cells]
+    assert sum(a != b for a, b in zip(sources, cells)) == 1, "the install cell names no TFPIPE folder"
     return nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(s) for s in sources])
 
 
@@ -283,18 +277,21 @@ def errors(cell):
     return [f"{o['ename']}: {o['evalue']}" for o in cell.get("outputs", []) if o["output_type"] == "error"]
 
 
-def readme_cells_in_a_notebook(venv, env, work):
+def notebook_cells_in_a_notebook(venv, env, work):
     import nbformat
 
     work = work / "notebook"  # its own folder: the submission.csv of the command-line run is of other records
     work.mkdir()
     run(["pip", "install", "--quiet", "nbclient", "ipykernel"], str(work), env)
     run(["pip", "uninstall", "--yes", "--quiet", "tfpipe"], str(work), env)  # the install cell must bring it back
-    cells = notebook_cells(os.path.join(ROOT, "README.md"))
-    install, parameters, strategy, *rest = cells
-    url = f"file://{ROOT}"  # git+https://github.com/... -> git+file:///path/to/this/checkout
-    # A fresh kernel: every README cell runs without an error.
-    nb = notebook([install, parameters, TEST_PARAMETERS, strategy, *rest], url)
+    install, parameters, strategy, *rest = notebook_cells()
+    folder = work / "kaggle-input" / "tfpipe"  # the repository as a Kaggle dataset holds it
+    folder.mkdir(parents=True)
+    for name in PACKAGE_FILES:
+        copy = shutil.copytree if os.path.isdir(os.path.join(ROOT, name)) else shutil.copy
+        copy(os.path.join(ROOT, name), folder / name)
+    # A fresh kernel: every notebook cell runs without an error.
+    nb = notebook([install, parameters, TEST_PARAMETERS, strategy, *rest], folder)
     nbformat.write(nb, str(work / "readme.ipynb"))
     executed = execute(work / "readme.ipynb", str(work), env)
     assert [errors(c) for c in executed] == [[]] * len(executed)
@@ -308,12 +305,14 @@ def readme_cells_in_a_notebook(venv, env, work):
         str(work),
         env,
     )
-    assert json.loads(origin)["url"] == url and "vcs_info" in json.loads(origin)  # installed by the cell, via git
+    origin = json.loads(origin)  # installed by the cell, from its copy of the folder, not editable
+    assert origin["url"].startswith("file://") and origin["url"].endswith("/tfpipe"), origin
+    assert "dir_info" in origin and not origin["dir_info"].get("editable"), origin
     with open(work / "submission.csv") as f:
         assert len(f.read().splitlines()) == 1 + 8
     # A kernel where TensorFlow already listed its devices: the strategy cell says what to do instead of
     # silently training on one replica.
-    nb = notebook([DEVICES_FIRST, install, parameters, TEST_PARAMETERS, strategy], url)
+    nb = notebook([DEVICES_FIRST, install, parameters, TEST_PARAMETERS, strategy], folder)
     nbformat.write(nb, str(work / "dirty.ipynb"))
     executed = execute(work / "dirty.ipynb", str(work), env)
     assert [errors(c) for c in executed[:-1]] == [[]] * (len(executed) - 1)

@@ -146,13 +146,18 @@ def test_require_names_the_extra_and_keeps_real_import_errors(tmp_path, monkeypa
         require("broken_pkg")
 
 
-def test_readme_cells_are_there_and_compile():
-    """The README's notebook cells (executed for real by test_install.py) parse as IPython cells, in order."""
-    cells = notebook_cells(os.path.join(ROOT, "README.md"))
+def test_notebook_cells_are_there_and_compile():
+    """The notebook cells of docs/guides/notebook.md (executed for real by test_install.py) parse as IPython cells,
+    in order; the install cell installs from a folder the user names, not from a placeholder URL."""
+    from IPython.core.inputtransformer2 import TransformerManager
+
+    cells = notebook_cells()
     assert len(cells) == 6
-    assert cells[0].strip().splitlines()[-1].startswith('%pip install -q "tfpipe[train] @ git+https://')
-    for cell in cells[1:]:
-        compile(cell, "<readme cell>", "exec")
+    install = cells[0].strip().splitlines()
+    assert install[-1] == '%pip install -q "{SOURCE}[train]"'
+    assert sum(line.startswith("TFPIPE = ") for line in install) == 1  # the line tests/test_install.py replaces
+    for cell in cells:
+        compile(TransformerManager().transform_cell(cell), "<notebook cell>", "exec")
 
 
 COMMANDS = ("tfpipe.write", "tfpipe.inspect", "tfpipe.demo", "train.fit", "train.predict")
@@ -225,3 +230,30 @@ def test_the_stderr_filter_passes_progress_bars_and_drops_whole_noise_lines():
     assert got == (
         b"write train:  50%|##   | 6/12\rwrite train: 100%|#####| 12/12\nEpoch 1/2\ntfpipe.write: error: x\n"
     )
+
+
+def test_a_quiet_call_holds_back_cpp_log_lines_and_changes_nothing_after(capfd, monkeypatch):
+    """fit / predict from Python (a notebook): TensorFlow's C++ lines written to fd 2 while they run are held
+    back, everything else passes; the environment and fd 2 are as before afterwards; TFPIPE_VERBOSE=1 shows all."""
+    import os
+
+    from tfpipe.console import quiet_call
+
+    monkeypatch.delenv("TF_CPP_MIN_LOG_LEVEL", raising=False)
+    monkeypatch.delenv("TFPIPE_VERBOSE", raising=False)
+
+    @quiet_call
+    def work():
+        os.write(2, b"I0000 00:00:17.912 123 local_rendezvous.cc:405] Local rendezvous is aborting with status\n")
+        os.write(2, b"a line of ours\n")
+        return 7
+
+    assert work() == 7
+    err = capfd.readouterr().err
+    assert "a line of ours" in err and "rendezvous" not in err
+    assert "TF_CPP_MIN_LOG_LEVEL" not in os.environ
+    os.write(2, b"I0000 00:00:18.000 1 f.cc:1] after the call\n")  # fd 2 is the real one again
+    assert "after the call" in capfd.readouterr().err
+    monkeypatch.setenv("TFPIPE_VERBOSE", "1")
+    work()
+    assert "rendezvous" in capfd.readouterr().err

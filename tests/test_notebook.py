@@ -7,6 +7,8 @@ import pandas as pd
 import pytest
 from nbclient import NotebookClient
 
+from tfpipe.console import NOISE
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTEBOOK = os.path.join(ROOT, "examples", "kaggle_tpu.ipynb")
 TINY = """MAKE_DEMO = True
@@ -39,9 +41,14 @@ def test_notebook_runs_end_to_end(tmp_path, monkeypatch):
     assert len(params) == 1
     params[0].source = TINY
     monkeypatch.setenv("PYTHONPATH", ROOT)  # the kernel imports tfpipe and train from this checkout
+    monkeypatch.delenv("TFPIPE_VERBOSE", raising=False)
+    monkeypatch.delenv("TF_CPP_MIN_LOG_LEVEL", raising=False)  # what a notebook kernel has: TensorFlow logs at INFO
     NotebookClient(nb, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
     outputs = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
-    assert "cpu: 8 replicas (MirroredStrategy)" in outputs and "validation AUC" in outputs
+    assert "cpu: 8 replicas (MirroredStrategy)" in outputs and "validation AUC" in outputs and "exact-match" in outputs
+    # No C++ log lines in any cell (TFPIPE_VERBOSE unset): fit and predict hold them back while they run.
+    noise = [line for line in outputs.splitlines() if NOISE.match(line.encode()) or "rendezvous" in line]
+    assert noise == [], noise[:5]
     images = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if "image/png" in o.get("data", {})]
     assert len(images) == 4  # contact sheet, curves, ROC, prediction grid
     submission = pd.read_csv(tmp_path / "submission.csv", keep_default_na=False)

@@ -15,6 +15,7 @@ from PIL import Image
 import tfpipe
 from tests.conftest import validation_auc
 from tfpipe.augment import NO_AUGMENT
+from tfpipe.errors import TfpipeError
 from train.fit import FitConfig, fit
 from train.predict import TTA_VIEWS, load_model, predict, predict_probabilities, tta_view
 from train.strategy import resolve_strategy
@@ -220,3 +221,95 @@ def test_single_label_fit_then_predict(tmp_path):
     df = predict(str(tmp_path / "run"), str(tmp_path / "records"), str(tmp_path / "sub.csv"), strategy="cpu")
     assert list(df["labels"]) == [classes[i] for i in probs[classes].to_numpy().argmax(1)]  # exactly one class
     assert list(df["image"]) == tfpipe.image_names(str(tmp_path / "records"))
+
+
+def test_predict_on_its_own_training_shards_scores_the_held_out_fold_apart(trained_run, shard_dir, tmp_path, capsys):
+    """Labels and probabilities in one run; labeled shards are scored; the run's own training shards are split
+    into the fold it held out (whose scores are the report's, same model, same images) and the rows it trained
+    on, with a warning."""
+    run, metrics, _ = trained_run
+    df = predict(
+        run,
+        shard_dir[0],
+        str(tmp_path / "both.csv"),
+        probabilities=True,
+        labels=True,
+        strategy="cpu",
+        replicas=8,
+        batch_size=1,
+        progress=True,
+    )
+    assert list(df.columns) == ["image", "labels", "a", "b", "c"] and len(df) == 40
+    written = pd.read_csv(tmp_path / "both.csv", keep_default_na=False)
+    assert list(written.columns) == list(df.columns)
+    result = df.attrs["evaluation"]
+    assert result["own_training_shards"] and result["held_out_what"] == "fold 0"
+    held, trained = result["held_out"], result["trained_on"]
+    assert held["examples"] == metrics["val_examples"] and trained["examples"] == 40 - metrics["val_examples"]
+    report = metrics["report"]
+    assert held["roc_auc_macro"] == pytest.approx(report["roc_auc_macro"], abs=1e-6)
+    assert held["exact_match"] == report["exact_match"] == report["accuracy"]
+    assert held["f1_micro"] == pytest.approx(report["f1_micro"])
+    captured = capsys.readouterr()
+    assert "are the shards this run trained on" in captured.err
+    said = captured.out
+    assert f"scores on the images the run held out (fold 0) ({held['examples']} images)" in said
+    assert (
+        f"scores on the images it trained on (they say nothing about unseen ones) ({trained['examples']} images)"
+        in said
+    )
+    assert "labels at the run's tuned thresholds (thresholds.json)" in said and "exact-match" in said
+
+
+def test_predict_scores_labeled_shards_it_did_not_train_on(trained_run, shard_dir, tmp_path):
+    """A labeled folder that is not the run's own (another dataset id: the same images written again) is scored
+    whole, at the threshold given; the scores are those of the submission it wrote."""
+    from tfpipe import Source, write_shards
+    from tfpipe.images import ImageSpec
+    from train.evaluation import score
+
+    run, _, _ = trained_run
+    root = os.path.dirname(shard_dir[0])
+    other = str(tmp_path / "other")
+    write_shards(
+        Source(f"{root}/images", csv=f"{root}/train.csv"),
+        other,
+        spec=ImageSpec(image_size=32),
+        num_shards=2,
+        workers=0,
+        progress=False,
+    )
+    df = predict(run, other, "", labels=True, probabilities=True, threshold=0.4, strategy="cpu", progress=False)
+    result = df.attrs["evaluation"]
+    assert not result["own_training_shards"] and set(result) == {"thresholds", "own_training_shards", "all"}
+    assert result["thresholds"] == "labels at threshold 0.4"
+    targets = tfpipe.read_targets(other, 3)
+    expected = score(df[["a", "b", "c"]].to_numpy(), targets, ["a", "b", "c"], [0.4] * 3, False)
+    assert result["all"]["exact_match"] == expected["exact_match"]
+    truth = [" ".join(c for c, on in zip("abc", row) if on) for row in targets > 0]
+    assert result["all"]["exact_match"] == pytest.approx(np.mean(df["labels"].to_numpy() == np.array(truth)))
+
+
+def test_predict_refuses_a_threshold_with_probabilities_only_and_columns_named_twice(trained_run, tmp_path):
+    run, _, test = trained_run
+    with pytest.raises(TfpipeError, match="threshold makes the labels column"):
+        predict(run, test, str(tmp_path / "p.csv"), probabilities=True, threshold=0.3, strategy="cpu")
+    with pytest.raises(TfpipeError, match="nothing to write"):
+        predict(run, test, str(tmp_path / "p.csv"), labels=False, strategy="cpu")
+    with pytest.raises(TfpipeError, match="two columns named 'a'"):
+        predict(run, test, str(tmp_path / "p.csv"), probabilities=True, id_column="a", strategy="cpu")
+    assert not (tmp_path / "p.csv").exists()
+
+
+def test_a_model_file_loads_front_to_back_with_the_same_weights_and_a_damaged_one_is_one_line(trained_run, tmp_path):
+    """load_model reads the .keras archive once (Keras' loader re-read it per seek: 27 s for an EfficientNet-B0);
+    the weights are those of Keras' own loader, bit for bit."""
+    run, _, _ = trained_run
+    ours = load_model(f"{run}/model.keras")
+    theirs = keras.models.load_model(f"{run}/model.keras", compile=False)
+    assert [w.tolist() for w in ours.get_weights()] == [w.tolist() for w in theirs.get_weights()]
+    assert ours.get_config() == theirs.get_config()
+    damaged = tmp_path / "model.keras"
+    damaged.write_bytes(b"not a zip")
+    with pytest.raises(TfpipeError, match="not a Keras model file"):
+        load_model(str(damaged))

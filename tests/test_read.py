@@ -202,14 +202,11 @@ def test_reads_from_ram_filesystem(shards):
 
 
 def test_the_readme_snippet_for_canonical_kaggle_readers_gives_multi_hot_batches(shard_dir):
-    """The README's two lines for the usual notebook reader: without them .batch() fails on our variable-length
+    """The docs' two lines for the usual notebook reader: without them .batch() fails on our variable-length
     targets; with them the batches equal make_dataset's."""
-    import os
+    from tests.readme_cells import NOTEBOOK_PAGE, fenced_blocks
 
-    from tests.readme_cells import fenced_blocks
-
-    readme = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")
-    (snippet,) = fenced_blocks(readme, "canonical")
+    (snippet,) = fenced_blocks(NOTEBOOK_PAGE, "canonical")
     namespace = {"GCS_PATH": shard_dir[0]}
     exec(snippet, namespace)
     images, labels = [np.concatenate(parts) for parts in zip(*[(i.numpy(), t.numpy()) for i, t in namespace["ds"]])]

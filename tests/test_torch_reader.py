@@ -66,6 +66,7 @@ def as_list(batch):  # module level: spawned workers unpickle it
     return batch
 
 
+@pytest.mark.slow
 def test_dataloader_workers_see_each_record_once_per_epoch_with_shuffling(shard_dir):
     ds = RecordDataset(shard_dir[0], folds=[0, 1, 2], shuffle=True, seed=3, with_ids=True)
     # spawn: this test process runs TensorFlow threads, and a fork of it could hang

@@ -113,6 +113,7 @@ class CrashInEpoch(keras.callbacks.Callback):
             raise Crash()
 
 
+@pytest.mark.slow
 def test_resume_continues_where_it_stopped(shard_dir, tmp_path):
     out = tmp_path / "run"
     with pytest.raises(Crash):
@@ -141,6 +142,7 @@ def test_burn_in_freezes_the_backbone_for_real():
     assert not all(np.array_equal(a, w.numpy()) for a, w in zip(before, backbone.weights))
 
 
+@pytest.mark.slow
 def test_burn_then_fine_tune_phases_in_fit(shard_dir, tmp_path):
     m = fit(tiny_config(shard_dir, tmp_path / "run", burn_epochs=1, epochs=1, burn_lr=1e-2, replicas=2))
     assert m["epochs"] == 2 and m["burn_epochs"] == 1
@@ -252,6 +254,7 @@ def test_lr_scaling_and_schedules_by_value():
         schedules.make_schedule("nope", 1.0, 10, 10)
 
 
+@pytest.mark.slow
 def test_swa_continues_its_average_after_resume(shard_dir, tmp_path):
     """A crash inside the averaged epochs, then --resume: the average still covers exactly the last N epochs."""
     out = tmp_path / "run"
@@ -323,28 +326,68 @@ def test_a_model_learns_the_demo_shapes(tmp_path):
 
 
 @pytest.mark.parametrize("replicas", [1, 8])
-def test_start_up_progress_says_what_happens_until_the_first_epoch_is_over(replicas):
+def test_progress_says_what_happens_in_every_phase(replicas):
     """The lines a user sees while Keras' per-epoch line is minutes away: compiling (and why it is slower on
-    several replicas), the first step, where the first epoch is, the validation compile -- once each."""
+    several replicas), the first step, the validation compile -- once each -- and, in between, the heartbeat's
+    subject: where each epoch is, or that it validates."""
     import io
 
-    from train.trainer import StartupProgress
+    from train.trainer import Progress
 
     out = io.StringIO()
-    progress = StartupProgress(replicas, steps_per_execution=4, steps=10, every=0.0, out=out)
+    progress = Progress(replicas, steps_per_execution=4, steps=10, epochs=2, every=3600.0, out=out)
+    doing = []
     progress.on_train_begin()
+    doing.append(progress.beat._doing)
     progress.on_epoch_begin(0)
     for batch in (3, 7, 9):
         progress.on_train_batch_end(batch)
+        doing.append(progress.beat._doing)
     progress.on_test_begin()
+    doing.append(progress.beat._doing)
+    progress.on_test_end()
     progress.on_epoch_end(0)
+    doing.append(progress.beat._doing)
     progress.on_epoch_begin(1)
-    progress.on_train_batch_end(3)  # the second epoch: Keras' own line says enough
+    progress.on_train_batch_end(3)
+    doing.append(progress.beat._doing)
     progress.on_test_begin()
+    doing.append(progress.beat._doing)
+    progress.on_train_end()
     lines = out.getvalue().splitlines()
-    assert len(lines) == 5 and all(line.startswith("train.fit: ") for line in lines), lines
+    assert len(lines) == 3 and all(line.startswith("train.fit: ") for line in lines), lines
     assert f"compiling the training step for {replicas} replica" in lines[0]
     assert ("traced once per replica" in lines[0]) == (replicas > 1)
     assert "the first 4 steps done after" in lines[1]
-    assert "epoch 1: step 8/10" in lines[2] and "epoch 1: step 10/10" in lines[3]
-    assert lines[4] == "train.fit: compiling the validation step"
+    assert lines[2] == "train.fit: compiling the validation step"
+    assert doing == [
+        "still compiling the training step",
+        "epoch 1/2: step 4/10",
+        "epoch 1/2: step 8/10",
+        "epoch 1/2: step 10/10",
+        "still compiling the validation step",
+        "epoch 1/2: still saving the backup and checkpoints",  # the callbacks after Progress
+        "epoch 2/2: step 4/10",
+        "epoch 2/2: validating",
+    ]
+
+
+def test_heartbeat_speaks_while_something_runs_and_stops_with_it():
+    import io
+    import time
+
+    from tfpipe.console import Heartbeat
+
+    out = io.StringIO()
+    beat = Heartbeat("train.fit", every=0.05, out=out)
+    beat.start("still compiling the training step")
+    time.sleep(1.5)
+    beat.stop()
+    said = out.getvalue().splitlines()
+    time.sleep(1.2)
+    beat.close()
+    assert len(said) >= 3 and all(
+        line.startswith("train.fit: still compiling the training step (") and line.endswith(" s)") for line in said
+    ), said
+    assert out.getvalue().splitlines() == said  # nothing after stop()
+    assert not beat._thread.is_alive()

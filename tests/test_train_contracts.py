@@ -187,11 +187,11 @@ def test_predict_mirrors_the_engines_keywords_and_types():
 
 
 def engine_names_used(module):
-    """Names users import from ``module`` (train.fit / train.predict) in the tests, README, notebook and bench."""
+    """Names users import from ``module`` (train.fit / train.predict) in the tests, README, docs, notebook and bench."""
     found = set()
     pattern = re.compile(rf"from {re.escape(module)} import ([\w, ]+)")
     paths = [os.path.join(ROOT, "README.md"), os.path.join(ROOT, "examples", "kaggle_tpu.ipynb")]
-    for folder in ("tests", "bench"):
+    for folder in ("tests", "bench", "docs"):
         for base, _, files in os.walk(os.path.join(ROOT, folder)):
             paths += [os.path.join(base, f) for f in files if f.endswith((".py", ".md")) and f != THIS_FILE]
     for path in paths:
@@ -383,7 +383,7 @@ def test_counts_of_one_are_singular(capsys, monkeypatch):
         "swa": {"epochs_averaged": 1, "final": {"val_auc": 0.5}, "val_auc": 0.5},
     }
     monkeypatch.setattr(fit_module, "fit", lambda cfg: metrics)
-    fit_module.run_command(fit_module.build_parser().parse_args(["--run", "r"]))
+    fit_module.run_command(fit_module.build_parser().parse_args(["--records", "recs", "--run", "r"]))
     out = capsys.readouterr().out
     assert ", 1 epoch, 1 step," in out and "SWA of the last 1 epoch:" in out
     assert inference._batch_for(1, 4, 1, progress=True) == 1
@@ -422,3 +422,36 @@ def test_no_count_in_train_is_followed_by_a_fixed_plural():
                     text = ast.unparse(node)
                     found += [f"{name}:{node.lineno}: {m}" for m in fixed.findall(text)]
     assert found == []
+
+
+def test_the_default_records_folder_missing_says_it_is_the_default(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)  # no records/demo/train here
+    assert fit_cli(["--run", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert "records/demo/train does not exist; it is the default of --records" in err and "Traceback" not in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_steps_per_execution_beyond_an_epoch_is_cut_with_a_line(shard_dir, tmp_path, capsys):
+    # 30 training images at batch 8: 3 steps an epoch, so 32 steps per execution are 3
+    m = fit(small(shard_dir, tmp_path / "run", steps_per_execution=32, verbose=2))
+    out = capsys.readouterr().out
+    assert "steps_per_execution=32 is more than the 3 steps of an epoch; using 3" in out
+    assert m["steps_per_execution"] == 3 and m["optimizer_steps"] == 3
+    saved = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert saved["steps_per_execution"] == 3
+
+
+def test_boolean_flags_show_no_false_default_in_help():
+    """--no-report, --resume, --probabilities...: a flag's help says what it does, never "(default: True)" for a
+    flag that turns something off (argparse's store_false)."""
+    from tfpipe.inspect import build_parser as inspect_parser
+    from tfpipe.write import build_parser as write_parser
+    from train.fit import build_parser as fit_parser
+    from train.predict import build_parser as predict_parser
+
+    for parser in (fit_parser(), predict_parser(), write_parser(), inspect_parser()):
+        for action in parser._actions:
+            if action.nargs == 0 and action.option_strings and action.help and action.help != "==SUPPRESS==":
+                text = parser.formatter_class(parser.prog)._get_help_string(action)
+                assert "(default: True)" not in text and "(default: False)" not in text, (parser.prog, text)

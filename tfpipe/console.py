@@ -5,18 +5,26 @@ absl::InitializeLog() are written to STDERR``, oneDNN, cudart/cuInit on machines
 lines), and several of those ignore ``TF_CPP_MIN_LOG_LEVEL``. Under a command (``run_cli``) a thread reads fd 2
 through a pipe and forwards everything except absl-formatted info/warning/error lines (``I0000 12:00:00.0 ...``),
 the same lines in older TensorFlow's format (``2026-11-23 07:13:30.53: E ...``) and the one absl preamble;
-Python's own output, tqdm's bars and our errors pass untouched. Set
-``TFPIPE_VERBOSE=1`` to see everything. Nothing happens on import, and nothing when tfpipe is used from Python.
+Python's own output, tqdm's bars and our errors pass untouched. The public calls that run TensorFlow for long
+(``train.fit.fit``, ``train.predict.predict``) do the same while they run, in a notebook too (``quiet_call``),
+without touching the environment. Set ``TFPIPE_VERBOSE=1`` to see everything. Nothing happens on import.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
+import functools
 import os
 import re
 import sys
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
+from typing import ParamSpec, TextIO, TypeVar
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 VERBOSE_ENV = "TFPIPE_VERBOSE"
 PREAMBLE = b"WARNING: All log messages before absl::InitializeLog()"
@@ -32,15 +40,40 @@ def verbose() -> bool:
     return os.environ.get(VERBOSE_ENV, "") not in ("", "0")
 
 
+_QUIET: contextvars.ContextVar[bool] = contextvars.ContextVar("tfpipe_quiet", default=False)
+
+
 @contextlib.contextmanager
-def quiet_tensorflow() -> Iterator[None]:
-    """Holds back TensorFlow's and absl's start-up lines for the duration (see the module docstring)."""
-    if verbose():
+def quiet_tensorflow(environment: bool = True) -> Iterator[None]:
+    """Holds back TensorFlow's and absl's log lines for the duration (see the module docstring).
+
+    ``environment``: also set ``TF_CPP_MIN_LOG_LEVEL`` (what TensorFlow honours when it is imported later) --
+    a command's ``main`` does; a library call does not, and changes nothing that outlives it. Nested uses are
+    one (the outermost filters)."""
+    if verbose() or _QUIET.get():
         yield
         return
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow is imported: what it does honour
-    with _python_loggers_quiet(), _fd2_filtered():
-        yield
+    if environment:
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    token = _QUIET.set(True)
+    try:
+        with _python_loggers_quiet(), _fd2_filtered():
+            yield
+    finally:
+        _QUIET.reset(token)
+
+
+def quiet_call(fn: Callable[P, R]) -> Callable[P, R]:
+    """Decorator of the public calls that run TensorFlow for long (``fit``, ``predict``): their C++ log lines
+    (``Local rendezvous is aborting ... OUT_OF_RANGE``, a partially cached dataset, cuInit on a machine without a
+    GPU) are held back while they run, also in a notebook cell; ``TFPIPE_VERBOSE=1`` shows them."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        with quiet_tensorflow(environment=False):
+            return fn(*args, **kwargs)
+
+    return wrapper
 
 
 @contextlib.contextmanager
@@ -110,3 +143,84 @@ def _could_be_noise(start: bytes) -> bool:
         or PREAMBLE.startswith(head)
         or b"To enable the following".startswith(start[:23])
     )
+
+
+HEARTBEAT_SECONDS = 15.0  # at most this long without a line while a command works (the bar: 30 s on 2 cores)
+
+
+class Heartbeat:
+    """A line every ``every`` seconds while something long runs that prints nothing of its own (compiling a
+    step, scoring a validation set): ``PREFIX: DOING (40 s)``, the seconds since ``start``. ``start(doing)``
+    begins a wait, ``update(doing)`` renames it (the clock runs on), ``stop()`` ends it; ``touch()`` says output
+    was just shown (the next line comes ``every`` s later).
+    One daemon thread, started on the first ``start``: it never outlives the process, and a stopped heartbeat
+    costs nothing. ``with heartbeat(...)`` does it for one block."""
+
+    def __init__(self, prefix: str, every: float = HEARTBEAT_SECONDS, out: TextIO | None = None) -> None:
+        self.prefix, self.every, self.out = prefix, every, out
+        self._lock = threading.Lock()
+        self._doing: str | None = None
+        self._since = self._last = 0.0
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self, doing: str) -> None:
+        with self._lock:
+            now = time.monotonic()
+            self._doing, self._since, self._last = doing, now, now
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._beat, daemon=True, name="tfpipe-heartbeat")
+            self._thread.start()
+
+    def update(self, doing: str) -> None:
+        with self._lock:
+            self._doing = doing
+
+    def touch(self) -> None:
+        with self._lock:
+            self._last = time.monotonic()
+
+    def stop(self) -> None:
+        with self._lock:
+            self._doing = None
+
+    def close(self) -> None:
+        self.stop()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def _beat(self) -> None:
+        while not self._wake.wait(min(1.0, self.every)):
+            with self._lock:
+                now = time.monotonic()
+                if self._doing is None or now - self._last < self.every:
+                    continue
+                self._last = now
+                line = f"{self.prefix}: {self._doing} ({now - self._since:.0f} s)"
+            print(line, file=self.out or sys.stdout, flush=True)
+
+
+@contextlib.contextmanager
+def heartbeat(
+    prefix: str, doing: str, every: float = HEARTBEAT_SECONDS, out: TextIO | None = None
+) -> Iterator[Heartbeat]:
+    """``Heartbeat(prefix).start(doing)`` for the block (see ``Heartbeat``)."""
+    beat = Heartbeat(prefix, every, out)
+    beat.start(doing)
+    try:
+        yield beat
+    finally:
+        beat.close()
+
+
+@contextlib.contextmanager
+def saying(prefix: str, line: str, still: str, enabled: bool = True) -> Iterator[None]:
+    """``PREFIX: LINE``, then a heartbeat (``PREFIX: still ... (40 s)``) while the block runs; nothing at all
+    unless ``enabled`` (a command's quiet setting)."""
+    if not enabled:
+        yield
+        return
+    print(f"{prefix}: {line}", flush=True)
+    with heartbeat(prefix, still):
+        yield

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import collections
 import itertools
+import math
 import posixpath
 import sys
 from collections.abc import Iterable, Mapping, Sequence
@@ -27,10 +28,13 @@ from tfpipe.tfrecord import CorruptRecord, read_records
 
 SCAN_RECORDS = 5000  # records read for the schema and label frequencies
 SHEET_COLUMNS = 8
-SHEET_TILE = 128  # pixels per contact-sheet tile
+SHEET_TILE = 160  # pixels per contact-sheet tile
+SHEET_GAP = 8  # grey pixels between tiles: captions and images never touch their neighbours'
 SHEET_MARK = ("Software", "tfpipe.inspect contact sheet")  # a PNG text chunk: what a later --sheet may replace
-CAPTION_HEIGHT = 32  # two lines: the id, then the labels
-CAPTION_CHARS = 24  # what fits a tile at the caption's font size
+CAPTION_SCALE = 0.45  # OpenCV Hershey font scale: ~9 px letters, legible at 100%
+CAPTION_LINE = 18  # pixels per caption line
+CAPTION_HEIGHT = 2 * CAPTION_LINE + 4  # two lines: the id, then the labels
+CAPTION_CHARS = 40  # at most; a caption is then shortened until it fits the tile's width
 IMAGE_MAGIC = (b"\xff\xd8", b"\x89PNG")
 LABEL_KEYS = ("target", "label", "labels", "class")  # tried in order when --label-key is not given
 
@@ -123,13 +127,14 @@ def contact_sheet(
         tile = np.zeros((SHEET_TILE + CAPTION_HEIGHT, SHEET_TILE, 3), np.uint8)
         if img is not None:
             tile[:SHEET_TILE] = cv2.resize(img, (SHEET_TILE, SHEET_TILE), interpolation=cv2.INTER_AREA)
-        for line, text in enumerate((_caption_id(row), _caption_labels(row, label_key, class_names, labeled))):
+        captions = (_caption_id(row), _caption_labels(row, label_key, class_names, labeled))
+        for line, (text, keep) in enumerate(zip(captions, ("end", "start"))):
             cv2.putText(
                 tile,
-                text,
-                (2, SHEET_TILE + 12 + 14 * line),
+                _fitted(text, SHEET_TILE - 6, keep),
+                (3, SHEET_TILE + CAPTION_LINE * (line + 1) - 4),
                 cv2.FONT_HERSHEY_SIMPLEX,
-                0.35,
+                CAPTION_SCALE,
                 (255, 255, 255) if line else (170, 200, 255),
                 1,
                 cv2.LINE_AA,
@@ -137,8 +142,32 @@ def contact_sheet(
         tiles.append(tile)
     while len(tiles) % SHEET_COLUMNS:
         tiles.append(np.zeros_like(tiles[0]))
-    strips = [np.hstack(tiles[i : i + SHEET_COLUMNS]) for i in range(0, len(tiles), SHEET_COLUMNS)]
-    return np.vstack(strips)
+    return _grid(tiles, SHEET_COLUMNS, SHEET_GAP)
+
+
+def _grid(tiles: Sequence[np.ndarray], columns: int, gap: int) -> np.ndarray:
+    """Tiles in rows of ``columns``, ``gap`` grey pixels between them and around the sheet."""
+    h, w = tiles[0].shape[:2]
+    rows = math.ceil(len(tiles) / columns)
+    sheet = np.full((gap + rows * (h + gap), gap + columns * (w + gap), 3), 96, np.uint8)
+    for i, tile in enumerate(tiles):
+        y, x = gap + (i // columns) * (h + gap), gap + (i % columns) * (w + gap)
+        sheet[y : y + h, x : x + w] = tile
+    return sheet
+
+
+def _fitted(text: str, width: int, keep: str) -> str:
+    """``text`` shortened with ``..`` (keeping its ``end`` or its ``start``) until it fits ``width`` pixels."""
+    import cv2
+
+    def fits(t: str) -> bool:
+        return cv2.getTextSize(t, cv2.FONT_HERSHEY_SIMPLEX, CAPTION_SCALE, 1)[0][0] <= width
+
+    for n in range(len(text), 0, -1):
+        short = text if n == len(text) else (".." + text[-n:] if keep == "end" else text[:n] + "..")
+        if fits(short):
+            return short
+    return ""
 
 
 def _caption_id(row: Row) -> str:
@@ -152,7 +181,8 @@ def _caption_labels(row: Row, label_key: str | None, class_names: Sequence[str],
     if not labeled or not label_key:
         return "unlabeled"
     labels = row.get(label_key, ("", []))[1]
-    text = " ".join(class_names[v] if 0 <= v < len(class_names) else str(v) for v in labels) or "no labels"
+    # ", " between labels: "5, 6" is two labels, where "5 6" read like "56" at caption size
+    text = ", ".join(class_names[v] if 0 <= v < len(class_names) else str(v) for v in labels) or "no labels"
     return text if len(text) <= CAPTION_CHARS else text[: CAPTION_CHARS - 2] + ".."
 
 

@@ -103,6 +103,18 @@ class Manifest:
         """Whether every record holds at most one label, so one-hot or class-id targets lose nothing."""
         return self.single_label or (self.max_labels is not None and self.max_labels <= 1)
 
+    def __repr__(self) -> str:
+        """One line (a notebook cell ending in ``write_shards(...)`` shows this, not ~80 lines of fields); every
+        field is still an attribute, and ``to_dict()`` gives them all."""
+        folds = f", {self.num_folds} folds" if self.num_folds else ""
+        labels = f"{self.num_classes} classes" if self.labeled else "unlabeled"
+        size = f"{self.image.image_size} px" if self.image.image_size else "original size"
+        skipped = f", {len(self.skipped)} skipped" if self.skipped else ""
+        return (
+            f"Manifest(split={self.split!r}: {self.num_examples} records in {len(self.shards)} shards{folds}, "
+            f"{labels}, {size} {self.image.format}{skipped}, dataset_id={self.dataset_id!r})"
+        )
+
     def to_dict(self) -> dict[str, Any]:
         """The JSON form (``num_classes`` and ``num_examples`` included for people and other tools)."""
         d = {("folds" if k == "num_folds" else k): v for k, v in dataclasses.asdict(self).items()}

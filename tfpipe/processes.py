@@ -1,4 +1,4 @@
-"""Child processes that end with their parent (principle 4 of the README's Reliability section)."""
+"""Child processes that end with their parent (principle 4 of docs/project/reliability.md)."""
 
 from __future__ import annotations
 

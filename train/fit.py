@@ -17,8 +17,9 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from tfpipe.console import quiet_call
 from tfpipe.deprecations import add_deprecated_flag, renamed_arguments, warn_renamed
-from tfpipe.errors import ArgumentParser, run_cli
+from tfpipe.errors import ArgumentParser, TfpipeError, run_cli
 from train.models import model_names
 from train.names import OPTIMIZERS, PRECISIONS, SCHEDULES, STRATEGIES
 
@@ -73,7 +74,7 @@ class FitConfig:
     resume: bool = False
     swa_epochs: int = 0  # average the weights of the last N epochs (stochastic weight averaging)
     report: bool = True  # validation predictions, tuned thresholds and pictures after training
-    verbose: int = 2
+    verbose: int = 2  # 0 silent, 1 Keras' progress bar, 2 lines (one per epoch, and progress every 15 s)
     callbacks: tuple[Any, ...] = ()  # extra Keras callbacks (from Python), run after the built-in ones
 
     @property
@@ -91,6 +92,7 @@ class FitConfig:
 FitConfig.__init__ = renamed_arguments(where="FitConfig", out="run")(FitConfig.__init__)  # type: ignore[method-assign]
 
 
+@quiet_call
 def fit(cfg: FitConfig) -> dict[str, Any]:
     """Trains per ``cfg`` (a ``FitConfig``); returns the metrics dict also written to ``metrics.json``.
 
@@ -127,7 +129,7 @@ def build_parser() -> ArgumentParser:
 
 def _data_args(p: ArgumentParser, d: FitConfig) -> None:
     """What to train on, where to write, on which devices."""
-    p.add_argument("--records", default=d.records, help="shard folder from tfpipe.write")
+    p.add_argument("--records", help=f"shard folder from tfpipe.write (default: {d.records}, where make demo writes)")
     p.add_argument("--run", default=d.run, help="the run folder to write (model, thresholds, history, metrics)")
     add_deprecated_flag(p, "--out", "--run")
     p.add_argument("--strategy", choices=STRATEGIES, default=d.strategy, help="auto: TPU, then GPUs, then CPU")
@@ -205,9 +207,9 @@ def _run_args(p: ArgumentParser, d: FitConfig) -> None:
     p.add_argument(
         "--verbose",
         type=int,
-        default=d.verbose,
         choices=(0, 1, 2),
-        help="Keras' progress output: 0 silent, 1 progress bar, 2 one line per epoch",
+        help="0 silent, 1 a progress bar, 2 lines (one per epoch, and where an epoch is every 15 s) "
+        "(default: 1 on a terminal, else 2)",
     )
 
 
@@ -222,14 +224,26 @@ def config_from_args(args: argparse.Namespace) -> FitConfig:
         )
     )
     fields = {f.name for f in dataclasses.fields(FitConfig)} - {"augment", "callbacks"}
-    return FitConfig(augment=augment, **{k: v for k, v in vars(args).items() if k in fields})
+    given = {k: v for k, v in vars(args).items() if k in fields and v is not None}  # None: the default
+    if args.verbose is None:  # a bar where someone watches, lines in a log (a bar there is one endless line)
+        given["verbose"] = 1 if sys.stdout.isatty() else 2
+    return FitConfig(augment=augment, **given)
 
 
 def run_command(args: argparse.Namespace) -> None:
+    if args.records is None:  # the demo's folder: say so when it is not there, rather than "no shard files"
+        args.records = FitConfig.records
+        from tfpipe import fs
+
+        if not fs.exists(args.records):
+            raise TfpipeError(
+                f"{args.records} does not exist; it is the default of --records (the folder make demo writes): "
+                "pass --records with the shard folder to train on"
+            )
     cfg = config_from_args(args)
     m = fit(cfg)
     print(
-        f"validation AUC {_headline_auc(m)}, {m['epochs']} epoch{'s' * (m['epochs'] != 1)}, "
+        f"validation AUC {_headline_auc(m)}{_scores(m)}, {m['epochs']} epoch{'s' * (m['epochs'] != 1)}, "
         f"{m['optimizer_steps']} step{'s' * (m['optimizer_steps'] != 1)}, "
         f"{m['replicas']} replica{'s' * (m['replicas'] > 1)} x {m['per_replica_batch_size']} = "
         f"{m['global_batch_size']} per step, "
@@ -238,9 +252,21 @@ def run_command(args: argparse.Namespace) -> None:
     if "swa" in m:
         print(
             f"SWA of the last {m['swa']['epochs_averaged']} epoch{'s' * (m['swa']['epochs_averaged'] != 1)}: "
-            f"validation AUC {_headline_auc(m['swa'])}"
+            f"validation AUC {_headline_auc(m['swa'])}{_scores(m['swa'])}"
             f" -> {cfg.run}/model-swa.keras"
         )
+    report = m.get("report")  # model.keras's, the model train.predict uses
+    if report:
+        from train.evaluation import class_table
+
+        print("\n".join(class_table(report)) + f'\n  (every class: {cfg.run}/metrics.json, "report")')
+
+
+def _scores(m: Mapping[str, Any]) -> str:
+    """ ", exact-match ..., F1 ..." of the report, when it ran."""
+    from train.evaluation import headline
+
+    return f", {headline(m['report'])}" if m.get("report") else ""
 
 
 def _headline_auc(m: Mapping[str, Any]) -> str:

@@ -11,6 +11,8 @@ import hashlib
 import math
 import posixpath
 import sys
+import tempfile
+import zipfile
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -27,14 +29,15 @@ else:
 import tensorflow as tf
 
 import tfpipe
-from tfpipe import fs
+from tfpipe import console, fs
 from tfpipe.deprecations import renamed_arguments
 from tfpipe.errors import TfpipeError, check_count, check_fraction, check_path, option
-from tfpipe.shards import Records, Shards
+from tfpipe.shards import Records, Shards, holdout_split
 from train import run as run_files
 from train.run import RunConfig
 from train.strategy import resolve_strategy
 
+KERAS_CONFIG, KERAS_WEIGHTS = "config.json", "model.weights.h5"  # the members of a .keras archive (Keras 2.13+)
 ZOOM = 0.875  # TTA crops keep 87.5% of the side (the usual 224/256)
 # TTA views, in order: (crop box [y1, x1, y2, x2] in relative coordinates, horizontal flip).
 _C = (1 - ZOOM) / 2
@@ -96,10 +99,33 @@ def check_model_fits_run(model: Any, config: RunConfig, model_path: str) -> None
     raise TfpipeError(f"{model_path} {problem}; the model file belongs to another run")
 
 
+def _archive(f: Any, path: str) -> zipfile.ZipFile:
+    try:
+        return zipfile.ZipFile(f)
+    except zipfile.BadZipFile:
+        raise TfpipeError(f"{path}: not a Keras model file (a .keras file is a zip archive); it is damaged") from None
+
+
 def load_model(path: str) -> Any:
+    """A ``.keras`` model file (uncompiled), also from ``gs://``.
+
+    Keras reads the weights in place inside the zip archive, where every backward seek of h5py re-reads the
+    archive member from its start: an EfficientNet-B0 took 27 s to load on one replica and about 45 s under 8
+    (seconds of silence before prediction). Here the archive is read once, front to back: its config builds the
+    model, and its weights file, extracted to a temporary folder, is loaded as a plain file (3.5 s, the same
+    weights bit for bit). An archive without those two members goes through Keras' own loader."""
     from train.models import custom_objects
 
-    return keras.models.load_model(path, custom_objects=custom_objects(), compile=False)
+    with fs.open(path, "rb") as f, _archive(f, path) as archive:
+        names = set(archive.namelist())
+        if not {KERAS_CONFIG, KERAS_WEIGHTS} <= names:
+            return keras.models.load_model(path, custom_objects=custom_objects(), compile=False)
+        with tempfile.TemporaryDirectory(prefix="tfpipe-model-") as folder:
+            model = keras.models.model_from_json(
+                archive.read(KERAS_CONFIG).decode("utf-8"), custom_objects=custom_objects()
+            )
+            model.load_weights(archive.extract(KERAS_WEIGHTS, folder))
+    return model
 
 
 @renamed_arguments(source="records")
@@ -147,8 +173,30 @@ def predict_probabilities(
                 f"of {global_batch}",
                 flush=True,
             )
-        total += model.predict(ds, steps=steps, verbose=1 if progress else 0)[:n]  # Keras' progress bar
+        beat = console.Heartbeat("train.predict")
+        if progress:
+            beat.start("still compiling the prediction step")
+        try:
+            said = [PredictionProgress(beat)] if progress else []
+            total += model.predict(ds, steps=steps, verbose=1 if progress else 0, callbacks=said)[:n]  # Keras' bar
+        finally:
+            beat.close()
     return (total / tta).astype(np.float32)
+
+
+class PredictionProgress(keras.callbacks.Callback):
+    """The heartbeat's subject while Keras predicts: compiling until the first batch is done, nothing while its
+    bar moves, then what happens between the bar's end and ``predict`` returning."""
+
+    def __init__(self, beat: console.Heartbeat) -> None:
+        super().__init__()
+        self.beat = beat
+
+    def on_predict_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        self.beat.stop()
+
+    def on_predict_end(self, logs: dict[str, Any] | None = None) -> None:
+        self.beat.start("still collecting the predictions")
 
 
 def check_tta(tta: int) -> None:
@@ -169,7 +217,11 @@ def labels_at(
 def tune_thresholds(
     probs: npt.NDArray[np.floating[Any]], targets: npt.NDArray[np.floating[Any]], default: float
 ) -> list[float]:
-    """Per-class thresholds maximising validation F1 (``default`` for a class with no positive)."""
+    """Per-class thresholds maximising validation F1 (``default`` for a class with no positive).
+
+    Each lies halfway between the lowest score called positive and the next lower score: the same labels on the
+    validation images, but no validation score sits exactly on a threshold, where float noise of another batch
+    layout or device (1e-7) would flip its label."""
     from sklearn.metrics import precision_recall_curve
 
     out = []
@@ -179,7 +231,9 @@ def tune_thresholds(
             continue
         precision, recall, thresholds = precision_recall_curve(targets[:, c], probs[:, c])
         f1 = 2 * precision * recall / np.maximum(precision + recall, 1e-12)
-        out.append(float(thresholds[int(np.argmax(f1[:-1]))]))
+        best = int(np.argmax(f1[:-1]))
+        below = probs[:, c][probs[:, c] < thresholds[best]]
+        out.append((float(thresholds[best]) + (float(below.max()) if below.size else 0.0)) / 2)
     return out
 
 
@@ -191,6 +245,7 @@ def predict(
     tta: int = 1,
     threshold: float | None = None,
     probabilities: bool = False,
+    labels: bool | None = None,
     strategy: str | tf.distribute.Strategy = "auto",
     replicas: int | None = None,
     batch_size: int = 32,
@@ -201,25 +256,28 @@ def predict(
     """Writes the submission of run folder ``run`` on the shards ``records``; returns it as a DataFrame.
 
     Called through ``train.predict.predict`` (see its example). Everything the run and the shards claim is
-    checked against each other before the model is loaded; the records are opened once.
+    checked against each other before the model is loaded; the records are opened once. Labeled shards are
+    scored too (``train.evaluation``): printed with ``progress``, and in ``df.attrs["evaluation"]``.
     """
-    check_path(run=run, records=records)
-    check_count(1, batch_size=batch_size, replicas=replicas)
-    check_fraction(threshold=threshold)
-    check_tta(tta)
+    labels = check_arguments(run, records, tta, threshold, probabilities, labels, batch_size, replicas)
     strat, _ = resolve_strategy(strategy, replicas)  # first: virtual CPUs need a TensorFlow that has run nothing
     config = RunConfig.load(run)
     shards = tfpipe.open_shards(records)
     check_destination(out, overwrite)
     check_run_fits_records(config, shards, records)
-    if not probabilities:
+    if labels:
         check_labels_can_be_joined(config.classes, config.single_label)
-    thresholds = None if probabilities else _thresholds(run, config, threshold)
+    # the labels, and the scores of labeled shards, need thresholds (probabilities alone do not)
+    thresholds = _thresholds(run, config, threshold) if labels or shards.labeled else []
     id_column = id_column or shards.id_column
+    check_column_names(id_column, config.classes, labels, probabilities)
     ids = tfpipe.image_names(shards)
     batch_size = _batch_for(_num_examples(shards, records), batch_size, strat.num_replicas_in_sync, progress)
-    with strat.scope():  # variables placed on every replica
-        model, config = load_run(run, config)
+    with (
+        strat.scope(),
+        console.saying("train.predict", f"loading {run}/{run_files.MODEL}", "still loading the model", progress),
+    ):
+        model, config = load_run(run, config)  # in the scope: variables placed on every replica
     classes = list(config.classes)
     with tfpipe.naming_corrupt_shards(shards):
         probs = predict_probabilities(
@@ -232,11 +290,153 @@ def predict(
             tta=tta,
             progress=progress,
         )
-    df = _submission_table(probs, ids, id_column, config, thresholds)
+    df = _submission_table(probs, ids, id_column, config, thresholds if labels else None, probabilities)
+    if shards.labeled:
+        words = _threshold_words(run, config, threshold)
+        df.attrs["evaluation"] = evaluate_labeled(shards, config, probs, thresholds, words, records, progress)
     shards.check_unchanged()  # the ids and predictions above are of the shards that were opened
     if out:
         write_submission(out, df.to_csv(index=False), overwrite)
     return df
+
+
+def check_arguments(
+    run: str,
+    records: Records,
+    tta: int,
+    threshold: float | None,
+    probabilities: bool,
+    labels: bool | None,
+    batch_size: int,
+    replicas: int | None,
+) -> bool:
+    """``predict``'s arguments on their own (before anything is opened); returns whether labels are written."""
+    check_path(run=run, records=records)
+    check_count(1, batch_size=batch_size, replicas=replicas)
+    check_fraction(threshold=threshold)
+    check_tta(tta)
+    return check_columns(labels, probabilities, threshold)
+
+
+def check_columns(labels: bool | None, probabilities: bool, threshold: float | None) -> bool:
+    """Whether the labels column is written: by default unless ``probabilities``; both together with
+    ``labels=True``. A ``threshold`` only makes labels, so it is refused when there are none."""
+    labels = not probabilities if labels is None else labels
+    if not (labels or probabilities):
+        raise TfpipeError(
+            f"nothing to write: no labels column and no probabilities; pass {option('probabilities', True)}"
+        )
+    if threshold is not None and not labels:
+        raise TfpipeError(
+            f"{option('threshold')} makes the labels column, which {option('probabilities', True)} alone does not "
+            f"write; add {option('labels', True)} for both, or leave out {option('threshold')}"
+        )
+    return labels
+
+
+def held_out_rows(shards: Shards, config: RunConfig) -> npt.NDArray[np.bool_] | None:
+    """Which rows of ``shards`` (the run's own training shards, in written order) the run validated on and never
+    trained on: its validation fold, or the last shards it held out; None when the record counts are unknown."""
+    if config.fold is not None and shards.num_folds:
+        held = set(tfpipe.open_shards(shards, [config.fold]).files)
+    else:
+        held = set(holdout_split(shards, float(config.settings.get("val_fraction", 0.2)))[1].files)
+    counts = shards.counts
+    if any(counts[f] is None for f in shards.files):
+        return None
+    return np.concatenate([np.full(counts[f] or 0, f in held) for f in shards.files]).astype(bool)
+
+
+def evaluate_labeled(
+    shards: Shards,
+    config: RunConfig,
+    probs: npt.NDArray[np.float32],
+    thresholds: Sequence[float],
+    threshold_words: str,
+    records: Records,
+    progress: bool,
+) -> dict[str, Any]:
+    """Scores of ``probs`` against the labels ``shards`` hold (``train.evaluation.score``), printed with
+    ``progress``. When they are the run's own training shards, the rows it held out and the rows it trained on
+    are scored apart: only the first say anything about unseen images."""
+    result = _scores_of_parts(shards, config, probs, thresholds, threshold_words)
+    if progress:
+        print("\n".join(evaluation_lines(result, records)), flush=True)
+    return result
+
+
+def _scores_of_parts(
+    shards: Shards,
+    config: RunConfig,
+    probs: npt.NDArray[np.float32],
+    thresholds: Sequence[float],
+    threshold_words: str,
+) -> dict[str, Any]:
+    from train.evaluation import score
+
+    classes = list(config.classes)
+    targets = tfpipe.read_targets(shards, len(classes))
+    own = bool(config.dataset_id) and shards.dataset_id == config.dataset_id
+    held = held_out_rows(shards, config) if own else None
+    result: dict[str, Any] = {"thresholds": threshold_words, "own_training_shards": own}
+    if held is None or len(held) != len(probs):
+        result["all"] = score(probs, targets, classes, thresholds, config.single_label)
+        return result
+    for part, rows in (("held_out", held), ("trained_on", ~held)):
+        if rows.any():
+            result[part] = score(probs[rows], targets[rows], classes, thresholds, config.single_label)
+    result["held_out_what"] = f"fold {config.fold}" if config.fold is not None else "the last shards"
+    return result
+
+
+def evaluation_lines(result: dict[str, Any], records: object) -> list[str]:
+    """What train.predict prints of ``evaluate_labeled``'s result: a line per part, the class table of the
+    images that say something about unseen ones."""
+    from train.evaluation import class_table, headline
+
+    def line(what: str, scores: dict[str, Any]) -> str:
+        auc = scores["roc_auc_macro"]
+        return (
+            f"train.predict: {what} ({scores['examples']} image{'s' * (scores['examples'] != 1)}), "
+            f"{result['thresholds']}: AUC {'-' if auc is None else f'{auc:.4f}'} (exact, macro), {headline(scores)}"
+        )
+
+    if "all" in result:
+        return [line(f"scores on the labeled shards {records}", result["all"]), *class_table(result["all"])]
+    lines = []
+    if "held_out" in result:
+        lines.append(line(f"scores on the images the run held out ({result['held_out_what']})", result["held_out"]))
+    if "trained_on" in result:
+        lines.append(
+            line("scores on the images it trained on (they say nothing about unseen ones)", result["trained_on"])
+        )
+    if "held_out" in result:
+        lines += class_table(result["held_out"])
+    return lines
+
+
+def _threshold_words(run: str, config: RunConfig, threshold: float | None) -> str:
+    """How the predicted labels were decided, for the score lines."""
+    if config.single_label:
+        return "labels by argmax"
+    if threshold is not None:
+        return f"labels at threshold {threshold:g}"
+    if fs.exists(run_files.path(run, run_files.THRESHOLDS)):
+        return f"labels at the run's tuned thresholds ({run_files.THRESHOLDS})"
+    return f"labels at the run's threshold {config.settings.get('threshold', 0.5):g}"
+
+
+def check_column_names(id_column: str, classes: Sequence[str], labels: bool, probabilities: bool) -> None:
+    """Every column of the submission has its own name: a class named like the id column (or ``labels`` beside
+    the labels column) would make two columns one when the CSV is read back."""
+    names = [id_column, *(["labels"] if labels else []), *(classes if probabilities else [])]
+    twice = next((n for i, n in enumerate(names) if n in names[:i]), None)
+    if twice is not None:
+        raise TfpipeError(
+            f"the submission would hold two columns named {twice!r} (the id column, the labels column or a "
+            f"class); choose another {option('id_column')}"
+            + (", or write the labels and the probabilities in two runs" if labels and probabilities else "")
+        )
 
 
 def _submission_table(
@@ -245,19 +445,19 @@ def _submission_table(
     id_column: str,
     config: RunConfig,
     thresholds: list[float] | None,
+    probabilities: bool,
 ) -> pd.DataFrame:
-    """The submission: ``id_column``, then one probability column per class when ``thresholds`` is None
-    (``probabilities``), else the labels at ``thresholds`` (space-separated)."""
+    """The submission: ``id_column``, the labels at ``thresholds`` (space-separated; none when ``thresholds`` is
+    None), then one probability column per class with ``probabilities``."""
     import pandas as pd
 
     classes = list(config.classes)
-    columns = [id_column, *(classes if thresholds is None else ["labels"])]
-    if thresholds is None:
-        df = pd.DataFrame(probs, columns=classes)
-        df.insert(0, id_column, ids)
-    else:
-        df = pd.DataFrame({id_column: ids, "labels": labels_at(probs, classes, thresholds, config.single_label)})
-    return df[columns]
+    df = pd.DataFrame({id_column: list(ids)})
+    if thresholds is not None:
+        df["labels"] = labels_at(probs, classes, thresholds, config.single_label)
+    if probabilities:
+        df = pd.concat([df, pd.DataFrame(probs, columns=classes)], axis=1)
+    return df
 
 
 def _num_examples(shards: Shards, records: Records) -> int:

@@ -5,7 +5,9 @@
 Rows follow the shards' written order and are keyed by the CSV id stored in each record. By default each
 row holds the predicted labels, space-separated, at the per-class thresholds tuned on validation
 (``thresholds.json`` of the run; ``--threshold`` overrides); ``--probabilities`` writes one column per class
-instead (the Plant Pathology 2020 format). This module is the command line and imports no TensorFlow
+instead (the Plant Pathology 2020 format), and with ``--labels`` both. On labeled shards it prints exact scores
+too (AUC, exact-match accuracy, F1; the run's own training shards split into held-out and trained-on rows). This
+module is the command line and imports no TensorFlow
 (``--help`` answers at once); ``predict`` runs the engine in ``train.inference``, whose other names are
 reachable from here too.
 """
@@ -18,6 +20,7 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from tfpipe.console import quiet_call
 from tfpipe.errors import ArgumentParser, check_path, run_cli
 from train.names import STRATEGIES, TTA_VIEW_COUNT
 
@@ -37,6 +40,7 @@ if TYPE_CHECKING:
 ENGINE = "train.inference"
 
 
+@quiet_call
 def predict(
     run: str,
     records: Records,
@@ -45,6 +49,7 @@ def predict(
     tta: int = 1,
     threshold: float | None = None,
     probabilities: bool = False,
+    labels: bool | None = None,
     strategy: str | tf.distribute.Strategy = "auto",
     replicas: int | None = None,
     batch_size: int = 32,
@@ -56,7 +61,8 @@ def predict(
     ``Shards`` already opened) to ``out``; returns it as a DataFrame.
 
     The keyword arguments are the command line's flags: ``tta`` views to average, one ``threshold`` for every
-    class (default: the run's tuned ones), ``probabilities`` (one column per class), ``strategy`` (a name or a
+    class (default: the run's tuned ones), ``probabilities`` (one column per class instead of the labels;
+    ``labels=True`` keeps the labels column too), ``strategy`` (a name or a
     strategy you made) and ``replicas``, ``batch_size`` per replica, ``id_column``, ``overwrite``, ``progress``
     (a progress bar).
 
@@ -72,6 +78,7 @@ def predict(
         tta=tta,
         threshold=threshold,
         probabilities=probabilities,
+        labels=labels,
         strategy=strategy,
         replicas=replicas,
         batch_size=batch_size,
@@ -102,9 +109,11 @@ def build_parser() -> ArgumentParser:
     )
     p.add_argument("--overwrite", action="store_true", help="replace --out whatever it holds")
     p.add_argument("--tta", type=int, default=1, help=f"test-time augmentation views to average (1..{TTA_VIEW_COUNT})")
-    g = p.add_mutually_exclusive_group()
-    g.add_argument("--threshold", type=float, help="one threshold for every class (default: tuned per class)")
-    g.add_argument("--probabilities", action="store_true", help="one probability column per class")
+    p.add_argument("--threshold", type=float, help="one threshold for every class (default: tuned per class)")
+    p.add_argument(
+        "--probabilities", action="store_true", help="one probability column per class (instead of the labels)"
+    )
+    p.add_argument("--labels", action="store_true", help="with --probabilities: the labels column too")
     p.add_argument("--id-column", help="name of the id column (default: the CSV's, from the manifest)")
     p.add_argument("--strategy", choices=STRATEGIES, default="auto", help="auto: TPU, then GPUs, then CPU")
     p.add_argument("--replicas", type=int, help="with --strategy cpu: N virtual CPU replicas")
@@ -122,6 +131,7 @@ def run_command(args: argparse.Namespace) -> None:
         tta=args.tta,
         threshold=args.threshold,
         probabilities=args.probabilities,
+        labels=True if args.labels else None,
         strategy=args.strategy,
         replicas=args.replicas,
         batch_size=args.batch_size,

@@ -20,7 +20,7 @@ import pandas as pd
 import tfpipe
 from tfpipe import fs
 from tfpipe.shards import Records
-from train import plots
+from train import evaluation, plots
 from train import run as run_files
 from train.inference import labels_at, predict_probabilities, tune_thresholds
 
@@ -43,9 +43,10 @@ def validation_report(
     batch_size: int,
     threshold: float,
     suffix: str = "",
-) -> dict[str, float | None]:
-    """Predicts the validation records, writes the files above, returns validation scores (sklearn)."""
-    from sklearn.metrics import f1_score, roc_auc_score
+) -> dict[str, Any]:
+    """Predicts the validation records, writes the files above, returns the validation scores of
+    ``train.evaluation.score`` (exact, sklearn) at the thresholds used."""
+    from sklearn.metrics import f1_score
 
     probs = predict_probabilities(
         model, records, strategy, batch_size=batch_size, image_size=image_size, num_classes=len(classes), folds=folds
@@ -65,16 +66,16 @@ def validation_report(
         iter(tfpipe.make_dataset(records, GRID_IMAGES, image_size=image_size, folds=folds, num_classes=len(classes)))
     )[0].numpy()
     plots.prediction_grid(images, truth[:GRID_IMAGES], predicted[:GRID_IMAGES], f"{run_dir}/predictions{suffix}.png")
-    present = [c for c in range(len(classes)) if 0 < targets[:, c].sum() < len(targets)]
-    hits = targets > 0 if not single_label else None
+    scores = evaluation.score(probs, targets, classes, thresholds, single_label)
+    hits = targets > 0
     return {
-        "roc_auc_macro": float(roc_auc_score(targets[:, present], probs[:, present], average="macro"))
-        if present
-        else None,
+        **scores,
+        # the names of tfpipe 1.0's metrics.json, kept: "accuracy" is the exact-match accuracy (null before for
+        # multi-label runs), "f1_macro_tuned" sklearn's macro F1 over every class (0 for a class nobody has)
+        "accuracy": scores["exact_match"],
         "f1_macro_tuned": None
         if single_label
         else float(f1_score(hits, probs >= np.asarray(thresholds), average="macro", zero_division=0)),
-        "accuracy": float(np.mean(targets.argmax(1) == probs.argmax(1))) if single_label else None,
     }
 
 

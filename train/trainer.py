@@ -30,7 +30,7 @@ else:
 import tensorflow as tf
 
 import tfpipe
-from tfpipe import fs
+from tfpipe import console, fs
 from tfpipe.augment import Augment
 from tfpipe.errors import (
     TfpipeError,
@@ -234,23 +234,33 @@ class SyncBatchNorm(keras.callbacks.Callback):
         sync_batch_norm(self.model)
 
 
-class StartupProgress(keras.callbacks.Callback):
-    """Says what happens while nothing else does: compiling the first training and validation steps (minutes
-    for a large graph on CPU replicas), then, in the first epoch, where it is every ``every`` seconds -- Keras'
-    one line per epoch (``verbose=2``) would otherwise leave the terminal silent until the epoch ends."""
+class Progress(keras.callbacks.Callback):
+    """Says what happens while Keras' one line per epoch (``verbose=2``) is minutes away, so a log never goes
+    quiet for long: compiling the first training and validation steps (minutes for a large graph on CPU
+    replicas), and, every ``every`` seconds, the step an epoch is at or how long validation has run. With
+    ``steps_per_execution`` K the step count moves K at a time (the host sees nothing in between)."""
 
     def __init__(
-        self, replicas: int, steps_per_execution: int, steps: int, every: float = 15.0, out: TextIO = sys.stdout
+        self,
+        replicas: int,
+        steps_per_execution: int,
+        steps: int,
+        epochs: int,
+        every: float = console.HEARTBEAT_SECONDS,
+        out: TextIO | None = None,
+        bar: bool = False,
     ) -> None:
         super().__init__()
-        self.replicas, self.spe, self.steps, self.every, self.out = replicas, steps_per_execution, steps, every, out
-        self._start: float | None = None
-        self._last: float | None = None
-        self._epoch: int | None = None
-        self._first_step_seen = self._validation_seen = self._first_epoch_over = False
+        self.replicas, self.spe, self.steps, self.epochs, self.out = replicas, steps_per_execution, steps, epochs, out
+        self.bar = bar  # Keras draws a progress bar (verbose=1): no step lines of ours within an epoch
+        self.beat = console.Heartbeat("train.fit", every, out)
+        self._start = 0.0
+        self._epoch = 0
+        self._first_step_seen = self._validation_seen = False
 
     def _say(self, text: str) -> None:
-        print(f"train.fit: {text}", file=self.out, flush=True)
+        print(f"train.fit: {text}", file=self.out or sys.stdout, flush=True)
+        self.beat.touch()
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         self._start = time.perf_counter()
@@ -266,28 +276,40 @@ class StartupProgress(keras.callbacks.Callback):
             f"compiling the training step for {self.replicas} replica{'s' * (self.replicas > 1)} "
             f"(steps_per_execution {self.spe}); the first steps wait for it{many}"
         )
+        self.beat.start("still compiling the training step")
 
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
-        self._epoch = None if self._first_epoch_over else epoch
+        self._epoch = epoch
+        if self._first_step_seen and not self.bar:
+            self.beat.start(f"epoch {epoch + 1}/{self.epochs}: step 0/{self.steps}")
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
-        if self._epoch is None or self._start is None:  # past the first epoch (on_train_begin set the start)
-            return
-        now = time.perf_counter()
+        where = f"epoch {self._epoch + 1}/{self.epochs}: step {batch + 1}/{self.steps}"
         if not self._first_step_seen:
-            self._first_step_seen, self._last = True, now
+            self._first_step_seen = True
+            now = time.perf_counter()
             self._say(f"compiled; the first {batch + 1} step{'s' * (batch > 0)} done after {now - self._start:.0f} s")
-        elif self._last is not None and now - self._last >= self.every:  # set with the first step
-            self._last = now
-            self._say(f"epoch {self._epoch + 1}: step {batch + 1}/{self.steps}, {now - self._start:.0f} s")
-
-    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
-        self._first_epoch_over, self._epoch = True, None
+            self.beat.stop() if self.bar else self.beat.start(where)
+        elif not self.bar:
+            self.beat.update(where)
 
     def on_test_begin(self, logs: dict[str, Any] | None = None) -> None:
         if not self._validation_seen:
             self._validation_seen = True
             self._say("compiling the validation step")
+            self.beat.start("still compiling the validation step")
+        else:
+            self.beat.start(f"epoch {self._epoch + 1}/{self.epochs}: validating")
+
+    def on_test_end(self, logs: dict[str, Any] | None = None) -> None:
+        self.beat.stop()  # Keras' epoch line comes next
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        # the callbacks after this one save the SWA average, the backup and the best weights
+        self.beat.start(f"epoch {epoch + 1}/{self.epochs}: still saving the backup and checkpoints")
+
+    def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
+        self.beat.close()
 
 
 class LogLearningRate(keras.callbacks.Callback):
@@ -316,13 +338,15 @@ def run_phase(
     """
     train_ds, val_ds, steps, val_steps = data
     compile_model(model, cfg, lr_schedule, num_classes)
+    replicas = model.distribute_strategy.num_replicas_in_sync
+    progress = (
+        [Progress(replicas, cfg.steps_per_execution, steps, initial_epoch + epochs, bar=cfg.verbose == 1)]
+        if cfg.verbose
+        else []
+    )
     callbacks = [
         SyncBatchNorm(),
-        *(
-            [StartupProgress(model.distribute_strategy.num_replicas_in_sync, cfg.steps_per_execution, steps)]
-            if cfg.verbose == 2
-            else []
-        ),
+        *progress,
         *first,
         keras.callbacks.BackupAndRestore(run_files.path(cfg.run, f"{run_files.BACKUP}/{name}"), save_freq="epoch"),
         throughput,  # after the backup: it counts the epochs saved
@@ -338,16 +362,20 @@ def run_phase(
         ),
         *cfg.callbacks,
     ]
-    model.fit(
-        train_ds,
-        epochs=initial_epoch + epochs,
-        initial_epoch=initial_epoch,
-        steps_per_epoch=steps,
-        validation_data=val_ds,
-        validation_steps=val_steps,
-        callbacks=callbacks,
-        verbose=cfg.verbose,
-    )
+    try:
+        model.fit(
+            train_ds,
+            epochs=initial_epoch + epochs,
+            initial_epoch=initial_epoch,
+            steps_per_epoch=steps,
+            validation_data=val_ds,
+            validation_steps=val_steps,
+            callbacks=callbacks,
+            verbose=cfg.verbose,
+        )
+    finally:
+        for p in progress:  # also when fit fails: a heartbeat must not keep talking
+            p.beat.close()
 
 
 def set_trainable(backbone: keras.Model, trainable: bool) -> None:
@@ -641,12 +669,13 @@ def train_and_report(
     precision = plan.precision or default_precision(kind)
     train_ds, val_ds, n_train, n_val, global_batch = build_datasets(plan, strategy, shards.num_classes, parts)
     steps = max(1, n_train // global_batch)
+    plan = capped_steps_per_execution(plan, steps)
     data = (train_ds, val_ds, steps, math.ceil(n_val / global_batch))
     throughput = Throughput(steps * global_batch)
     with removed_unless_an_epoch_is_saved(plan.run, fresh, throughput):
         write_run_config(plan, shards)
         keras.mixed_precision.set_global_policy(precision)
-        if plan.verbose == 2:
+        if plan.verbose:
             announce_build(plan, strategy, kind, n_train, n_val)
         with strategy.scope(), tfpipe.naming_corrupt_shards(shards), stopping_cleanly(plan, shards):
             model, swa = train_phases(plan, strategy, shards, data, throughput)
@@ -654,7 +683,8 @@ def train_and_report(
     shards.check_unchanged()
     report_args = report_arguments(plan, shards, parts)
     with unfinished_on_error(plan.run):
-        save_model(model, run_files.path(plan.run, run_files.MODEL))
+        with console.saying("train.fit", f"saving {run_files.MODEL}", "still saving the model", bool(plan.verbose)):
+            save_model(model, run_files.path(plan.run, run_files.MODEL))
         metrics = summarise(
             plan,
             kind,
@@ -702,6 +732,20 @@ def remove_if_empty(folder: str) -> None:
             os.rmdir(folder)
 
 
+def capped_steps_per_execution(plan: FitConfig, steps: int) -> FitConfig:
+    """Keras runs at most an epoch's steps per compiled call: a larger ``steps_per_execution`` is cut to
+    ``steps``, said in a line, and recorded as the value used (metrics.json, the result line)."""
+    if plan.steps_per_execution <= steps:
+        return plan
+    if plan.verbose:
+        print(
+            f"train.fit: {option('steps_per_execution', plan.steps_per_execution)} is more than the {steps} "
+            f"step{'s' * (steps != 1)} of an epoch; using {steps} (Keras never runs past an epoch in one call)",
+            flush=True,
+        )
+    return dataclasses.replace(plan, steps_per_execution=steps)
+
+
 def announce_build(plan: FitConfig, strategy: tf.distribute.Strategy, kind: str, n_train: int, n_val: int) -> None:
     """The line saying what is built on what, before the minutes of building and compiling."""
     print(
@@ -738,10 +782,23 @@ def reports(
     ``swa`` (the averaged model saved and scored, with ``plan.swa_epochs``)."""
     found: dict[str, Any] = {}
     if plan.report:
-        found["report"] = validation_report(model, strategy, plan.run, **report_args)
-        learning_curves(plan.run)
+        with console.saying(
+            "train.fit",
+            "the report: scoring the validation images with model.keras (val_predictions.csv, thresholds, pictures)",
+            "still writing the report",
+            bool(plan.verbose),
+        ):
+            found["report"] = validation_report(model, strategy, plan.run, **report_args)
+            learning_curves(plan.run)
     if plan.swa_epochs:
-        found["swa"] = finish_swa(model, swa, strategy, plan, data, report_args)
+        with console.saying(
+            "train.fit",
+            f"SWA: the weights averaged over {swa.count} epoch{'s' * (swa.count != 1)}, their batch-norm statistics "
+            "and scores",
+            "still averaging (SWA)",
+            bool(plan.verbose),
+        ):
+            found["swa"] = finish_swa(model, swa, strategy, plan, data, report_args)
     return found
 
 
@@ -823,9 +880,10 @@ def train_phases(
     # prepare() refuses shards without a manifest (which gives the classes) and decides the input size
     assert num_classes is not None and plan.image_size is not None
     watch = ShardsUnchanged(shards)
-    model, backbone = build_model(
-        plan.model, num_classes, plan.image_size, weights=plan.weights, multi_label=not plan.single_label
-    )
+    with console.saying("train.fit", f"building {plan.model}", f"still building {plan.model}", bool(plan.verbose)):
+        model, backbone = build_model(
+            plan.model, num_classes, plan.image_size, weights=plan.weights, multi_label=not plan.single_label
+        )
     state = read_state(plan.run) if plan.resume else {}
     if plan.burn_epochs:
         burn_in(model, backbone, plan, state, replicas, data, num_classes, throughput, watch)

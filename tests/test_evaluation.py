@@ -1,0 +1,57 @@
+"""train.evaluation: exact scores of predictions against labels, checked against hand-counted answers."""
+
+import numpy as np
+import pytest
+from sklearn.metrics import roc_auc_score
+
+from train.evaluation import class_table, headline, score
+
+CLASSES = ["a", "b", "c"]
+
+
+def test_exact_match_and_f1_count_whole_label_sets():
+    targets = np.array([[1, 0, 0], [1, 1, 0], [0, 0, 0], [0, 1, 0]], np.float32)  # c: nobody, never predicted
+    probs = np.array([[0.9, 0.1, 0.2], [0.8, 0.3, 0.1], [0.2, 0.1, 0.1], [0.6, 0.7, 0.3]], np.float32)
+    s = score(probs, targets, CLASSES, [0.5, 0.5, 0.5], single_label=False)
+    # predicted sets: {a}, {a}, {}, {a, b}: rows 0 and 2 (nothing true, nothing predicted) match exactly
+    assert s["exact_match"] == pytest.approx(0.5)
+    # a: tp 2, fp 1, fn 0 -> F1 0.8; b: tp 1, fp 0, fn 1 -> F1 2/3; c has no F1 and is not averaged
+    assert s["per_class"]["a"]["f1"] == pytest.approx(0.8)
+    assert s["per_class"]["b"]["f1"] == pytest.approx(2 / 3)
+    assert s["per_class"]["c"]["f1"] is None and s["per_class"]["c"]["roc_auc"] is None
+    assert s["f1_macro"] == pytest.approx((0.8 + 2 / 3) / 2)
+    assert s["f1_micro"] == pytest.approx(2 * 3 / (2 * 3 + 1 + 1))  # tp 3, fp 1, fn 1
+    assert s["roc_auc_macro"] == pytest.approx(np.mean([roc_auc_score(targets[:, c], probs[:, c]) for c in (0, 1)]))
+    assert s["roc_auc_micro"] == pytest.approx(roc_auc_score(targets.ravel(), probs.ravel()))
+    assert s["per_class"]["b"]["positives"] == 2 and s["examples"] == 4
+
+
+def test_per_class_thresholds_decide_the_labels():
+    targets = np.array([[1, 0, 0], [0, 1, 0]], np.float32)
+    probs = np.array([[0.3, 0.2, 0.0], [0.1, 0.25, 0.0]], np.float32)
+    assert score(probs, targets, CLASSES, [0.5, 0.5, 0.5], False)["exact_match"] == 0.0
+    tuned = score(probs, targets, CLASSES, [0.3, 0.25, 0.5], False)
+    assert tuned["exact_match"] == 1.0 and tuned["per_class"]["a"]["threshold"] == pytest.approx(0.3)
+
+
+def test_single_label_exact_match_is_the_argmax_accuracy():
+    targets = np.eye(3, dtype=np.float32)[[0, 1, 2, 2]]
+    probs = np.array([[0.5, 0.3, 0.2], [0.1, 0.2, 0.7], [0.1, 0.1, 0.8], [0.4, 0.35, 0.25]], np.float32)
+    s = score(probs, targets, CLASSES, [0.99] * 3, single_label=True)  # thresholds play no part
+    assert s["exact_match"] == pytest.approx(0.5)
+    assert s["per_class"]["a"]["threshold"] is None
+
+
+def test_the_terminal_table_shows_the_weakest_classes_when_there_are_many():
+    rng = np.random.default_rng(0)
+    names = [f"class{i}" for i in range(15)]
+    targets = (rng.random((200, 15)) < 0.3).astype(np.float32)
+    noise = np.linspace(0.05, 2.0, 15)  # later classes are predicted worse
+    probs = np.clip(targets + rng.normal(0, 1, (200, 15)) * noise, 0, 1).astype(np.float32)
+    s = score(probs, targets, names, [0.5] * 15, False)
+    lines = class_table(s, most=4)
+    assert len(lines) == 1 + 4 + 1 and "of 15 in all, the 4 with the lowest AUC" in lines[-1]
+    shown = [line.split()[0] for line in lines[1:5]]
+    worst = sorted(names, key=lambda n: s["per_class"][n]["roc_auc"])[:4]
+    assert shown == worst
+    assert "exact-match" in headline(s) and "F1 micro" in headline(s)

@@ -1,0 +1,101 @@
+"""Every Python example of README.md and the docs pages runs, read from the Markdown (issue #24).
+
+A page is run as a notebook user runs it: in a fresh interpreter that has imported TensorFlow, its blocks top to
+bottom in one namespace, in a new working folder that holds the data its blocks say they need (``needs=demo``,
+``needs=shards``; the conventions are in tests/readme_cells.py and docs/project/tests.md). A failure names the
+page, the block's line and the error; the traceback carries the Markdown file's own line numbers.
+"""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from tests.readme_cells import NEEDS, ROOT, TEST_PARAMETERS, blocks, notebook_cells, pages
+
+SLOW = {"README.md", "docs/guides/notebook.md"}  # over ~30 s on 2 cores: they train a model
+
+# Runs the blocks of one page (a JSON list) like notebook cells; the first failure ends the page with one line.
+RUNNER = """
+import json, sys, traceback
+import tensorflow  # a notebook user has it imported before the first cell
+
+namespace = {"__name__": "__main__"}
+for block in json.load(open(sys.argv[1], encoding="utf-8")):
+    code = "\\n" * (block["line"] - 1) + block["code"]  # tracebacks show the Markdown file's own line numbers
+    try:
+        exec(compile(code, block["path"], "exec"), namespace)
+    except BaseException as e:
+        traceback.print_exc()
+        print(f"{block['name']}: {type(e).__name__}: {e}", file=sys.stderr)
+        sys.exit(1)
+"""
+
+
+def runnable(block):
+    """What this test runs of a block: the code, or None for what only tests/test_install.py runs."""
+    if "install" in block.tags:  # installs tfpipe into a fresh venv: tests/test_install.py
+        return None
+    return block.code + (TEST_PARAMETERS if "parameters" in block.tags else "")
+
+
+def example_pages():
+    found = []
+    for page in pages():
+        name = str(page.relative_to(ROOT))
+        if any(runnable(b) is not None for b in blocks(page)):
+            marks = [pytest.mark.slow] if name in SLOW else []
+            found.append(pytest.param(page, id=name, marks=marks))
+    return found
+
+
+@pytest.fixture(scope="session")
+def example_data(tmp_path_factory):
+    """What ``needs=`` can ask for, made once: a tiny demo dataset and its shards at 32 px, as ``make demo``
+    writes them (folds, an unlabeled test split)."""
+    import tfpipe
+    from tfpipe.demo import make_demo
+
+    root = tmp_path_factory.mktemp("example-data")
+    demo = root / "demo" / "data" / "demo"
+    make_demo(str(demo), train=64, test=16)
+    records = root / "shards" / "records" / "demo"
+    spec = tfpipe.ImageSpec(image_size=32)
+    source = tfpipe.Source(str(demo / "images"), csv=str(demo / "train.csv"))
+    tfpipe.write_shards(source, str(records / "train"), spec=spec, num_folds=5, workers=0, progress=False)
+    test = tfpipe.Source(str(demo / "images"), csv=str(demo / "test.csv"), labeled=False)
+    tfpipe.write_shards(test, str(records / "test"), spec=spec, split="test", workers=0, progress=False)
+    return {"demo": root / "demo", "shards": root / "shards"}
+
+
+def test_the_pages_hold_examples_and_every_one_is_run_here_or_by_test_install():
+    found = {str(p.relative_to(ROOT)): blocks(p) for p in pages()}
+    assert found["README.md"] and found["docs/guides/notebook.md"]
+    skipped = [b for bs in found.values() for b in bs if runnable(b) is None]
+    assert [b.code for b in skipped] == notebook_cells()[:1], [b.name for b in skipped]  # the install cell only
+    for page in pages():  # blocks are read at the start of a line: one indented in a list would be missed
+        assert not re.search(r"^[ \t]+```python", page.read_text(encoding="utf-8"), re.M), page
+
+
+@pytest.mark.parametrize("page", example_pages())
+def test_the_examples_of_a_page_run(page, example_data, tmp_path):
+    page_blocks = [b for b in blocks(page) if runnable(b) is not None]
+    needs = {n for b in page_blocks for n in b.needs}
+    for need in NEEDS[: max((NEEDS.index(n) + 1 for n in needs), default=0)]:  # shards come with their images
+        shutil.copytree(example_data[need], tmp_path, dirs_exist_ok=True)
+    cells = [
+        {"path": str(page.relative_to(ROOT)), "line": b.line, "name": b.name, "code": runnable(b)} for b in page_blocks
+    ]
+    script = tmp_path / ".examples.json"
+    script.write_text(json.dumps(cells), encoding="utf-8")
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    done = subprocess.run(
+        [sys.executable, "-c", RUNNER, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900
+    )
+    if done.returncode != 0:
+        last = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"exit {done.returncode}"
+        pytest.fail(f"{last}\n\n{done.stderr[-6000:]}", pytrace=False)
