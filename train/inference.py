@@ -207,11 +207,11 @@ def check_tta(tta: int) -> None:
 def labels_at(
     probs: npt.NDArray[np.floating[Any]], classes: Sequence[str], thresholds: Sequence[float], single_label: bool
 ) -> list[str]:
-    """Space-separated predicted class names per row: argmax for single-label, else every class above its threshold."""
-    if single_label:
-        return [classes[i] for i in probs.argmax(axis=1)]
-    above = probs >= np.asarray(thresholds)[None, :]
-    return [" ".join(c for c, on in zip(classes, row) if on) for row in above]
+    """Space-separated predicted class names per row: argmax for single-label, else every class at or above its
+    threshold (``train.evaluation.predicted_hits``, what the scores count)."""
+    from train.evaluation import predicted_hits
+
+    return [" ".join(c for c, on in zip(classes, row) if on) for row in predicted_hits(probs, thresholds, single_label)]
 
 
 def tune_thresholds(
