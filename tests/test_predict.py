@@ -313,3 +313,9 @@ def test_a_model_file_loads_front_to_back_with_the_same_weights_and_a_damaged_on
     damaged.write_bytes(b"not a zip")
     with pytest.raises(TfpipeError, match="not a Keras model file"):
         load_model(str(damaged))
+    import zipfile
+
+    with zipfile.ZipFile(damaged, "w") as archive:  # a zip, but no model
+        archive.writestr("config.json", "{}")
+    with pytest.raises(TfpipeError, match="a zip archive without model.weights.h5; not a model train.fit saved"):
+        load_model(str(damaged))
