@@ -219,6 +219,11 @@ def test_the_stderr_filter_passes_progress_bars_and_drops_whole_noise_lines():
         b"2026-11-23 07:13:30.538873: E external/local_xla/xla/stream_executor/cuda/cuda_fft.cc:467] "
         b"Unable to register cuFFT factory\n",  # TensorFlow 2.18 / 2.19
         b"Epoch 1/2\n",
+        b"2026-11-24 11:40:01.1: W tensorflow/core/framework/local_rendezvous.cc:404] Local rendezvous is aborting "
+        b"with status: OUT_OF_RANGE: End of sequence\n\t [[{{node MultiDeviceIteratorGetNextFromShard}}]]\n",
+        b"\t [[{{node MultiDevice",  # the continuation of a noise line, in pieces
+        b"IteratorGetNextFromShard}}]]\n",
+        b'Traceback (most recent call last):\n  File "x.py", line 1\n',  # indented, but after a line we keep
         b"tfpipe.write: error: x\n",
     ):
         os.write(src_w, part)
@@ -228,7 +233,8 @@ def test_the_stderr_filter_passes_progress_bars_and_drops_whole_noise_lines():
     with os.fdopen(dst_r, "rb") as f:
         got = f.read()
     assert got == (
-        b"write train:  50%|##   | 6/12\rwrite train: 100%|#####| 12/12\nEpoch 1/2\ntfpipe.write: error: x\n"
+        b"write train:  50%|##   | 6/12\rwrite train: 100%|#####| 12/12\nEpoch 1/2\n"
+        b'Traceback (most recent call last):\n  File "x.py", line 1\ntfpipe.write: error: x\n'
     )
 
 

@@ -4,8 +4,11 @@ import csv
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -391,3 +394,42 @@ def test_heartbeat_speaks_while_something_runs_and_stops_with_it():
     ), said
     assert out.getvalue().splitlines() == said  # nothing after stop()
     assert not beat._thread.is_alive()
+
+
+def _gil_holding_script(body: str) -> list[str]:
+    """A Python process that runs ``body`` with ``hold(s)``: sleeps ``s`` seconds holding the GIL (libc's sleep
+    called through ctypes.PyDLL, which does not release it), as TensorFlow does while it destroys an iterator."""
+    head = "import ctypes, os, sys\nfrom tfpipe.console import Heartbeat\nhold = ctypes.PyDLL(None).sleep\n"
+    return [sys.executable, "-c", head + body]
+
+
+def test_outside_heartbeat_speaks_while_the_gil_is_held_and_ends_with_close():
+    body = (
+        "b = Heartbeat('train.fit', every=0.25)\nb.start_outside('still closing')\nhold(2)\nb.close()\nprint('end')\n"
+    )
+    run = subprocess.run(_gil_holding_script(body), cwd=ROOT, capture_output=True, text=True, timeout=60)
+    lines = run.stdout.splitlines()
+    assert run.returncode == 0 and lines[-1] == "end", run.stdout + run.stderr
+    beats = lines[:-1]  # a thread of the held process could not have printed one of these
+    assert len(beats) >= 4 and all(re.fullmatch(r"train\.fit: still closing \(\d+ s\)", b) for b in beats), lines
+
+
+def test_outside_heartbeat_dies_with_its_parent():
+    body = (
+        "b = Heartbeat('train.fit', every=0.25)\nb.start_outside('still closing')\n"
+        "print(b._outside.proc.pid, flush=True)\nos.kill(os.getpid(), 9)\n"
+    )
+    run = subprocess.run(_gil_holding_script(body), cwd=ROOT, capture_output=True, text=True, timeout=60)
+    child = int(run.stdout.split()[0])
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and _alive(child):
+        time.sleep(0.1)
+    assert not _alive(child), f"the heartbeat's child {child} outlived its killed parent"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+    return "\nState:\tZ" not in status  # a zombie has ended

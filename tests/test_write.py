@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 
+import pandas as pd
 import pytest
 import tensorflow as tf
 
@@ -336,6 +337,15 @@ def test_missing_column(labeled_folder, tmp_path, capsys):
         ["--csv", labeled_folder["csv"], "--images", labeled_folder["images"], "--out", out, "--labels-col", "tags"]
     )
     assert_clean_failure(code, capsys, out, "'tags'", "train.csv")
+
+
+def test_a_missing_image_column_names_the_flag_and_the_id_column(labeled_folder, tmp_path, capsys):
+    """A Kaggle CSV whose id column is not called ``image`` (``image_id``, ``id``): the error says what to pass."""
+    csv_path = tmp_path / "ids.csv"
+    pd.read_csv(labeled_folder["csv"], dtype=str).rename(columns={"image": "image_id"}).to_csv(csv_path, index=False)
+    out = str(tmp_path / "out")
+    code = write(["--csv", str(csv_path), "--images", labeled_folder["images"], "--out", out])
+    assert_clean_failure(code, capsys, out, "column 'image' not found", "set --image-col image_id")
 
 
 def test_unknown_label(labeled_folder, tmp_path, capsys):

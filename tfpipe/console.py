@@ -17,6 +17,7 @@ import contextvars
 import functools
 import os
 import re
+import subprocess
 import sys
 import threading
 import time
@@ -33,6 +34,7 @@ NOISE = re.compile(
     rb"|\d{4}-\d\d-\d\d [\d:.]+: [IWE] [\w./-]+:\d+\]"  # TensorFlow <= 2.19's: 2026-11-23 07:13:30.5: E f.cc:4]
     rb"|" + re.escape(PREAMBLE) + rb"|To enable the following instructions: .* rebuild TensorFlow)"
 )  # cpu_feature_guard's 2nd line
+CONTINUATION = re.compile(rb"^\s+\S")  # an indented line: part of the log message above it
 PYTHON_LOGGERS = ("tensorflow", "absl")  # INFO:tensorflow:Using MirroredStrategy ... (Python logging)
 
 
@@ -116,9 +118,10 @@ def _fd2_filtered() -> Iterator[None]:
 
 
 def _forward(read_end: int, real: int) -> None:
-    """Copies the pipe to the real stderr, dropping whole noise lines; text that is not yet a whole line (a
-    progress bar's ``\\r`` update) is passed on at once unless it could still become a noise line."""
-    pending = b""
+    """Copies the pipe to the real stderr, dropping whole noise lines and the indented lines that continue one
+    (``\\t [[{{node MultiDeviceIteratorGetNextFromShard}}]]`` after a rendezvous warning); text that is not yet a
+    whole line (a progress bar's ``\\r`` update) is passed on at once unless it could still become one of those."""
+    pending, after_noise = b"", False
     with os.fdopen(read_end, "rb", buffering=0) as pipe:
         while True:
             chunk = pipe.read(65536)
@@ -126,12 +129,17 @@ def _forward(read_end: int, real: int) -> None:
                 break
             pending += chunk
             *lines, pending = pending.split(b"\n")
-            out = b"".join(line + b"\n" for line in lines if not NOISE.match(line))
-            if pending and not _could_be_noise(pending):
+            kept = []
+            for line in lines:
+                after_noise = bool(NOISE.match(line) or (after_noise and CONTINUATION.match(line)))
+                if not after_noise:
+                    kept.append(line + b"\n")
+            out = b"".join(kept)
+            if pending and not _could_be_noise(pending) and not (after_noise and pending[:1].isspace()):
                 out, pending = out + pending, b""
             if out:
                 os.write(real, out)
-    if pending and not NOISE.match(pending):
+    if pending and not NOISE.match(pending) and not (after_noise and CONTINUATION.match(pending)):
         os.write(real, pending)
 
 
@@ -154,7 +162,10 @@ class Heartbeat:
     begins a wait, ``update(doing)`` renames it (the clock runs on), ``stop()`` ends it; ``touch()`` says output
     was just shown (the next line comes ``every`` s later).
     One daemon thread, started on the first ``start``: it never outlives the process, and a stopped heartbeat
-    costs nothing. ``with heartbeat(...)`` does it for one block."""
+    costs nothing. ``with heartbeat(...)`` does it for one block.
+
+    ``start_outside(doing)`` is for a wait inside TensorFlow's C++ code that holds Python's GIL, where no thread
+    of ours can run: the lines come from a small child process instead (see ``OutsideBeat``)."""
 
     def __init__(self, prefix: str, every: float = HEARTBEAT_SECONDS, out: TextIO | None = None) -> None:
         self.prefix, self.every, self.out = prefix, every, out
@@ -163,8 +174,10 @@ class Heartbeat:
         self._since = self._last = 0.0
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
+        self._outside: OutsideBeat | None = None
 
     def start(self, doing: str) -> None:
+        self._end_outside()
         with self._lock:
             now = time.monotonic()
             self._doing, self._since, self._last = doing, now, now
@@ -180,9 +193,21 @@ class Heartbeat:
         with self._lock:
             self._last = time.monotonic()
 
+    def start_outside(self, doing: str) -> None:
+        """Like ``start``, for a wait that holds the GIL; the thread's lines resume with the next ``start``."""
+        self.stop()
+        self._end_outside()
+        self._outside = OutsideBeat.begin(self.prefix, doing, self.every, self.out or sys.stdout)
+
     def stop(self) -> None:
+        self._end_outside()
         with self._lock:
             self._doing = None
+
+    def _end_outside(self) -> None:
+        if self._outside is not None:
+            self._outside.close()
+            self._outside = None
 
     def close(self) -> None:
         self.stop()
@@ -201,6 +226,54 @@ class Heartbeat:
             print(line, file=self.out or sys.stdout, flush=True)
 
 
+# The child of ``OutsideBeat``: standard library only, started with -I -S (no site packages, ~20 ms).
+_OUTSIDE_CHILD = """
+import os, select, sys, time
+prefix, doing, every = sys.argv[1], sys.argv[2], float(sys.argv[3])
+start = time.monotonic()
+while True:
+    ready = select.select([0], [], [], every)[0]
+    if ready and not os.read(0, 4096):
+        break  # the parent closed the pipe, or died
+    if not ready:
+        os.write(1, f"{prefix}: {doing} ({time.monotonic() - start:.0f} s)\\n".encode())
+"""
+
+
+class OutsideBeat:
+    """Heartbeat lines written by a child process to this process's stdout file descriptor, for a wait in
+    TensorFlow's C++ code that holds the GIL. Measured: at the end of ``model.fit`` and ``model.predict`` on
+    several replicas, destroying the input pipeline's iterators sometimes waits for a tf.data autotuning
+    thread's timed sleep (up to 60 s, longer with several iterators) while holding the GIL, so a thread's
+    heartbeat falls silent exactly then. (TensorFlow's CancellationManager wakes that thread before it marks
+    itself cancelled; a thread that wakes in between goes back to sleep. See docs/project/reliability.md.)
+    The child reads a pipe from this process: it ends at ``close()``, and also when this process dies (the pipe
+    closes), so it never outlives its parent."""
+
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+        self.proc = proc
+
+    @classmethod
+    def begin(cls, prefix: str, doing: str, every: float, out: TextIO) -> OutsideBeat | None:
+        """None where ``out`` has no file descriptor of its own (a test's StringIO; lines would not show)."""
+        try:
+            fd = out.fileno()
+            out.flush()
+        except (AttributeError, OSError, ValueError):
+            return None
+        argv = [sys.executable, "-I", "-S", "-c", _OUTSIDE_CHILD, prefix, doing, str(every)]
+        return cls(subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=fd, stderr=subprocess.DEVNULL))
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
 @contextlib.contextmanager
 def heartbeat(
     prefix: str, doing: str, every: float = HEARTBEAT_SECONDS, out: TextIO | None = None
@@ -215,12 +288,13 @@ def heartbeat(
 
 
 @contextlib.contextmanager
-def saying(prefix: str, line: str, still: str, enabled: bool = True) -> Iterator[None]:
-    """``PREFIX: LINE``, then a heartbeat (``PREFIX: still ... (40 s)``) while the block runs; nothing at all
-    unless ``enabled`` (a command's quiet setting)."""
+def saying(prefix: str, line: str | None, still: str, enabled: bool = True) -> Iterator[None]:
+    """``PREFIX: LINE`` (unless ``line`` is None: said already), then a heartbeat (``PREFIX: still ... (40 s)``)
+    while the block runs; nothing at all unless ``enabled`` (a command's quiet setting)."""
     if not enabled:
         yield
         return
-    print(f"{prefix}: {line}", flush=True)
+    if line is not None:
+        print(f"{prefix}: {line}", flush=True)
     with heartbeat(prefix, still):
         yield

@@ -30,6 +30,11 @@ def option(name: str, value: object = None, python: str | None = None) -> str:
     return name if value is None else f"{name}={value!r}"
 
 
+def in_command() -> bool:
+    """Whether the code runs under a command (``run_cli``) rather than from Python: what an error may name."""
+    return bool(_COMMAND.get())
+
+
 def _shell_word(value: object) -> str:
     """A value as typed in a shell: ``,`` stays ``,``; a space is ``' '``, a tab ``$'\\t'``."""
     import shlex

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Protocol, TypeAlias, overload, runtime_checkab
 import pandas as pd
 
 from tfpipe import fs
-from tfpipe.errors import TfpipeError, option
+from tfpipe.errors import TfpipeError, in_command, option
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")  # tried, in order, for ids without extension
 FOLDER_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".gif")
@@ -80,6 +80,9 @@ class LabelFormat:
 Row: TypeAlias = tuple[int, str, tuple[str, ...]]  # (data row from 1, image id, label names) of a CSV
 
 
+ID_LIKE = re.compile(r"image|id$|^id|file|name|path", re.IGNORECASE)  # columns that may hold the image ids
+
+
 def read_csv(
     csv_path: str, *, image_col: str = "image", label_format: LabelFormat = LabelFormat(), labeled: bool = True
 ) -> list[Row]:
@@ -96,7 +99,7 @@ def read_csv(
     """
     df = _read_table(csv_path)
     image_col = nfc(image_col)
-    _require_columns(df, [image_col], csv_path)
+    _require_columns(df, [image_col], csv_path, "image_col")
     ids = [v.strip() for v in df[image_col]]
     _check_ids(ids, image_col, csv_path)
     if not labeled:
@@ -244,10 +247,14 @@ def _spelling(label: str) -> str | decimal.Decimal:
     return decimal.Decimal(text) if ASCII_NUMBER.fullmatch(text) else text
 
 
-def _require_columns(df: pd.DataFrame, columns: Iterable[str], csv_path: str) -> None:
+def _require_columns(df: pd.DataFrame, columns: Iterable[str], csv_path: str, setting: str) -> None:
+    """Each of ``columns`` (named by the user's ``setting``) is in the CSV; else one line naming the setting to
+    change and, for the image column, the one column that looks like an id when there is one."""
     missing = [c for c in columns if c not in df.columns]
     if missing:
-        raise TfpipeError(f"{csv_path}: column {missing[0]!r} not found (columns: {', '.join(df.columns)})")
+        guesses = [c for c in df.columns if setting == "image_col" and ID_LIKE.search(c)]
+        fix = option(setting, guesses[0]) if len(guesses) == 1 else option(setting)
+        raise TfpipeError(f"{csv_path}: column {missing[0]!r} not found (columns: {', '.join(df.columns)}); set {fix}")
 
 
 def _labels(df: pd.DataFrame, fmt: LabelFormat, csv_path: str) -> list[tuple[str, ...]]:
@@ -260,8 +267,8 @@ def _labels(df: pd.DataFrame, fmt: LabelFormat, csv_path: str) -> list[tuple[str
     if labels_col not in df.columns:
         raise TfpipeError(
             f"{csv_path}: column {fmt.labels_col!r} not found (columns: {', '.join(df.columns)}); "
-            f"name the labels with {option('labels_col')}, {option('label_cols')} or {option('class_col')} "
-            f"(LabelFormat), or, for images without labels, pass "
+            f"name the labels with {option('labels_col')}, {option('label_cols')} or {option('class_col')}"
+            f"{'' if in_command() else ' (LabelFormat)'}, or, for images without labels, pass "
             f"{option('unlabeled', True, python='Source(..., labeled=False)')}"
         )
     return [
@@ -286,7 +293,7 @@ def check_separator(fmt: LabelFormat) -> None:
 
 def _class_labels(df: pd.DataFrame, class_col: str, csv_path: str) -> list[tuple[str, ...]]:
     """One class per row (a class may hold spaces: the column holds one name, never a list)."""
-    _require_columns(df, [class_col], csv_path)
+    _require_columns(df, [class_col], csv_path, "class_col")
     out: list[tuple[str, ...]] = []
     for row, value in enumerate(df[class_col], start=1):
         if not value.strip(ASCII_SPACE) or value.strip(ASCII_SPACE) in MISSING:
@@ -362,7 +369,7 @@ def _python_list(text: str, where: str) -> list[str]:
 def _one_hot_labels(df: pd.DataFrame, label_cols: Iterable[str], csv_path: str) -> list[tuple[str, ...]]:
     """Each named 0/1 column is a class; its name (in NFC, as the CSV header is read) is the label."""
     label_cols = [nfc(col) for col in label_cols]
-    _require_columns(df, label_cols, csv_path)
+    _require_columns(df, label_cols, csv_path, "label_cols")
     for col in label_cols:
         clean_label(col, f"{csv_path}: label column {col!r}")
     out: list[tuple[str, ...]] = []

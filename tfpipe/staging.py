@@ -437,7 +437,7 @@ class StagedShards:
         except OSError as e:
             raise TfpipeError(
                 f"cannot write {MANIFEST} ({e.strerror or e}); every shard is finished and kept in "
-                f"{self.staging}: fix that and run the same command with --resume"
+                f"{self.staging}: fix that and run it again with {option('resume', True)}"
             ) from None
         if replace is not None:
             remove_outputs(self.out_dir, replace)

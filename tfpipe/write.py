@@ -469,7 +469,7 @@ def _write_local(
     except KeyboardInterrupt:
         raise KeyboardInterrupt(
             f"{len(staged.finished)} of {len(job.shard_plan)} shards were finished and "
-            f"are kept in {out}/.staging; continue with --resume"
+            f"are kept in {out}/.staging; continue with {option('resume', True)}"
         ) from None
 
 

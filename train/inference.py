@@ -32,9 +32,9 @@ import tfpipe
 from tfpipe import console, fs
 from tfpipe.deprecations import renamed_arguments
 from tfpipe.errors import TfpipeError, check_count, check_fraction, check_path, option
-from tfpipe.shards import Records, Shards, holdout_split
+from tfpipe.shards import Records, Shards
 from train import run as run_files
-from train.run import RunConfig
+from train.run import RunConfig, training_parts
 from train.strategy import resolve_strategy
 
 KERAS_CONFIG, KERAS_WEIGHTS = "config.json", "model.weights.h5"  # the members of a .keras archive (Keras 2.13+)
@@ -177,27 +177,42 @@ def predict_probabilities(
         beat = console.Heartbeat("train.predict")
         if progress:
             beat.start("still compiling the prediction step")
+        bar = progress and _terminal()  # Keras' bar on a terminal; elsewhere (a log, CI) step lines of ours
         try:
-            said = [PredictionProgress(beat)] if progress else []
-            total += model.predict(ds, steps=steps, verbose=1 if progress else 0, callbacks=said)[:n]  # Keras' bar
+            said = [PredictionProgress(beat, steps, bar)] if progress else []
+            total += model.predict(ds, steps=steps, verbose=int(bar), callbacks=said)[:n]
         finally:
             beat.close()
     return (total / tta).astype(np.float32)
 
 
-class PredictionProgress(keras.callbacks.Callback):
-    """The heartbeat's subject while Keras predicts: compiling until the first batch is done, nothing while its
-    bar moves, then what happens between the bar's end and ``predict`` returning."""
+def _terminal() -> bool:
+    try:
+        return sys.stdout.isatty()
+    except (AttributeError, ValueError):  # a closed or replaced stdout
+        return False
 
-    def __init__(self, beat: console.Heartbeat) -> None:
+
+class PredictionProgress(keras.callbacks.Callback):
+    """The heartbeat's subject while Keras predicts: compiling until the first batch is done, then nothing while
+    Keras' ``bar`` moves or, without one, the step reached (``predicting: step 12/40 (15 s)``), then what
+    happens between the last batch and ``predict`` returning."""
+
+    def __init__(self, beat: console.Heartbeat, steps: int, bar: bool) -> None:
         super().__init__()
-        self.beat = beat
+        self.beat, self.steps, self.bar = beat, steps, bar
 
     def on_predict_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
-        self.beat.stop()
+        if self.bar:
+            self.beat.stop()
+        elif batch == 0:
+            self.beat.start(f"predicting: step 1/{self.steps}")
+        else:
+            self.beat.update(f"predicting: step {batch + 1}/{self.steps}")
 
     def on_predict_end(self, logs: dict[str, Any] | None = None) -> None:
-        self.beat.start("still collecting the predictions")
+        # until predict returns: TensorFlow destroys the input pipeline holding the GIL, at times for a minute
+        self.beat.start_outside("still collecting the predictions")
 
 
 def check_tta(tta: int) -> None:
@@ -338,10 +353,10 @@ def check_columns(labels: bool | None, probabilities: bool, threshold: float | N
 def held_out_rows(shards: Shards, config: RunConfig) -> npt.NDArray[np.bool_] | None:
     """Which rows of ``shards`` (the run's own training shards, in written order) the run validated on and never
     trained on: its validation fold, or the last shards it held out; None when the record counts are unknown."""
-    if config.fold is not None and shards.num_folds:
-        held = set(tfpipe.open_shards(shards, [config.fold]).files)
-    else:
-        held = set(holdout_split(shards, float(config.settings.get("val_fraction", 0.2)))[1].files)
+    if shards.num_folds and config.fold is None:
+        return None  # not a run of these shards after all (train.fit always picks a fold of shards with folds)
+    parts = training_parts(shards, config.fold, float(config.settings.get("val_fraction", 0.2)))
+    held = set(tfpipe.open_shards(parts.validation, parts.validation_folds).files)
     counts = shards.counts
     if any(counts[f] is None for f in shards.files):
         return None
@@ -558,13 +573,15 @@ def check_run_fits_records(config: RunConfig, shards: Shards, records: Records) 
     if shards.image_size and shards.image_size != config.image_size:
         raise TfpipeError(
             f"{records}: images stored at {shards.image_size} px, the run was trained at "
-            f"{config.image_size} px; write the shards again with --image-size {config.image_size}"
+            f"{config.image_size} px; write the shards again with "
+            f"{option('image_size', config.image_size, python=f'ImageSpec(image_size={config.image_size})')}"
         )
     fit = shards.manifest.image.effective_fit  # shards.images, of a folder with a manifest
     if config.fit and fit != config.fit:
         raise TfpipeError(
             f"{records}: images fitted to a square by {fit!r}, the run's training images by "
-            f"{config.fit!r}; write the shards again with --fit {config.fit}"
+            f"{config.fit!r}; write the shards again with "
+            f"{option('fit', config.fit, python=f'ImageSpec(fit={config.fit!r})')}"
         )
     if config.single_label and shards.multi_label:
         raise TfpipeError(

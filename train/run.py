@@ -18,11 +18,12 @@ import json
 import math
 import posixpath
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from tfpipe import fs
 from tfpipe.errors import TfpipeError
 from tfpipe.manifest import FITS
+from tfpipe.shards import Shards, fold_split, holdout_split
 
 CONFIG = "config.json"
 MODEL = "model.keras"
@@ -193,3 +194,22 @@ def load_thresholds(run: str, classes: Sequence[str]) -> list[float] | None:
 def _short(names: Any, most: int = 6) -> str:
     names = list(names) if isinstance(names, (list, tuple)) else [repr(names)]
     return ", ".join(map(str, names[:most])) + (f", ... {len(names)} in all" if len(names) > most else "")
+
+
+class Parts(NamedTuple):
+    """The records a run trains on and validates on: shards, and the fold ids to read (None: all)."""
+
+    train: Shards
+    train_folds: list[int] | None
+    validation: Shards
+    validation_folds: list[int] | None
+
+
+def training_parts(shards: Shards, fold: int | None, val_fraction: float) -> Parts:
+    """By fold when the shards have folds, else the last shards (about ``val_fraction`` of them) are held out."""
+    if shards.num_folds:
+        assert fold is not None, "prepare() picks fold 0 of shards with folds"
+        train_folds, val_folds = fold_split(shards, fold)
+        return Parts(shards, train_folds, shards, val_folds)
+    train_shards, val_shards = holdout_split(shards, val_fraction)
+    return Parts(train_shards, None, val_shards, None)

@@ -19,7 +19,7 @@ import statistics
 import sys
 import time
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from tfpipe.deps import check_installed, require_keras
 
@@ -42,13 +42,13 @@ from tfpipe.errors import (
     check_seed,
     option,
 )
-from tfpipe.shards import Shards, fold_split, holdout_split, open_shards
+from tfpipe.shards import Shards, open_shards
 from tfpipe.staging import LOCK, WriteLock, locked_folder
 from train import run as run_files
 from train.models import build_model, min_image_size
 from train.names import OPTIMIZERS, PRECISIONS, SCHEDULES
 from train.report import learning_curves, validation_report
-from train.run import RunConfig, read_state, write_state
+from train.run import Parts, RunConfig, read_state, training_parts, write_state
 from train.schedules import make_schedule, scaled_lr
 from train.strategy import default_precision, resolve_strategy
 from train.swa import AverageWeights, recompute_batch_norm, sync_batch_norm
@@ -82,25 +82,6 @@ RESUME_KEYS = (
 
 # (training dataset, validation dataset, training steps an epoch, validation steps)
 PhaseData = tuple[tf.distribute.DistributedDataset, tf.distribute.DistributedDataset, int, int]
-
-
-class Parts(NamedTuple):
-    """The records a run trains on and validates on: shards, and the fold ids to read (None: all)."""
-
-    train: Shards
-    train_folds: list[int] | None
-    validation: Shards
-    validation_folds: list[int] | None
-
-
-def training_parts(shards: Shards, fold: int | None, val_fraction: float) -> Parts:
-    """By fold when the shards have folds, else the last shards (about ``val_fraction`` of them) are held out."""
-    if shards.num_folds:
-        assert fold is not None, "prepare() picks fold 0 of shards with folds"
-        train_folds, val_folds = fold_split(shards, fold)
-        return Parts(shards, train_folds, shards, val_folds)
-    train_shards, val_shards = holdout_split(shards, val_fraction)
-    return Parts(train_shards, None, val_shards, None)
 
 
 def build_datasets(
@@ -309,7 +290,8 @@ class Progress(keras.callbacks.Callback):
         self.beat.start(f"epoch {epoch + 1}/{self.epochs}: still saving the backup and checkpoints")
 
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
-        self.beat.close()
+        # until fit returns: TensorFlow destroys the input pipeline holding the GIL, at times for a minute
+        self.beat.start_outside("still closing the input pipeline (TensorFlow)")
 
 
 class LogLearningRate(keras.callbacks.Callback):
@@ -880,7 +862,8 @@ def train_phases(
     # prepare() refuses shards without a manifest (which gives the classes) and decides the input size
     assert num_classes is not None and plan.image_size is not None
     watch = ShardsUnchanged(shards)
-    with console.saying("train.fit", f"building {plan.model}", f"still building {plan.model}", bool(plan.verbose)):
+    # announce_build said "building MODEL at SIZE px on N replicas" (unless quiet): a heartbeat is enough here
+    with console.saying("train.fit", None, f"still building {plan.model}", bool(plan.verbose)):
         model, backbone = build_model(
             plan.model, num_classes, plan.image_size, weights=plan.weights, multi_label=not plan.single_label
         )
