@@ -363,6 +363,10 @@ def test_a_model_or_thresholds_from_another_run_are_refused(trained_run, tmp_pat
     (run / "thresholds.json").write_text(json.dumps({"a": 0.5, "b": 2.0, "c": 0.1}))
     with pytest.raises(TfpipeError, match="threshold of 'b' is 2.0"):
         predict(str(run), trained_run[2], str(tmp_path / "s.csv"), strategy="cpu")
+    # a run uploaded without its thresholds: labels at one threshold instead would change without a word
+    (run / "thresholds.json").unlink()
+    with pytest.raises(TfpipeError, match=r"thresholds.json is missing .* or pass threshold=0.5 to label every class"):
+        predict(str(run), trained_run[2], str(tmp_path / "s.csv"), strategy="cpu")
     shutil.copy(os.path.join(trained_run[0], "thresholds.json"), run / "thresholds.json")
     from train.models import build_model
 

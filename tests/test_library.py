@@ -223,6 +223,11 @@ def test_the_stderr_filter_passes_progress_bars_and_drops_whole_noise_lines():
         b"with status: OUT_OF_RANGE: End of sequence\n\t [[{{node MultiDeviceIteratorGetNextFromShard}}]]\n",
         b"\t [[{{node MultiDevice",  # the continuation of a noise line, in pieces
         b"IteratorGetNextFromShard}}]]\n",
+        b"I0000 00:00:1.0 22996 cudart_stub.cc:31] Could not find cuda drivers\n",
+        b"\rwrite test:   0%|     | 0/2",  # a bar right after a held-back line: \r is not an indent
+        b"\rwrite test: 100%|#####| 2/2\n",
+        b"2026-11-23 07:13:30.531: W tensorf",  # TensorFlow <= 2.19's format, split over two reads
+        b"low/core/x.cc:4] a warning\n",
         b'Traceback (most recent call last):\n  File "x.py", line 1\n',  # indented, but after a line we keep
         b"tfpipe.write: error: x\n",
     ):
@@ -234,6 +239,7 @@ def test_the_stderr_filter_passes_progress_bars_and_drops_whole_noise_lines():
         got = f.read()
     assert got == (
         b"write train:  50%|##   | 6/12\rwrite train: 100%|#####| 12/12\nEpoch 1/2\n"
+        b"\rwrite test:   0%|     | 0/2\rwrite test: 100%|#####| 2/2\n"
         b'Traceback (most recent call last):\n  File "x.py", line 1\ntfpipe.write: error: x\n'
     )
 

@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -261,16 +262,17 @@ def test_predict_on_its_own_training_shards_scores_the_held_out_fold_apart(train
     assert "labels at the run's tuned thresholds (thresholds.json)" in said and "exact-match" in said
 
 
-def test_predict_scores_labeled_shards_it_did_not_train_on(trained_run, shard_dir, tmp_path):
-    """A labeled folder that is not the run's own (another dataset id: the same images written again) is scored
-    whole, at the threshold given; the scores are those of the submission it wrote."""
+def test_predict_scores_labeled_shards_it_did_not_train_on(trained_run, shard_dir, tmp_path, capsys):
+    """A labeled folder that is not the run's own (another dataset id) is scored whole, at the threshold given;
+    the scores are those of the submission it wrote. When it holds images the run validated on (by id: the
+    run's own data written again), those rows and the others are scored apart, with a warning."""
     from tfpipe import Source, write_shards
     from tfpipe.images import ImageSpec
     from train.evaluation import score
 
-    run, _, _ = trained_run
+    run, metrics, _ = trained_run
     root = os.path.dirname(shard_dir[0])
-    other = str(tmp_path / "other")
+    other = str(tmp_path / "other")  # the same images written again: another dataset id
     write_shards(
         Source(f"{root}/images", csv=f"{root}/train.csv"),
         other,
@@ -279,11 +281,32 @@ def test_predict_scores_labeled_shards_it_did_not_train_on(trained_run, shard_di
         workers=0,
         progress=False,
     )
-    df = predict(run, other, "", labels=True, probabilities=True, threshold=0.4, strategy="cpu", progress=False)
-    result = df.attrs["evaluation"]
-    assert not result["own_training_shards"] and set(result) == {"thresholds", "own_training_shards", "all"}
-    assert result["thresholds"] == "labels at threshold 0.4"
     targets = tfpipe.read_targets(other, 3)
+    df = predict(run, other, "", labels=True, probabilities=True, threshold=0.4, strategy="cpu", progress=True)
+    result = df.attrs["evaluation"]
+    assert not result["own_training_shards"] and set(result) == {
+        "thresholds",
+        "own_training_shards",
+        "held_out",
+        "others",
+        "held_out_what",
+    }
+    validated = set(pd.read_csv(f"{run}/val_predictions.csv", dtype=str)["image_name"])
+    rows = df["image"].isin(validated).to_numpy()
+    assert result["held_out"]["examples"] == rows.sum() == metrics["val_examples"]
+    assert result["others"]["examples"] == (~rows).sum()
+    probs = df[["a", "b", "c"]].to_numpy()
+    expected = score(probs[rows], targets[rows], ["a", "b", "c"], [0.4] * 3, False)
+    assert result["held_out"]["exact_match"] == expected["exact_match"]
+    assert f"warning: {rows.sum()} of these images are ones the run validated on" in capsys.readouterr().out
+
+    elsewhere = tmp_path / "run-without-its-report"  # nothing tells these images from unseen ones: scored whole
+    shutil.copytree(run, elsewhere)
+    os.remove(elsewhere / "val_predictions.csv")
+    df = predict(str(elsewhere), other, "", labels=True, probabilities=True, threshold=0.4, strategy="cpu")
+    result = df.attrs["evaluation"]
+    assert set(result) == {"thresholds", "own_training_shards", "all"}
+    assert result["thresholds"] == "labels at threshold 0.4"
     expected = score(df[["a", "b", "c"]].to_numpy(), targets, ["a", "b", "c"], [0.4] * 3, False)
     assert result["all"]["exact_match"] == expected["exact_match"]
     truth = [" ".join(c for c, on in zip("abc", row) if on) for row in targets > 0]

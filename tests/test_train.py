@@ -375,6 +375,31 @@ def test_progress_says_what_happens_in_every_phase(replicas):
     ]
 
 
+def test_progress_lines_start_on_a_line_of_their_own_beside_the_keras_bar():
+    """verbose=1 (a terminal): Keras' bar ends its line only at the epoch's end. Our lines (the first steps,
+    the validation compile, the heartbeat while validating) must not be glued to its end."""
+    import io
+
+    from train.trainer import Progress
+
+    out = io.StringIO()
+    progress = Progress(1, steps_per_execution=1, steps=4, epochs=2, every=3600.0, out=out, bar=True)
+    progress.on_train_begin()
+    for epoch in (0, 1):
+        progress.on_epoch_begin(epoch)
+        for batch in range(4):
+            out.write(f"\r{batch + 1}/4 [==>...] - loss: 0.5")  # ProgbarLogger, the first callback, draws first
+            progress.on_train_batch_end(batch)
+        progress.on_test_begin()
+        progress.on_test_end()
+        out.write("\r4/4 [======] - loss: 0.4 - val_auc: 0.9\n")  # the bar's last draw ends its line
+        progress.on_epoch_end(epoch)
+    progress.on_train_end()
+    progress.beat.close()
+    ours = [line for line in out.getvalue().split("\n") if "train.fit:" in line]
+    assert len(ours) == 3 and all(line.startswith("train.fit: ") for line in ours), ours
+
+
 def test_heartbeat_speaks_while_something_runs_and_stops_with_it():
     import io
     import time

@@ -5,6 +5,7 @@ import ast
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import urllib.error
@@ -455,3 +456,15 @@ def test_boolean_flags_show_no_false_default_in_help():
             if action.nargs == 0 and action.option_strings and action.help and action.help != "==SUPPRESS==":
                 text = parser.formatter_class(parser.prog)._get_help_string(action)
                 assert "(default: True)" not in text and "(default: False)" not in text, (parser.prog, text)
+
+
+@pytest.mark.parametrize("command", ["train.fit", "train.predict"])
+def test_a_command_started_with_stdout_closed_still_ends_in_one_line(command, tmp_path):
+    """``>&-`` (a daemon, cron): Python's sys.stdout is None. The command still runs its checks and says what is
+    wrong on stderr with exit code 2, instead of an AttributeError traceback."""
+    argv = [sys.executable, "-m", command, "--records", str(tmp_path / "none"), "--run", str(tmp_path / "run")]
+    argv += ["--out", str(tmp_path / "s.csv")] if command == "train.predict" else []
+    shell = " ".join(shlex.quote(a) for a in argv) + " >&-"  # the shell closes fd 1 (no preexec_fn: TF's threads)
+    done = subprocess.run(["sh", "-c", shell], stderr=subprocess.PIPE, text=True, cwd=ROOT, timeout=120)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1 and lines[0].startswith(f"{command}: error: "), done.stderr

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
+import io
 import os
 import re
 import subprocess
@@ -34,7 +35,12 @@ NOISE = re.compile(
     rb"|\d{4}-\d\d-\d\d [\d:.]+: [IWE] [\w./-]+:\d+\]"  # TensorFlow <= 2.19's: 2026-11-23 07:13:30.5: E f.cc:4]
     rb"|" + re.escape(PREAMBLE) + rb"|To enable the following instructions: .* rebuild TensorFlow)"
 )  # cpu_feature_guard's 2nd line
-CONTINUATION = re.compile(rb"^\s+\S")  # an indented line: part of the log message above it
+CONTINUATION = re.compile(rb"^[ \t]+\S")  # an indented line: part of the log message above it (not a bar's \r)
+# The start of a TensorFlow <= 2.19 line, up to its file name (2026-11-23 07:13:30.5: W tensorflow/core/x.cc:4)
+OLD_FORMAT_START = re.compile(
+    rb"\d{1,4}(?:-\d{0,2}(?:-\d{0,2}"  # the date
+    rb"(?: [\d:.]*(?::(?: (?:[IWE](?: [\w./-]*(?::\d*)?)?)?)?)?)?)?)?"  # the time, level, file and line
+)
 PYTHON_LOGGERS = ("tensorflow", "absl")  # INFO:tensorflow:Using MirroredStrategy ... (Python logging)
 
 
@@ -135,7 +141,7 @@ def _forward(read_end: int, real: int) -> None:
                 if not after_noise:
                     kept.append(line + b"\n")
             out = b"".join(kept)
-            if pending and not _could_be_noise(pending) and not (after_noise and pending[:1].isspace()):
+            if pending and not _could_be_noise(pending) and not (after_noise and pending[:1] in (b" ", b"\t")):
                 out, pending = out + pending, b""
             if out:
                 os.write(real, out)
@@ -148,9 +154,18 @@ def _could_be_noise(start: bytes) -> bool:
     head = start[: len(PREAMBLE)]
     return (
         bool(re.match(rb"[IWE]\d{0,4}(?: |$)", start))
+        or bool(OLD_FORMAT_START.fullmatch(start))
         or PREAMBLE.startswith(head)
         or b"To enable the following".startswith(start[:23])
     )
+
+
+def on_terminal() -> bool:
+    """Whether stdout is a terminal (a person watches: progress bars) rather than a log, a pipe or nothing."""
+    try:
+        return sys.stdout.isatty()
+    except (AttributeError, ValueError):  # a closed or replaced stdout
+        return False
 
 
 HEARTBEAT_SECONDS = 15.0  # at most this long without a line while a command works (the bar: 30 s on 2 cores)
@@ -255,7 +270,10 @@ class OutsideBeat:
 
     @classmethod
     def begin(cls, prefix: str, doing: str, every: float, out: TextIO) -> OutsideBeat | None:
-        """None where ``out`` has no file descriptor of its own (a test's StringIO; lines would not show)."""
+        """None where ``out`` is not a plain file with a descriptor (a test's StringIO; a notebook's stream, whose
+        descriptor would lead to the server's console, not the cell)."""
+        if not isinstance(out, io.TextIOWrapper):
+            return None
         try:
             fd = out.fileno()
             out.flush()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextvars
 import numbers
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
@@ -146,6 +147,9 @@ def run_cli(prog: str, fn: Callable[..., object], *args: object) -> int:
     """
     from tfpipe.console import quiet_tensorflow
 
+    for name in ("stdout", "stderr"):  # started with fd 1 or 2 closed (``>&-``, a daemon): Python made it None
+        if getattr(sys, name) is None:
+            setattr(sys, name, open(os.devnull, "w"))  # noqa: SIM115 -- the command's own stream, for its life
     token = _COMMAND.set(prog)
     try:
         with quiet_tensorflow():  # TensorFlow's start-up lines held back (TFPIPE_VERBOSE=1 shows them)

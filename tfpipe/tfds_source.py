@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from tfpipe.deps import require
-from tfpipe.errors import TfpipeError
+from tfpipe.errors import TfpipeError, option
 from tfpipe.sources import Item
 
 if TYPE_CHECKING:
@@ -112,7 +112,7 @@ def read_tfds(source: TfdsSource) -> tuple[list[Item], list[str], bool]:
     except Exception as e:  # not downloaded / prepared (no network at run time), bad split
         raise TfpipeError(
             f"TFDS dataset {source.name!r} split {source.split!r}: {str(e).splitlines()[0][:200]} "
-            f"(prepare it first with tfds build, or pass --data-dir)"
+            f"(prepare it first with tfds build, or pass {option('data_dir')})"
         ) from None
     items: list[Item] = []
     for ex in ds.as_numpy_iterator():

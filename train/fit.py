@@ -17,6 +17,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from tfpipe import console
 from tfpipe.console import quiet_call
 from tfpipe.deprecations import add_deprecated_flag, renamed_arguments, warn_renamed
 from tfpipe.errors import ArgumentParser, TfpipeError, run_cli
@@ -226,7 +227,7 @@ def config_from_args(args: argparse.Namespace) -> FitConfig:
     fields = {f.name for f in dataclasses.fields(FitConfig)} - {"augment", "callbacks"}
     given = {k: v for k, v in vars(args).items() if k in fields and v is not None}  # None: the default
     if args.verbose is None:  # a bar where someone watches, lines in a log (a bar there is one endless line)
-        given["verbose"] = 1 if sys.stdout.isatty() else 2
+        given["verbose"] = 1 if console.on_terminal() else 2
     return FitConfig(augment=augment, **given)
 
 

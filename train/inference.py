@@ -177,20 +177,13 @@ def predict_probabilities(
         beat = console.Heartbeat("train.predict")
         if progress:
             beat.start("still compiling the prediction step")
-        bar = progress and _terminal()  # Keras' bar on a terminal; elsewhere (a log, CI) step lines of ours
+        bar = progress and console.on_terminal()  # Keras' bar on a terminal; elsewhere (a log, CI) step lines of ours
         try:
             said = [PredictionProgress(beat, steps, bar)] if progress else []
             total += model.predict(ds, steps=steps, verbose=int(bar), callbacks=said)[:n]
         finally:
             beat.close()
     return (total / tta).astype(np.float32)
-
-
-def _terminal() -> bool:
-    try:
-        return sys.stdout.isatty()
-    except (AttributeError, ValueError):  # a closed or replaced stdout
-        return False
 
 
 class PredictionProgress(keras.callbacks.Callback):
@@ -309,7 +302,9 @@ def predict(
     df = _submission_table(probs, ids, id_column, config, thresholds if labels else None, probabilities)
     if shards.labeled:
         words = _threshold_words(run, config, threshold)
-        df.attrs["evaluation"] = evaluate_labeled(shards, config, probs, thresholds, words, records, progress)
+        df.attrs["evaluation"] = evaluate_labeled(
+            shards, config, probs, thresholds, words, records, progress, validated_rows(run, ids)
+        )
     shards.check_unchanged()  # the ids and predictions above are of the shards that were opened
     if out:
         write_submission(out, df.to_csv(index=False), overwrite)
@@ -363,6 +358,23 @@ def held_out_rows(shards: Shards, config: RunConfig) -> npt.NDArray[np.bool_] | 
     return np.concatenate([np.full(counts[f] or 0, f in held) for f in shards.files]).astype(bool)
 
 
+def validated_rows(run: str, ids: Sequence[str]) -> npt.NDArray[np.bool_] | None:
+    """Which of ``ids`` the run validated on, by image id (its ``val_predictions.csv``); None when none is, or the
+    run has no such file. Shards holding any are the run's own data, perhaps written again under another id."""
+    import pandas as pd
+
+    path = f"{run}/val_predictions.csv"
+    if not fs.exists(path):
+        return None
+    with fs.open(path) as f:
+        table = pd.read_csv(f, dtype=str, keep_default_na=False)
+    if "image_name" not in table.columns:
+        raise TfpipeError(f"{path}: no image_name column; the file is damaged (train.fit writes it with its report)")
+    validated = set(table["image_name"])
+    rows = np.array([i in validated for i in ids], dtype=bool)
+    return rows if rows.any() else None
+
+
 def evaluate_labeled(
     shards: Shards,
     config: RunConfig,
@@ -371,11 +383,14 @@ def evaluate_labeled(
     threshold_words: str,
     records: Records,
     progress: bool,
+    validated: npt.NDArray[np.bool_] | None = None,
 ) -> dict[str, Any]:
     """Scores of ``probs`` against the labels ``shards`` hold (``train.evaluation.score``), printed with
     ``progress``. When they are the run's own training shards, the rows it held out and the rows it trained on
-    are scored apart: only the first say anything about unseen images."""
-    result = _scores_of_parts(shards, config, probs, thresholds, threshold_words)
+    are scored apart: only the first say anything about unseen images. Other shards holding images the run
+    ``validated`` on (by id: its own data written again) are scored apart likewise: those rows, and the others,
+    which may be images it trained on."""
+    result = _scores_of_parts(shards, config, probs, thresholds, threshold_words, validated)
     if progress:
         print("\n".join(evaluation_lines(result, records)), flush=True)
     return result
@@ -387,21 +402,26 @@ def _scores_of_parts(
     probs: npt.NDArray[np.float32],
     thresholds: Sequence[float],
     threshold_words: str,
+    validated: npt.NDArray[np.bool_] | None,
 ) -> dict[str, Any]:
     from train.evaluation import score
 
     classes = list(config.classes)
     targets = tfpipe.read_targets(shards, len(classes))
     own = bool(config.dataset_id) and shards.dataset_id == config.dataset_id
-    held = held_out_rows(shards, config) if own else None
+    held = held_out_rows(shards, config) if own else validated
     result: dict[str, Any] = {"thresholds": threshold_words, "own_training_shards": own}
     if held is None or len(held) != len(probs):
         result["all"] = score(probs, targets, classes, thresholds, config.single_label)
         return result
-    for part, rows in (("held_out", held), ("trained_on", ~held)):
+    rest = "trained_on" if own else "others"
+    for part, rows in (("held_out", held), (rest, ~held)):
         if rows.any():
             result[part] = score(probs[rows], targets[rows], classes, thresholds, config.single_label)
-    result["held_out_what"] = f"fold {config.fold}" if config.fold is not None else "the last shards"
+    if own:
+        result["held_out_what"] = f"fold {config.fold}" if config.fold is not None else "the last shards"
+    else:
+        result["held_out_what"] = "found by image id in its val_predictions.csv"
     return result
 
 
@@ -422,11 +442,20 @@ def evaluation_lines(result: dict[str, Any], records: object) -> list[str]:
     lines = []
     if "held_out" in result:
         lines.append(line(f"scores on the images the run held out ({result['held_out_what']})", result["held_out"]))
+    if "others" in result:
+        lines.insert(
+            0,
+            f"train.predict: warning: {result['held_out']['examples']} of these images are ones the run validated "
+            "on (its val_predictions.csv): these shards hold its own data, written again, and the other rows may "
+            "be images it trained on",
+        )
+        lines.append(line("scores on the other images (perhaps trained on)", result["others"]))
     if "trained_on" in result:
         lines.append(
             line("scores on the images it trained on (they say nothing about unseen ones)", result["trained_on"])
         )
     if "held_out" in result:
+        lines.append(f"  per class, on the images the run held out ({result['held_out_what']}):")
         lines += class_table(result["held_out"])
     return lines
 
@@ -617,4 +646,12 @@ def _thresholds(run: str, config: RunConfig, threshold: float | None) -> list[fl
     if threshold is not None:
         return [threshold] * len(config.classes)
     tuned = run_files.load_thresholds(run, list(config.classes))
-    return tuned if tuned is not None else [config.settings.get("threshold", 0.5)] * len(config.classes)
+    default = float(config.settings.get("threshold", 0.5))
+    if tuned is None and not config.single_label and config.settings.get("report", True):
+        # train.fit wrote them with its report: labels at one threshold instead would change without a word
+        raise TfpipeError(
+            f"{run_files.path(run, run_files.THRESHOLDS)} is missing (the tuned per-class thresholds train.fit "
+            f"wrote with its report); copy it with the run, or pass {option('threshold', default)} to label every "
+            "class at one threshold"
+        )
+    return tuned if tuned is not None else [default] * len(config.classes)

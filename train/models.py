@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
 from tfpipe.deps import require, require_keras
-from tfpipe.errors import TfpipeError
+from tfpipe.errors import TfpipeError, option
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)  # the efficientnet package's 'torch' preprocessing
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -148,7 +148,7 @@ def _small_cnn(variant: str, input_shape: tuple[int, int, int], weights: str | N
     """
     keras = require_keras()
     if weights is not None:
-        raise ValueError("small-cnn has no pretrained weights; use --weights none")
+        raise ValueError(f"small-cnn has no pretrained weights; use {option('weights', 'none', python='weights=None')}")
     inputs = keras.Input(input_shape)
     x = inputs
     for i, width in enumerate(SMALL_CNN_WIDTHS):

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from tfpipe import fs
-from tfpipe.errors import TfpipeError
+from tfpipe.errors import TfpipeError, option
 from tfpipe.manifest import FITS
 from tfpipe.shards import Shards, fold_split, holdout_split
 
@@ -182,7 +182,7 @@ def load_thresholds(run: str, classes: Sequence[str]) -> list[float] | None:
         named = sorted(tuned) if isinstance(tuned, dict) else tuned
         raise TfpipeError(
             f"{p}: names classes {_short(named)}, not the run's ({_short(classes)}); it belongs to "
-            "another run -- delete it to use --threshold, or predict with that run"
+            f"another run -- pass {option('threshold')} to label at one threshold, or predict with that run"
         )
     values = [tuned[c] for c in classes]
     for c, v in zip(classes, values):

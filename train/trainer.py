@@ -238,10 +238,19 @@ class Progress(keras.callbacks.Callback):
         self._start = 0.0
         self._epoch = 0
         self._first_step_seen = self._validation_seen = False
+        self._bar_open = False  # Keras' bar has drawn this epoch's line and not ended it yet
 
     def _say(self, text: str) -> None:
+        self._end_bar_line()
         print(f"train.fit: {text}", file=self.out or sys.stdout, flush=True)
         self.beat.touch()
+
+    def _end_bar_line(self) -> None:
+        """Our lines start on a line of their own, not glued to the end of Keras' bar (which ends its line only at
+        the epoch's end)."""
+        if self._bar_open:
+            print(file=self.out or sys.stdout, flush=True)
+            self._bar_open = False
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         self._start = time.perf_counter()
@@ -265,6 +274,7 @@ class Progress(keras.callbacks.Callback):
             self.beat.start(f"epoch {epoch + 1}/{self.epochs}: step 0/{self.steps}")
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        self._bar_open = self.bar  # Keras' bar (the first callback) has just drawn this step
         where = f"epoch {self._epoch + 1}/{self.epochs}: step {batch + 1}/{self.steps}"
         if not self._first_step_seen:
             self._first_step_seen = True
@@ -280,12 +290,14 @@ class Progress(keras.callbacks.Callback):
             self._say("compiling the validation step")
             self.beat.start("still compiling the validation step")
         else:
+            self._end_bar_line()  # the heartbeat's lines come next
             self.beat.start(f"epoch {self._epoch + 1}/{self.epochs}: validating")
 
     def on_test_end(self, logs: dict[str, Any] | None = None) -> None:
         self.beat.stop()  # Keras' epoch line comes next
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        self._bar_open = False  # Keras' bar (the first callback) has just ended its line
         # the callbacks after this one save the SWA average, the backup and the best weights
         self.beat.start(f"epoch {epoch + 1}/{self.epochs}: still saving the backup and checkpoints")
 
@@ -521,7 +533,8 @@ def prepare(cfg: FitConfig, shards: Shards) -> FitConfig:
         )
     if not shards.labeled:
         raise TfpipeError(
-            f"{cfg.records}: written unlabeled (manifest: labeled false, written with --unlabeled); "
+            f"{cfg.records}: written unlabeled (manifest: labeled false, written with "
+            f"{option('unlabeled', True, python='Source(..., labeled=False)')}); "
             "training needs labeled shards"
         )
     check_numbers(cfg)
