@@ -301,10 +301,8 @@ def predict(
         )
     df = _submission_table(probs, ids, id_column, config, thresholds if labels else None, probabilities)
     if shards.labeled:
-        words = _threshold_words(run, config, threshold)
-        df.attrs["evaluation"] = evaluate_labeled(
-            shards, config, probs, thresholds, words, records, progress, validated_rows(run, ids)
-        )
+        how = (_threshold_words(run, config, threshold), records, progress, validated_rows(run, ids))
+        df.attrs["evaluation"] = evaluate_labeled(shards, config, probs, thresholds, *how)
     shards.check_unchanged()  # the ids and predictions above are of the shards that were opened
     if out:
         write_submission(out, df.to_csv(index=False), overwrite)
