@@ -210,8 +210,7 @@ class Heartbeat:
 
     def start_outside(self, doing: str) -> None:
         """Like ``start``, for a wait that holds the GIL; the thread's lines resume with the next ``start``."""
-        self.stop()
-        self._end_outside()
+        self.stop()  # ends an earlier outside wait too
         self._outside = OutsideBeat.begin(self.prefix, doing, self.every, self.out or sys.stdout)
 
     def stop(self) -> None:

@@ -361,7 +361,7 @@ def validated_rows(run: str, ids: Sequence[str]) -> npt.NDArray[np.bool_] | None
     run has no such file. Shards holding any are the run's own data, perhaps written again under another id."""
     import pandas as pd
 
-    path = f"{run}/val_predictions.csv"
+    path = run_files.path(run, run_files.VAL_PREDICTIONS)
     if not fs.exists(path):
         return None
     with fs.open(path) as f:

@@ -29,6 +29,7 @@ CONFIG = "config.json"
 MODEL = "model.keras"
 MODEL_SWA = "model-swa.keras"
 THRESHOLDS = "thresholds.json"
+VAL_PREDICTIONS = "val_predictions.csv"  # the report's (train.report writes it)
 HISTORY = "history.csv"
 STATE = "state.json"
 METRICS = "metrics.json"
