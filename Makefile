@@ -44,7 +44,8 @@ test-bench: setup
 	$(PY) -m pytest -q -m bench
 
 # The built wheel installed into fresh venvs that already hold a user's TensorFlow (oldest supported, 2.19, newest
-# pinned): versions kept, write -> fit (8 replicas) -> predict from outside the repo, the notebook cells of docs/guides/notebook.md, Beam workers.
+# pinned): versions kept, write -> fit (8 replicas) -> predict from outside the repo, the notebook cells of docs/guides/notebook.md, Beam workers;
+# and next to torch 2.9 + torch_xla 2.9 + timm (a TPU image's PyTorch): examples/torch_ddp.py --xla and a timm model.
 test-install: setup
 	$(PY) -m pytest -q -m install
 

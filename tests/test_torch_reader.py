@@ -2,6 +2,7 @@
 
 import collections
 import glob
+import itertools
 import os
 
 import numpy as np
@@ -12,9 +13,10 @@ import torch
 import tfpipe
 import tfpipe.read
 from tfpipe import schema
+from tfpipe.errors import TfpipeError
 from tfpipe.shards import open_shards
-from tfpipe.tfrecord import CorruptRecord, read_records
-from tfpipe.torch import RecordDataset
+from tfpipe.tfrecord import CorruptRecord, count_records, read_records
+from tfpipe.torch import RecordDataset, deal, worker_range
 
 
 def test_framing_reader_matches_tensorflow(shard_dir):
@@ -55,11 +57,83 @@ def names_seen(datasets):
     return collections.Counter(name for ds in datasets for _, _, name in ds)
 
 
-@pytest.mark.parametrize("world_size", [2, 12])  # 2: whole shards per rank; 12 > 8 shards: every n-th record
-def test_ranks_read_disjoint_complete_parts(shard_dir, world_size):
-    ranks = [RecordDataset(shard_dir[0], with_ids=True, rank=r, world_size=world_size) for r in range(world_size)]
-    seen = names_seen(ranks)
-    assert set(seen) == set(shard_dir[1]) and set(seen.values()) == {1}
+@pytest.mark.parametrize("drop_last", [False, True])
+@pytest.mark.parametrize("world_size", [2, 3, 8, 12])  # 40 records: divides by 2 and 8, not by 3 or 12
+def test_ranks_get_equal_shares_like_distributed_sampler(shard_dir, world_size, drop_last):
+    ranks = [
+        RecordDataset(shard_dir[0], with_ids=True, rank=r, world_size=world_size, drop_last=drop_last, shuffle=True)
+        for r in range(world_size)
+    ]
+    per_rank = [[name for _, _, name in ds] for ds in ranks]
+    share = 40 // world_size if drop_last else -(-40 // world_size)
+    assert [len(names) for names in per_rank] == [len(ds) for ds in ranks] == [share] * world_size
+    seen = collections.Counter(name for names in per_rank for name in names)
+    if drop_last:  # disjoint, and only the rest past the last whole share left out
+        assert set(seen.values()) == {1} and len(seen) == share * world_size
+    else:  # every record, and the padding repeats records once each
+        assert set(seen) == set(shard_dir[1])
+        assert sum(seen.values()) - 40 == share * world_size - 40 == sum(1 for n in seen.values() if n == 2)
+
+
+def test_the_deal_covers_every_position_once_in_order():
+    """``deal`` over shards of unequal (and zero) counts, slices that wrap past the end: the positions it reads
+    are exactly the asked ones, in order; workers split a share at batch boundaries."""
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        counts = [int(c) for c in rng.integers(0, 7, rng.integers(1, 6))]
+        total = sum(counts)
+        stream = [(f, i) for f, c in enumerate(counts) for i in range(c)]
+        start = int(rng.integers(0, 3 * total + 1))
+        stop = start + int(rng.integers(0, 3 * total + 1))
+        got = [
+            (int(s.file), i)
+            for s in deal([str(f) for f in range(len(counts))], counts, start, stop)
+            for i in range(s.start, s.stop)
+        ]
+        assert got == ([stream[p % total] for p in range(start, stop)] if total else [])
+    for size, workers, batch in [(10, 2, 4), (7, 3, 2), (5, 8, 1), (0, 2, 3), (9, 1, 4)]:
+        parts = [worker_range(size, w, workers, batch) for w in range(workers)]
+        assert parts[0][0] == 0 and parts[-1][1] == size and all(a[1] == b[0] for a, b in itertools.pairwise(parts))
+        assert sum(-(-(hi - lo) // batch) for lo, hi in parts) == -(-size // batch)  # exactly len(loader) batches
+
+
+def test_a_shard_that_holds_other_than_its_count_is_an_error(shard_dir, tmp_path):
+    """The deal trusts the counts in the names (a manifest also checks each shard's size when opened): a shard
+    edited since (a record cut off, one added) is named."""
+    import shutil
+
+    for path in open_shards(shard_dir[0]).files:
+        shutil.copy(path, tmp_path)
+    victim = sorted(tmp_path.glob("*.tfrec"))[0]
+    records = list(read_records(str(victim)))
+    for kept in (records[:-1], records + records[:1]):
+        with open(victim, "wb") as f:
+            for r in kept:
+                f.write(_framed(r))
+        with pytest.raises(TfpipeError, match=f"{victim.name} holds (fewer|more) than the {len(records)} records"):
+            list(RecordDataset(str(tmp_path / "*.tfrec"), num_classes=3))
+
+
+def _framed(record):
+    import io
+
+    from tfpipe.tfrecord import LocalRecordWriter
+
+    buf = io.BytesIO()
+    writer = LocalRecordWriter.__new__(LocalRecordWriter)
+    writer._file = buf
+    writer.write(record)
+    return buf.getvalue()
+
+
+def test_foreign_files_without_counts_are_counted_by_their_framing(shard_dir, tmp_path):
+    import shutil
+
+    for i, path in enumerate(open_shards(shard_dir[0]).files):
+        shutil.copy(path, tmp_path / f"part{i}.tfrecord")  # no count in the name, no manifest
+    ds = RecordDataset(str(tmp_path / "*.tfrecord"), num_classes=3, rank=1, world_size=3)
+    assert len(ds) == 14 and len(list(ds)) == 14
+    assert count_records(str(tmp_path / "part0.tfrecord")) == len(list(read_records(str(tmp_path / "part0.tfrecord"))))
 
 
 def as_list(batch):  # module level: spawned workers unpickle it
@@ -67,16 +141,32 @@ def as_list(batch):  # module level: spawned workers unpickle it
 
 
 @pytest.mark.slow
-def test_dataloader_workers_see_each_record_once_per_epoch_with_shuffling(shard_dir):
-    ds = RecordDataset(shard_dir[0], folds=[0, 1, 2], shuffle=True, seed=3, with_ids=True)
+def test_persistent_workers_see_each_record_once_and_a_new_order_every_epoch(shard_dir):
+    ds = RecordDataset(shard_dir[0], folds=[0, 1, 2], shuffle=True, seed=3, with_ids=True, batch_size=4)
     # spawn: this test process runs TensorFlow threads, and a fork of it could hang
     loader = torch.utils.data.DataLoader(
-        ds, batch_size=4, num_workers=3, multiprocessing_context="spawn", collate_fn=as_list
+        ds, batch_size=4, num_workers=3, multiprocessing_context="spawn", collate_fn=as_list, persistent_workers=True
     )
     orders = []
-    for epoch in range(2):
-        ds.set_epoch(epoch)
-        names = [name for batch in loader for _, _, name in batch]
+    for epoch in range(3):
+        ds.set_epoch(epoch)  # the workers started in epoch 0 and live on: they read it from shared memory
+        batches = list(loader)
+        assert len(batches) == len(loader) == -(-len(ds) // 4)  # 30 records: 8 batches, the last one short
+        names = [name for batch in batches for _, _, name in batch]
         assert collections.Counter(names) == collections.Counter(tfpipe.image_names(shard_dir[0], folds=[0, 1, 2]))
         orders.append(names)
-    assert orders[0] != orders[1]  # a new order every epoch
+    assert len({tuple(o) for o in orders}) == 3  # a new order every epoch
+
+
+def test_ranks_read_their_slices_from_a_remote_folder(shard_dir):
+    """ram:// (a stand-in for gs://): skipping to a slice's start seeks in tf.io.gfile's files too."""
+    remote = "ram://bucket/torch-ranks"
+    tf.io.gfile.makedirs(remote)
+    for name in tf.io.gfile.listdir(shard_dir[0]):
+        tf.io.gfile.copy(f"{shard_dir[0]}/{name}", f"{remote}/{name}", overwrite=True)
+    for rank in range(3):
+        here, there = (
+            [name for _, _, name in RecordDataset(folder, with_ids=True, rank=rank, world_size=3)]
+            for folder in (shard_dir[0], remote)
+        )
+        assert here == there and len(here) == 14

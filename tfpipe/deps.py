@@ -23,6 +23,9 @@ OPTIONAL = {
     "tensorflow_datasets": ("'tfpipe[tfds]'", "a TFDS source"),
     "efficientnet": ("'tfpipe[train]'", "the EfficientNet models"),
     "matplotlib": ("'tfpipe[train]'", "the run's pictures"),
+    "pytorch_lightning": ("'tfpipe[lightning]'", "tfpipe.lightning"),
+    "timm": ("timm (it needs a torchvision built for your torch)", "a model other than small-cnn in PyTorch"),
+    "torch_xla": ("the torch_xla of your torch's release (e.g. torch==2.9.0 torch-xla==2.9.0)", "--xla"),
 }
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterator
-from typing import Protocol
+from typing import IO, Any, Protocol
 
 import google_crc32c
 
@@ -71,28 +71,49 @@ class CorruptRecord(Exception):
     """A TFRecord file whose framing or checksums are wrong (the message names the file and offset)."""
 
 
-def read_records(path: str) -> Iterator[bytes]:
-    """Yields the payload of every record of a TFRecord file, checking both CRCs (like TensorFlow's reader).
+def _record_length(f: IO[Any], path: str, offset: int) -> int | None:
+    """Reads a record's header and checks its CRC: the length of its data, or None at the end of the file."""
+    header = f.read(12)
+    if not header:
+        return None
+    if len(header) < 12:
+        raise CorruptRecord(f"{path}: truncated record header at byte {offset}")
+    (length,), (length_crc,) = struct.unpack("<Q", header[:8]), struct.unpack("<I", header[8:])
+    if masked_crc(header[:8]) != length_crc:
+        raise CorruptRecord(f"{path}: corrupt record length at byte {offset}")
+    return int(length)
 
-    Raises ``CorruptRecord`` naming ``path`` and the byte offset on a truncated
-    file or a checksum mismatch.
+
+def read_records(path: str, start: int = 0, stop: int | None = None) -> Iterator[bytes]:
+    """Yields the payload of records ``start`` to ``stop`` (default: to the end) of a TFRecord file, checking
+    both CRCs of each (like TensorFlow's reader).
+
+    Records before ``start`` are skipped by their framing, unread. Raises ``CorruptRecord`` naming ``path`` and
+    the byte offset on a truncated file or a checksum mismatch.
     """
     with fs.open(path, "rb") as f:
-        offset = 0
-        while True:
-            header = f.read(12)
-            if not header:
+        offset, index = 0, 0
+        while stop is None or index < stop:
+            length = _record_length(f, path, offset)
+            if length is None:
                 return
-            if len(header) < 12:
-                raise CorruptRecord(f"{path}: truncated record header at byte {offset}")
-            (length,), (length_crc,) = struct.unpack("<Q", header[:8]), struct.unpack("<I", header[8:])
-            if masked_crc(header[:8]) != length_crc:
-                raise CorruptRecord(f"{path}: corrupt record length at byte {offset}")
-            data = f.read(length)
-            footer = f.read(4)
-            if len(data) < length or len(footer) < 4:
-                raise CorruptRecord(f"{path}: truncated record at byte {offset}")
-            if masked_crc(data) != struct.unpack("<I", footer)[0]:
-                raise CorruptRecord(f"{path}: corrupt record data at byte {offset}")
-            yield data
-            offset += 16 + length
+            if index < start:
+                f.seek(length + 4, 1)
+            else:
+                data, footer = f.read(length), f.read(4)
+                if len(data) < length or len(footer) < 4:
+                    raise CorruptRecord(f"{path}: truncated record at byte {offset}")
+                if masked_crc(data) != struct.unpack("<I", footer)[0]:
+                    raise CorruptRecord(f"{path}: corrupt record data at byte {offset}")
+                yield data
+            offset, index = offset + 16 + length, index + 1
+
+
+def count_records(path: str) -> int:
+    """The number of records in a TFRecord file, from its framing alone (no record's data is read)."""
+    count, offset = 0, 0
+    with fs.open(path, "rb") as f:
+        while (length := _record_length(f, path, offset)) is not None:
+            f.seek(length + 4, 1)
+            count, offset = count + 1, offset + 16 + length
+    return count

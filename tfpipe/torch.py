@@ -2,7 +2,7 @@
 
     from tfpipe.torch import RecordDataset
     ds = RecordDataset("records/demo/train", folds=[1, 2, 3, 4], shuffle=True, seed=0)
-    loader = torch.utils.data.DataLoader(ds, batch_size=64, num_workers=4)
+    loader = torch.utils.data.DataLoader(ds, batch_size=64, num_workers=4, persistent_workers=True)
     for epoch in range(10):
         ds.set_epoch(epoch)
         for images, targets in loader:  # uint8 [B, 3, S, S], float32 [B, C]
@@ -10,17 +10,26 @@
 
 No TensorFlow anywhere (so DataLoader workers may fork): the TFRecord framing
 is read and CRC-checked by ``tfpipe.tfrecord``, records are parsed with the
-schema's own protobuf classes and images decoded with OpenCV. Every record is
-seen exactly once per epoch across DataLoader workers *and* distributed ranks:
-whole shards are dealt to the (rank, worker) readers when there are enough of
-them, otherwise every reader scans all shards and keeps every n-th record.
+schema's own protobuf classes and images decoded with OpenCV.
+
+Distributed ranks get what ``DistributedSampler`` gives them: the same number
+of records each (the epoch's records padded by repeating from its start, or
+cut with ``drop_last``), every record at least once per epoch across ranks
+(exactly once when the count divides), a new order every epoch through
+``set_epoch`` (also in ``persistent_workers``), and ``len()``. The records
+are dealt from the shard counts of the manifest: rank r reads the r-th
+contiguous slice of the epoch's stream (the shards in a shuffled order, from a
+shifted start: both new every epoch), skipping by the TFRecord framing to
+where its slice starts, and its DataLoader workers split that slice at batch
+boundaries.
 """
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Iterable, Iterator, Sequence
-from typing import TypeAlias, TypeVar
+from typing import Any, NamedTuple, TypeAlias, TypeVar
 
 import cv2
 import numpy as np
@@ -33,28 +42,75 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from tfpipe import schema
 from tfpipe.errors import TfpipeError, check_count
-from tfpipe.shards import Records, checked_num_classes, open_shards
-from tfpipe.tfrecord import read_records
+from tfpipe.shards import Records, Shards, checked_num_classes, open_shards
+from tfpipe.tfrecord import count_records, read_records
 
 # (image uint8 [3, H, W], target float32 [C]), and the record's image_name with ``with_ids``
 Sample: TypeAlias = tuple[torch.Tensor, torch.Tensor] | tuple[torch.Tensor, torch.Tensor, str]
 T = TypeVar("T")
 
 
-def reader_slot(rank: int | None = None, world_size: int | None = None) -> tuple[int, int]:
-    """(index, count) of this reader among all (rank, DataLoader worker) readers."""
-    if rank is None or world_size is None:  # RecordDataset takes both or neither
-        dist = torch.distributed
-        rank, world_size = (
-            (dist.get_rank(), dist.get_world_size()) if dist.is_available() and dist.is_initialized() else (0, 1)
+class Segment(NamedTuple):
+    """Records ``start`` to ``stop`` of one shard file, which holds ``file_records`` records in all."""
+
+    file: str
+    start: int
+    stop: int
+    file_records: int
+
+
+def distributed_rank() -> tuple[int, int]:
+    """(rank, world size) of this process in ``torch.distributed``: (0, 1) when it is not initialised."""
+    dist = torch.distributed
+    return (dist.get_rank(), dist.get_world_size()) if dist.is_available() and dist.is_initialized() else (0, 1)
+
+
+def per_rank(total: int, world_size: int, drop_last: bool) -> int:
+    """Records each rank reads in an epoch: ``total`` over the ranks, rounded up (the rest padded by repeating
+    records) or down with ``drop_last`` (the rest left out), as ``DistributedSampler`` does."""
+    return total // world_size if drop_last else math.ceil(total / world_size)
+
+
+def worker_range(size: int, worker: int, workers: int, batch_size: int) -> tuple[int, int]:
+    """This DataLoader worker's part of a rank's ``size`` records: whole batches, contiguous, so that only the
+    last worker ends on a short batch and the loader yields exactly ``ceil(size / batch_size)`` batches."""
+    batches = math.ceil(size / batch_size)
+    first, last = batches * worker // workers, batches * (worker + 1) // workers
+    return min(first * batch_size, size), min(last * batch_size, size)
+
+
+def deal(files: Sequence[str], counts: Sequence[int], start: int, stop: int) -> list[Segment]:
+    """The segments of positions ``start`` to ``stop`` in the stream of ``files`` read one after another,
+    wrapping around to the first record past the end (the padding of the last ranks)."""
+    total, segments = sum(counts), []
+    while start < stop and total:
+        wrap, first = divmod(start, total)
+        end = min(stop, (wrap + 1) * total) - wrap * total  # this pass over the stream: [first, end)
+        offset = 0
+        for file, count in zip(files, counts):
+            lo, hi = max(first, offset), min(end, offset + count)
+            if lo < hi:
+                segments.append(Segment(file, lo - offset, hi - offset, count))
+            offset += count
+        start = wrap * total + end
+    return segments
+
+
+def folds_apart(shards: Shards, val_folds: Sequence[int]) -> list[int]:
+    """The training folds: all but ``val_folds``, which must be folds of ``shards``."""
+    if not shards.num_folds:
+        raise TfpipeError(f"{shards} has no folds: write it with --num-folds K to validate on some of them")
+    wrong = [k for k in val_folds if not 0 <= k < shards.num_folds]
+    if wrong or not val_folds or len(set(val_folds)) >= shards.num_folds:
+        raise TfpipeError(
+            f"validation folds {list(val_folds)}: {shards} has folds 0..{shards.num_folds - 1}; validate on some, "
+            "train on the others"
         )
-    info = get_worker_info()
-    worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
-    return rank * workers + worker, world_size * workers
+    return [k for k in range(shards.num_folds) if k not in val_folds]
 
 
 class RecordDataset(IterableDataset[Sample]):
-    """Yields ``(image uint8 [3, H, W], target float32 [C])`` from tfpipe shards.
+    """Yields ``(image uint8 [3, H, W], target float32 [C])`` from tfpipe shards, each rank its share.
 
     Args:
       records: shard folder (with ``manifest.json``), glob pattern, or list of files.
@@ -68,6 +124,10 @@ class RecordDataset(IterableDataset[Sample]):
       rank: this process's rank among distributed ranks (give both or neither; default: from
         ``torch.distributed`` when it is initialised, else 0).
       world_size: the number of ranks (default: from ``torch.distributed``, else 1).
+      drop_last: leave out the records past the ranks' last whole share instead of padding each
+        epoch by repeating records from its start (``DistributedSampler``'s ``drop_last``).
+      batch_size: the DataLoader's batch size: its workers then split a rank's records at batch
+        boundaries, so the loader yields exactly ``len(loader)`` batches and every rank as many.
     """
 
     def __init__(
@@ -82,33 +142,84 @@ class RecordDataset(IterableDataset[Sample]):
         with_ids: bool = False,
         rank: int | None = None,
         world_size: int | None = None,
+        drop_last: bool = False,
+        batch_size: int | None = None,
     ) -> None:
         super().__init__()
         if (rank is None) != (world_size is None):
             raise TfpipeError(f"RecordDataset: give rank and world_size together (got {rank=}, {world_size=})")
-        check_count(1, num_classes=num_classes)  # 0 is a mistake, not "from the manifest" (as in make_dataset)
+        check_count(
+            1, num_classes=num_classes, world_size=world_size, batch_size=batch_size, shuffle_buffer=shuffle_buffer
+        )
+        if rank is not None and world_size is not None and not 0 <= rank < world_size:
+            raise TfpipeError(f"RecordDataset: rank must be in 0..{world_size - 1} (got {rank=})")
         shards = open_shards(records, folds)  # the same checks and messages as make_dataset
         self.shards, self.files = shards, shards.files
         self.num_classes = checked_num_classes(records, shards, num_classes)
+        # from the manifest (or the names); foreign files without a count are counted by their framing
+        self.counts = tuple(n if n is not None else count_records(f) for f, n in shards.counts.items())
         self.shuffle, self.seed, self.shuffle_buffer, self.with_ids = shuffle, seed, shuffle_buffer, with_ids
-        self.rank, self.world_size = rank, world_size
-        self.epoch = 0
+        self.rank, self.world_size, self.drop_last, self.batch_size = rank, world_size, drop_last, batch_size
+        # in shared memory: DataLoader workers (persistent ones too) read the epoch set after they started
+        self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()
+
+    @property
+    def epoch(self) -> int:
+        return int(self._epoch)
 
     def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
+        """The epoch whose order to read next (with ``shuffle``): call it before each epoch, on every rank."""
+        check_count(0, epoch=epoch)
+        self._epoch.fill_(epoch)
 
-    def _records(self) -> Iterator[bytes]:
-        slot, slots = reader_slot(self.rank, self.world_size)
-        files = list(self.files)
-        if self.shuffle:  # the same permutation in every reader, so the deal below stays disjoint
-            random.Random(self.seed + self.epoch).shuffle(files)
-        if len(files) >= slots:  # whole shards per reader
-            for path in files[slot::slots]:
-                yield from read_records(path)
-        else:  # fewer shards than readers: everyone scans, keeps every n-th record
-            for i, record in enumerate(r for path in files for r in read_records(path)):
-                if i % slots == slot:
-                    yield record
+    def ranks(self) -> tuple[int, int]:
+        """(rank, world size): as given, else from ``torch.distributed``."""
+        if self.rank is not None and self.world_size is not None:
+            return self.rank, self.world_size
+        return distributed_rank()
+
+    def __len__(self) -> int:
+        """Records this rank reads per epoch (the same on every rank)."""
+        return per_rank(sum(self.counts), self.ranks()[1], self.drop_last)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """What a spawned DataLoader worker gets: the rank as this process knows it (the worker has no
+        ``torch.distributed``)."""
+        state = self.__dict__.copy()
+        if self.rank is None and distributed_rank()[1] > 1:
+            state["rank"], state["world_size"] = distributed_rank()
+        return state
+
+    def segments(self, epoch: int, worker: int = 0, workers: int = 1) -> list[Segment]:
+        """What one reader (this rank's DataLoader ``worker`` of ``workers``) reads in ``epoch``."""
+        rank, world_size = self.ranks()
+        total, order, shift = sum(self.counts), list(range(len(self.files))), 0
+        if self.shuffle and total:  # the same on every rank and worker, so the slices stay disjoint
+            rng = random.Random(self.seed + epoch)
+            rng.shuffle(order)
+            shift = rng.randrange(total)  # the slices start elsewhere every epoch, also with one shard
+        size = per_rank(total, world_size, self.drop_last)
+        if total and not size:
+            raise TfpipeError(
+                f"{self.shards}: {total} records cannot give each of {world_size} ranks one with drop_last"
+            )
+        lo, hi = worker_range(size, worker, workers, self.batch_size or 1)
+        files, counts = [self.files[i] for i in order], [self.counts[i] for i in order]
+        return deal(files, counts, shift + rank * size + lo, shift + rank * size + hi)
+
+    def _records(self, segments: Iterable[Segment]) -> Iterator[bytes]:
+        for seg in segments:
+            last = (
+                seg.stop == seg.file_records
+            )  # this reader has the shard's last record: it reads on to the file's end
+            seen = seg.start
+            for record in read_records(seg.file, seg.start, None if last else seg.stop):
+                if seen == seg.file_records:
+                    raise miscounted(seg, "more")
+                seen += 1
+                yield record
+            if seen < seg.stop:
+                raise miscounted(seg, "fewer")
 
     def _decode(self, record: bytes) -> Sample:
         ex = schema.decode_example(record)
@@ -126,11 +237,44 @@ class RecordDataset(IterableDataset[Sample]):
 
     def __iter__(self) -> Iterator[Sample]:
         self.shards.check_unchanged()  # every epoch: a folder rewritten since would change what an index means
-        records = self._records()
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        epoch = self.epoch
+        records = self._records(self.segments(epoch, worker, workers))
         if self.shuffle:
-            records = _shuffled(records, self.shuffle_buffer, random.Random(self.seed * 7919 + self.epoch))
+            rng = random.Random(f"{self.seed}/{epoch}/{self.ranks()[0]}/{worker}")  # str seeds: the same every run
+            records = _shuffled(records, self.shuffle_buffer, rng)
         for record in records:
             yield self._decode(record)
+
+
+def unique_rows(ids: Sequence[str], *columns: np.ndarray) -> tuple[Any, ...]:
+    """Rows ordered by id, each id once: what is left of a padded epoch's predictions (``RecordDataset``
+    repeats records so that every rank reads as many) once the repeats are taken out."""
+    first = {name: i for i, name in reversed(list(enumerate(ids)))}
+    order = [first[name] for name in sorted(first)]
+    return (sorted(first), *(np.asarray(c)[order] for c in columns))
+
+
+def gather_rows(ids: Sequence[str], *columns: np.ndarray) -> tuple[Any, ...]:
+    """Every rank's rows (``with_ids``' names and arrays such as probabilities and targets) on every rank, each
+    image once (``unique_rows``): validation scores over the whole fold, not over one rank's share."""
+    _rank, world_size = distributed_rank()
+    if world_size == 1:
+        return unique_rows(ids, *columns)
+    parts: list[Any] = [None] * world_size
+    torch.distributed.all_gather_object(parts, (list(ids), *columns))
+    return unique_rows(
+        [name for part in parts for name in part[0]],
+        *(np.concatenate([part[k + 1] for part in parts]) for k in range(len(columns))),
+    )
+
+
+def miscounted(seg: Segment, more_or_fewer: str) -> TfpipeError:
+    return TfpipeError(
+        f"{seg.file} holds {more_or_fewer} than the {seg.file_records} records its manifest (or name) says: the shards "
+        "changed after they were written; write them again"
+    )
 
 
 def _shuffled(items: Iterable[T], buffer_size: int, rng: random.Random) -> Iterator[T]:

@@ -1,0 +1,214 @@
+"""Train on tfpipe shards with PyTorch: 8 processes with DistributedDataParallel, or PyTorch/XLA on TPU cores.
+
+    python examples/torch_ddp.py --records records/demo/train --processes 8 --epochs 6
+    python examples/torch_ddp.py --records records/demo/train --epochs 6 --xla   # a TPU VM / Kaggle TPU
+
+The 8-core recipe of the PyTorch/XLA tutorials, with tfpipe's shards as its data. On a machine without TPU cores,
+``--processes 8`` runs 8 CPU processes (gloo), each a stand-in for one core: a dry run of the TPU configuration.
+What the TPU recipe's calls become here:
+
+    xmp.spawn(fn, nprocs=8)                     torch.multiprocessing.spawn(run, nprocs=8)
+    xm.xrt_world_size() / xm.get_ordinal()      dist.get_world_size() / dist.get_rank() (RecordDataset reads them)
+    DistributedSampler(num_replicas, rank)      RecordDataset: each rank the same number of records, set_epoch
+    MpDeviceLoader(loader, device)              the DataLoader itself
+    xm.optimizer_step(optimizer)                loss.backward() (DDP averages the gradients) + optimizer.step()
+
+The learning rate is ``--lr`` times the number of processes (the global batch grows with them). Every epoch ends
+with the validation fold's exact macro AUC, over all ranks' predictions (padding removed); the last line is
+``validation AUC <x>``. ``--xla`` runs the same steps with torch_xla (``xmp.spawn``, ``MpDeviceLoader``,
+``xm.optimizer_step``) on every device it finds (``PJRT_DEVICE=TPU``, or ``PJRT_DEVICE=CPU``: one CPU device).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import socket
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from tfpipe.errors import ArgumentParser, TfpipeError, check_count, run_cli
+from tfpipe.processes import die_with_parent
+from tfpipe.shards import open_shards
+from tfpipe.torch import RecordDataset, folds_apart, gather_rows, unique_rows
+from train.torch_models import add_recipe_arguments, build_model, check_model, model_inputs, validation_auc
+
+PROG = "torch_ddp"
+HEARTBEAT_SECONDS = 15  # a line at least this often while an epoch runs
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = ArgumentParser(prog=PROG, description="Train on tfpipe shards with PyTorch DDP or PyTorch/XLA.")
+    p.add_argument("--processes", type=int, default=8, help="ranks: one per core of the TPU they stand in for")
+    p.add_argument("--epochs", type=int, default=24)
+    add_recipe_arguments(p, per="process")
+    p.add_argument("--xla", action="store_true", help="PyTorch/XLA: xmp.spawn over the devices torch_xla finds")
+    return p
+
+
+def datasets(args: argparse.Namespace, rank: int | None, world_size: int | None) -> tuple[RecordDataset, RecordDataset]:
+    """(training folds, validation fold) for one rank: the same number of records on every rank."""
+    shards = open_shards(args.records)
+    folds = folds_apart(shards, [args.fold])
+    common: dict[str, Any] = {"batch_size": args.batch_size, "rank": rank, "world_size": world_size}
+    train = RecordDataset(shards, folds=folds, shuffle=True, seed=args.seed, **common)
+    return train, RecordDataset(shards, folds=[args.fold], with_ids=True, **common)
+
+
+def loader(ds: RecordDataset, args: argparse.Namespace) -> torch.utils.data.DataLoader:
+    workers = args.workers
+    return torch.utils.data.DataLoader(
+        ds,
+        batch_size=args.batch_size,
+        num_workers=workers,
+        persistent_workers=workers > 0,  # RecordDataset.set_epoch reaches them through shared memory
+        worker_init_fn=functools.partial(die_with_parent, os.getpid()) if workers else None,
+    )
+
+
+def train_epoch(
+    model: torch.nn.Module, batches: Any, step: Callable[[], None], device: Any, say: Callable[[str], None]
+) -> float:
+    """One pass over ``batches``; ``step`` applies the gradients. Returns this rank's mean loss."""
+    model.train()
+    loss_fn = torch.nn.BCEWithLogitsLoss()
+    total, count, last = 0.0, 0, time.monotonic()
+    for i, (images, targets) in enumerate(batches):
+        loss = loss_fn(model(model_inputs(images.to(device), training=True)), targets.to(device))
+        loss.backward()
+        step()
+        total, count = total + float(loss.detach()), count + 1
+        if time.monotonic() - last > HEARTBEAT_SECONDS:
+            say(f"  step {i + 1}: loss {total / count:.4f}")
+            last = time.monotonic()
+    return total / max(count, 1)
+
+
+@torch.no_grad()
+def predict(model: torch.nn.Module, batches: Any, device: Any) -> tuple[list[str], np.ndarray, np.ndarray]:
+    """(image names, probabilities, targets) of this rank's share of the validation fold."""
+    model.eval()
+    names: list[str] = []
+    probs, targets = [], []
+    for images, target, batch_names in batches:
+        probs.append(torch.sigmoid(model(model_inputs(images.to(device), training=False))).cpu().numpy())
+        targets.append(target.cpu().numpy())
+        names += batch_names
+    return names, np.concatenate(probs), np.concatenate(targets)
+
+
+def fit(rank: int, world_size: int, args: argparse.Namespace, device: Any, xla: Any = None) -> float:
+    """The loop every rank runs; ``xla`` is torch_xla's ``xla_model`` module under ``--xla``."""
+    torch.manual_seed(args.seed)  # the same initial weights on every rank (DDP also broadcasts them)
+    train, val = datasets(args, rank, world_size)
+    net = build_model(args.model, train.num_classes).to(device)
+    model = net if xla or world_size == 1 else DistributedDataParallel(net)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr * world_size)
+    train_loader, val_loader = loader(train, args), loader(val, args)
+    schedule = torch.optim.lr_scheduler.OneCycleLR(
+        optimizer, args.lr * world_size, total_steps=args.epochs * len(train_loader)
+    )
+
+    def say(line: str) -> None:
+        if rank == 0:
+            print(line, flush=True)
+
+    def step() -> None:
+        xla.optimizer_step(optimizer) if xla else optimizer.step()  # xla: all-reduces the gradients first
+        optimizer.zero_grad()
+        schedule.step()
+
+    for epoch in range(args.epochs):
+        train.set_epoch(epoch)
+        batches = xla_loader(train_loader, device) if xla else train_loader
+        loss = train_epoch(model, batches, step, device, say)
+        rows = predict(net, xla_loader(val_loader, device) if xla else val_loader, device)
+        auc = validation_auc(*(mesh_rows(xla, *rows) if xla else gather_rows(*rows))[1:])
+        say(f"epoch {epoch + 1}/{args.epochs}: loss {loss:.4f} (rank 0), validation AUC {auc:.4f}")
+    return auc
+
+
+def xla_loader(data: torch.utils.data.DataLoader, device: Any) -> Any:
+    from torch_xla.distributed.parallel_loader import MpDeviceLoader
+
+    return MpDeviceLoader(data, device)
+
+
+def mesh_rows(xla: Any, names: list[str], *columns: np.ndarray) -> tuple[Any, ...]:
+    """``gather_rows`` for torch_xla: every core's rows, each image once (sent as tensors: ``mesh_reduce``
+    unpickles with ``weights_only``, which takes no NumPy arrays)."""
+    mine = [(names, *(torch.from_numpy(c) for c in columns))]
+    parts = xla.mesh_reduce("validation_rows", mine, lambda lists: [part for each in lists for part in each])
+    merged = (torch.cat([p[k + 1] for p in parts]).numpy() for k in range(len(columns)))
+    return unique_rows([name for p in parts for name in p[0]], *merged)
+
+
+def run_rank(rank: int, args: argparse.Namespace, port: int, parent: int) -> None:
+    """One of ``--processes`` CPU processes: a gloo process group, then the loop."""
+    die_with_parent(parent)
+    torch.set_num_threads(1)  # the processes share the machine's cores; more threads each only contend
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=args.processes)
+    try:
+        auc = fit(rank, args.processes, args, torch.device("cpu"))
+        if rank == 0:
+            print(f"validation AUC {auc:.4f}", flush=True)
+    except TfpipeError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr, flush=True)
+        sys.exit(2)
+    finally:
+        dist.destroy_process_group()
+
+
+def run_xla(index: int, args: argparse.Namespace, parent: int) -> None:
+    """One torch_xla device (a TPU core): what ``xmp.spawn`` runs."""
+    import torch_xla
+    import torch_xla.core.xla_model as xm
+    import torch_xla.runtime as xr
+
+    die_with_parent(parent)
+    auc = fit(xr.global_ordinal(), xr.world_size(), args, torch_xla.device(), xla=xm)
+    if xr.global_ordinal() == 0:
+        print(f"validation AUC {auc:.4f}", flush=True)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def run(args: argparse.Namespace) -> None:
+    check_count(1, processes=args.processes, epochs=args.epochs, batch_size=args.batch_size)
+    check_count(0, workers=args.workers)
+    datasets(args, 0, args.processes)  # bad records, folds or model: one line here, before any process starts
+    check_model(args.model)
+    if args.xla:
+        from tfpipe.deps import require
+
+        require("torch_xla")
+        import torch_xla.distributed.xla_multiprocessing as xmp
+
+        xmp.spawn(run_xla, args=(args, os.getpid()))
+        return
+    try:
+        torch.multiprocessing.spawn(run_rank, args=(args, free_port(), os.getpid()), nprocs=args.processes)
+    except torch.multiprocessing.ProcessExitedException as e:
+        if e.exit_code == 2:  # a rank said why on stderr
+            raise SystemExit(2) from None
+        raise
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_cli(PROG, run, build_parser().parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
