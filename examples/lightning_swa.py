@@ -9,7 +9,8 @@ accelerators ``--devices 8`` runs 8 CPU processes. The learning rate is ``--lr``
 
 The last two lines are the validation fold's exact macro AUC, over all ranks' predictions:
 ``validation AUC <x>`` of the weights of the last epoch, then ``SWA validation AUC <x>`` of the weights averaged
-over the last ``--swa-epochs`` epochs (batch-norm statistics recomputed by Lightning in one more pass).
+by Lightning's ``StochasticWeightAveraging`` (it adds the weights as they stand at the start of each of the last
+``--swa-epochs`` epochs, then recomputes the batch-norm statistics in one more pass).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import pytorch_lightning as pl
 from tfpipe.errors import ArgumentParser, TfpipeError, check_count, run_cli
 from tfpipe.lightning import ShardDataModule
 from tfpipe.processes import die_with_parent
-from tfpipe.torch import gather_rows
+from tfpipe.torch import gather_rows, sync_buffers
 from train.torch_models import add_recipe_arguments, build_model, check_model, model_inputs, validation_auc
 
 PROG = "lightning_swa"
@@ -63,6 +64,9 @@ class Classifier(pl.LightningModule):
         self.log("loss", loss, prog_bar=True)
         return loss
 
+    def on_validation_epoch_start(self) -> None:
+        sync_buffers(self.net)  # every rank scores with rank 0's batch-norm statistics: one model
+
     def validation_step(self, batch: Any, index: int) -> None:
         images, targets, names = batch
         probs = torch.sigmoid(self.net(model_inputs(images, training=False)))
@@ -70,7 +74,8 @@ class Classifier(pl.LightningModule):
 
     def on_validation_epoch_end(self) -> None:
         names = [n for part in self.rows for n in part[0]]
-        _, probs, targets = gather_rows(names, *(np.concatenate([p[k] for p in self.rows]) for k in (1, 2)))
+        columns = (np.concatenate([p[k] for p in self.rows]) for k in (1, 2))
+        _, probs, targets = gather_rows(names, *columns, expected=self.trainer.datamodule.val_set.num_records)
         self.rows.clear()
         auc = validation_auc(probs, targets)  # the same on every rank: from every rank's rows
         self.auc[self.current_epoch] = auc

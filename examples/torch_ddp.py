@@ -1,7 +1,7 @@
 """Train on tfpipe shards with PyTorch: 8 processes with DistributedDataParallel, or PyTorch/XLA on TPU cores.
 
-    python examples/torch_ddp.py --records records/demo/train --processes 8 --epochs 6
-    python examples/torch_ddp.py --records records/demo/train --epochs 6 --xla   # a TPU VM / Kaggle TPU
+    python examples/torch_ddp.py --records records/demo/train --processes 8 --epochs 24
+    python examples/torch_ddp.py --records records/demo/train --epochs 24 --xla   # a TPU VM / Kaggle TPU
 
 The 8-core recipe of the PyTorch/XLA tutorials, with tfpipe's shards as its data. On a machine without TPU cores,
 ``--processes 8`` runs 8 CPU processes (gloo), each a stand-in for one core: a dry run of the TPU configuration.
@@ -14,7 +14,8 @@ What the TPU recipe's calls become here:
     xm.optimizer_step(optimizer)                loss.backward() (DDP averages the gradients) + optimizer.step()
 
 The learning rate is ``--lr`` times the number of processes (the global batch grows with them). Every epoch ends
-with the validation fold's exact macro AUC, over all ranks' predictions (padding removed); the last line is
+with the validation fold's exact macro AUC, over all ranks' predictions made with rank 0's batch-norm statistics
+(padding removed); the last line is
 ``validation AUC <x>``. ``--xla`` runs the same steps with torch_xla (``xmp.spawn``, ``MpDeviceLoader``,
 ``xm.optimizer_step``) on every device it finds (``PJRT_DEVICE=TPU``, or ``PJRT_DEVICE=CPU``: one CPU device).
 """
@@ -36,9 +37,9 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from tfpipe.errors import ArgumentParser, TfpipeError, check_count, run_cli
-from tfpipe.processes import die_with_parent
+from tfpipe.processes import die_with_parent, worker_dies_with_parent
 from tfpipe.shards import open_shards
-from tfpipe.torch import RecordDataset, folds_apart, gather_rows, unique_rows
+from tfpipe.torch import RecordDataset, folds_apart, gather_rows, sync_buffers, unique_rows
 from train.torch_models import add_recipe_arguments, build_model, check_model, model_inputs, validation_auc
 
 PROG = "torch_ddp"
@@ -70,7 +71,7 @@ def loader(ds: RecordDataset, args: argparse.Namespace) -> torch.utils.data.Data
         batch_size=args.batch_size,
         num_workers=workers,
         persistent_workers=workers > 0,  # RecordDataset.set_epoch reaches them through shared memory
-        worker_init_fn=functools.partial(die_with_parent, os.getpid()) if workers else None,
+        worker_init_fn=functools.partial(worker_dies_with_parent, os.getpid()) if workers else None,
     )
 
 
@@ -108,7 +109,7 @@ def predict(model: torch.nn.Module, batches: Any, device: Any) -> tuple[list[str
 def fit(rank: int, world_size: int, args: argparse.Namespace, device: Any, xla: Any = None) -> float:
     """The loop every rank runs; ``xla`` is torch_xla's ``xla_model`` module under ``--xla``."""
     torch.manual_seed(args.seed)  # the same initial weights on every rank (DDP also broadcasts them)
-    train, val = datasets(args, rank, world_size)
+    train, val = datasets(args, rank, world_size) if xla else datasets(args, None, None)  # None: from dist
     net = build_model(args.model, train.num_classes).to(device)
     model = net if xla or world_size == 1 else DistributedDataParallel(net)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr * world_size)
@@ -130,10 +131,22 @@ def fit(rank: int, world_size: int, args: argparse.Namespace, device: Any, xla: 
         train.set_epoch(epoch)
         batches = xla_loader(train_loader, device) if xla else train_loader
         loss = train_epoch(model, batches, step, device, say)
-        rows = predict(net, xla_loader(val_loader, device) if xla else val_loader, device)
-        auc = validation_auc(*(mesh_rows(xla, *rows) if xla else gather_rows(*rows))[1:])
+        auc = validate(net, val_loader, val.num_records, device, xla)
         say(f"epoch {epoch + 1}/{args.epochs}: loss {loss:.4f} (rank 0), validation AUC {auc:.4f}")
     return auc
+
+
+def validate(net: torch.nn.Module, data: Any, images: int, device: Any, xla: Any) -> float:
+    """The exact macro AUC of the validation fold: every rank predicts its share with the same model (rank 0's
+    batch-norm statistics), the rows are gathered and the padding's repeats taken out."""
+    if xla is None:
+        sync_buffers(net)
+        return validation_auc(*gather_rows(*predict(net, data, device), expected=images)[1:])
+    import torch_xla.runtime as xr
+
+    if xr.world_size() > 1:
+        xla.broadcast_master_param(net)  # parameters and buffers of core 0
+    return validation_auc(*mesh_rows(xla, *predict(net, xla_loader(data, device), device), expected=images)[1:])
 
 
 def xla_loader(data: torch.utils.data.DataLoader, device: Any) -> Any:
@@ -142,13 +155,13 @@ def xla_loader(data: torch.utils.data.DataLoader, device: Any) -> Any:
     return MpDeviceLoader(data, device)
 
 
-def mesh_rows(xla: Any, names: list[str], *columns: np.ndarray) -> tuple[Any, ...]:
+def mesh_rows(xla: Any, names: list[str], *columns: np.ndarray, expected: int) -> tuple[Any, ...]:
     """``gather_rows`` for torch_xla: every core's rows, each image once (sent as tensors: ``mesh_reduce``
     unpickles with ``weights_only``, which takes no NumPy arrays)."""
     mine = [(names, *(torch.from_numpy(c) for c in columns))]
     parts = xla.mesh_reduce("validation_rows", mine, lambda lists: [part for each in lists for part in each])
     merged = (torch.cat([p[k + 1] for p in parts]).numpy() for k in range(len(columns)))
-    return unique_rows([name for p in parts for name in p[0]], *merged)
+    return unique_rows([name for p in parts for name in p[0]], *merged, expected=expected)
 
 
 def run_rank(rank: int, args: argparse.Namespace, port: int, parent: int) -> None:
@@ -160,8 +173,9 @@ def run_rank(rank: int, args: argparse.Namespace, port: int, parent: int) -> Non
         auc = fit(rank, args.processes, args, torch.device("cpu"))
         if rank == 0:
             print(f"validation AUC {auc:.4f}", flush=True)
-    except TfpipeError as e:
-        print(f"{PROG}: error: {e}", file=sys.stderr, flush=True)
+    except TfpipeError as e:  # from a DataLoader worker, torch puts the worker's traceback in the message
+        message = str(e).strip().splitlines()[-1].removeprefix("tfpipe.errors.TfpipeError: ")
+        print(f"{PROG}: error: {message}", file=sys.stderr, flush=True)
         sys.exit(2)
     finally:
         dist.destroy_process_group()

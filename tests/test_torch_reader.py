@@ -97,9 +97,9 @@ def test_the_deal_covers_every_position_once_in_order():
         assert sum(-(-(hi - lo) // batch) for lo, hi in parts) == -(-size // batch)  # exactly len(loader) batches
 
 
-def test_a_shard_that_holds_other_than_its_count_is_an_error(shard_dir, tmp_path):
-    """The deal trusts the counts in the names (a manifest also checks each shard's size when opened): a shard
-    edited since (a record cut off, one added) is named."""
+def test_a_shard_that_changes_after_it_was_opened_is_an_error(shard_dir, tmp_path):
+    """The deal trusts the counts it took when opened (a manifest's are checked against each shard's size): a
+    shard edited since (a record cut off, one added) is named, never a shorter or longer epoch."""
     import shutil
 
     for path in open_shards(shard_dir[0]).files:
@@ -107,11 +107,67 @@ def test_a_shard_that_holds_other_than_its_count_is_an_error(shard_dir, tmp_path
     victim = sorted(tmp_path.glob("*.tfrec"))[0]
     records = list(read_records(str(victim)))
     for kept in (records[:-1], records + records[:1]):
+        ds = RecordDataset(str(tmp_path / "*.tfrec"), num_classes=3)
         with open(victim, "wb") as f:
             for r in kept:
                 f.write(_framed(r))
         with pytest.raises(TfpipeError, match=f"{victim.name} holds (fewer|more) than the {len(records)} records"):
-            list(RecordDataset(str(tmp_path / "*.tfrec"), num_classes=3))
+            list(ds)
+        with open(victim, "wb") as f:
+            for r in records:
+                f.write(_framed(r))
+
+
+def test_a_number_in_a_foreign_files_name_is_not_a_count(shard_dir, tmp_path):
+    """Files without a manifest are counted by their framing: "part-0" or "isic-2020" names no record count."""
+    import shutil
+
+    first = open_shards(shard_dir[0]).files[0]
+    n = count_records(first)
+    for name in ("part-0.tfrec", "isic-2020.tfrec"):
+        shutil.copy(first, tmp_path / name)
+        ds = RecordDataset(str(tmp_path / name), num_classes=3)
+        assert len(ds) == len(list(ds)) == n
+
+
+def test_bad_ranks_seeds_and_shares_are_refused_in_one_line(shard_dir):
+    for kwargs, says in (
+        ({"rank": True, "world_size": 2}, "rank must be a whole number"),
+        ({"seed": -1}, "seed must be"),
+        ({"seed": "x"}, "seed must be a whole number"),
+        ({"rank": 0, "world_size": 41, "drop_last": True}, "40 records cannot give each of 41 ranks one"),
+    ):
+        with pytest.raises(TfpipeError, match=says):
+            RecordDataset(shard_dir[0], **kwargs)
+    ds = RecordDataset(shard_dir[0], drop_last=True)
+    ds.world_size, ds.rank = 41, 3  # as torch.distributed would tell it: len() refuses too, not 0 batches
+    with pytest.raises(TfpipeError, match="drop_last=False"):
+        len(ds)
+    with pytest.raises(TfpipeError, match="below 2"):
+        ds.set_epoch(2**63)
+
+
+def test_truncated_files_are_named_when_records_are_skipped_or_counted(shard_dir, tmp_path):
+    path = open_shards(shard_dir[0]).files[0]
+    cut = tmp_path / "cut.tfrec"
+    cut.write_bytes(open(path, "rb").read()[:-10])
+    for read in (lambda: count_records(str(cut)), lambda: list(read_records(str(cut), start=5))):
+        with pytest.raises(CorruptRecord, match="cut.tfrec: truncated record at byte"):
+            read()
+
+
+def test_dataloader_workers_under_forkserver_live(shard_dir):
+    """The workers' die-with-parent hook: under forkserver a worker's parent is the server, not this process."""
+    import functools
+
+    from tfpipe.processes import worker_dies_with_parent
+
+    ds = RecordDataset(shard_dir[0], folds=[0], with_ids=True)
+    loader = torch.utils.data.DataLoader(
+        ds, batch_size=4, num_workers=1, multiprocessing_context="forkserver", collate_fn=as_list,
+        worker_init_fn=functools.partial(worker_dies_with_parent, os.getpid()),
+    )  # fmt: skip
+    assert sorted(name for batch in loader for _, _, name in batch) == tfpipe.image_names(shard_dir[0], folds=[0])
 
 
 def _framed(record):

@@ -110,12 +110,21 @@ def test_lightning_swa_example_learns_the_demo_on_8_processes(demo_shards):
 def test_the_examples_refuse_bad_input_in_one_line_before_starting_processes(script, unequal_shards):
     done = run_python([f"examples/{script}", "--records", unequal_shards[0]], timeout=120)
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
-    assert done.stderr.count("\n") == 1 and "has no folds: write it with --num-folds K" in done.stderr
+    assert done.stderr.count("\n") == 1 and "has no folds: write it with --num-folds 4" in done.stderr
 
 
-def test_unique_rows_take_the_padding_out():
-    names, probs, targets = unique_rows(["b", "a", "c", "a"], np.array([2, 1, 3, 9]), np.array([[0], [1], [0], [1]]))
-    assert names == ["a", "b", "c"] and probs.tolist() == [1, 2, 3] and targets.tolist() == [[1], [0], [0]]
+def test_unique_rows_take_the_padding_out_and_never_merge_other_images():
+    names, probs, targets = unique_rows(
+        ["b", "a", "c", "a"], np.array([0.2, 0.1, 0.3, 0.1]), np.array([[0], [1], [0], [1]]), expected=3
+    )
+    assert names == ["a", "b", "c"] and probs.tolist() == [0.1, 0.2, 0.3] and targets.tolist() == [[1], [0], [0]]
+    for ids, targets, expected, says in (
+        (["a", "a"], [[0], [1]], None, "read twice with other targets"),  # two folders with the same names
+        (["", ""], [[0], [0]], None, "without an image_name"),
+        (["a", "b"], [[0], [0]], 3, "2 distinct image names where 3 images were read"),
+    ):
+        with pytest.raises(TfpipeError, match=says):
+            unique_rows(ids, np.zeros(len(ids)), np.array(targets), expected=expected)
 
 
 def test_the_data_module_deals_the_folds_and_passes_the_epoch_on(shard_dir):
@@ -137,8 +146,8 @@ def test_the_data_module_deals_the_folds_and_passes_the_epoch_on(shard_dir):
     assert orders[0] != orders[1]
     images, targets, names = next(iter(data.val_dataloader()))
     assert images.dtype == torch.uint8 and targets.shape == (4, 3) and len(names) == 4
-    for bad in ([7], [0, 1, 2, 3], []):
-        with pytest.raises(TfpipeError, match="has folds 0..3"):
+    for bad, says in (([7], "has folds 0..3"), ([0, 1, 2, 3], "has folds 0..3"), ([], "fold ids"), (0, "fold ids")):
+        with pytest.raises(TfpipeError, match=says):
             ShardDataModule(shard_dir[0], val_folds=bad)
 
 

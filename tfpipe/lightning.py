@@ -29,8 +29,8 @@ import pytorch_lightning as pl
 from torch.utils.data import DataLoader
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
-from tfpipe.errors import check_count
-from tfpipe.processes import die_with_parent
+from tfpipe.errors import check_count, check_seed
+from tfpipe.processes import worker_dies_with_parent
 from tfpipe.shards import Records, open_shards
 from tfpipe.torch import RecordDataset, folds_apart
 
@@ -75,7 +75,9 @@ class ShardDataModule(pl.LightningDataModule):
         check_count(1, batch_size=batch_size, shuffle_buffer=shuffle_buffer)
         check_count(0, workers=workers)
         self.shards = open_shards(records)
-        self.val_folds, self.train_folds = list(val_folds), folds_apart(self.shards, val_folds)
+        check_seed(seed=seed)
+        self.train_folds = folds_apart(self.shards, val_folds)
+        self.val_folds = [k for k in range(self.shards.num_folds or 0) if k not in self.train_folds]
         self.batch_size, self.workers, self.seed = batch_size, workers, seed
         self.shuffle_buffer, self.drop_last = shuffle_buffer, drop_last
         self.num_classes = self.shards.num_classes or 0
@@ -97,7 +99,7 @@ class ShardDataModule(pl.LightningDataModule):
             "batch_size": self.batch_size,
             "num_workers": self.workers,
             "persistent_workers": self.workers > 0,
-            "worker_init_fn": functools.partial(die_with_parent, os.getpid()) if self.workers else None,
+            "worker_init_fn": functools.partial(worker_dies_with_parent, os.getpid()) if self.workers else None,
         }
 
     def train_dataloader(self) -> DataLoader:

@@ -40,3 +40,11 @@ def child_of_this_process() -> Callable[[], None]:
     """A ``preexec_fn`` for ``subprocess``: the child dies with this process."""
     parent = os.getpid()
     return lambda: die_with_parent(parent)
+
+
+def worker_dies_with_parent(parent_pid: int, worker_id: int) -> None:
+    """A DataLoader ``worker_init_fn``, as ``functools.partial(worker_dies_with_parent, os.getpid())``: the worker
+    ends with the process that made the loader. Under ``forkserver`` a worker's parent is the server, not that
+    process: torch's own check of the loader's process is left to cover it."""
+    if os.getppid() == parent_pid:
+        die_with_parent(parent_pid)

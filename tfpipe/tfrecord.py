@@ -92,13 +92,13 @@ def read_records(path: str, start: int = 0, stop: int | None = None) -> Iterator
     the byte offset on a truncated file or a checksum mismatch.
     """
     with fs.open(path, "rb") as f:
-        offset, index = 0, 0
+        offset, index, size = 0, 0, _size(f)
         while stop is None or index < stop:
             length = _record_length(f, path, offset)
             if length is None:
                 return
             if index < start:
-                f.seek(length + 4, 1)
+                _skip(f, path, offset, length, size)
             else:
                 data, footer = f.read(length), f.read(4)
                 if len(data) < length or len(footer) < 4:
@@ -113,7 +113,22 @@ def count_records(path: str) -> int:
     """The number of records in a TFRecord file, from its framing alone (no record's data is read)."""
     count, offset = 0, 0
     with fs.open(path, "rb") as f:
+        size = _size(f)
         while (length := _record_length(f, path, offset)) is not None:
-            f.seek(length + 4, 1)
+            _skip(f, path, offset, length, size)
             count, offset = count + 1, offset + 16 + length
     return count
+
+
+def _size(f: IO[Any]) -> int:
+    f.seek(0, 2)
+    size = int(f.tell())
+    f.seek(0)
+    return size
+
+
+def _skip(f: IO[Any], path: str, offset: int, length: int, size: int) -> None:
+    """Moves past the data and footer of the record at ``offset`` (its header read) without reading them."""
+    if offset + 16 + length > size:
+        raise CorruptRecord(f"{path}: truncated record at byte {offset}")
+    f.seek(length + 4, 1)

@@ -41,8 +41,8 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from tfpipe import schema
-from tfpipe.errors import TfpipeError, check_count
-from tfpipe.shards import Records, Shards, checked_num_classes, open_shards
+from tfpipe.errors import TfpipeError, check_count, check_seed, option
+from tfpipe.shards import Records, Shards, check_fold_ids, checked_num_classes, open_shards
 from tfpipe.tfrecord import count_records, read_records
 
 # (image uint8 [3, H, W], target float32 [C]), and the record's image_name with ``with_ids``
@@ -97,16 +97,19 @@ def deal(files: Sequence[str], counts: Sequence[int], start: int, stop: int) -> 
 
 
 def folds_apart(shards: Shards, val_folds: Sequence[int]) -> list[int]:
-    """The training folds: all but ``val_folds``, which must be folds of ``shards``."""
+    """The training folds: all but ``val_folds``, which must be some (not all) folds of ``shards``."""
     if not shards.num_folds:
-        raise TfpipeError(f"{shards} has no folds: write it with --num-folds K to validate on some of them")
-    wrong = [k for k in val_folds if not 0 <= k < shards.num_folds]
-    if wrong or not val_folds or len(set(val_folds)) >= shards.num_folds:
+        raise TfpipeError(f"{shards} has no folds: write it with {option('num_folds', 4)} to validate on some of them")
+    try:
+        ids = check_fold_ids(val_folds)
+    except TfpipeError:
+        raise TfpipeError(f"val_folds are the fold ids to validate on, such as [0] (got {val_folds!r})") from None
+    if any(not 0 <= k < shards.num_folds for k in ids) or len(set(ids)) >= shards.num_folds:
         raise TfpipeError(
-            f"validation folds {list(val_folds)}: {shards} has folds 0..{shards.num_folds - 1}; validate on some, "
+            f"validation folds {ids}: {shards} has folds 0..{shards.num_folds - 1}; validate on some, "
             "train on the others"
         )
-    return [k for k in range(shards.num_folds) if k not in val_folds]
+    return [k for k in range(shards.num_folds) if k not in ids]
 
 
 class RecordDataset(IterableDataset[Sample]):
@@ -151,17 +154,23 @@ class RecordDataset(IterableDataset[Sample]):
         check_count(
             1, num_classes=num_classes, world_size=world_size, batch_size=batch_size, shuffle_buffer=shuffle_buffer
         )
+        check_count(0, rank=rank)
+        check_seed(seed=seed)
         if rank is not None and world_size is not None and not 0 <= rank < world_size:
             raise TfpipeError(f"RecordDataset: rank must be in 0..{world_size - 1} (got {rank=})")
         shards = open_shards(records, folds)  # the same checks and messages as make_dataset
         self.shards, self.files = shards, shards.files
         self.num_classes = checked_num_classes(records, shards, num_classes)
-        # from the manifest (or the names); foreign files without a count are counted by their framing
-        self.counts = tuple(n if n is not None else count_records(f) for f, n in shards.counts.items())
+        # the manifest's counts (each shard's size checked when opened); files without one are counted by their
+        # framing: a count in a foreign file's name may be anything ("isic-2020.tfrec")
+        counts = shards.counts if shards.manifest else {f: count_records(f) for f in shards.files}
+        self.counts = tuple(int(n or 0) for n in counts.values())
         self.shuffle, self.seed, self.shuffle_buffer, self.with_ids = shuffle, seed, shuffle_buffer, with_ids
         self.rank, self.world_size, self.drop_last, self.batch_size = rank, world_size, drop_last, batch_size
         # in shared memory: DataLoader workers (persistent ones too) read the epoch set after they started
         self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()
+        if rank is not None:
+            self.share()  # refuses here what no rank could read
 
     @property
     def epoch(self) -> int:
@@ -170,6 +179,8 @@ class RecordDataset(IterableDataset[Sample]):
     def set_epoch(self, epoch: int) -> None:
         """The epoch whose order to read next (with ``shuffle``): call it before each epoch, on every rank."""
         check_count(0, epoch=epoch)
+        if epoch >= 2**62:
+            raise TfpipeError(f"set_epoch: epoch {epoch} is beyond any run (below 2**62)")
         self._epoch.fill_(epoch)
 
     def ranks(self) -> tuple[int, int]:
@@ -178,9 +189,25 @@ class RecordDataset(IterableDataset[Sample]):
             return self.rank, self.world_size
         return distributed_rank()
 
+    @property
+    def num_records(self) -> int:
+        """Records in the files read (every rank's together, no padding)."""
+        return sum(self.counts)
+
+    def share(self) -> int:
+        """Records each rank reads per epoch; refuses ``drop_last`` with fewer records than ranks."""
+        world_size = self.ranks()[1]
+        size = per_rank(self.num_records, world_size, self.drop_last)
+        if self.num_records and not size:
+            raise TfpipeError(
+                f"{self.shards}: {self.num_records} records cannot give each of {world_size} ranks one with "
+                "drop_last=True; pad instead (drop_last=False) or use fewer ranks"
+            )
+        return size
+
     def __len__(self) -> int:
         """Records this rank reads per epoch (the same on every rank)."""
-        return per_rank(sum(self.counts), self.ranks()[1], self.drop_last)
+        return self.share()
 
     def __getstate__(self) -> dict[str, Any]:
         """What a spawned DataLoader worker gets: the rank as this process knows it (the worker has no
@@ -192,17 +219,12 @@ class RecordDataset(IterableDataset[Sample]):
 
     def segments(self, epoch: int, worker: int = 0, workers: int = 1) -> list[Segment]:
         """What one reader (this rank's DataLoader ``worker`` of ``workers``) reads in ``epoch``."""
-        rank, world_size = self.ranks()
-        total, order, shift = sum(self.counts), list(range(len(self.files))), 0
+        rank, size = self.ranks()[0], self.share()
+        total, order, shift = self.num_records, list(range(len(self.files))), 0
         if self.shuffle and total:  # the same on every rank and worker, so the slices stay disjoint
-            rng = random.Random(self.seed + epoch)
+            rng = random.Random(f"{self.seed}/{epoch}")  # str seeds: seed 0 epoch 1 is not seed 1 epoch 0
             rng.shuffle(order)
             shift = rng.randrange(total)  # the slices start elsewhere every epoch, also with one shard
-        size = per_rank(total, world_size, self.drop_last)
-        if total and not size:
-            raise TfpipeError(
-                f"{self.shards}: {total} records cannot give each of {world_size} ranks one with drop_last"
-            )
         lo, hi = worker_range(size, worker, workers, self.batch_size or 1)
         files, counts = [self.files[i] for i in order], [self.counts[i] for i in order]
         return deal(files, counts, shift + rank * size + lo, shift + rank * size + hi)
@@ -248,32 +270,53 @@ class RecordDataset(IterableDataset[Sample]):
             yield self._decode(record)
 
 
-def unique_rows(ids: Sequence[str], *columns: np.ndarray) -> tuple[Any, ...]:
+def unique_rows(ids: Sequence[str], *columns: np.ndarray, expected: int | None = None) -> tuple[Any, ...]:
     """Rows ordered by id, each id once: what is left of a padded epoch's predictions (``RecordDataset``
-    repeats records so that every rank reads as many) once the repeats are taken out."""
-    first = {name: i for i, name in reversed(list(enumerate(ids)))}
+    repeats records so that every rank reads as many) once the repeats are taken out.
+
+    A repeat must be the same image: rows of one name that differ (two folders holding the same names), rows
+    without a name, or other than ``expected`` images in the end are an error, never a merge."""
+    if any(not name for name in ids):
+        raise TfpipeError("rows without an image_name cannot be told apart from the padding's repeats")
+    first: dict[str, int] = {}
+    for i, name in enumerate(ids):
+        j = first.setdefault(name, i)
+        if j != i and not all(np.allclose(np.asarray(c)[i], np.asarray(c)[j], atol=1e-3) for c in columns):
+            raise TfpipeError(f"image name {name!r} is read twice with other targets or scores: names must be unique")
+    if expected is not None and len(first) != expected:
+        raise TfpipeError(f"{len(first)} distinct image names where {expected} images were read: names repeat")
     order = [first[name] for name in sorted(first)]
     return (sorted(first), *(np.asarray(c)[order] for c in columns))
 
 
-def gather_rows(ids: Sequence[str], *columns: np.ndarray) -> tuple[Any, ...]:
+def gather_rows(ids: Sequence[str], *columns: np.ndarray, expected: int | None = None) -> tuple[Any, ...]:
     """Every rank's rows (``with_ids``' names and arrays such as probabilities and targets) on every rank, each
-    image once (``unique_rows``): validation scores over the whole fold, not over one rank's share."""
-    _rank, world_size = distributed_rank()
+    image once (``unique_rows``): validation scores over the whole fold, not over one rank's share. ``expected``:
+    the images read (``RecordDataset.num_records``)."""
+    world_size = distributed_rank()[1]
     if world_size == 1:
-        return unique_rows(ids, *columns)
+        return unique_rows(ids, *columns, expected=expected)
     parts: list[Any] = [None] * world_size
     torch.distributed.all_gather_object(parts, (list(ids), *columns))
     return unique_rows(
         [name for part in parts for name in part[0]],
         *(np.concatenate([part[k + 1] for part in parts]) for k in range(len(columns))),
+        expected=expected,
     )
+
+
+def sync_buffers(module: torch.nn.Module) -> None:
+    """Rank 0's buffers (batch-norm statistics) on every rank, as DDP's training step leaves them before each
+    rank's own update: validation then scores one model on every rank."""
+    if distributed_rank()[1] > 1:
+        for buffer in module.buffers():
+            torch.distributed.broadcast(buffer, src=0)
 
 
 def miscounted(seg: Segment, more_or_fewer: str) -> TfpipeError:
     return TfpipeError(
-        f"{seg.file} holds {more_or_fewer} than the {seg.file_records} records its manifest (or name) says: the shards "
-        "changed after they were written; write them again"
+        f"{seg.file} holds {more_or_fewer} than the {seg.file_records} records counted when it was opened (its "
+        "manifest's count): the shards changed since (python -m tfpipe.inspect --verify names what is wrong)"
     )
 
 

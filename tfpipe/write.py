@@ -31,7 +31,7 @@ from tfpipe.encode import encode_item
 from tfpipe.errors import ArgumentParser, TfpipeError, check_count, check_path, check_seed, option, run_cli
 from tfpipe.images import FITS, FORMATS, ImageSpec, from_millions
 from tfpipe.manifest import MANIFEST, Manifest, StoredImages
-from tfpipe.processes import die_with_parent
+from tfpipe.processes import worker_dies_with_parent
 from tfpipe.shards import STAT_THREADS, check_split
 from tfpipe.sources import Item, LabelFormat, Source, SourceProtocol, class_names, targets
 from tfpipe.staging import PlannedShard, StagedShards, check_destination, locked_folder, plan
@@ -72,10 +72,10 @@ def _keep_batch(batch: list[Encoded]) -> list[Encoded]:
     return batch  # a list of (index, record, error); no tensors involved
 
 
-def _worker_init(parent_pid: int, _: int) -> None:
+def _worker_init(parent_pid: int, worker_id: int) -> None:
     import cv2
 
-    die_with_parent(parent_pid)
+    worker_dies_with_parent(parent_pid, worker_id)
     cv2.setNumThreads(1)  # one process per core already; OpenCV threads would oversubscribe
 
 
