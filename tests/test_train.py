@@ -51,6 +51,7 @@ def history(out):
         return list(csv.DictReader(f))
 
 
+@pytest.mark.slow  # about 2 minutes on 2 cores, most of it TensorFlow closing 8 replicas' iterators
 def test_eight_virtual_replicas_with_steps_per_execution(shard_dir, tmp_path):
     cfg = tiny_config(shard_dir, tmp_path / "run", schedule="cosine", warmup_epochs=1)
     m = fit(cfg)
