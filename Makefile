@@ -7,7 +7,7 @@ RECORDS ?= records/demo
 DEMO_SIZE ?= 64
 RUN ?= runs/demo
 
-.PHONY: setup demo test test-slow test-bench test-install lint docs bench clean
+.PHONY: setup demo test test-slow test-bench test-install test-xla lint docs bench clean
 
 setup: $(VENV)/.installed
 
@@ -44,10 +44,14 @@ test-bench: setup
 	$(PY) -m pytest -q -m bench
 
 # The built wheel installed into fresh venvs that already hold a user's TensorFlow (oldest supported, 2.19, newest
-# pinned): versions kept, write -> fit (8 replicas) -> predict from outside the repo, the notebook cells of docs/guides/notebook.md, Beam workers;
-# and next to torch 2.9 + torch_xla 2.9 + timm (a TPU image's PyTorch): examples/torch_ddp.py --xla and a timm model.
+# pinned): versions kept, write -> fit (8 replicas) -> predict from outside the repo, the notebook cells of docs/guides/notebook.md, Beam workers.
 test-install: setup
-	$(PY) -m pytest -q -m install
+	$(PY) -m pytest -q -m "install and not xla"
+
+# The wheel next to torch 2.9 + torch_xla 2.9 + timm (a TPU image's PyTorch; several GB of downloads, about 8
+# minutes): examples/torch_ddp.py --xla on an XLA CPU device and a timm model. Not in .ci/run (its time budget).
+test-xla: setup
+	$(PY) -m pytest -q -m xla
 
 # ruff (lint and format check) and mypy (every function typed, configured in pyproject.toml): zero findings.
 lint: setup

@@ -374,9 +374,10 @@ XLA_IMAGE = ("torch==2.9.0", "torch-xla==2.9.0", "torchvision==0.24.0", "timm")
 AUC = re.compile(r"^validation AUC (\d\.\d+)$", re.M)
 
 
+@pytest.mark.xla  # several GB of torch 2.9 + CUDA libraries: `make test-xla`, not in CI's time budget
 def test_pytorch_xla_and_timm_next_to_a_tpu_images_torch(wheel, tmp_path):
     """The wheel with ``[lightning]`` next to torch 2.9 + torch_xla 2.9 + timm keeps them, writes shards without
-    TensorFlow, and ``examples/torch_ddp.py --xla`` learns on an XLA CPU device (``PJRT_DEVICE=CPU``: one
+    TensorFlow, and ``examples/torch_ddp.py --xla`` learns the demo on an XLA CPU device (``PJRT_DEVICE=CPU``: one
     device; several abort in torch_xla 2.9's CPU all-reduce, docs/guides/torch.md); ``--model resnet18`` trains
     a timm model on 2 processes."""
     venv, work = tmp_path / "venv", tmp_path / "work"
@@ -395,11 +396,9 @@ def test_pytorch_xla_and_timm_next_to_a_tpu_images_torch(wheel, tmp_path):
     run(["tfpipe-write", "--csv", "data/train.csv", "--images", "data/images", "--out", "records", "--image-size",
          "48", "--num-folds", "4", "--no-progress"], str(work), env)  # fmt: skip
     example = os.path.join(ROOT, "examples", "torch_ddp.py")
-    # 4 epochs keep CI short: the same loop learns to >= 0.85 in tests/test_torch_recipes.py (on gloo), and 10
-    # epochs of --xla reached 0.87 here (docs/guides/torch.md)
-    xla = run(["python", example, "--records", "records", "--xla", "--epochs", "4", "--batch-size", "16"], str(work),
+    xla = run(["python", example, "--records", "records", "--xla", "--epochs", "10", "--batch-size", "16"], str(work),
               {**env, "PJRT_DEVICE": "CPU"}, timeout=1800)  # fmt: skip
-    assert float(AUC.findall(xla)[-1]) >= 0.6, xla  # chance is 0.5
+    assert float(AUC.findall(xla)[-1]) >= 0.85, xla  # chance is 0.5; measured 0.87 on this machine
     timm = run(["python", example, "--records", "records", "--model", "resnet18", "--processes", "2", "--epochs",
                 "1"], str(work), env, timeout=1800)  # fmt: skip
     assert 0 <= float(AUC.findall(timm)[-1]) <= 1, timm
