@@ -32,13 +32,19 @@ demo: setup
 	$(PY) -m train.predict --run $(RUN) --records $(RECORDS)/test --out $(RUN)/submission.csv \
 		--strategy cpu --replicas 8 --tta 2
 
-# The default run (under ~12 minutes on 2 cores); the slow tests (each over ~20 s: whole chains, the notebook,
-# kills and resumes) run in `make test-slow`, which CI runs right after it.
+# pytest on both cores (pytest-xdist): tests that share an expensive session fixture (one trained run, one slow
+# source) run on one worker (conftest.py groups them), so each is built once; the 15 slowest tests are printed.
+PYTEST := $(PY) -m pytest -q -n 2 --dist loadgroup --durations 15
+
+# The default run (under 6 minutes on 2 cores, docs/project/tests.md); the slow tests (each over ~20 s: whole
+# chains, the notebook, learning, kills and resumes) and the benchmark smoke test run in `make test-slow`, which
+# CI runs right after it.
 test: setup
-	$(PY) -m pytest -q -m "not slow and not bench and not install"
+	$(PYTEST) -m "not slow and not bench and not install"
 
 test-slow: setup
-	$(PY) -m pytest -q -m "slow and not bench and not install"
+	$(PYTEST) -m "(slow or bench) and not serial and not install and not xla"
+	$(PY) -m pytest -q --durations 15 -m "serial and not install and not xla"
 
 test-bench: setup
 	$(PY) -m pytest -q -m bench
@@ -46,7 +52,7 @@ test-bench: setup
 # The built wheel installed into fresh venvs that already hold a user's TensorFlow (oldest supported, 2.19, newest
 # pinned): versions kept, write -> fit (8 replicas) -> predict from outside the repo, the notebook cells of docs/guides/notebook.md, Beam workers.
 test-install: setup
-	$(PY) -m pytest -q -m "install and not xla"
+	$(PYTEST) -m "install and not xla"
 
 # The wheel next to torch 2.9 + torch_xla 2.9 + timm (a TPU image's PyTorch; several GB of downloads, about 8
 # minutes): examples/torch_ddp.py --xla on an XLA CPU device and a timm model. Not in .ci/run (its time budget).

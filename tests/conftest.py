@@ -18,6 +18,19 @@ import numpy as np
 import pytest
 from PIL import Image
 
+# Session fixtures that take tens of seconds to build. `make test` runs on two pytest-xdist workers with
+# `--dist loadgroup`: every test that uses one of these runs on the same worker, so each is built once per run, as
+# in a plain one-process run.
+SHARED_FIXTURES = ("trained_run", "slow_source")
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the groups
+def pytest_collection_modifyitems(items):
+    for item in items:
+        shared = [name for name in SHARED_FIXTURES if name in item.fixturenames]
+        if shared:
+            item.add_marker(pytest.mark.xdist_group(shared[0]))
+
 
 def gradient_image(height, width, seed=0):
     """An RGB uint8 image with structure (so JPEG and resizing do real work)."""
@@ -162,6 +175,20 @@ def slow_source(tmp_path_factory):
 
     assert write_main(args + ["--out", reference, "--no-progress", "--workers", "0"]) == 0  # the uninterrupted run
     return args, reference
+
+
+@pytest.fixture(scope="session")
+def demo_shards(tmp_path_factory):
+    """The demo's shapes, 800 images at 48 px in 4 folds: what the tests that check a model learns train on."""
+    import tfpipe
+    from tfpipe.demo import make_demo
+
+    root = tmp_path_factory.mktemp("demo")
+    make_demo(str(root / "data"), train=800, test=0)
+    out = str(root / "records")
+    tfpipe.write_shards(tfpipe.Source(str(root / "data" / "images"), csv=str(root / "data" / "train.csv")), out,
+                        spec=tfpipe.ImageSpec(image_size=48), num_folds=4, workers=0, progress=False)  # fmt: skip
+    return out
 
 
 @pytest.fixture(scope="session")

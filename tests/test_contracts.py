@@ -653,25 +653,15 @@ def test_a_users_staging_folder_is_never_deleted(labeled_folder, tmp_path, capsy
 
 @pytest.fixture(scope="module")
 def interrupted_write(slow_source, tmp_path_factory):
-    """A real write stopped with SIGINT after its first finished shard: (its folder, the write's arguments)."""
+    """A real write stopped with SIGINT after its second finished shard: (its folder, the write's arguments)."""
     import signal
+
+    from tests.test_reliability import start_and_interrupt
 
     args, _ = slow_source
     out = tmp_path_factory.mktemp("interrupted") / "out"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tfpipe.write", *args, "--out", str(out), "--workers", "1", "--no-progress"],
-        env=ENV,
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
-    progress = out / ".staging" / "progress.json"
-    deadline = time.time() + 120
-    while not (progress.exists() and json.loads(progress.read_text() or '{"shards": []}')["shards"]):
-        assert proc.poll() is None and time.time() < deadline
-        time.sleep(0.02)
-    proc.send_signal(signal.SIGINT)
-    proc.communicate(timeout=60)
+    proc, _ = start_and_interrupt(args, str(out), signal.SIGINT)
+    assert proc.returncode == 130 and (out / ".staging" / "progress.json").exists(), proc.stderr.read()
     return out, args
 
 

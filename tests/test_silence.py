@@ -76,6 +76,7 @@ def chain(work: Path) -> Iterator[tuple[list[str], list[tuple[float, str]]]]:
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # a gap is timed on 2 cores: another test beside it would stretch it
 def test_write_fit_predict_never_silent_for_more_than_30_s(tmp_path):
     results = list(chain(tmp_path))
     worst = max((gap + (" ".join(argv[1:3]),) for argv, pieces in results for gap in gaps(pieces)[:1]))

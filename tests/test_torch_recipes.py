@@ -47,20 +47,6 @@ def unequal_shards(tmp_path_factory):
     return out, sorted(name for name, _ in rows)
 
 
-@pytest.fixture(scope="module")
-def demo_shards(tmp_path_factory):
-    """The demo's shapes, 800 images at 48 px in 4 folds (as tests/test_train.py's learning test)."""
-    import tfpipe
-    from tfpipe.demo import make_demo
-
-    root = tmp_path_factory.mktemp("demo")
-    make_demo(str(root / "data"), train=800, test=0)
-    out = str(root / "records")
-    tfpipe.write_shards(tfpipe.Source(str(root / "data" / "images"), csv=str(root / "data" / "train.csv")), out,
-                        spec=tfpipe.ImageSpec(image_size=48), num_folds=4, workers=0, progress=False)  # fmt: skip
-    return out
-
-
 @pytest.mark.slow
 def test_a_ddp_epoch_on_8_ranks_with_2_workers_ends_and_reads_every_record(unequal_shards, tmp_path):
     """8 gloo ranks x 2 DataLoader workers, 2 epochs of DDP training on 43 records in 3 unequal shards: every

@@ -297,23 +297,11 @@ def test_weights_from_a_file(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_model_learns_the_demo_shapes(tmp_path):
-    """Not just 'it runs': small-cnn on 800 demo images at 48 px separates the five shapes (about 80 s)."""
-    import tfpipe
-    from tfpipe.demo import make_demo
-
-    make_demo(str(tmp_path / "data"), train=800, test=0)
-    tfpipe.write_shards(
-        tfpipe.Source(str(tmp_path / "data" / "images"), csv=str(tmp_path / "data" / "train.csv")),
-        str(tmp_path / "records"),
-        spec=tfpipe.ImageSpec(image_size=48),
-        num_folds=4,
-        workers=0,
-        progress=False,
-    )
+def test_a_model_learns_the_demo_shapes(demo_shards, tmp_path):
+    """Not just 'it runs': small-cnn on 800 demo images at 48 px separates the five shapes."""
     m = fit(
         FitConfig(
-            records=str(tmp_path / "records"),
+            records=demo_shards,
             run=str(tmp_path / "run"),
             strategy="cpu",
             model="small-cnn",

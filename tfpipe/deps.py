@@ -61,14 +61,24 @@ def _missing(top: str) -> MissingDependency:
     return MissingDependency(f"{top} is not installed, and is needed for {needed_for}: pip install {install}")
 
 
+def _distribution_version(name: str, module: str) -> str | None:
+    """The installed version of distribution ``name``, else of whichever distribution provides ``module`` (a
+    nightly or a fork under another name), else None. The direct look-up comes first: scanning every installed
+    distribution's file list (``packages_distributions``) takes seconds in a large environment."""
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        dists = importlib.metadata.packages_distributions().get(module, [])
+        return importlib.metadata.version(dists[0]) if dists else None
+
+
 def keras_problem(tf_version: str) -> str | None:
     """None when tf-keras of TensorFlow's release (``tf_version``, e.g. "2.19.1") is installed, else what to do."""
     release = ".".join(tf_version.split(".")[:2])
     hint = f"pip install 'tf-keras~={release}.0'"
     if importlib.util.find_spec("tf_keras") is None:
         return f"training needs tf-keras of TensorFlow's release {release}, which is not installed: {hint}"
-    dists = importlib.metadata.packages_distributions().get("tf_keras", [])
-    found = importlib.metadata.version(dists[0]) if dists else None
+    found = _distribution_version("tf-keras", "tf_keras")
     if found is not None and found.split(".")[:2] != release.split("."):
         return f"tf-keras {found} does not match TensorFlow {tf_version} (they must be the same release): {hint}"
     return None
