@@ -25,6 +25,30 @@ from PIL import Image
 SHARED_FIXTURES = ("trained_run", "slow_source")
 
 
+# The tests that take minutes, longest first (as measured alone: docs/project/tests.md, "Where the minutes go"),
+# handed out before the rest: pytest-xdist deals tests in collection order and knows nothing of their length, and a
+# 6-minute test started last ran alone for minutes after the other worker had finished.
+LONGEST_FIRST = (
+    "test_every_benchmark_runs_and_writes_results_and_chart",
+    "test_a_model_learns_the_demo_shapes",
+    "test_lightning_swa_example_learns_the_demo_on_8_processes",
+    "test_torch_ddp_example_learns_the_demo_on_8_processes",
+    "test_the_examples_of_a_page_run",
+    "test_training_killed_mid_epoch_resumes_to_the_same_epochs_and_steps",
+    "test_eight_virtual_replicas_with_steps_per_execution",
+    "test_notebook_runs_end_to_end",
+)
+
+
+def pytest_collection_modifyitems(items):
+    def later(item):  # the minutes-long tests, then the ones sharing the trained run, then the rest in their order
+        name, fixtures = getattr(item, "originalname", item.name), getattr(item, "fixturenames", ())
+        rank = LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
+        return rank, "trained_run" not in fixtures
+
+    items.sort(key=later)  # stable
+
+
 def pytest_itemcollected(item):
     shared = [name for name in SHARED_FIXTURES if name in getattr(item, "fixturenames", ())]
     if shared:
