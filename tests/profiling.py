@@ -19,6 +19,15 @@ _ROWS: dict = {}
 _CURRENT = {"test": None}
 
 
+def _profile_path():
+    return os.environ.get("TFPIPE_PROFILE", "test-profile.tsv")
+
+
+def _argv(args):
+    """A command as Popen and run take it (a list, or one string), as a list of strings."""
+    return [str(a) for a in (args if isinstance(args, (list, tuple)) else [args])]
+
+
 def _count(kind, detail=""):
     test = _CURRENT["test"]
     if test is not None:
@@ -32,7 +41,7 @@ def _wrap_popen():
     original = subprocess.Popen.__init__
 
     def init(self, args, *rest, **kwargs):
-        argv = [str(a) for a in (args if isinstance(args, (list, tuple)) else [args])]
+        argv = _argv(args)
         _count("processes")
         if argv and (
             "python" in os.path.basename(argv[0]) or argv[0] == sys.executable or argv[0].startswith("tfpipe")
@@ -70,9 +79,8 @@ def _wrap_run():
         try:
             return original(args, *rest, **kwargs)
         finally:
-            argv = [str(a) for a in (args if isinstance(args, (list, tuple)) else [args])]
-            with open(os.environ.get("TFPIPE_PROFILE", "test-profile.tsv") + ".steps", "a") as f:
-                f.write(f"{_CURRENT['test']}\t{time.perf_counter() - start:.1f}\t{' '.join(argv)[:160]}\n")
+            with open(_profile_path() + ".steps", "a") as f:
+                f.write(f"{_CURRENT['test']}\t{time.perf_counter() - start:.1f}\t{' '.join(_argv(args))[:160]}\n")
 
     subprocess.run = run
 
@@ -93,8 +101,7 @@ def pytest_runtest_protocol(item, nextitem):
 
 
 def pytest_sessionfinish(session):
-    path = os.environ.get("TFPIPE_PROFILE", "test-profile.tsv")
-    with open(path, "a", newline="") as f:
+    with open(_profile_path(), "a", newline="") as f:
         out = csv.writer(f, delimiter="\t")
         for test, row in _ROWS.items():
             details = " ".join(f"{k}={v}" for k, v in sorted(row.items()) if ":" in k)
