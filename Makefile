@@ -7,7 +7,7 @@ RECORDS ?= records/demo
 DEMO_SIZE ?= 64
 RUN ?= runs/demo
 
-.PHONY: setup demo test test-slow test-bench test-install test-xla lint docs bench clean
+.PHONY: setup demo test test-slow test-bench test-install test-slow-install test-xla lint docs bench clean
 
 setup: $(VENV)/.installed
 
@@ -35,6 +35,8 @@ demo: setup
 # pytest on both cores (pytest-xdist): tests that share an expensive session fixture (one trained run, one slow
 # source) run on one worker (conftest.py groups them), so each is built once; the 15 slowest tests are printed.
 PYTEST := $(PY) -m pytest -q -n 2 --dist loadgroup --durations 15
+# The tests that must run alone (the silence test times gaps on 2 cores), after the parallel ones.
+SERIAL := $(PY) -m pytest -q --durations 15 -m "serial and not install and not xla"
 
 # The default run (under 6 minutes on 2 cores, docs/project/tests.md); the slow tests (each over ~20 s: whole
 # chains, the notebook, learning, kills and resumes) and the benchmark smoke test run in `make test-slow`, which
@@ -44,7 +46,7 @@ test: setup
 
 test-slow: setup
 	$(PYTEST) -m "(slow or bench) and not serial and not install and not xla"
-	$(PY) -m pytest -q --durations 15 -m "serial and not install and not xla"
+	$(SERIAL)
 
 test-bench: setup
 	$(PY) -m pytest -q -m bench
@@ -53,6 +55,12 @@ test-bench: setup
 # pinned): versions kept, write -> fit (8 replicas) -> predict from outside the repo, the notebook cells of docs/guides/notebook.md, Beam workers.
 test-install: setup
 	$(PYTEST) -m "install and not xla"
+
+# What CI runs after `make test`: test-slow and test-install in one parallel run (apart, each stage's last long test
+# left a core idle until it ended), then the serial test alone.
+test-slow-install: setup
+	$(PYTEST) -m "(slow or bench or install) and not serial and not xla"
+	$(SERIAL)
 
 # The wheel next to torch 2.9 + torch_xla 2.9 + timm (a TPU image's PyTorch; several GB of downloads, about 8
 # minutes): examples/torch_ddp.py --xla on an XLA CPU device and a timm model. Not in .ci/run (its time budget).

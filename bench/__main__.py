@@ -181,9 +181,10 @@ def main(argv=None):
     from bench import training as training_lib
     from bench import writer as writer_lib
 
+    many = dry_run_lib.replicas(dry_run)
     rows = ratios(writer, reader, training) + [
-        ("TPU dry run: 1 / 8 replicas, train.fit", 1 / dry_run_lib.ratios(dry_run)["fit"], 0.5),
-        ("TPU dry run: 1 / 8 replicas, train.predict", 1 / dry_run_lib.ratios(dry_run)["predict"], 1 / 1.5),
+        (f"TPU dry run: 1 / {many} replicas, train.fit", 1 / dry_run_lib.ratios(dry_run)["fit"], 0.5),
+        (f"TPU dry run: 1 / {many} replicas, train.predict", 1 / dry_run_lib.ratios(dry_run)["predict"], 1 / 1.5),
     ]
     summary = ["| figure | measured | goal |", "|---|---|---|"] + [
         f"| {name} | {value:.2f} | {'' if goal is None else ('<= 1.25' if 'RSS' in name else f'>= {goal:.3g}')} |"

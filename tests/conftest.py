@@ -29,6 +29,8 @@ SHARED_FIXTURES = ("trained_run", "slow_source")
 # handed out before the rest: pytest-xdist deals tests in collection order and knows nothing of their length, and a
 # 6-minute test started last ran alone for minutes after the other worker had finished.
 LONGEST_FIRST = (
+    "test_wheel_next_to_users_tensorflow[2.19]",  # make test-slow-install: the install case with the notebook
+    "test_wheel_next_to_users_tensorflow",
     "test_every_benchmark_runs_and_writes_results_and_chart",
     "test_a_model_learns_the_demo_shapes",
     "test_lightning_swa_example_learns_the_demo_on_8_processes",
@@ -42,8 +44,8 @@ LONGEST_FIRST = (
 
 def pytest_collection_modifyitems(items):
     def later(item):  # the minutes-long tests, then the ones sharing the trained run, then the rest in their order
-        name, fixtures = getattr(item, "originalname", item.name), getattr(item, "fixturenames", ())
-        rank = LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
+        names, fixtures = (item.name, getattr(item, "originalname", item.name)), getattr(item, "fixturenames", ())
+        rank = min((LONGEST_FIRST.index(n) for n in names if n in LONGEST_FIRST), default=len(LONGEST_FIRST))
         return rank, "trained_run" not in fixtures
 
     items.sort(key=later)  # stable

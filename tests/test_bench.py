@@ -34,7 +34,7 @@ def test_every_benchmark_runs_and_writes_results_and_chart(tmp_path):
         "writer RSS 4N / N",
         "steps_per_execution 8 / 1",
         "steps_per_execution 32 / 1",
-        "TPU dry run: 1 / 8 replicas, train.fit",
+        "TPU dry run: 1 / 2 replicas, train.fit",  # the smoke run's dry run: 2 replicas, same code as 8
         "CPUs",
         "tensorflow 2.21.0",
     ):

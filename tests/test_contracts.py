@@ -291,7 +291,6 @@ def test_a_damaged_progress_file_is_one_line_on_resume(slow_source, tmp_path, ca
 # ------------------------------------------------------------------------------- 4: the run folder's contract
 
 
-@pytest.mark.slow  # the trained_run fixture: 3 epochs on 8 replicas (about 2 minutes)
 def test_the_run_records_what_prediction_depends_on(trained_run, shard_dir):
     from train.run import RunConfig
 
@@ -314,7 +313,6 @@ def _other_fit_shards(labeled_folder, tmp_path, **kwargs):
     return out
 
 
-@pytest.mark.slow  # the trained_run fixture: 3 epochs on 8 replicas (about 2 minutes)
 def test_predict_refuses_shards_fitted_another_way(trained_run, labeled_folder, tmp_path):
     from train.predict import predict
 
@@ -340,7 +338,6 @@ def copy_run(trained_run, tmp_path):
         (lambda c: c.update(run_version=7), "run version 7 was written by a newer tfpipe"),
     ],
 )
-@pytest.mark.slow  # the trained_run fixture: 3 epochs on 8 replicas (about 2 minutes)
 def test_an_edited_run_config_is_one_line_before_predicting(trained_run, tmp_path, capsys, change, needle):
     from train.predict import main
 
@@ -356,7 +353,6 @@ def test_an_edited_run_config_is_one_line_before_predicting(trained_run, tmp_pat
     assert not (tmp_path / "s.csv").exists()
 
 
-@pytest.mark.slow  # the trained_run fixture: 3 epochs on 8 replicas (about 2 minutes)
 def test_a_model_or_thresholds_from_another_run_are_refused(trained_run, tmp_path):
     from train.predict import load_model, predict
 
@@ -382,7 +378,6 @@ def test_a_model_or_thresholds_from_another_run_are_refused(trained_run, tmp_pat
     assert not (tmp_path / "s.csv").exists()
 
 
-@pytest.mark.slow  # the trained_run fixture: 3 epochs on 8 replicas (about 2 minutes)
 def test_predict_on_a_list_of_files_and_on_its_own_training_shards(trained_run, shard_dir, tmp_path, capsys):
     from train.predict import predict
 
@@ -394,7 +389,6 @@ def test_predict_on_a_list_of_files_and_on_its_own_training_shards(trained_run, 
     assert "are the shards this run trained on" in capsys.readouterr().err
 
 
-@pytest.mark.slow  # the trained_run fixture: 3 epochs on 8 replicas (about 2 minutes)
 def test_predict_opens_its_records_once(trained_run, tmp_path, monkeypatch):
     import tfpipe.shards
     from train.predict import predict
@@ -490,7 +484,6 @@ def test_predict_never_replaces_the_ground_truth_csv(shard_dir, tmp_path, capsys
         assert truth.read_text() == before
 
 
-@pytest.mark.slow  # the trained_run fixture: 3 epochs on 8 replicas (about 2 minutes)
 def test_predict_replaces_its_own_unchanged_submission_only(trained_run, tmp_path, capsys):
     from train.predict import main
 
@@ -612,7 +605,6 @@ def test_fit_never_trains_into_a_folder_of_the_users_files(shard_dir, tmp_path, 
     ]
 
 
-@pytest.mark.slow  # the trained_run fixture: 3 epochs on 8 replicas (about 2 minutes)
 def test_atomic_writes_never_touch_a_users_tmp_file_or_write_through_a_link(trained_run, tmp_path):
     from train.predict import main
 
@@ -693,7 +685,6 @@ def test_an_untouched_progress_file_resumes(interrupted_write, tmp_path):
     assert tfpipe.count_examples(str(out)) == 400
 
 
-@pytest.mark.slow  # the trained_run fixture: 3 epochs on 8 replicas (about 2 minutes)
 def test_a_softmax_or_other_size_model_in_a_run_is_refused(trained_run, tmp_path):
     from train.models import build_model
     from train.predict import predict
@@ -809,7 +800,6 @@ def test_a_junk_lock_is_taken_over_once_it_is_old(labeled_folder, tmp_path, caps
     assert write(source_args(labeled_folder) + ["--out", str(out)]) == 0 and not lock.exists()
 
 
-@pytest.mark.slow  # the trained_run fixture: 3 epochs on 8 replicas (about 2 minutes)
 def test_two_submissions_in_one_folder_keep_their_own_records(trained_run, tmp_path):
     from train.predict import main
 

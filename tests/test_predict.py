@@ -132,7 +132,7 @@ def test_batch_norm_statistics_are_recomputed_as_exact_means():
         model = keras.Model(inputs, keras.layers.BatchNormalization(momentum=0.99)(inputs))
     weights = [w.copy() for w in model.get_weights()]
     ds = tf.data.Dataset.from_tensor_slices((x, np.zeros((64, 4), np.float32))).batch(16)  # 4 steps of 8 x 2 rows
-    assert recompute_batch_norm(model, ds, 4, "mse") == 1
+    assert recompute_batch_norm(model, ds, 4) == 1
     bn = model.layers[-1]
     assert bn.momentum == 0.99  # restored
     for before, after in zip(weights[:2], model.get_weights()[:2]):  # gamma and beta: not trained

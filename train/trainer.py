@@ -509,17 +509,19 @@ def finish_swa(
     data: PhaseData,
     report_args: dict[str, Any],
 ) -> dict[str, Any]:
-    """Loads the averaged weights, re-estimates batch-norm statistics, saves ``model-swa.keras`` and scores it."""
+    """Loads the averaged weights, re-estimates batch-norm statistics, scores them and saves ``model-swa.keras``."""
     train_ds, val_ds, steps, val_steps = data
     model.set_weights(swa.average)
-    recompute_batch_norm(model, train_ds, steps, model.loss)
-    with strategy.scope():
-        compile_model(model, cfg, 0.0, len(report_args["classes"]))  # metrics again, for evaluate
-    save_model(model, run_files.path(cfg.run, run_files.MODEL_SWA))
+    recompute_batch_norm(model, train_ds, steps)
+    # Scored with the validation and prediction steps training traced (compiling first would trace both again:
+    # on 8 replicas, seconds each).
     scores = model.evaluate(val_ds, steps=val_steps, return_dict=True, verbose=0)
     result: dict[str, Any] = {"epochs_averaged": swa.count, **{f"val_{k}": float(v) for k, v in scores.items()}}
     if cfg.report:
         result["report"] = validation_report(model, strategy, cfg.run, suffix="-swa", **report_args)
+    with strategy.scope():  # saved with a fresh optimizer: the training one's slots belong to other weights
+        compile_model(model, cfg, 0.0, len(report_args["classes"]))
+    save_model(model, run_files.path(cfg.run, run_files.MODEL_SWA))
     return result
 
 
