@@ -51,6 +51,18 @@ def history(out):
         return list(csv.DictReader(f))
 
 
+@pytest.mark.slow  # about 30 s: two replicas' graphs, bfloat16 on a CPU
+def test_mixed_bfloat16_on_several_replicas_trains_and_averages(shard_dir, tmp_path):
+    """A TPU's precision in the dry run: metrics (F1's counts) and SWA under mixed_bfloat16 on 2 replicas."""
+    m = fit(
+        tiny_config(
+            shard_dir, tmp_path / "run", replicas=2, epochs=1, swa_epochs=1, precision="mixed_bfloat16", report=False
+        )
+    )
+    assert m["precision"] == "mixed_bfloat16" and m["epochs"] == 1
+    assert 0.0 <= m["final"]["val_f1"] <= 1.0 and 0.0 <= m["swa"]["val_f1"] <= 1.0
+
+
 @pytest.mark.slow  # about 2 minutes on 2 cores, most of it TensorFlow closing 8 replicas' iterators
 def test_eight_virtual_replicas_with_steps_per_execution(shard_dir, tmp_path):
     cfg = tiny_config(shard_dir, tmp_path / "run", schedule="cosine", warmup_epochs=1)

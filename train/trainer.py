@@ -147,7 +147,9 @@ def make_metrics(num_classes: int, single_label: bool, threshold: float) -> list
         return [keras.metrics.CategoricalAccuracy(name="accuracy"), make_auc(num_classes)]
     return [
         make_auc(num_classes),  # macro over classes
-        F1Score(name="f1", average="macro", threshold=threshold),
+        # float32 whatever the precision policy: under mixed_bfloat16 on several replicas its counts were
+        # autocast sync-on-read variables, which its result() cannot add (a NotImplementedError in fit)
+        F1Score(name="f1", average="macro", threshold=threshold, dtype="float32"),
         keras.metrics.BinaryAccuracy(name="accuracy", threshold=threshold),
     ]
 
