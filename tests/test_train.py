@@ -21,7 +21,7 @@ from tfpipe.errors import TfpipeError
 from train import schedules
 from train.fit import FitConfig, compile_model, fit, set_trainable
 from train.models import MODELS, build_model
-from train.strategy import resolve_strategy
+from train.strategy import quick_teardown, resolve_strategy
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -246,6 +246,34 @@ def test_cpu_replicas_and_auto():
     strategy, kind = resolve_strategy("auto")
     gpus = len(tf.config.list_physical_devices("GPU"))  # auto takes the GPUs where there are some
     assert kind == ("gpu" if gpus else "cpu") and strategy.num_replicas_in_sync == max(1, gpus)
+
+
+def test_iterators_made_in_quick_teardown_have_untuned_per_replica_prefetches():
+    """Each replica's one-element prefetch is built without tf.data's autotuning thread (the thread that can miss
+    its stop signal and hold the end of every fit for up to a minute); outside the block TensorFlow is as it was,
+    and the replicas get the same elements."""
+    from tensorflow.python.data.ops import multi_device_iterator_ops as ops
+
+    strategy, _ = resolve_strategy("cpu", replicas=2)
+    ds = strategy.experimental_distribute_dataset(tf.data.Dataset.range(8).batch(4))
+
+    def tuned(iterator):  # per replica: does its prefetch run the autotuning thread?
+        devices = iterator._iterators[0]._iterator._device_iterators
+        return [d._dataset.options().autotune.enabled is not False for d in devices]  # unset: on
+
+    def elements(iterator):
+        return [[int(v) for r in strategy.experimental_local_results(x) for v in r] for x in iterator]
+
+    original = ops._create_device_dataset
+    assert tuned(iter(ds)) == [True, True]  # TensorFlow's default, which the block changes
+    with quick_teardown(), quick_teardown():  # nested: the inner one changes nothing more
+        inside = iter(ds)
+        assert tuned(inside) == [False, False]
+        assert elements(inside) == elements(iter(ds)) == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert ops._create_device_dataset is original and tuned(iter(ds)) == [True, True]
+    with pytest.raises(KeyboardInterrupt), quick_teardown():
+        raise KeyboardInterrupt
+    assert ops._create_device_dataset is original
 
 
 def test_lr_scaling_and_schedules_by_value():

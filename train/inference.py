@@ -35,7 +35,7 @@ from tfpipe.errors import TfpipeError, check_count, check_fraction, check_path, 
 from tfpipe.shards import Records, Shards
 from train import run as run_files
 from train.run import RunConfig, training_parts
-from train.strategy import resolve_strategy
+from train.strategy import quick_teardown, resolve_strategy
 
 KERAS_CONFIG, KERAS_WEIGHTS = "config.json", "model.weights.h5"  # the members of a .keras archive (Keras 2.13+)
 ZOOM = 0.875  # TTA crops keep 87.5% of the side (the usual 224/256)
@@ -180,7 +180,8 @@ def predict_probabilities(
         bar = progress and console.on_terminal()  # Keras' bar on a terminal; elsewhere (a log, CI) step lines of ours
         try:
             said = [PredictionProgress(beat, steps, bar)] if progress else []
-            total += model.predict(ds, steps=steps, verbose=int(bar), callbacks=said)[:n]
+            with quick_teardown():  # the iterator is made and ended inside predict
+                total += model.predict(ds, steps=steps, verbose=int(bar), callbacks=said)[:n]
         finally:
             beat.close()
     return (total / tta).astype(np.float32)

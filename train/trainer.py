@@ -50,7 +50,7 @@ from train.names import OPTIMIZERS, PRECISIONS, SCHEDULES
 from train.report import learning_curves, validation_report
 from train.run import Parts, RunConfig, read_state, training_parts, write_state
 from train.schedules import make_schedule, scaled_lr
-from train.strategy import default_precision, resolve_strategy
+from train.strategy import default_precision, quick_teardown, resolve_strategy
 from train.swa import AverageWeights, recompute_batch_norm, sync_batch_norm
 
 if TYPE_CHECKING:
@@ -642,7 +642,7 @@ def fit(cfg: FitConfig) -> dict[str, Any]:
     created = not fs.exists(plan.run)
     try:
         # One job per run folder: two fits started together would interleave one history.csv and one model.keras.
-        with locked_folder(plan.run, "train.fit", setting="run") as lock:
+        with locked_folder(plan.run, "train.fit", setting="run") as lock, quick_teardown():
             fresh = check_out(plan, shards)
             return train_and_report(plan, shards, parts, strategy, kind, lock, started, fresh)
     except BaseException:
