@@ -347,14 +347,16 @@ def test_a_model_learns_the_demo_shapes(demo_shards, tmp_path):
             model="small-cnn",
             batch_size=16,
             epochs=20,
-            lr=1e-3,
+            lr=3e-3,
             steps_per_execution=4,
             verbose=0,
             report=False,
             seed=0,
+            deterministic=True,
         )
     )
-    assert m["final"]["val_auc"] >= 0.85  # chance is 0.5; measured 0.89 on this machine
+    # chance is 0.5; 0.929 here (2026-11-26). At lr 1e-3 with unseeded initial weights it ranged 0.84-0.91 (0.84 failed CI)
+    assert m["final"]["val_auc"] >= 0.85
 
 
 @pytest.mark.parametrize("replicas", [1, 8])
