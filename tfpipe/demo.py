@@ -28,6 +28,7 @@ SHAPES = ("circle", "cross", "square", "star", "triangle")
 MARK = ".tfpipe-demo.json"  # written first into a demo folder: what a later demo may write over
 MAX_SHAPES = 4  # one per cell of a 2x2 grid
 SIDE_RANGE = (144, 224)  # width and height in pixels, drawn independently: photos are rarely square
+RADIUS_RANGE = (0.22, 0.42)  # outer radius over the cell's shorter side (at most 0.5: the shape stays in its cell)
 JPEG_QUALITY = 92
 
 
@@ -69,7 +70,7 @@ def draw_image(rng: np.random.Generator) -> tuple[np.ndarray, list[str]]:
     kinds = [SHAPES[k] for k in rng.integers(0, len(SHAPES), n)]
     for cell, kind in zip(cells, kinds):
         cw, ch = width / 2, height / 2
-        r = rng.uniform(0.22, 0.42) * min(cw, ch)
+        r = rng.uniform(*RADIUS_RANGE) * min(cw, ch)
         cx = (cell % 2) * cw + cw / 2 + rng.uniform(-1, 1) * (cw / 2 - r)
         cy = (cell // 2) * ch + ch / 2 + rng.uniform(-1, 1) * (ch / 2 - r)
         hsv = np.array([[[rng.integers(0, 180), rng.integers(150, 256), rng.integers(170, 256)]]], np.uint8)
