@@ -145,13 +145,13 @@ def make_auc(num_classes: int) -> keras.metrics.AUC:
 def make_metrics(num_classes: int, single_label: bool, threshold: float) -> list[keras.metrics.Metric]:
     if single_label:
         return [keras.metrics.CategoricalAccuracy(name="accuracy"), make_auc(num_classes)]
-    return [
-        make_auc(num_classes),  # macro over classes
-        # float32 whatever the precision policy: under mixed_bfloat16 on several replicas its counts were
-        # autocast sync-on-read variables, which its result() cannot add (a NotImplementedError in fit)
-        F1Score(name="f1", average="macro", threshold=threshold, dtype="float32"),
-        keras.metrics.BinaryAccuracy(name="accuracy", threshold=threshold),
-    ]
+    # float32 whatever the precision policy: under mixed_bfloat16 on several replicas its counts were
+    # autocast sync-on-read variables, which its result() cannot add (a NotImplementedError in fit)
+    f1 = F1Score(name="f1", average="macro", threshold=threshold, dtype="float32")
+    # Its variables now, not in the first traced step: a tf.function whose first trace creates variables is
+    # traced a second time, and a trace of the training step on 8 replicas takes half a minute.
+    f1.build((None, num_classes), (None, num_classes))
+    return [make_auc(num_classes), f1, keras.metrics.BinaryAccuracy(name="accuracy", threshold=threshold)]
 
 
 def make_optimizer(
@@ -183,6 +183,7 @@ def compile_model(
         weighted_metrics=make_metrics(num_classes, bool(cfg.single_label), cfg.threshold),
         steps_per_execution=cfg.steps_per_execution,
     )
+    model.optimizer.build(model.trainable_variables)  # its slots now, for the same reason as make_metrics' F1
 
 
 class Throughput(keras.callbacks.Callback):
