@@ -136,7 +136,7 @@ def custom_objects() -> dict[str, Any]:
     return {"swish": efn.get_swish(**kw), "FixedDropout": efn.get_dropout(**kw)}
 
 
-# Half the widths it had until 2026-11-26 (32-256): a quarter of the multiply-adds, an epoch of the demo in 15 s
+# Half the widths it had until 2026-11-26 (32-256): a quarter of the multiply-adds, an epoch of the demo in 17-19 s
 # instead of 35 s on 2 cores, and the demo still above AUC 0.95 at twice the learning rate (docs/project/tests.md).
 SMALL_CNN_WIDTHS = (16, 32, 64, 128)
 
