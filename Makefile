@@ -11,6 +11,11 @@ RUN ?= runs/demo
 # replicas took 15-19 s with it, 20-27 s without, docs/project/tests.md). Set for the processes make starts (the
 # demo, the tests, CI), never by tfpipe itself; `make test TF_CPU_ALLOCATOR_USE_BFC=false` compares.
 export TF_CPU_ALLOCATOR_USE_BFC ?= true
+# Python writes the bytecode of what it imports (into the venv and __pycache__/), once per module: `make setup`
+# installs with --no-compile, and a shell that sets PYTHONDONTWRITEBYTECODE (many Docker images do, this project's
+# CI machines too) would otherwise compile TensorFlow's modules anew in every process: importing TensorFlow and
+# tf-keras took 22 s each time instead of 9 s (docs/project/tests.md, sixth round).
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: setup demo test test-slow test-bench test-install test-slow-install test-xla lint docs bench clean
 

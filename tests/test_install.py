@@ -89,6 +89,9 @@ def user_env(venv):
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env["PATH"] = f"{venv}/bin:{env['PATH']}"
     env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    # A user's image holds the bytecode of its packages; these venvs are installed with --no-compile, so let Python
+    # write it on first import (a shell with PYTHONDONTWRITEBYTECODE would recompile TensorFlow in every process).
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     return env
 
 
@@ -98,8 +101,9 @@ def make_user_venv(path, tf_version, keras_version):
     run([sys.executable, "-m", "venv", str(path)], ROOT, os.environ)
     env = user_env(path)
     run(["python", "-m", "pip", "install", "--quiet", "--upgrade", "pip"], str(path), env)
-    # --no-compile: the image's own packages need no bytecode written ahead (Python writes it for what is imported);
-    # it saves compiling TensorFlow's and torch's ~20,000 modules per venv. tfpipe itself is installed as users do.
+    # --no-compile: the image's own packages need no bytecode written ahead (Python writes it for what is imported,
+    # user_env allows it); it saves compiling TensorFlow's and torch's ~20,000 modules per venv. tfpipe itself is
+    # installed as users do.
     image = [f"tensorflow=={tf_version}", f"tf-keras=={keras_version}", f"torch=={TORCH}"]
     run(["pip", "install", "--quiet", "--no-compile", *image], str(path), env)
     return env
