@@ -40,7 +40,7 @@ demo: setup
 	$(PY) -m tfpipe.inspect $(RECORDS)/train --sheet $(RECORDS)/contact_sheet.png
 	rm -rf $(RUN)
 	$(PY) -m train.fit --records $(RECORDS)/train --run $(RUN) --strategy cpu --replicas 8 \
-		--steps-per-execution 5 --model small-cnn --batch-size 8 --epochs 12 --lr 5e-4 --swa-epochs 3
+		--steps-per-execution 5 --model small-cnn --batch-size 8 --epochs 12 --lr 5e-4 --swa-epochs 3 --seed 0
 	$(PY) -m train.predict --run $(RUN) --records $(RECORDS)/test --out $(RUN)/submission.csv \
 		--strategy cpu --replicas 8 --tta 2
 

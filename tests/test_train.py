@@ -340,6 +340,22 @@ def test_every_optimizer_trains(optimizer, shard_dir, tmp_path):
     assert any(not np.allclose(a, b) for a, b in zip(model.get_weights(), fresh.get_weights()))
 
 
+def test_a_seed_fixes_the_initial_weights():
+    """--seed N (not only --deterministic) seeds the initial weights: the same seed builds the same model, another
+    seed another one."""
+    from train.trainer import seed_run
+
+    def initial(seed):
+        keras.backend.clear_session()
+        seed_run(FitConfig(records="unused", run="unused", seed=seed))
+        return build_model("small-cnn", 3, 16)[1].get_weights()
+
+    first, again, other = initial(3), initial(3), initial(4)
+    assert all(np.array_equal(a, b) for a, b in zip(first, again))
+    assert any(not np.array_equal(a, b) for a, b in zip(first, other))
+    tf.random.set_seed(None)  # the next tests draw unseeded, as before this one
+
+
 def test_weights_from_a_file(tmp_path):
     """--weights PATH loads backbone weights (e.g. a Kaggle dataset of EfficientNet weights) by layer name."""
     keras.backend.clear_session()

@@ -186,7 +186,9 @@ def _augment_args(p: ArgumentParser) -> None:
 
 def _run_args(p: ArgumentParser, d: FitConfig) -> None:
     """Seeding, weight averaging, the report, resuming and Keras' output."""
-    p.add_argument("--seed", type=int, help="seed of shuffling and augmentation (fixes the input order)")
+    p.add_argument(
+        "--seed", type=int, help="seed of the initial weights, shuffling and augmentation (fixes the input order)"
+    )
     p.add_argument(
         "--deterministic",
         action="store_true",

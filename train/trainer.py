@@ -621,15 +621,23 @@ def check_numbers(cfg: FitConfig) -> None:
         raise TfpipeError(f"{option('label_smoothing')} must be below 1 (got {cfg.label_smoothing})")
 
 
+def seed_run(cfg: FitConfig) -> None:
+    """``seed`` or ``deterministic``: the initial weights, dropout and Python's, NumPy's and TensorFlow's global
+    generators seeded (``keras.utils.set_random_seed``, as a user would); ``deterministic`` also turns on
+    TensorFlow's op determinism. The input order and augmentation take the seed from the config (``prepare``)."""
+    if cfg.deterministic or cfg.seed is not None:
+        keras.utils.set_random_seed(0 if cfg.seed is None else cfg.seed)
+    if cfg.deterministic:
+        tf.config.experimental.enable_op_determinism()
+
+
 def fit(cfg: FitConfig) -> dict[str, Any]:
     """Trains per ``cfg`` (a ``FitConfig``); returns the metrics dict also written to ``metrics.json``.
 
     Called through ``train.fit.fit`` (see its example).
     """
     started = time.perf_counter()
-    if cfg.deterministic:
-        keras.utils.set_random_seed(0 if cfg.seed is None else cfg.seed)  # weight initialisation, dropout
-        tf.config.experimental.enable_op_determinism()
+    seed_run(cfg)
     check_path(records=cfg.records, run=cfg.run)
     check_count(1, replicas=cfg.replicas)
     if cfg.report:
