@@ -254,7 +254,8 @@ def demo_shards(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def trained_run(shard_dir, tmp_path_factory):
-    """A tiny run on 8 virtual replicas with SWA over its last 2 epochs, and unlabeled test shards."""
+    """A tiny run on 8 virtual replicas with SWA over its last 2 epochs, and unlabeled test shards. The slow
+    ``test_eight_virtual_replicas_with_steps_per_execution`` checks 8 replicas with steps_per_execution > 1."""
     from tfpipe import Source, write_shards
     from tfpipe.augment import NO_AUGMENT
     from tfpipe.images import ImageSpec
@@ -269,7 +270,7 @@ def trained_run(shard_dir, tmp_path_factory):
         model="small-cnn",
         batch_size=1,
         epochs=3,
-        steps_per_execution=3,
+        steps_per_execution=1,  # >1 traces the step twice (tf-keras' loop); 8 replicas with it: the slow tests
         lr=1e-3,
         augment=NO_AUGMENT,
         verbose=0,

@@ -511,7 +511,7 @@ def test_fit_resume_never_trains_over_a_finished_run_or_with_other_settings(trai
         model="small-cnn",
         batch_size=1,
         epochs=3,
-        steps_per_execution=3,
+        steps_per_execution=1,
         lr=1e-3,
         augment=NO_AUGMENT,
         verbose=0,

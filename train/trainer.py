@@ -637,7 +637,6 @@ def fit(cfg: FitConfig) -> dict[str, Any]:
     Called through ``train.fit.fit`` (see its example).
     """
     started = time.perf_counter()
-    seed_run(cfg)
     check_path(records=cfg.records, run=cfg.run)
     check_count(1, replicas=cfg.replicas)
     if cfg.report:
@@ -645,6 +644,7 @@ def fit(cfg: FitConfig) -> dict[str, Any]:
     strategy, kind = resolve_strategy(cfg.strategy, cfg.replicas)  # first: virtual CPUs need a fresh TensorFlow
     shards = open_shards(cfg.records)
     plan = prepare(cfg, shards)
+    seed_run(plan)  # after prepare's checks (a seed out of range is one line), before the model is built
     parts = training_parts(shards, plan.fold, plan.val_fraction)  # the fold exists
     check_batch_fits(plan, strategy, tfpipe.count_examples(parts.train, parts.train_folds))
     # Every check that needs no training has passed: only now is the run folder made and written.
