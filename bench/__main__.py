@@ -170,8 +170,14 @@ def main(argv=None):
         args.work,
         args.only,
     )
+    # The smoke run's steps_per_execution figures on 2 replicas: the same MirroredStrategy code as 8, each of the six
+    # models traced for a quarter of the replicas (as the smoke dry run, bench/dry_run.py).
+    smoke_replicas = ["--replicas", "2"] if args.smoke else []
     training = bench(
-        "training", [*common, "--steps", str(cfg["steps"]), "--reps", str(cfg["reps"])], args.work, args.only
+        "training",
+        [*common, "--steps", str(cfg["steps"]), "--reps", str(cfg["reps"]), *smoke_replicas],
+        args.work,
+        args.only,
     )
 
     dry_run = bench("dry_run", ["--work", args.work, *(["--smoke"] if args.smoke else [])], args.work, args.only)

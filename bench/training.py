@@ -6,8 +6,8 @@
    augmentation) and from one batch held in memory (``from_tensors().repeat()``),
    same shapes, same steps; the ratio of images/s is the share of training speed
    the pipeline keeps (goal >= 0.95).
-2. steps_per_execution K = 1, 8, 32 on 8 virtual CPU replicas (and, for
-   comparison, on one replica), a tiny model
+2. steps_per_execution K = 1, 8, 32 on 8 virtual CPU replicas (``--replicas``; the smoke run takes 2, the same
+   MirroredStrategy code) and, for comparison, on one replica, a tiny model
    (8 px, one conv, a dense head) on in-memory data: steps/s as a ratio to K = 1.
    The model does almost no work, so the ratio is the host's per-step overhead
    (Python, dispatch, callbacks) that K removes; a heavier model on a 2-core CPU
@@ -111,14 +111,15 @@ def steps_per_execution(steps, reps, replicas=8):
     return [[k, r] for k, r in rates.items()]  # a list: JSON keeps it as it is
 
 
-def run(corpus, work="bench/out", times=4, steps=64, reps=3):
+def run(corpus, work="bench/out", times=4, steps=64, reps=3, replicas=8):
     from train.strategy import ensure_virtual_cpus
 
     ensure_virtual_cpus(8)  # before TensorFlow initialises its devices
     records = build_shards(corpus, work, times)
     return {
         "input": input_bound(records, steps, reps),
-        "spe": steps_per_execution(steps, reps),
+        "spe": steps_per_execution(steps, reps, replicas),
+        "replicas": replicas,
         "spe_one_replica": steps_per_execution(steps, reps, replicas=1),
         "steps": steps,
     }
@@ -143,7 +144,8 @@ def report(result):
         "| steps_per_execution, tiny model | steps/s best | ratio to K=1 |",
         "|---|---|---|",
     ]
-    for label, runs in (("8 virtual CPU replicas", spe), ("1 replica", result.get("spe_one_replica", []))):
+    many = f"{result.get('replicas', 8)} virtual CPU replicas"
+    for label, runs in ((many, spe), ("1 replica", result.get("spe_one_replica", []))):
         for k, rates in runs:
             lines.append(f"| {label}, K = {k} | {max(rates):.1f} | {max(rates) / max(runs[0][1]):.2f} |")
     lines += [
@@ -161,9 +163,10 @@ def main(argv=None):
     p.add_argument("--work", default="bench/out")
     p.add_argument("--steps", type=int, default=64)
     p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--replicas", type=int, default=8, help="virtual CPU replicas of the steps_per_execution figures")
     p.add_argument("--json", help="also write the raw figures here")
     args = p.parse_args(argv)
-    result = run(args.corpus, args.work, steps=args.steps, reps=args.reps)
+    result = run(args.corpus, args.work, steps=args.steps, reps=args.reps, replicas=args.replicas)
     dump(result, args.json)
     print(report(result))
 
