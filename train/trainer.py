@@ -621,13 +621,14 @@ def check_numbers(cfg: FitConfig) -> None:
         raise TfpipeError(f"{option('label_smoothing')} must be below 1 (got {cfg.label_smoothing})")
 
 
-def seed_run(cfg: FitConfig) -> None:
-    """``seed`` or ``deterministic``: the initial weights, dropout and Python's, NumPy's and TensorFlow's global
-    generators seeded (``keras.utils.set_random_seed``, as a user would); ``deterministic`` also turns on
-    TensorFlow's op determinism. The input order and augmentation take the seed from the config (``prepare``)."""
-    if cfg.deterministic or cfg.seed is not None:
-        keras.utils.set_random_seed(0 if cfg.seed is None else cfg.seed)
-    if cfg.deterministic:
+def seed_run(plan: FitConfig) -> None:
+    """A seed (``prepare`` gives a deterministic run seed 0 when it has none): the initial weights, dropout and
+    Python's, NumPy's and TensorFlow's global generators seeded (``keras.utils.set_random_seed``, as a user would);
+    ``deterministic`` also turns on TensorFlow's op determinism. The input order and augmentation take the seed
+    from the plan too."""
+    if plan.seed is not None:
+        keras.utils.set_random_seed(plan.seed)
+    if plan.deterministic:
         tf.config.experimental.enable_op_determinism()
 
 
