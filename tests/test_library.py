@@ -192,17 +192,47 @@ def test_help_answers_at_once_without_tensorflow_and_shows_defaults(command):
 
 
 def test_tensorflow_start_up_lines_are_held_back_unless_asked_for(shard_dir, tmp_path):
-    """A command that starts TensorFlow and fails at once: exactly its one error line; TFPIPE_VERBOSE=1 shows
-    TensorFlow's own lines again."""
+    """A command that starts TensorFlow and then fails (no TPU to connect to): exactly its one error line;
+    TFPIPE_VERBOSE=1 shows TensorFlow's own lines again. (A mistyped --run or --records is answered before
+    TensorFlow starts: test_a_missing_run_or_shard_folder_is_answered_before_tensorflow_starts.)"""
     env = {k: v for k, v in os.environ.items() if k not in ("TF_CPP_MIN_LOG_LEVEL", "TFPIPE_VERBOSE")}
-    cmd = [sys.executable, "-m", "train.predict", "--run", str(tmp_path / "no-run"), "--records", shard_dir[0]]
+    cmd = [sys.executable, "-m", "train.fit", "--records", shard_dir[0], "--run", str(tmp_path / "run")]
+    cmd += ["--strategy", "tpu"]
     quiet = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
     assert quiet.returncode == 2
-    assert quiet.stderr.strip().splitlines() == [
-        f"train.predict: error: {tmp_path / 'no-run'}: no config.json; is this a run folder written by train.fit?"
-    ]
+    [line] = quiet.stderr.strip().splitlines()
+    assert line.startswith("train.fit: error: ") and "no TPU found" in line
     loud = subprocess.run(cmd, capture_output=True, text=True, env=dict(env, TFPIPE_VERBOSE="1"), cwd=ROOT)
     assert "absl::InitializeLog()" in loud.stderr and len(loud.stderr.strip().splitlines()) > 1
+
+
+@pytest.mark.parametrize(
+    "command, args, error",
+    [
+        (
+            "train.predict",
+            ["--run", "{tmp}/no-run", "--records", "{shards}"],
+            "{tmp}/no-run: no config.json; is this a run folder written by train.fit?",
+        ),
+        (
+            "train.predict",
+            ["--run", "{run}", "--records", "{shards}"],
+            "{run}/config.json: field 'classes' must list the class names (non-empty strings) (got None); "
+            "the run folder was edited or damaged",
+        ),
+        ("train.fit", ["--records", "{tmp}/none", "--run", "{tmp}/run"], "{tmp}/none: no shard files found"),
+    ],
+)
+def test_a_missing_run_or_shard_folder_is_answered_before_tensorflow_starts(command, args, error, shard_dir, tmp_path):
+    """A typo in --run or --records: the one-line error at once, with TensorFlow not importable at all."""
+    run = tmp_path / "run-folder"
+    run.mkdir()
+    (run / "config.json").write_text("{}")  # a damaged run folder is answered as early
+    fill = {"tmp": str(tmp_path), "shards": shard_dir[0], "run": str(run)}
+    argv = [a.format(**fill) for a in args]
+    done = python(HIDE + f"from {command} import main\nsys.exit(main(sys.argv[2:]))", "tensorflow,tf_keras", *argv)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines() == [f"{command}: error: " + error.format(**fill)]
 
 
 def test_the_stderr_filter_passes_progress_bars_and_drops_whole_noise_lines():

@@ -384,12 +384,14 @@ def test_counts_of_one_are_singular(capsys, monkeypatch):
         "swa": {"epochs_averaged": 1, "final": {"val_auc": 0.5}, "val_auc": 0.5},
     }
     monkeypatch.setattr(fit_module, "fit", lambda cfg: metrics)
+    monkeypatch.setattr(fit_module, "check_inputs", lambda cfg: None)
     fit_module.run_command(fit_module.build_parser().parse_args(["--records", "recs", "--run", "r"]))
     out = capsys.readouterr().out
     assert ", 1 epoch, 1 step," in out and "SWA of the last 1 epoch:" in out
     assert inference._batch_for(1, 4, 1, progress=True) == 1
     assert "is more than 1 image needs on 1 replica;" in capsys.readouterr().out
     monkeypatch.setattr(predict, "predict", lambda *a, **k: __import__("pandas").DataFrame({"id": ["x"]}))
+    monkeypatch.setattr(predict, "check_inputs", lambda run, records: None)
     predict.run_command(predict.build_parser().parse_args(["--run", "r", "--records", "x", "--out", "s.csv"]))
     assert "wrote 1 row (1 view)" in capsys.readouterr().out
     with pytest.raises(TfpipeError, match="does not match the 1 class listed"):

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from tfpipe import console
 from tfpipe.console import quiet_call
 from tfpipe.deprecations import add_deprecated_flag, renamed_arguments, warn_renamed
-from tfpipe.errors import ArgumentParser, TfpipeError, run_cli
+from tfpipe.errors import ArgumentParser, TfpipeError, check_path, run_cli
 from train.models import model_names
 from train.names import OPTIMIZERS, PRECISIONS, SCHEDULES, STRATEGIES
 
@@ -233,6 +233,15 @@ def config_from_args(args: argparse.Namespace) -> FitConfig:
     return FitConfig(augment=augment, **given)
 
 
+def check_inputs(cfg: FitConfig) -> None:
+    """The shards, opened before the engine starts TensorFlow: a mistyped ``--records`` is answered in 0.3 s
+    instead of ~10 s. The engine opens them again, with every other check."""
+    from tfpipe.shards import open_shards  # here, not at the top: --help stays at 0.1 s
+
+    check_path(records=cfg.records)
+    open_shards(cfg.records)
+
+
 def run_command(args: argparse.Namespace) -> None:
     if args.records is None:  # the demo's folder: say so when it is not there, rather than "no shard files"
         args.records = FitConfig.records
@@ -244,6 +253,7 @@ def run_command(args: argparse.Namespace) -> None:
                 "pass --records with the shard folder to train on"
             )
     cfg = config_from_args(args)
+    check_inputs(cfg)
     m = fit(cfg)
     print(
         f"validation AUC {_headline_auc(m)}{_scores(m)}, {m['epochs']} epoch{'s' * (m['epochs'] != 1)}, "

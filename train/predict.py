@@ -122,8 +122,20 @@ def build_parser() -> ArgumentParser:
     return p
 
 
+def check_inputs(run: str, records: str) -> None:
+    """The run folder and the shards, read before the engine starts TensorFlow: a mistyped ``--run`` or
+    ``--records`` is answered in 0.3 s instead of ~10 s. The engine reads both again, with every other check."""
+    from tfpipe.shards import open_shards  # here, not at the top: --help stays at 0.1 s
+    from train.run import RunConfig
+
+    check_path(run=run, records=records)
+    RunConfig.load(run)
+    open_shards(records)
+
+
 def run_command(args: argparse.Namespace) -> None:
     check_path(out=args.out)
+    check_inputs(args.run, args.records)
     df = predict(
         args.run,
         args.records,
