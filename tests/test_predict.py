@@ -185,6 +185,7 @@ def test_predict_cli_writes_submission_and_rejects_a_missing_run(trained_run, tm
     assert r.returncode == 2 and "Traceback" not in r.stderr and "config.json" in r.stderr
 
 
+@pytest.mark.slow  # 23-30 s alone (a 2-replica fit and two predictions), 50-147 s in make test beside the others
 def test_single_label_fit_then_predict(tmp_path):
     """Shards written with a class column train a softmax head, and the submission holds one class per row."""
     from tests.conftest import save, write_csv

@@ -166,11 +166,13 @@ def test_burn_then_fine_tune_phases_in_fit(shard_dir, tmp_path):
     assert [int(r["epoch"]) for r in history(tmp_path / "run")] == [0, 1]
 
 
-SLOW_MODELS = {"efficientnet-b5", "efficientnet-b6", "efficientnet-b7", "efficientnetv2-m", "efficientnetv2-l"}
+# The default run builds one model of each builder (small-cnn, EfficientNet, EfficientNetV2); the rest of the
+# table (6-12 s each, mostly Keras assembling hundreds of layers) runs in `make test-slow`, in CI right after it.
+DEFAULT_RUN_MODELS = {"small-cnn", "efficientnet-b0", "efficientnetv2-b0"}
 
 
 @pytest.mark.parametrize(
-    "name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_MODELS else n for n in sorted(MODELS)]
+    "name", [n if n in DEFAULT_RUN_MODELS else pytest.param(n, marks=pytest.mark.slow) for n in sorted(MODELS)]
 )
 def test_every_model_builds_and_runs_forward(name):
     keras.backend.clear_session()
@@ -327,11 +329,20 @@ def test_swa_continues_its_average_after_resume(shard_dir, tmp_path):
     assert m["swa"]["epochs_averaged"] == 2 and [int(r["epoch"]) for r in history(out)] == [0, 1, 2, 3]
 
 
-@pytest.mark.parametrize("optimizer", ["adam", "adamw", "sgd"])
+@pytest.mark.parametrize(  # adam (the default) in the default run; the others in make test-slow (11-16 s each)
+    "optimizer", ["adam", pytest.param("adamw", marks=pytest.mark.slow), pytest.param("sgd", marks=pytest.mark.slow)]
+)
 def test_every_optimizer_trains(optimizer, shard_dir, tmp_path):
     m = fit(
         tiny_config(
-            shard_dir, tmp_path / "run", epochs=1, optimizer=optimizer, weight_decay=0.05, replicas=2, report=False
+            shard_dir,
+            tmp_path / "run",
+            epochs=1,
+            optimizer=optimizer,
+            weight_decay=0.05,
+            replicas=2,
+            steps_per_execution=1,
+            report=False,
         )
     )
     model = keras.models.load_model(tmp_path / "run" / "model.keras")
