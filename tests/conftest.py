@@ -93,6 +93,35 @@ def pytest_terminal_summary(terminalreporter):
         )
 
 
+@pytest.fixture(autouse=True)
+def short_lived_iterators(request):
+    """Every test runs inside ``train.strategy.quick_teardown()``, as ``train.fit`` and ``train.predict`` do, and
+    a test that ran for over a second has its garbage collected when it ends.
+
+    Why: a tf.data iterator that a test drops without closing (a distributed dataset iterated outside ``fit``, a
+    ``next(iter(ds))``) keeps its autotuning thread, whose sleep doubles up to 60 s while the iterator waits in
+    the garbage. Python's collector then frees it at a random later moment, in whatever test runs, and the free
+    waits for that sleep with the GIL held: `py-spy dump --native` caught a test stalled 104 s in a previous
+    test's ``MultiDeviceIterator`` destructor, freed by a collection during tracing (docs/project/tests.md, seventh
+    round). Inside the block per-replica prefetches have no such thread, and a prompt collection frees the others
+    while their sleep is still short. ``@pytest.mark.tuned_prefetches`` keeps TensorFlow's own prefetches (the test
+    of quick_teardown itself).
+    """
+    import gc
+    import time
+
+    from train.strategy import quick_teardown
+
+    start = time.monotonic()
+    if request.node.get_closest_marker("tuned_prefetches"):
+        yield
+    else:
+        with quick_teardown():
+            yield
+    if time.monotonic() - start > 1.0:
+        gc.collect()
+
+
 def gradient_image(height, width, seed=0):
     """An RGB uint8 image with structure (so JPEG and resizing do real work)."""
     rng = np.random.default_rng(seed)

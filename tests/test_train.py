@@ -268,6 +268,7 @@ def test_a_fits_training_step_is_traced_once_per_replica():
     assert len(traced) == 2 and int(model._train_counter.numpy()) == 4  # once per replica; 2 epochs of 2 steps
 
 
+@pytest.mark.tuned_prefetches
 def test_iterators_made_in_quick_teardown_have_untuned_per_replica_prefetches():
     """Each replica's one-element prefetch is built without tf.data's autotuning thread (the thread that can miss
     its stop signal and hold the end of every fit for up to a minute); outside the block TensorFlow is as it was,
