@@ -50,7 +50,7 @@ PYTEST := $(PY) -m pytest -q -n 2 --dist loadgroup --durations 15
 # The tests that must run alone (the silence test times gaps on 2 cores), after the parallel ones.
 SERIAL := $(PY) -m pytest -q --durations 15 -m "serial and not install and not xla"
 
-# The default run (goal: under 6 minutes on 2 cores; 6.2 on a clean clone, docs/project/tests.md); the slow tests (each over
+# The default run (goal: under 6 minutes on 2 cores; 3.2 on a clean clone on 2026-11-26, 6.2 on a slow hour: docs/project/tests.md); the slow tests (each over
 # ~20 s: whole chains, the notebook, learning, kills and resumes; the rest of the model and optimizer tables) and the
 # benchmark smoke test run in `make test-slow`, which CI runs right after it.
 test: setup

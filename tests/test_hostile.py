@@ -447,6 +447,9 @@ def test_a_glob_that_picks_up_a_foreign_tfrec_names_it(shard_dir, tmp_path):
     shutil.copytree(shard_dir[0], folder)
     with RecordWriter(str(folder / "zz-other.tfrec")) as w:  # another dataset's records: an Example without image
         w.write(tfpipe.schema.encode_example({"image_name": "x", "height": 1}))
+    with pytest.raises(TfpipeError, match="zz-other.tfrec: not a shard of its folder"):  # beside a manifest
+        tfpipe.make_dataset(str(folder / "*.tfrec"), 4, num_classes=3, image_size=32)
+    os.remove(folder / "manifest.json")  # foreign shards with no manifest: each file's first record is checked
     with pytest.raises(TfpipeError, match="zz-other.tfrec.*no 'image' bytes feature"):
         tfpipe.make_dataset(str(folder / "*.tfrec"), 4, num_classes=3, image_size=32)
     with RecordWriter(str(folder / "zz-other.tfrec")) as w:
@@ -489,7 +492,7 @@ def test_predict_refuses_a_run_of_other_classes_or_image_size(trained_run, tmp_p
     )
     manifest = json.loads(open(os.path.join(bigger, "manifest.json")).read())
     assert manifest["classes"] == []  # unlabeled shards carry no classes: only the size is checked
-    with pytest.raises(TfpipeError, match="stored at 48 px, the run was trained at 32 px"):
+    with pytest.raises(TfpipeError, match="stored at 48 px, the run.s training images at 32 px"):
         predict(run, bigger, str(tmp_path / "s.csv"), strategy="cpu")
     assert not (tmp_path / "s.csv").exists()
 

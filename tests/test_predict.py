@@ -252,6 +252,7 @@ def test_predict_on_its_own_training_shards_scores_the_held_out_fold_apart(train
     assert held["roc_auc_macro"] == pytest.approx(report["roc_auc_macro"], abs=1e-6)
     assert held["exact_match"] == report["exact_match"] == report["accuracy"]
     assert held["f1_micro"] == pytest.approx(report["f1_micro"])
+    assert result["all"]["examples"] == 40  # and every image given, always
     captured = capsys.readouterr()
     assert "are the shards this run trained on" in captured.err
     said = captured.out
@@ -288,6 +289,7 @@ def test_predict_scores_labeled_shards_it_did_not_train_on(trained_run, shard_di
     assert not result["own_training_shards"] and set(result) == {
         "thresholds",
         "own_training_shards",
+        "all",
         "held_out",
         "others",
         "held_out_what",

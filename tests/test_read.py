@@ -1,5 +1,7 @@
 """The reader against the writer: exact rows, order, folds, shapes, distribution, caching."""
 
+import shutil
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -119,11 +121,17 @@ def test_resize_in_pipeline_and_cache_give_same_pixels(shards):
     assert np.array_equal(plain, first) and np.array_equal(first, second)
 
 
-def test_single_label_modes(shards):
+def foreign(out, folder):
+    """The shard files of ``out`` copied where no manifest is (shards another tool wrote), in written order."""
+    folder.mkdir()
+    return [shutil.copy(f, folder) for f in open_shards(out).files]
+
+
+def test_single_label_modes(shards, tmp_path):
     """On files without a manifest (no claim to check) the modes take each record's first label; on this
-    multi-label folder itself they are refused (tests/test_contracts.py)."""
+    multi-label folder itself (or a glob or list of its files) they are refused (tests/test_contracts.py)."""
     out, labels, order = shards
-    files = list(open_shards(out).files)
+    files = foreign(out, tmp_path / "foreign")
     _, ids = next(iter(read.make_dataset(files, 40, label_mode="class_id", num_classes=3, image_size=32)))
     expected = [CLASSES.index(labels[n][0]) if labels[n] else -1 for n in order]
     assert ids.dtype == tf.int32 and ids.numpy().tolist() == expected
@@ -137,7 +145,7 @@ def test_class_count_must_agree_with_the_shards(shards, tmp_path):
     out = shards[0]
     with pytest.raises(TfpipeError, match="num_classes=2, but the shards hold 3 classes"):
         read.make_dataset(out, 8, num_classes=2)
-    files = list(open_shards(out).files)  # no manifest to compare with: the pipeline itself stops
+    files = foreign(out, tmp_path / "foreign")  # no manifest to compare with: the pipeline itself stops
     with pytest.raises(tf.errors.InvalidArgumentError, match="class index >= num_classes=2"):
         list(read.make_dataset(files, 8, num_classes=2, image_size=32))
 
@@ -179,9 +187,9 @@ def test_input_pipelines_read_disjoint_complete_parts(shards, pipelines, trainin
     assert len(flat) == len(set(flat)) == 40 and set(flat) == set(labels)
 
 
-def test_foreign_files_need_classes_and_size(shards):
-    out = shards[0]
-    pattern = out + "/*.tfrec"
+def test_foreign_files_need_classes_and_size(shards, tmp_path):
+    foreign(shards[0], tmp_path / "foreign")
+    pattern = str(tmp_path / "foreign" / "*.tfrec")
     with pytest.raises(TfpipeError, match="num_classes"):
         read.make_dataset(pattern, 4, image_size=32)
     with pytest.raises(TfpipeError, match="image_size"):

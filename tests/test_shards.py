@@ -2,6 +2,7 @@
 TensorFlow-free CRC check, and the one multi-hot conversion."""
 
 import os
+import shutil
 import subprocess
 import sys
 
@@ -31,14 +32,16 @@ def readers():
 
 
 @pytest.mark.parametrize("name,open_with", readers())
-def test_every_reader_refuses_the_same_bad_folds(shard_dir, name, open_with):
+def test_every_reader_refuses_the_same_bad_folds(shard_dir, name, open_with, tmp_path):
     folder, _, _ = shard_dir
     with pytest.raises(TfpipeError) as outside:
         open_with(folder, [9])
     assert str(outside.value) == f"{folder}: folds [9] outside 0..3 (written with 4 folds)"
-    files = list(open_shards(folder).files)  # a list of files has no folds to pick from
+    files = list(open_shards(folder).files)  # a list of the folder's files: its manifest's folds
+    assert open_shards(files, [1]).files == open_shards(folder, [1]).files
+    copies = [shutil.copy(f, tmp_path) for f in files]  # the same files where no manifest is: no folds to pick
     with pytest.raises(TfpipeError) as unfolded:
-        open_with(files, [1])
+        open_with(copies, [1])
     assert "were asked for, but these shards were written without folds" in str(unfolded.value)
 
 

@@ -399,7 +399,7 @@ def test_counts_of_one_are_singular(capsys, monkeypatch):
     cfg = FitConfig(batch_size=1, model="small-cnn", image_size=32)
     with pytest.raises(TfpipeError, match="1 image a step, more than the 0 training images"):
         trainer.check_batch_fits(cfg, tf.distribute.get_strategy(), 0)
-    trainer.announce_build(cfg, tf.distribute.get_strategy(), "cpu", 1, 1)
+    trainer.announce_build(cfg, tf.distribute.get_strategy(), "cpu", 1, 1, 32)
     assert "1 cpu replica; 1 training image, 1 validation image" in capsys.readouterr().out
 
 

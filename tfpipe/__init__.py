@@ -10,7 +10,8 @@ Public API (heavy imports are deferred until used; the words follow docs/glossar
 - ``Augment``, ``ReadOptions``: which training augmentations ``make_dataset`` applies; how it reads.
 - ``open_shards(records, folds)``, ``Shards``, ``verify``: shards opened and checked; every record's CRCs.
 - ``Manifest``: a shard folder's ``manifest.json``, typed and validated (``Manifest.load(folder)``).
-- ``fold_split``, ``count_examples``, ``image_names``, ``read_targets``: folds, sizes, row ids, labels of shards.
+- ``fold_split``, ``count_examples``, ``image_names``, ``read_targets``: folds, sizes, row ids, labels of shards;
+  ``image_digests``: each stored image's content digest (its identity, which its name is not).
 - ``inspect_shards(records, ...)``: schema, counts, labels, contact sheet, ``verify`` (``tfpipe.inspect``).
 - ``naming_corrupt_shards(records)``: a context that names the shard behind TensorFlow's ``DataLossError``.
 - ``TfpipeError``: the one exception type for problems in user input.
@@ -32,6 +33,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time each name is i
     from tfpipe.read import (
         ReadOptions,
         count_examples,
+        image_digests,
         image_names,
         make_dataset,
         naming_corrupt_shards,
@@ -60,6 +62,7 @@ _LAZY = {
     "Manifest": "tfpipe.manifest",
     "verify": "tfpipe.shards",
     "count_examples": "tfpipe.read",
+    "image_digests": "tfpipe.read",
     "image_names": "tfpipe.read",
     "read_targets": "tfpipe.read",
     "naming_corrupt_shards": "tfpipe.read",
@@ -93,6 +96,7 @@ __all__ = [  # the same names as _LAZY (a test checks)
     "TfpipeError",
     "count_examples",
     "fold_split",
+    "image_digests",
     "image_names",
     "inspect_shards",
     "make_dataset",

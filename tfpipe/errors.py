@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextvars
+import errno
 import numbers
 import os
 import sys
@@ -137,12 +138,23 @@ def _used(flags: Sequence[str], args: Sequence[str]) -> bool:
     return any(arg == flag or arg.startswith(flag + "=") for arg in args for flag in flags)
 
 
+def os_error_line(e: OSError, path: str | None = None) -> str:
+    """An ``OSError`` as one line naming its file (``path`` where the error names none: a ``write`` into an open
+    file that fills the disk) and, for a full disk or quota, the fix: ``out/train-00003.part: No space left on
+    device (the disk or quota is full: free space)``."""
+    where = f"{e.filename} -> {e.filename2}" if e.filename and e.filename2 else (e.filename or path)
+    line = f"{where}: {e.strerror or e}" if where else str(e.strerror or e)
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        line += " (the disk or quota is full: free space)"
+    return line
+
+
 def run_cli(prog: str, fn: Callable[..., object], *args: object) -> int:
     """Runs ``fn(*args)`` for an entry point and returns its exit code.
 
     TensorFlow's start-up lines are held back meanwhile (``tfpipe.console``). A ``TfpipeError`` becomes
     ``prog: error: message`` on stderr and exit code 2, and so does an ``OSError``
-    (a full disk, an unreadable file: the machine's problem, not a bug, and its message names the file);
+    (a full disk, an unreadable file: the machine's problem, not a bug; ``os_error_line`` names the file);
     Ctrl-C becomes exit code 130. Anything else is a bug and keeps its traceback.
     """
     from tfpipe.console import quiet_tensorflow
@@ -158,7 +170,7 @@ def run_cli(prog: str, fn: Callable[..., object], *args: object) -> int:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
     except OSError as e:
-        print(f"{prog}: error: {e}", file=sys.stderr)
+        print(f"{prog}: error: {os_error_line(e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as e:
         print(f"{prog}: interrupted" + (f": {e}" if str(e) else ""), file=sys.stderr)

@@ -99,9 +99,11 @@ def write_atomic(path: str, data: str | bytes) -> None:
     try:
         with open(tmp, "wb") if is_remote(tmp) else builtins.open(tmp, "xb") as f:
             f.write(data)
-    except BaseException:  # e.g. a full disk: leave no half-written temporary behind
+    except BaseException as e:  # e.g. a full disk: leave no half-written temporary behind
         if exists(tmp):
             remove(tmp)
+        if isinstance(e, OSError) and not e.filename:  # a write's ENOSPC names no file: name the one meant
+            raise OSError(e.errno, e.strerror, path) from None
         raise
     rename(tmp, path, overwrite=True)
 
@@ -150,16 +152,34 @@ def read_text(path: str, limit: int | None = None) -> str:
         return f.read().decode("utf-8")
 
 
+class _KeyTwice(Exception):
+    """A JSON object naming one key twice (``json`` keeps the last silently)."""
+
+
+def _object_once(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in obj:
+            raise _KeyTwice(key)
+        obj[key] = value
+    return obj
+
+
 def read_json(path: str, what: str = "file") -> Any:
     """A JSON file tfpipe wrote (manifest, run config, progress, lock), read as input: a regular file of bounded
-    size and valid JSON, else a ``TfpipeError`` naming it -- never a hang, a ``MemoryError`` or a ``RecursionError``
-    on nested junk."""
+    size and valid JSON with no key given twice in an object, else a ``TfpipeError`` naming it -- never a hang, a
+    ``MemoryError`` or a ``RecursionError`` on nested junk, never the last of two values chosen silently."""
     import json
 
     from tfpipe.errors import TfpipeError
 
     try:
-        return json.loads(read_text(path, METADATA_LIMIT))
+        return json.loads(read_text(path, METADATA_LIMIT), object_pairs_hook=_object_once)
+    except _KeyTwice as e:
+        raise TfpipeError(
+            f"{path}: {what} gives the key {e.args[0]!r} twice, and which one counts is a guess; the file was "
+            "edited or damaged"
+        ) from None
     except UnicodeDecodeError as e:
         raise TfpipeError(f"{path}: {what} is not UTF-8 text ({e.reason})") from None
     except RecursionError:

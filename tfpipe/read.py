@@ -493,6 +493,16 @@ def image_names(records: Records, folds: Sequence[int] | None = None) -> list[st
         return [n.decode("utf-8") for n in _read_column(records, folds, schema.IMAGE_NAME)]
 
 
+def image_digests(records: Records, folds: Sequence[int] | None = None) -> list[str]:
+    """A digest of every record's stored image (the first 16 hex digits of the SHA-256 of its bytes), in written
+    order: an image's identity, which its name is not (two datasets may both hold an ``img_0001``). The same
+    image written again with the same settings has the same digest."""
+    import hashlib
+
+    with naming_corrupt_shards(records):
+        return [hashlib.sha256(data).hexdigest()[:16] for data in _read_column(records, folds, schema.IMAGE)]
+
+
 def read_targets(records: Records, num_classes: int, folds: Sequence[int] | None = None) -> np.ndarray:
     """Multi-hot float32 [N, C] targets of every record in written order, without decoding images."""
     with naming_corrupt_shards(records):
@@ -507,6 +517,7 @@ __all__ = [
     "count_examples",
     "evaluation_batches",
     "fold_split",
+    "image_digests",
     "image_names",
     "make_dataset",
     "naming_corrupt_shards",

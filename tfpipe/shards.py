@@ -215,12 +215,12 @@ def open_shards(records: Records, folds: Sequence[int] | None = None, any_schema
     if isinstance(records, Shards):
         shards = records
     elif not isinstance(records, str) and isinstance(records, Sequence):  # a list (or tuple, ...) of files
-        shards = Shards(tuple(sorted(records)))
+        shards = with_their_manifest(tuple(sorted(records)))
     elif records and fs.isdir(records):
         manifest = Manifest.load(records)
         shards = Shards(tuple(sorted(posixpath.join(records, name) for name in manifest.files)), manifest, records)
     else:
-        shards = Shards(tuple(sorted(fs.glob(records))) if records else ())
+        shards = with_their_manifest(tuple(sorted(fs.glob(records))) if records else ())
     if folds is not None:
         shards = select_folds(shards, check_fold_ids(folds), records)
     if not shards.files:
@@ -230,6 +230,49 @@ def open_shards(records: Records, folds: Sequence[int] | None = None, any_schema
     elif not shards.manifest and not isinstance(records, Shards) and not any_schema:
         check_first_records(shards.files)
     return shards
+
+
+def with_their_manifest(files: tuple[str, ...]) -> Shards:
+    """A glob's or a list's files, read with the ``manifest.json`` of the folder that holds them: the same classes,
+    folds, sizes and rewrite check as naming the folder (a glob beside its manifest is no way around them). Every
+    file must be one the manifest lists. Files of several shard folders are read together only when their
+    manifests agree on what a record means (classes in order, labels, image settings); their files are then
+    checked against their own folder's manifest, and read as shards without one."""
+    folders = sorted({posixpath.dirname(f) or "." for f in files})
+    manifests = {d: Manifest.load(d) for d in folders if fs.exists(posixpath.join(d, MANIFEST))}
+    for f in files:
+        manifest = manifests.get(posixpath.dirname(f) or ".")
+        if manifest is not None and posixpath.basename(f) not in manifest.files:
+            raise TfpipeError(
+                f"{f}: not a shard of its folder ({MANIFEST} there does not list it): a leftover or another "
+                "dataset's file -- leave it out of the glob or list"
+            )
+    if len(folders) == 1 and manifests:
+        return Shards(files, manifests[folders[0]], folders[0])
+    meanings = {d: _meaning(m) for d, m in manifests.items()}
+    first = next(iter(meanings), None)
+    for d, meaning in meanings.items():
+        if first is not None and meaning != meanings[first]:
+            differ = ", ".join(k for k in meaning if meaning[k] != meanings[first][k])
+            raise TfpipeError(
+                f"the files given come from {first} and {d}, whose {MANIFEST} files differ in {differ}: their "
+                "records mean different things -- read one folder at a time"
+            )
+    for d, manifest in manifests.items():
+        check_sizes([f for f in files if (posixpath.dirname(f) or ".") == d], manifest, d)
+    return Shards(files)
+
+
+def _meaning(manifest: Manifest) -> dict[str, object]:
+    """What a manifest says a record means: two folders read together must agree on all of it."""
+    return {
+        "classes": manifest.classes,
+        "labeled": manifest.labeled,
+        "single_label": manifest.single_label,
+        "image size": manifest.image.image_size,
+        "resize": manifest.image.effective_fit,
+        "image format": manifest.image.format,
+    }
 
 
 def checked_num_classes(records: object, shards: Shards, num_classes: int | None) -> int:

@@ -119,7 +119,7 @@ def _read_table(csv_path: str) -> pd.DataFrame:
         fs.check_regular(csv_path, "CSV file")  # a FIFO would hang the read, /dev/zero never end
         with fs.open(csv_path, "rb") as f:
             text = f.read().decode("utf-8-sig")
-        header = next(csv.reader(io.StringIO(text)), [])
+        header = _check_row_lengths(text, csv_path)
         twice = [c for c, n in collections.Counter(nfc(h.strip()) for h in header).items() if n > 1]
         if twice:
             raise TfpipeError(
@@ -133,6 +133,22 @@ def _read_table(csv_path: str) -> pd.DataFrame:
         raise TfpipeError(f"{csv_path}: cannot read the CSV ({e.strerror or e})") from None
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
         raise TfpipeError(f"{csv_path}: cannot parse CSV ({str(e).splitlines()[0]})") from None
+
+
+def _check_row_lengths(text: str, csv_path: str) -> list[str]:
+    """The header; a row with more or fewer fields than it is an error naming the row. (pandas reads a first row
+    with one field more as an index column, shifting every column; later rows it pads or refuses with a message
+    about tokenizing.) Blank lines are skipped, as pandas does."""
+    rows = csv.reader(io.StringIO(text))
+    header = next(rows, [])
+    for row in rows:
+        if row and len(row) != len(header):
+            raise TfpipeError(
+                f"{csv_path}: line {rows.line_num} has {len(row)} field{'s' * (len(row) != 1)} where the header has "
+                f"{len(header)} ({', '.join(map(repr, header[:4]))}{', ...' * (len(header) > 4)}); a stray or "
+                "missing comma, or a label with a comma not in quotes?"
+            )
+    return header
 
 
 def _check_ids(ids: Sequence[str], image_col: str, csv_path: str) -> None:

@@ -10,20 +10,22 @@ everything a reader needs are in ``tfpipe.shards``.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
 import os
 import posixpath
 import socket
+import threading
 import time
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Literal, TypedDict
 
 from tfpipe import fs
-from tfpipe.errors import TfpipeError, option
+from tfpipe.errors import TfpipeError, option, os_error_line
 from tfpipe.manifest import MANIFEST, PROGRESS, STAGING, Manifest, ShardEntry
 from tfpipe.shards import existing_shards, remove_outputs, shard_name
 from tfpipe.tfrecord import RecordSink, RecordWriter
@@ -31,6 +33,32 @@ from tfpipe.tfrecord import RecordSink, RecordWriter
 LOCK = ".tfpipe-write.lock"  # who is writing this folder now (outside .staging, which a new write clears)
 STAGING_MARK = ".tfpipe-staging"  # in .staging: made by tfpipe.write (a user's own .staging is never deleted)
 STALE_SECONDS = 10  # an empty or unreadable lock older than this is left by a job that died creating it
+
+
+class _HeldHere:
+    """The lock tokens this process holds now. A lock's owner is its token, not its host and pid: two jobs of one
+    process (two threads calling ``write_shards`` into one folder) share the pid, and a lock naming this pid
+    belongs to a live job exactly when its token is held here (else a job of this process that ended without
+    removing it left it)."""
+
+    def __init__(self) -> None:
+        self._ids: set[str] = set()
+        self._guard = threading.Lock()
+
+    def add(self, token: str) -> None:
+        with self._guard:
+            self._ids.add(token)
+
+    def discard(self, token: str) -> None:
+        with self._guard:
+            self._ids.discard(token)
+
+    def __contains__(self, token: object) -> bool:
+        with self._guard:
+            return token in self._ids
+
+
+HELD_HERE = _HeldHere()  # process state by nature, as a threading.Lock is: filled only while a job holds a lock
 
 TARGET_SHARD_BYTES = 150 * 2**20  # 100-200 MB shards: big reads, yet many files to spread over readers
 MIN_SHARD_RECORDS = 64  # below this a shard costs more in file opens than it gives in parallelism
@@ -101,13 +129,14 @@ def locked_folder(out_dir: str, job: str, fingerprint: str | None = None, settin
 
 
 class WriteLock:
-    """One job per folder (a dataset's writer, a run's trainer): a lock file naming the job (host, pid,
-    fingerprint), taken before anything in the folder is touched and removed when the job ends.
+    """One job per folder (a dataset's writer, a run's trainer): a lock file naming the job (a unique token, host,
+    pid, fingerprint), taken before anything in the folder is touched and removed when the job ends.
 
     Locally the file is created exclusively (``O_EXCL``: atomic). On ``gs://`` and other remote filesystems,
     which have no exclusive create through ``tf.io.gfile``, it is advisory: write, read back, and check again
     before committing (``check``), the usual answer on object stores. A lock left by a job that died on this
-    host (``kill -9``) is taken over; one from another host is refused with the way out.
+    host (``kill -9``) is taken over; one from another host is refused with the way out. A lock of another job of
+    this same process (another thread) is live: the job is its token, not its pid (``HELD_HERE``).
     """
 
     def __init__(self, out_dir: str, fingerprint: str | None, job: str = "tfpipe.write") -> None:
@@ -121,15 +150,20 @@ class WriteLock:
         }
 
     def __enter__(self) -> WriteLock:
-        for _ in range(2):  # the second try follows removing a dead job's lock
-            if self._create():
-                return self
-            holder = self._holder()
-            if holder is not None and not self._dead(holder):
-                raise TfpipeError(self._busy(holder))
-            if (holder is not None or self._stale()) and fs.exists(self.path):
-                fs.remove(self.path)
-        raise TfpipeError(self._busy(self._holder() or {}))
+        HELD_HERE.add(self.token["id"])  # before the file exists: another thread reading it finds a live job
+        try:
+            for _ in range(2):  # the second try follows removing a dead job's lock
+                if self._create():
+                    return self
+                holder = self._holder()
+                if holder is not None and not self._dead(holder):
+                    raise TfpipeError(self._busy(holder))
+                if (holder is not None or self._stale()) and fs.exists(self.path):
+                    fs.remove(self.path)
+            raise TfpipeError(self._busy(self._holder() or {}))
+        except BaseException:
+            HELD_HERE.discard(self.token["id"])
+            raise
 
     def _create(self) -> bool:
         data = json.dumps(self.token)
@@ -143,8 +177,11 @@ class WriteLock:
             fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
         except FileExistsError:
             return False
-        with os.fdopen(fd, "w") as f:
-            f.write(data)
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(data)
+        except OSError as e:  # a full disk names no file: name the lock (its empty file turns stale, see _stale)
+            raise OSError(e.errno, e.strerror, self.path) from None
         return True
 
     def _holder(self) -> dict[str, Any] | None:
@@ -180,13 +217,16 @@ class WriteLock:
             return True
         except (PermissionError, ValueError, OverflowError):
             return False
-        return holder.get("pid") == os.getpid()  # our own pid: a lock left by this process, not a live job
+        # Our own pid: a live job of this process (another thread) if it holds that token now, else one that ended.
+        return holder.get("pid") == os.getpid() and holder.get("id") not in HELD_HERE
 
     def _busy(self, holder: Mapping[str, Any]) -> str:
+        here = holder.get("host") == self.token["host"] and holder.get("pid") == os.getpid()
+        who = f"host {holder.get('host', '?')}, pid {holder.get('pid', '?')}"
+        who = "this process (another thread)" if here else who
         return (
-            f"{posixpath.dirname(self.path)} is being written by another {self.job} (host "
-            f"{holder.get('host', '?')}, pid {holder.get('pid', '?')}, started {holder.get('started', '?')}); "
-            f"wait for it, or if that job is gone delete {self.path}"
+            f"{posixpath.dirname(self.path)} is being written by another {self.job} ({who}, started "
+            f"{holder.get('started', '?')}); wait for it, or if that job is gone delete {self.path}"
         )
 
     def held(self) -> bool:
@@ -200,8 +240,11 @@ class WriteLock:
             raise TfpipeError(self._busy(self._holder() or {}) + "; this job's output was not committed")
 
     def __exit__(self, *exc: object) -> Literal[False]:
-        if self.held():
-            fs.remove(self.path)
+        try:
+            if self.held():
+                fs.remove(self.path)
+        finally:
+            HELD_HERE.discard(self.token["id"])
         return False
 
 
@@ -378,12 +421,26 @@ class StagedShards:
 
     def write(self, index: int, record: bytes) -> None:
         """Appends a serialized record to shard ``index`` (shards are written in order)."""
-        if index != self._current:
-            self._close()
-            self._writer, self._current = RecordWriter(self.staged_path(index)), index
-        assert self._writer is not None  # open whenever _current is set
-        self._writer.write(record)
+        with self._naming(index):
+            if index != self._current:
+                self._close()
+                self._writer, self._current = RecordWriter(self.staged_path(index)), index
+            assert self._writer is not None  # open whenever _current is set
+            self._writer.write(record)
         self.counts[index] += 1
+
+    @contextlib.contextmanager
+    def _naming(self, index: int) -> Iterator[None]:
+        """An ``OSError`` while staging shard ``index`` (a full disk says only "No space left on device") as one
+        line naming the file, and what is kept for ``--resume``."""
+        try:
+            yield
+        except OSError as e:
+            kept = len(self.finished)
+            raise TfpipeError(
+                f"{os_error_line(e, self.staged_path(index))}; {kept} finished shard{'s' * (kept != 1)} kept in "
+                f"{self.staging}: run it again with {option('resume', True)}"
+            ) from None
 
     def skip(self, index: int, entry: dict[str, str]) -> None:
         """Notes a record of shard ``index`` that was skipped (``entry``: image and reason)."""
@@ -391,16 +448,21 @@ class StagedShards:
 
     def finish(self, index: int) -> None:
         """Marks shard ``index`` complete: closes it and records it in the progress file."""
-        if self._current == index:
-            self._close()
-        self.finished.add(index)
-        staged = self.staged_path(index)
-        self.sizes[index] = fs.size(staged) if fs.exists(staged) else 0  # every record skipped: no file
-        entries = [
-            {"index": i, "count": self.counts[i], "skipped": self.skipped[i], "bytes": self.sizes[i]}
-            for i in sorted(self.finished)
-        ]
-        fs.write_atomic(self.progress_path, json.dumps({"fingerprint": self.fingerprint, "shards": entries}))
+        with self._naming(index):
+            if self._current == index:
+                self._close()
+            staged = self.staged_path(index)
+            size = fs.size(staged) if fs.exists(staged) else 0  # every record skipped: no file
+            entries = [
+                {"index": i, "count": self.counts[i], "skipped": self.skipped[i], "bytes": self.sizes[i]}
+                for i in sorted(self.finished)
+            ] + [{"index": index, "count": self.counts[index], "skipped": self.skipped[index], "bytes": size}]
+            fs.write_atomic(
+                self.progress_path,
+                json.dumps({"fingerprint": self.fingerprint, "shards": sorted(entries, key=lambda e: e["index"])}),
+            )
+        self.finished.add(index)  # only once its progress is saved: a shard the disk cut short is not finished
+        self.sizes[index] = size
 
     def add_finished(self, index: int, count: int, skipped: list[dict[str, str]]) -> None:
         """Records shard ``index`` as complete when something else wrote its staged file (the Beam runner)."""
@@ -408,9 +470,10 @@ class StagedShards:
         self.finish(index)
 
     def _close(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
-            self._writer, self._current = None, None
+        writer, self._writer = self._writer, None  # closed once, even when closing fails (a full disk's flush)
+        if writer is not None:
+            writer.close()
+            self._current = None
 
     def all_skipped(self) -> list[dict[str, str]]:
         return [entry for per_shard in self.skipped for entry in per_shard]
@@ -451,7 +514,9 @@ class StagedShards:
     ) -> Literal[False]:
         """On failure keeps the finished shards for ``resume`` and drops the unfinished one."""
         current = self._current
-        self._close()
+        # After a failure the unfinished shard is dropped below: closing it may fail again (a full disk's flush)
+        with contextlib.suppress(OSError) if exc_type is not None else contextlib.nullcontext():
+            self._close()
         if exc_type is not None and current is not None and current not in self.finished:
             fs.remove(self.staged_path(current))
         if exc_type is not None and not self.finished and fs.exists(self.staging):

@@ -258,7 +258,7 @@ class RecordDataset(IterableDataset[Sample]):
         )
 
     def __iter__(self) -> Iterator[Sample]:
-        self.shards.check_unchanged()  # every epoch: a folder rewritten since would change what an index means
+        self.shards.check_unchanged()  # every pass, at its start and end: a rewrite changes what an index means
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         epoch = self.epoch
@@ -266,8 +266,13 @@ class RecordDataset(IterableDataset[Sample]):
         if self.shuffle:
             rng = random.Random(f"{self.seed}/{epoch}/{self.ranks()[0]}/{worker}")  # str seeds: the same every run
             records = _shuffled(records, self.shuffle_buffer, rng)
-        for record in records:
-            yield self._decode(record)
+        try:
+            for record in records:
+                yield self._decode(record)
+        except (OSError, TfpipeError):  # a shard gone or cut short mid-epoch: a rewrite says so, else as it is
+            self.shards.check_unchanged()
+            raise
+        self.shards.check_unchanged()  # and at its end: records read across a rewrite are no epoch of either
 
 
 def unique_rows(ids: Sequence[str], *columns: np.ndarray, expected: int | None = None) -> tuple[Any, ...]:

@@ -302,7 +302,7 @@ def predict(
         )
     df = _submission_table(probs, ids, id_column, config, thresholds if labels else None, probabilities)
     if shards.labeled:
-        how = (_threshold_words(run, config, threshold), records, progress, validated_rows(run, ids))
+        how = (_threshold_words(run, config, threshold), records, progress, validated_rows(run, ids, shards))
         df.attrs["evaluation"] = evaluate_labeled(shards, config, probs, thresholds, *how)
     shards.check_unchanged()  # the ids and predictions above are of the shards that were opened
     if out:
@@ -357,9 +357,11 @@ def held_out_rows(shards: Shards, config: RunConfig) -> npt.NDArray[np.bool_] | 
     return np.concatenate([np.full(counts[f] or 0, f in held) for f in shards.files]).astype(bool)
 
 
-def validated_rows(run: str, ids: Sequence[str]) -> npt.NDArray[np.bool_] | None:
-    """Which of ``ids`` the run validated on, by image id (its ``val_predictions.csv``); None when none is, or the
-    run has no such file. Shards holding any are the run's own data, perhaps written again under another id."""
+def validated_rows(run: str, ids: Sequence[str], shards: Shards) -> npt.NDArray[np.bool_] | None:
+    """Which rows of ``shards`` hold images the run validated on (its ``val_predictions.csv``), by content: the
+    digest of the stored image, whatever its id (two datasets may both hold an ``img_0001``, and a copy may be
+    renamed). None when none does, or the run has no such file. Runs before tfpipe 1.1 recorded no digests:
+    their images are matched by id (``ids``), which the lines printed say."""
     import pandas as pd
 
     path = run_files.path(run, run_files.VAL_PREDICTIONS)
@@ -367,10 +369,12 @@ def validated_rows(run: str, ids: Sequence[str]) -> npt.NDArray[np.bool_] | None
         return None
     with fs.open(path) as f:
         table = pd.read_csv(f, dtype=str, keep_default_na=False)
-    if "image_name" not in table.columns:
+    key = "image_digest" if "image_digest" in table.columns else "image_name"
+    if key not in table.columns:
         raise TfpipeError(f"{path}: no image_name column; the file is damaged (train.fit writes it with its report)")
-    validated = set(table["image_name"])
-    rows = np.array([i in validated for i in ids], dtype=bool)
+    validated = set(table[key])
+    mine = tfpipe.image_digests(shards) if key == "image_digest" else ids
+    rows = np.array([i in validated for i in mine], dtype=bool)
     return rows if rows.any() else None
 
 
@@ -410,8 +414,8 @@ def _scores_of_parts(
     own = bool(config.dataset_id) and shards.dataset_id == config.dataset_id
     held = held_out_rows(shards, config) if own else validated
     result: dict[str, Any] = {"thresholds": threshold_words, "own_training_shards": own}
+    result["all"] = score(probs, targets, classes, thresholds, config.single_label)  # every image given, always
     if held is None or len(held) != len(probs):
-        result["all"] = score(probs, targets, classes, thresholds, config.single_label)
         return result
     rest = "trained_on" if own else "others"
     for part, rows in (("held_out", held), (rest, ~held)):
@@ -420,7 +424,7 @@ def _scores_of_parts(
     if own:
         result["held_out_what"] = f"fold {config.fold}" if config.fold is not None else "the last shards"
     else:
-        result["held_out_what"] = "found by image id in its val_predictions.csv"
+        result["held_out_what"] = "found in its val_predictions.csv"
     return result
 
 
@@ -436,17 +440,18 @@ def evaluation_lines(result: dict[str, Any], records: object) -> list[str]:
             f"{result['thresholds']}: AUC {'-' if auc is None else f'{auc:.4f}'} (exact, macro), {headline(scores)}"
         )
 
-    if "all" in result:
-        return [line(f"scores on the labeled shards {records}", result["all"]), *class_table(result["all"])]
-    lines = []
+    everything = line(f"scores on the labeled shards {records}", result["all"])
+    if not any(part in result for part in ("held_out", "others", "trained_on")):
+        return [everything, *class_table(result["all"])]
+    lines = [everything]
     if "held_out" in result:
         lines.append(line(f"scores on the images the run held out ({result['held_out_what']})", result["held_out"]))
     if "others" in result:
         lines.insert(
             0,
             f"train.predict: warning: {result['held_out']['examples']} of these images are ones the run validated "
-            "on (its val_predictions.csv): these shards hold its own data, written again, and the other rows may "
-            "be images it trained on",
+            "on (the same stored image in its val_predictions.csv): these shards hold its own data, written again, "
+            "and the other rows may be images it trained on",
         )
         lines.append(line("scores on the other images (perhaps trained on)", result["others"]))
     if "trained_on" in result:
@@ -598,12 +603,7 @@ def check_run_fits_records(config: RunConfig, shards: Shards, records: Records) 
             f"{records}: its classes ({_listed(shards.classes)}) are not the run's "
             f"({_listed(config.classes)}); predict with a run trained on these classes"
         )
-    if shards.image_size and shards.image_size != config.image_size:
-        raise TfpipeError(
-            f"{records}: images stored at {shards.image_size} px, the run was trained at "
-            f"{config.image_size} px; write the shards again with "
-            f"{option('image_size', config.image_size, python=f'ImageSpec(image_size={config.image_size})')}"
-        )
+    check_stored_size(config, shards.image_size, records)
     fit = shards.manifest.image.effective_fit  # shards.images, of a folder with a manifest
     if config.fit and fit != config.fit:
         raise TfpipeError(
@@ -622,6 +622,19 @@ def check_run_fits_records(config: RunConfig, shards: Shards, records: Records) 
             f"{config.dataset_id}): predictions of its training images say nothing about unseen images",
             file=sys.stderr,
             flush=True,
+        )
+
+
+def check_stored_size(config: RunConfig, stored: int | None, records: Records) -> None:
+    """The one size rule of train.fit and train.predict: the reader resizes stored images to the model's input
+    (``image_size``), so shards to predict must be stored at the size the training shards were -- then they are
+    resized exactly as in training. Runs that did not record it (before tfpipe 1.1) trained at the stored size."""
+    trained = config.stored_size or config.image_size
+    if stored and stored != trained:
+        resized = f", resized to {config.image_size} px as read" if trained != config.image_size else ""
+        raise TfpipeError(
+            f"{records}: images stored at {stored} px, the run's training images at {trained} px{resized}; "
+            f"write the shards again with {option('image_size', trained, python=f'ImageSpec(image_size={trained})')}"
         )
 
 

@@ -1,6 +1,6 @@
 """What a finished run writes about its validation set: predictions, tuned thresholds and pictures.
 
-    runs/NAME/val_predictions.csv   id, true labels, predicted labels, one probability per class
+    runs/NAME/val_predictions.csv   id, image digest, true labels, predicted labels, one probability per class
     runs/NAME/thresholds.json       per-class thresholds maximising validation F1 (multi-label)
     runs/NAME/learning_curves.png   loss, scores and learning rate per epoch
     runs/NAME/roc.png               per-class validation ROC curves
@@ -56,7 +56,8 @@ def validation_report(
     predicted = labels_at(probs, classes, thresholds, single_label)
     truth = [" ".join(c for c, on in zip(classes, row) if on) for row in targets > 0]
     ids = tfpipe.image_names(records, folds)
-    table = pd.DataFrame({"image_name": ids, "true": truth, "predicted": predicted})
+    digests = tfpipe.image_digests(records, folds)  # what train.predict knows these images by, whatever their names
+    table = pd.DataFrame({"image_name": ids, "image_digest": digests, "true": truth, "predicted": predicted})
     table = pd.concat([table, pd.DataFrame(probs, columns=classes)], axis=1)
     fs.write_atomic(f"{run_dir}/val_predictions{suffix}.csv", table.to_csv(index=False))
     if not single_label:

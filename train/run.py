@@ -62,6 +62,9 @@ class RunConfig:
     records: str
     settings: dict[str, Any] = dataclasses.field(default_factory=dict)
     version: int = RUN_VERSION
+    # The size the training shards' images were stored at, which the reader resized to ``image_size`` (None:
+    # unknown, runs before tfpipe 1.1; stored without a fixed size). Shards to predict must be stored alike.
+    stored_size: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form: the settings flat (as before), the contract's fields over them."""
@@ -75,6 +78,7 @@ class RunConfig:
             dataset_id=self.dataset_id,
             fold=self.fold,
             records=self.records,
+            stored_image_size=self.stored_size,
             run_version=self.version,
         )
 
@@ -121,6 +125,9 @@ def from_dict(data: Any, p: str) -> RunConfig:
         raise _bad(p, "dataset_id", "must be a string", dataset_id)
     if not (fold is None or (type(fold) is int and fold >= 0)):
         raise _bad(p, "fold", "must be a fold number or null", fold)
+    stored = data.get("stored_image_size")
+    if not (stored is None or (type(stored) is int and stored >= 1)):
+        raise _bad(p, "stored_image_size", "must be a whole number of pixels or null", stored)
     threshold = data.get("threshold", 0.5)
     if not isinstance(threshold, (int, float)) or isinstance(threshold, bool) or not 0 < threshold < 1:
         raise _bad(p, "threshold", "must be between 0 and 1", threshold)
@@ -134,6 +141,7 @@ def from_dict(data: Any, p: str) -> RunConfig:
         records=str(data.get("records", "")),
         settings=data,
         version=version,
+        stored_size=stored,
     )
 
 
@@ -179,8 +187,13 @@ def load_thresholds(run: str, classes: Sequence[str]) -> list[float] | None:
     if not fs.exists(p):
         return None
     tuned = _read_json(p)
-    if not isinstance(tuned, dict) or sorted(tuned) != sorted(classes):
-        named = sorted(tuned) if isinstance(tuned, dict) else tuned
+    if not isinstance(tuned, dict):
+        raise TfpipeError(
+            f"{p}: expected an object of class name: threshold (got a {type(tuned).__name__}: {_short(tuned)}); the "
+            f"file was edited or damaged -- pass {option('threshold')} to label at one threshold"
+        )
+    if sorted(tuned) != sorted(classes):
+        named = sorted(tuned)
         raise TfpipeError(
             f"{p}: names classes {_short(named)}, not the run's ({_short(classes)}); it belongs to "
             f"another run -- pass {option('threshold')} to label at one threshold, or predict with that run"

@@ -345,7 +345,7 @@ def run_phase(
         SyncBatchNorm(),
         *progress,
         *first,
-        keras.callbacks.BackupAndRestore(run_files.path(cfg.run, f"{run_files.BACKUP}/{name}"), save_freq="epoch"),
+        keep_backup(run_files.path(cfg.run, f"{run_files.BACKUP}/{name}")),
         throughput,  # after the backup: it counts the epochs saved
         LogLearningRate(),
         keras.callbacks.CSVLogger(run_files.path(cfg.run, run_files.HISTORY), append=True),
@@ -373,6 +373,13 @@ def run_phase(
     finally:
         for p in progress:  # also when fit fails: a heartbeat must not keep talking
             p.beat.close()
+
+
+def keep_backup(folder: str) -> keras.callbacks.BackupAndRestore:
+    """Backs a phase up every epoch, kept after the phase (``delete_checkpoint=False``) until the whole job has
+    finished: a job interrupted after its last epoch (saving the model, in the report) resumes from it with
+    nothing left to train, never from scratch."""
+    return keras.callbacks.BackupAndRestore(folder, save_freq="epoch", delete_checkpoint=False)
 
 
 def set_trainable(backbone: keras.Model, trainable: bool) -> None:
@@ -419,7 +426,28 @@ def check_out(cfg: FitConfig, shards: Shards) -> bool:
             f"{cfg.run} was started with {k}={before[k]!r}, not {now[k]!r}; {option('resume', True)} "
             "continues a run with its own settings"
         )
+    check_resumable(cfg.run)
     return False
+
+
+def check_resumable(run: str) -> None:
+    """What an interrupted job left must be continued, never started over: ``history.csv`` recording epochs with
+    no backup to continue them from (a job of tfpipe 1.0 interrupted after its last epoch, when Keras had already
+    deleted its backup) would train from scratch and append to the history, counting epochs twice."""
+    history = run_files.path(run, run_files.HISTORY)
+    if not fs.exists(history):
+        return
+    with fs.open(history) as f:
+        epochs = max(0, len([line for line in f.read().splitlines() if line.strip()]) - 1)
+    burn = int(RunConfig.load(run).settings.get("burn_epochs") or 0)
+    burn_done = bool(read_state(run).get("burn_done"))  # the burn-in's epochs are kept as its weights
+    phase, in_phase = ("fine-tune", epochs - burn) if burn_done or not burn else ("burn", epochs)
+    if in_phase > 0 and not tf.io.gfile.glob(run_files.path(run, f"{run_files.BACKUP}/{phase}/*")):
+        raise TfpipeError(
+            f"{run}: {run_files.HISTORY} lists {epochs} epoch{'s' * (epochs != 1)} but no backup is left to continue "
+            f"from ({run_files.BACKUP}/ is empty: the job was interrupted after its last epoch by an older tfpipe); "
+            f"{option('resume', True)} would train again from scratch -- choose another {option('run')} folder"
+        )
 
 
 def summarise(
@@ -492,6 +520,7 @@ def write_run_config(plan: FitConfig, shards: Shards) -> None:
         fold=plan.fold,
         records=plan.records,
         settings=settings_of(plan),
+        stored_size=shards.image_size,
     ).save(plan.run)
 
 
@@ -685,7 +714,7 @@ def train_and_report(
         write_run_config(plan, shards)
         keras.mixed_precision.set_global_policy(precision)
         if plan.verbose:
-            announce_build(plan, strategy, kind, n_train, n_val)
+            announce_build(plan, strategy, kind, n_train, n_val, shards.image_size)
         with strategy.scope(), tfpipe.naming_corrupt_shards(shards), stopping_cleanly(plan, shards):
             model, swa = train_phases(plan, strategy, shards, data, throughput)
     lock.check()  # on gs:// the lock is advisory: a job that lost it saves nothing
@@ -711,6 +740,8 @@ def train_and_report(
         shards.check_unchanged()
         fs.write_atomic(run_files.path(plan.run, run_files.METRICS), json.dumps(metrics, indent=1) + "\n")
     write_state(plan.run, dict(read_state(plan.run), burn_done=bool(plan.burn_epochs), finished=True))
+    if fs.exists(run_files.path(plan.run, run_files.BACKUP)):
+        fs.rmtree(run_files.path(plan.run, run_files.BACKUP))  # finished: nothing left to resume
     return metrics
 
 
@@ -755,10 +786,14 @@ def capped_steps_per_execution(plan: FitConfig, steps: int) -> FitConfig:
     return dataclasses.replace(plan, steps_per_execution=steps)
 
 
-def announce_build(plan: FitConfig, strategy: tf.distribute.Strategy, kind: str, n_train: int, n_val: int) -> None:
-    """The line saying what is built on what, before the minutes of building and compiling."""
+def announce_build(
+    plan: FitConfig, strategy: tf.distribute.Strategy, kind: str, n_train: int, n_val: int, stored: int | None
+) -> None:
+    """The line saying what is built on what, before the minutes of building and compiling; images stored at
+    another size are said to be resized (train.predict then wants shards stored as these are)."""
+    resized = f" (images stored at {stored} px, resized as read)" if stored and stored != plan.image_size else ""
     print(
-        f"train.fit: building {plan.model} at {plan.image_size} px on {strategy.num_replicas_in_sync} "
+        f"train.fit: building {plan.model} at {plan.image_size} px{resized} on {strategy.num_replicas_in_sync} "
         f"{kind} replica{'s' * (strategy.num_replicas_in_sync > 1)}; {n_train} training image{'s' * (n_train != 1)}, "
         f"{n_val} validation image{'s' * (n_val != 1)}",
         flush=True,

@@ -1,0 +1,352 @@
+"""Checks that last the whole job (issue #32): one writer per folder whatever the thread, claims carried by the
+input (a glob reads its folder's manifest, one size rule, an image known by its content), and no raw error passed
+through (every JSON read back is strict, a CSV row must match its header, a full disk names the file)."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+
+import pytest
+
+import tfpipe
+from tests.conftest import save, write_csv
+from tfpipe.errors import TfpipeError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def small_source(root, n=12, size=(40, 56), seed=0):
+    """``n`` labeled JPEGs under ``root``: a ``tfpipe.Source``."""
+    from tfpipe import Source
+
+    (root / "images").mkdir(parents=True)
+    rows = []
+    for i in range(n):
+        save(root / "images" / f"img{i:02d}.jpg", size=size, seed=seed + i)
+        rows.append((f"img{i:02d}", ["a", "b", "a b", ""][i % 4]))
+    return Source(str(root / "images"), csv=str(write_csv(root / "train.csv", ["image", "labels"], rows)))
+
+
+def write(source, out, **kwargs):
+    from tfpipe.images import ImageSpec
+
+    kwargs.setdefault("spec", ImageSpec(image_size=16))
+    return tfpipe.write_shards(source, str(out), workers=0, progress=False, **kwargs)
+
+
+# ------------------------------------------------------------------------ 3: one writer per folder, per job
+def test_a_folder_locked_by_another_job_of_this_process_is_refused_until_it_ends(tmp_path):
+    """The lock is the job's token, not its host and pid: a job of this same process (another thread) holding the
+    folder is live, not a lock "left by this process" to take over (that let two threads commit into one folder,
+    both shards corrupt)."""
+    from tfpipe.staging import locked_folder
+
+    source, out = small_source(tmp_path / "src"), tmp_path / "out"
+    with locked_folder(str(out), "tfpipe.write"):
+        failed = []
+        thread = threading.Thread(target=lambda: failed.append(_refusal(source, out)))
+        thread.start()
+        thread.join()
+        assert "being written by another tfpipe.write (this process (another thread)" in failed[0]
+        assert not os.path.exists(out / "manifest.json")
+    assert write(source, out).num_examples == 12  # the lock went with its job
+
+
+def _refusal(source, out):
+    try:
+        write(source, out)
+    except TfpipeError as e:
+        return str(e)
+    return "written"
+
+
+def test_two_threads_writing_one_folder_leave_one_finished_dataset_that_verifies(tmp_path):
+    """Started together from one process: each write either finishes or is refused in one line (never a raw
+    error), at least one finishes, and what is in the folder verifies, record by record."""
+    source, out = small_source(tmp_path / "src", n=24), tmp_path / "out"
+    for attempt in range(3):
+        shutil.rmtree(out, ignore_errors=True)
+        start, outcomes = threading.Barrier(2), []
+
+        def one_job(start=start, outcomes=outcomes):
+            start.wait()
+            try:
+                outcomes.append(write(source, out, num_shards=4).num_examples)
+            except TfpipeError as e:
+                outcomes.append(str(e))
+
+        jobs = [threading.Thread(target=one_job) for _ in range(2)]
+        for job in jobs:
+            job.start()
+        for job in jobs:
+            job.join()
+        assert 24 in outcomes, (attempt, outcomes)
+        refused = [o for o in outcomes if o != 24]
+        assert all("being written by another tfpipe.write" in o or "already finished" in o for o in refused), refused
+        shards = tfpipe.open_shards(str(out))
+        assert tfpipe.verify(shards) == [] and shards.num_examples == 24
+
+
+# ----------------------------------------------------------------- 2: claims carried by the input
+def test_a_glob_or_a_list_of_files_is_read_with_its_folders_manifest(tmp_path):
+    source = small_source(tmp_path / "src")
+    ordered, reordered = tmp_path / "abc", tmp_path / "cba"
+    write(source, ordered, num_shards=2, classes=["a", "b"])
+    write(source, reordered, num_shards=2, classes=["b", "a"])
+    for records in (f"{reordered}/*.tfrec", sorted(str(p) for p in reordered.glob("*.tfrec"))):
+        shards = tfpipe.open_shards(records)
+        assert shards.classes == ["b", "a"] and shards.folder == str(reordered), records
+        assert shards.num_examples == 12
+    one = sorted(reordered.glob("*.tfrec"))[:1]  # a part of the folder: its own counts, the folder's claims
+    assert tfpipe.open_shards([str(one[0])]).num_examples == tfpipe.open_shards(str(reordered)).counts[str(one[0])]
+
+    shutil.copy(one[0], ordered / "stray-00000-of-00001-6.tfrec")  # a file the manifest there does not list
+    with pytest.raises(TfpipeError, match="stray-00000.*not a shard of its folder"):
+        tfpipe.open_shards(f"{ordered}/*.tfrec")
+    os.remove(ordered / "stray-00000-of-00001-6.tfrec")
+    with pytest.raises(TfpipeError, match=r"differ in classes.*read one folder at a time"):
+        tfpipe.open_shards(sorted(str(p) for p in [*ordered.glob("*.tfrec"), *reordered.glob("*.tfrec")]))
+    twin = tmp_path / "twin"  # another folder of the same meaning: read together, each checked by its manifest
+    write(source, twin, num_shards=2, classes=["a", "b"])
+    both = sorted(str(p) for p in [*ordered.glob("*.tfrec"), *twin.glob("*.tfrec")])
+    assert tfpipe.count_examples(both) == 24
+    with open(both[-1], "ab") as f:
+        f.write(b"x")
+    with pytest.raises(TfpipeError, match="manifest.json says"):
+        tfpipe.open_shards(both)
+
+
+def test_predict_refuses_a_glob_of_shards_in_another_class_order(trained_run, shard_dir, tmp_path):
+    from tfpipe import Source
+    from tfpipe.images import ImageSpec
+    from train.predict import predict
+
+    run, _, _ = trained_run
+    root = os.path.dirname(shard_dir[0])
+    other = tmp_path / "reordered"
+    tfpipe.write_shards(Source(f"{root}/images", csv=f"{root}/train.csv"), str(other),
+                        spec=ImageSpec(image_size=32), classes=["c", "b", "a"], workers=0, progress=False)  # fmt: skip
+    for records in (str(other), f"{other}/*.tfrec"):
+        with pytest.raises(TfpipeError, match=r"its classes \(c, b, a\) are not the run's \(a, b, c\)"):
+            predict(run, records, str(tmp_path / "s.csv"), strategy="cpu")
+    assert not (tmp_path / "s.csv").exists()
+
+
+def test_one_size_rule_for_fit_and_predict(trained_run):
+    """The reader resizes stored images to the model's input: a run records the size its training shards were
+    stored at, and train.predict wants shards stored alike (then resized as in training), whatever the input."""
+    from train.inference import check_stored_size
+    from train.run import RunConfig
+
+    run, _, _ = trained_run
+    config = RunConfig.load(run)
+    assert config.stored_size == 32 == json.loads(open(f"{run}/config.json").read())["stored_image_size"]
+    resized = RunConfig(("a",), 33, False, "stretch", None, None, "", stored_size=32)  # --image-size 33 on 32 px
+    check_stored_size(resized, 32, "records")  # its own training shards
+    with pytest.raises(TfpipeError, match=r"stored at 33 px, the run's training images at 32 px, resized to 33"):
+        check_stored_size(resized, 33, "records")
+    older = RunConfig(("a",), 32, False, "stretch", None, None, "")  # a run that did not record it
+    check_stored_size(older, 32, "records")
+    with pytest.raises(TfpipeError, match="stored at 64 px, the run's training images at 32 px; write"):
+        check_stored_size(older, 64, "records")
+
+
+def test_an_image_is_known_by_its_content_and_every_image_given_is_scored(trained_run, shard_dir, tmp_path, capsys):
+    """Labeled shards of *different* images whose ids repeat the run's are not "its own data, written again"; a
+    copy of an image it validated on, renamed, is. The score over all the images given is printed either way."""
+    import pandas as pd
+
+    from tfpipe.images import ImageSpec
+    from train.predict import predict
+
+    run, _, _ = trained_run
+    (tmp_path / "images").mkdir()
+    rows = []
+    for i in range(12):  # the run's own ids (im00..im11; it validated on some of them), other pictures
+        save(tmp_path / "images" / f"im{i:02d}.jpg", size=(36, 52), seed=100 + i)
+        rows.append((f"im{i:02d}", ["a", "b c", "", "c"][i % 4]))
+
+    def scored(name):
+        csv = write_csv(tmp_path / f"{name}.csv", ["image", "labels"], rows)
+        tfpipe.write_shards(tfpipe.Source(str(tmp_path / "images"), csv=str(csv)), str(tmp_path / name),
+                            spec=ImageSpec(image_size=32), classes=["a", "b", "c"], workers=0, progress=False)  # fmt: skip
+        df = predict(run, str(tmp_path / name), "", labels=True, threshold=0.4, strategy="cpu", progress=True)
+        return df.attrs["evaluation"], capsys.readouterr().out
+
+    result, said = scored("others")
+    assert set(result) == {"thresholds", "own_training_shards", "all"} and result["all"]["examples"] == 12
+    assert "scores on the labeled shards" in said and "validated on" not in said, said
+
+    validated = pd.read_csv(f"{run}/val_predictions.csv", dtype=str, keep_default_na=False)["image_name"][0]
+    shutil.copy(f"{os.path.dirname(shard_dir[0])}/images/{validated}.jpg", tmp_path / "images" / "renamed.jpg")
+    rows.append(("renamed", " ".join(shard_dir[1][validated])))
+    result, said = scored("with-a-copy")
+    assert (result["all"]["examples"], result["held_out"]["examples"], result["others"]["examples"]) == (13, 1, 12)
+    assert "warning: 1 of these images are ones the run validated on" in said and "(13 images)" in said, said
+
+
+# ----------------------------------------------------------------- 5: no raw error passed through
+def test_every_json_file_read_back_refuses_a_key_given_twice(tmp_path):
+    from tfpipe import fs
+    from tfpipe.manifest import Manifest
+    from train.run import load_thresholds
+
+    (tmp_path / "thresholds.json").write_text('{"a": 0.3, "b": 0.5, "a": 0.9}')
+    with pytest.raises(TfpipeError, match=r"thresholds.json: run file gives the key 'a' twice"):
+        load_thresholds(str(tmp_path), ["a", "b"])
+    (tmp_path / "thresholds.json").write_text("[0.3, 0.5]")
+    with pytest.raises(TfpipeError, match=r"expected an object of class name: threshold \(got a list: 0.3, 0.5\)"):
+        load_thresholds(str(tmp_path), ["a", "b"])
+    (tmp_path / "x.json").write_text('{"outer": {"k": 1, "k": 2}}')  # nested objects too
+    with pytest.raises(TfpipeError, match="gives the key 'k' twice"):
+        fs.read_json(str(tmp_path / "x.json"))
+
+    folder = tmp_path / "records"
+    write(small_source(tmp_path / "src"), folder)
+    text = (folder / "manifest.json").read_text()
+    (folder / "manifest.json").write_text(text.replace('"split": "train"', '"split": "train", "split": "test"', 1))
+    with pytest.raises(TfpipeError, match="manifest gives the key 'split' twice"):
+        Manifest.load(str(folder))
+
+
+@pytest.mark.parametrize(
+    "lines, says",
+    [
+        (["image,labels", "img00,a,b", "img01,b"], "line 2 has 3 fields where the header has 2"),  # pandas: an index
+        (["image,labels", "img00,a", "img01,b,", "img02,"], "line 3 has 3 fields where the header has 2"),
+        (["image,labels,extra", "img00,a,1", "img01"], "line 3 has 1 field where the header has 3"),
+    ],
+)
+def test_a_csv_row_that_does_not_match_its_header_is_refused_naming_it(tmp_path, lines, says):
+    from tfpipe.sources import read_csv
+
+    (tmp_path / "train.csv").write_text("\n".join(lines) + "\n\n")  # a blank line at the end is no row
+    with pytest.raises(TfpipeError, match=says):
+        read_csv(str(tmp_path / "train.csv"))
+    (tmp_path / "ok.csv").write_text('image,labels,where\nimg00,a b,"x, y"\n\nimg01,,\n')  # quoted commas, blank lines
+    assert [r[1] for r in read_csv(str(tmp_path / "ok.csv"))] == ["img00", "img01"]
+
+
+def on_a_small_disk(script, disk, megabytes):
+    """Runs the shell ``script`` with ``disk`` a tmpfs of ``megabytes`` of its own (a private mount namespace,
+    gone with the process: ``unshare``, as root or in a user namespace)."""
+    mount = f"mount -t tmpfs -o size={megabytes}m tfpipe-test {disk} && cd {disk} && "
+    flags = ["-m"] if os.geteuid() == 0 else ["-r", "-m"]
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    return subprocess.run(["unshare", *flags, "sh", "-c", mount + script], capture_output=True, text=True, env=env,
+                          timeout=300)  # fmt: skip
+
+
+def test_a_full_disk_names_the_file_and_the_way_on(tmp_path):
+    """A real full disk (a small tmpfs): the shard being written is named with what is kept and ``--resume``;
+    after space is freed, ``--resume`` finishes a dataset that verifies. A JSON file written atomically names
+    itself too (a ``write`` into an open file names none)."""
+    source = small_source(tmp_path / "src", n=60, size=(96, 96))
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    py, src = sys.executable, tmp_path / "src"
+    args = f"--csv {src}/train.csv --images {src}/images --out records --image-size 96 --num-shards 6 --workers 0"
+    done = on_a_small_disk(
+        f"head -c 930k /dev/urandom > filler && "
+        f"{py} -m tfpipe.write {args} --no-progress 2> first.err; echo $? > first.rc; "
+        f"rm filler && {py} -m tfpipe.write {args} --no-progress --resume > resume.out && "
+        f"{py} -m tfpipe.inspect records --verify > /dev/null && cat first.rc first.err && "
+        f"head -c 1000k /dev/urandom > filler2; "
+        f'{py} -c \'from tfpipe import fs; fs.write_atomic("config.json", "x" * 400000)\'',
+        disk,
+        1,
+    )
+    rc, err, *_ = done.stdout.splitlines() + [""]
+    assert rc == "2" and "Traceback" not in err, (done.stdout, done.stderr)
+    assert ".staging/train-0000" in err and ".part: No space left on device (the disk or quota is full" in err, err
+    assert "kept in records/.staging: run it again with --resume" in err, err
+    assert done.returncode == 1 and "config.json" in done.stderr.splitlines()[-1], done.stderr[-2000:]
+    assert "No space left on device" in done.stderr.splitlines()[-1]
+    del source
+
+
+# ----------------------------------------------------------------- 1: checks at both ends of every pass
+@pytest.mark.parametrize("num_shards", [8, 5], ids=["same-names", "renamed-shards"])
+def test_the_torch_reader_ends_a_pass_read_across_a_rewrite_with_the_rewrite(shard_dir, tmp_path, num_shards):
+    """The folder rewritten (labels corrected) while ``RecordDataset`` reads an epoch: the epoch never ends
+    normally with some targets of the new write; shards renamed under it are named as the rewrite, not a raw
+    ``FileNotFoundError``."""
+    from tfpipe import Source
+    from tfpipe.images import ImageSpec
+    from tfpipe.torch import RecordDataset
+
+    folder = tmp_path / "records"
+    shutil.copytree(shard_dir[0], folder)
+    ds = RecordDataset(str(folder))
+    epoch = iter(ds)
+    first = [next(epoch) for _ in range(10)]
+    root = os.path.dirname(shard_dir[0])
+    tfpipe.write_shards(Source(f"{root}/images", csv=f"{root}/train.csv"), str(folder), spec=ImageSpec(image_size=32),
+                        num_folds=4, num_shards=num_shards, workers=0, progress=False, overwrite=True,
+                        classes=["c", "b", "a"])  # fmt: skip
+    with pytest.raises(TfpipeError, match="was rewritten while this job read it"):
+        first += list(epoch)
+    assert len(first) == 10
+
+
+def test_a_fit_interrupted_in_its_report_resumes_without_training_again(shard_dir, tmp_path, monkeypatch):
+    """Ctrl-C after the last epoch (saving the model, in the report): ``--resume`` continues from the kept backup
+    with nothing to train, reports, and counts every epoch once. A run folder whose history has epochs and no
+    backup (what tfpipe 1.0 left there) is refused rather than trained again from scratch."""
+    import train.trainer
+    from tests.test_train_contracts import small
+    from train.fit import fit
+
+    run = tmp_path / "run"
+    real = train.trainer.reports
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(train.trainer, "reports", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        fit(small(shard_dir, run, epochs=2))
+    assert not (run / "model.keras").exists() and os.listdir(run / "backup" / "fine-tune")
+    monkeypatch.setattr(train.trainer, "reports", real)
+    left = tmp_path / "left-by-1.0"
+    shutil.copytree(run, left)
+    shutil.rmtree(left / "backup")
+
+    metrics = fit(small(shard_dir, run, epochs=2, resume=True))
+    history = (run / "history.csv").read_text().splitlines()
+    assert [line.split(",")[0] for line in history[1:]] == ["0", "1"] and metrics["epochs"] == 2
+    assert (run / "model.keras").exists() and not (run / "backup").exists()  # finished: no backup kept
+    with pytest.raises(TfpipeError, match=r"history.csv lists 2 epochs but no backup is left to continue from"):
+        fit(small(shard_dir, left, epochs=2, resume=True))
+
+
+@pytest.mark.slow  # two train.fit processes, 30-60 s
+def test_a_real_ctrl_c_after_saving_the_model_then_resume_finishes_the_run_once(shard_dir, tmp_path):
+    """The issue's case as a user meets it: SIGINT to ``train.fit`` once it says "saving model.keras", then
+    ``--resume``: exit 130, then a finished run with every epoch once and ``--epochs 1`` reported as 1 epoch."""
+    import signal
+
+    run = tmp_path / "run"
+    cmd = [sys.executable, "-m", "train.fit", "--records", shard_dir[0], "--run", str(run), "--strategy", "cpu",
+           "--model", "small-cnn", "--batch-size", "8", "--epochs", "1", "--steps-per-execution", "1",
+           "--verbose", "2"]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    job = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for line in job.stdout:
+            if "saving model.keras" in line:
+                job.send_signal(signal.SIGINT)
+                break
+        assert job.wait(120) == 130, job.stderr.read()[-2000:]
+    finally:
+        job.kill()
+    assert "interrupted" in job.stderr.read()
+    done = subprocess.run([*cmd, "--resume"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    history = (run / "history.csv").read_text().splitlines()
+    assert [line.split(",")[0] for line in history[1:]] == ["0"], history
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert metrics["epochs"] == 1 and (run / "model.keras").exists()
