@@ -23,12 +23,13 @@ with the validation fold's exact macro AUC, over all ranks' predictions made wit
 from __future__ import annotations
 
 import argparse
-import functools
+import contextlib
+import logging
 import os
 import socket
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -37,7 +38,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from tfpipe.errors import ArgumentParser, TfpipeError, check_count, run_cli
-from tfpipe.processes import die_with_parent, worker_dies_with_parent
+from tfpipe.processes import die_with_parent, loader_dies_with_this_process
 from tfpipe.shards import open_shards
 from tfpipe.torch import RecordDataset, folds_apart, gather_rows, sync_buffers, unique_rows
 from train.torch_models import add_recipe_arguments, build_model, check_model, model_inputs, validation_auc
@@ -71,7 +72,7 @@ def loader(ds: RecordDataset, args: argparse.Namespace) -> torch.utils.data.Data
         batch_size=args.batch_size,
         num_workers=workers,
         persistent_workers=workers > 0,  # RecordDataset.set_epoch reaches them through shared memory
-        worker_init_fn=functools.partial(worker_dies_with_parent, os.getpid()) if workers else None,
+        worker_init_fn=loader_dies_with_this_process() if workers else None,
     )
 
 
@@ -212,12 +213,41 @@ def run(args: argparse.Namespace) -> None:
 
         xmp.spawn(run_xla, args=(args, os.getpid()))
         return
+    ranks = torch.multiprocessing.start_processes(
+        run_rank, args=(args, free_port(), os.getpid()), nprocs=args.processes, join=False, start_method="spawn"
+    )
+    with ranks_stopped_on_exit(ranks.processes):
+        try:
+            while not ranks.join():
+                pass
+        except torch.multiprocessing.ProcessExitedException as e:
+            if e.exit_code == 2:  # a rank said why on stderr
+                raise SystemExit(2) from None
+            how = f"was killed by {e.signal_name}" if e.signal_name else f"exited with code {e.exit_code}"
+            raise TfpipeError(f"rank {e.error_index} {how}; the other ranks were stopped") from None
+        except torch.multiprocessing.ProcessRaisedException as e:  # its traceback is in the message: the last line
+            last = [line for line in str(e).splitlines() if line.strip()][-1]
+            raise TfpipeError(f"rank {e.error_index} failed: {last}; the other ranks were stopped") from None
+
+
+@contextlib.contextmanager
+def ranks_stopped_on_exit(processes: Sequence[Any], grace_seconds: float = 5.0) -> Iterator[None]:
+    """However this process leaves the block (Ctrl-C, an error), no rank trains on: SIGTERM, then SIGKILL after
+    ``grace_seconds``. (Python would otherwise wait for them at exit: they are not daemons.) torch's own notes on
+    stopping them are held back: the one line this script prints says what happened."""
+    logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
     try:
-        torch.multiprocessing.spawn(run_rank, args=(args, free_port(), os.getpid()), nprocs=args.processes)
-    except torch.multiprocessing.ProcessExitedException as e:
-        if e.exit_code == 2:  # a rank said why on stderr
-            raise SystemExit(2) from None
-        raise
+        yield
+    finally:
+        for p in processes:
+            if p.is_alive():
+                p.terminate()
+        deadline = time.monotonic() + grace_seconds
+        for p in processes:
+            p.join(max(0.0, deadline - time.monotonic()))
+            if p.is_alive():
+                p.kill()
+                p.join()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

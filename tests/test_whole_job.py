@@ -4,6 +4,7 @@ through (every JSON read back is strict, a CSV row must match its header, a full
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -350,3 +351,122 @@ def test_a_real_ctrl_c_after_saving_the_model_then_resume_finishes_the_run_once(
     assert [line.split(",")[0] for line in history[1:]] == ["0"], history
     metrics = json.loads((run / "metrics.json").read_text())
     assert metrics["epochs"] == 1 and (run / "model.keras").exists()
+
+
+# ----------------------------------------------------------------- 4: children that always die
+def processes_marked(mark):
+    """The processes whose environment carries ``TFPIPE_TEST_MARK=mark``: a job's ranks, their DataLoader workers
+    and multiprocessing's helpers all inherit it."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if f"TFPIPE_TEST_MARK={mark}".encode() in f.read().split(b"\0"):
+                    found.append(int(pid))
+        except OSError:
+            continue
+    return found
+
+
+def children(parents, mark):
+    """The marked processes whose parent is one of ``parents``."""
+    found = []
+    for pid in processes_marked(mark):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if int(f.read().rsplit(")", 1)[1].split()[1]) in parents:
+                    found.append(pid)
+        except OSError:
+            continue
+    return found
+
+
+def none_left(mark, seconds=15):
+    import time
+
+    deadline = time.monotonic() + seconds
+    while processes_marked(mark) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return processes_marked(mark)
+
+
+def start_ddp(records, mark):
+    cmd = [sys.executable, "examples/torch_ddp.py", "--records", records, "--processes", "2", "--workers", "2",
+           "--epochs", "40", "--batch-size", "8"]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": ROOT, "TFPIPE_TEST_MARK": mark}
+    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def first_line(job, starting):
+    for line in job.stdout:
+        if line.startswith(starting):
+            return line
+    raise AssertionError(job.stderr.read()[-3000:])
+
+
+@pytest.mark.slow  # three runs of examples/torch_ddp.py, about a minute
+@pytest.mark.parametrize("how", ["ctrl-c", "kill-main", "kill-a-rank"])
+def test_the_ddp_recipe_leaves_no_process_behind_and_says_why_in_one_line(demo_shards, how):
+    """Ctrl-C to the main process ends every rank within seconds (exit 130, instead of training every epoch left);
+    ``kill -9`` of the main process while the ranks' DataLoader workers start leaves no worker or helper behind;
+    a rank killed mid-training is one line naming it (not 72 lines of traceback), and the others stop."""
+    import signal
+    import time
+    import uuid
+
+    mark = uuid.uuid4().hex
+    job = start_ddp(demo_shards, mark)
+    try:
+        if how == "kill-main":
+            deadline = time.monotonic() + 60
+            while not children(children([job.pid], mark), mark) and time.monotonic() < deadline:
+                time.sleep(0.02)  # until the ranks' first DataLoader workers start
+            job.kill()
+            job.wait(30)
+        else:
+            first_line(job, "epoch 1/40")
+            if how == "ctrl-c":
+                job.send_signal(signal.SIGINT)
+            else:
+                os.kill(max(children([job.pid], mark)), signal.SIGKILL)
+            code = job.wait(30)
+            err = job.stderr.read().strip()
+            assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+            if how == "ctrl-c":
+                assert code == 130 and "interrupted" in err, (code, err)
+            else:
+                assert code == 2 and re.search(r"rank [01] was killed by SIGKILL; the other ranks were stopped", err), (
+                    err
+                )
+        assert none_left(mark) == []
+    finally:
+        job.kill()
+        for pid in processes_marked(mark):
+            os.kill(pid, 9)
+
+
+THREAD_THEN_MAIN = """
+import sys, threading, time
+from tfpipe.lightning import ShardDataModule
+
+data = ShardDataModule(sys.argv[1], workers=1, batch_size=4)
+loader = data.val_dataloader()
+seen = []
+first = threading.Thread(target=lambda: seen.append(sum(len(b[0]) for b in loader)))
+first.start()
+first.join()  # the thread that started the persistent worker has ended
+time.sleep(1.5)
+seen.append(sum(len(b[0]) for b in loader))
+print(seen)
+"""
+
+
+def test_persistent_workers_started_from_a_thread_that_ends_live_on(shard_dir):
+    """``ShardDataModule(workers=1)``: epoch 1 iterated in a thread that then ends, epoch 2 in the main thread. The
+    kernel's parent-death signal belongs to the thread that started a worker: the workers are watched by a thread
+    of their own instead, so they neither die with that thread nor outlive the process."""
+    done = subprocess.run([sys.executable, "-c", THREAD_THEN_MAIN, shard_dir[0]], cwd=ROOT, capture_output=True,
+                          text=True, env={**os.environ, "PYTHONPATH": ROOT}, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    n = tfpipe.count_examples(shard_dir[0], folds=[0])
+    assert done.stdout.strip() == f"[{n}, {n}]"

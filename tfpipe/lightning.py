@@ -17,8 +17,6 @@ and an ``IterableDataset`` has none: ``EpochLoader`` passes it on), and ``len()`
 
 from __future__ import annotations
 
-import functools
-import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -30,7 +28,7 @@ from torch.utils.data import DataLoader
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from tfpipe.errors import check_count, check_seed
-from tfpipe.processes import worker_dies_with_parent
+from tfpipe.processes import loader_dies_with_this_process
 from tfpipe.shards import Records, open_shards
 from tfpipe.torch import RecordDataset, folds_apart
 
@@ -99,7 +97,7 @@ class ShardDataModule(pl.LightningDataModule):
             "batch_size": self.batch_size,
             "num_workers": self.workers,
             "persistent_workers": self.workers > 0,
-            "worker_init_fn": functools.partial(worker_dies_with_parent, os.getpid()) if self.workers else None,
+            "worker_init_fn": loader_dies_with_this_process() if self.workers else None,
         }
 
     def train_dataloader(self) -> DataLoader:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import multiprocessing
 import os
 import threading
 import time
@@ -11,20 +13,25 @@ from typing import NoReturn
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
-def die_with_parent(parent_pid: int, poll_seconds: float = 1.0) -> None:
+def die_with_parent(parent_pid: int, poll_seconds: float = 1.0, thread_bound: bool = True) -> None:
     """Ends the calling (child) process when ``parent_pid`` ends, however it ends (``kill -9``, SIGTERM).
 
     Call it first thing in a child: a DataLoader ``worker_init_fn``, a pool ``initializer``, a ``preexec_fn``
     (the setting survives ``exec``). On Linux the kernel sends SIGKILL at the parent's death
     (``PR_SET_PDEATHSIG``) -- also to a child blocked writing into a pipe nobody reads, where torch's own
-    parent check never runs; elsewhere a daemon thread watches the parent id.
+    parent check never runs; elsewhere a daemon thread watches the parent id. The kernel's signal comes when
+    the parent *thread* that started the child ends: a child started from another thread than the parent's main
+    thread (a DataLoader first iterated in a thread that then ended) passes ``thread_bound=False`` and is watched
+    by the thread instead.
     """
     import ctypes
     import signal
 
     try:
+        if not thread_bound:
+            raise AttributeError("the starting thread may end before the process")
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (AttributeError, OSError):  # not Linux: poll instead
+    except (AttributeError, OSError):  # not Linux, or not the parent's main thread: poll instead
 
         def watch() -> NoReturn:
             while os.getppid() == parent_pid:
@@ -42,9 +49,28 @@ def child_of_this_process() -> Callable[[], None]:
     return lambda: die_with_parent(parent)
 
 
-def worker_dies_with_parent(parent_pid: int, worker_id: int) -> None:
-    """A DataLoader ``worker_init_fn``, as ``functools.partial(worker_dies_with_parent, os.getpid())``: the worker
-    ends with the process that made the loader. Under ``forkserver`` a worker's parent is the server, not that
-    process: torch's own check of the loader's process is left to cover it."""
-    if os.getppid() == parent_pid:
-        die_with_parent(parent_pid)
+def loader_dies_with_this_process(start_method: str | None = None) -> Callable[[int], None]:
+    """The ``worker_init_fn`` of a DataLoader this process iterates: every worker ends with this process, whichever
+    thread starts the workers (``persistent_workers`` started in a thread that ends live on) and however late (a
+    worker whose parent died while it started exits at once). ``start_method``: the loader's
+    ``multiprocessing_context`` (default: multiprocessing's)."""
+    method = start_method or multiprocessing.get_start_method()
+    return functools.partial(
+        worker_dies_with_parent, os.getpid(), main_thread=threading.main_thread().ident, method=method
+    )
+
+
+def worker_dies_with_parent(
+    parent_pid: int, worker_id: int, main_thread: int | None = None, method: str | None = None
+) -> None:
+    """A DataLoader ``worker_init_fn`` (made by ``loader_dies_with_this_process``): the worker ends with the process
+    that made the loader. Under ``forkserver`` a worker's parent is the server, not that process: torch's own check
+    of the loader's process is left to cover it. A forked or spawned worker whose parent is already gone (it died
+    while the worker started) exits; one started from another thread than the parent's ``main_thread``, or
+    spawned, is watched by a thread (``die_with_parent``). ``method``: the loader's start method (None: unknown)."""
+    if os.getppid() != parent_pid:
+        if method in ("fork", "spawn"):
+            os._exit(1)  # the parent died between starting this worker and now
+        return
+    forked_from_main = method in (None, "fork") and (main_thread is None or threading.get_ident() == main_thread)
+    die_with_parent(parent_pid, thread_bound=forked_from_main)

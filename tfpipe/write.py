@@ -20,7 +20,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, TypeAlias
 
@@ -31,7 +31,7 @@ from tfpipe.encode import encode_item
 from tfpipe.errors import ArgumentParser, TfpipeError, check_count, check_path, check_seed, option, run_cli
 from tfpipe.images import FITS, FORMATS, ImageSpec, from_millions
 from tfpipe.manifest import MANIFEST, Manifest, StoredImages
-from tfpipe.processes import worker_dies_with_parent
+from tfpipe.processes import loader_dies_with_this_process
 from tfpipe.shards import STAT_THREADS, check_split
 from tfpipe.sources import Item, LabelFormat, Source, SourceProtocol, class_names, targets
 from tfpipe.staging import PlannedShard, StagedShards, check_destination, locked_folder, plan
@@ -72,10 +72,10 @@ def _keep_batch(batch: list[Encoded]) -> list[Encoded]:
     return batch  # a list of (index, record, error); no tensors involved
 
 
-def _worker_init(parent_pid: int, worker_id: int) -> None:
+def _worker_init(dies_with_parent: Callable[[int], None], worker_id: int) -> None:
     import cv2
 
-    worker_dies_with_parent(parent_pid, worker_id)
+    dies_with_parent(worker_id)
     cv2.setNumThreads(1)  # one process per core already; OpenCV threads would oversubscribe
 
 
@@ -101,7 +101,9 @@ def start_encoding(dataset: EncodeDataset, num_workers: int, start_method: str) 
         shuffle=False,
         num_workers=num_workers,
         collate_fn=_keep_batch,
-        worker_init_fn=functools.partial(_worker_init, os.getpid()) if num_workers else None,
+        worker_init_fn=functools.partial(_worker_init, loader_dies_with_this_process(start_method))
+        if num_workers
+        else None,
         multiprocessing_context=start_method if num_workers else None,
         prefetch_factor=4 if num_workers else None,
     )
