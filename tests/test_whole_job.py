@@ -111,9 +111,16 @@ def test_a_glob_or_a_list_of_files_is_read_with_its_folders_manifest(tmp_path):
     with pytest.raises(TfpipeError, match=r"differ in classes.*read one folder at a time"):
         tfpipe.open_shards(sorted(str(p) for p in [*ordered.glob("*.tfrec"), *reordered.glob("*.tfrec")]))
     twin = tmp_path / "twin"  # another folder of the same meaning: read together, each checked by its manifest
-    write(source, twin, num_shards=2, classes=["a", "b"])
+    write(source, twin, num_shards=2, classes=["a", "b"], split="extra")
     both = sorted(str(p) for p in [*ordered.glob("*.tfrec"), *twin.glob("*.tfrec")])
-    assert tfpipe.count_examples(both) == 24
+    shards = tfpipe.open_shards(both)
+    assert shards.classes == ["a", "b"] and shards.num_examples == 24 and shards.dataset_id == ""
+    shutil.copytree(ordered, tmp_path / "copy")  # the same shard names twice: which count is whose is a guess
+    with pytest.raises(TfpipeError, match="two shards named train-00-of-02-6.tfrec"):
+        tfpipe.open_shards(f"{tmp_path}/[ac]*[cy]/*.tfrec")  # abc and copy
+    (tmp_path / "copy" / "manifest.json").unlink()  # files without a manifest beside files with one
+    with pytest.raises(TfpipeError, match=r"copy, which has no manifest.json, .* read them apart"):
+        tfpipe.open_shards(f"{tmp_path}/[ac]*[cy]/*.tfrec")
     with open(both[-1], "ab") as f:
         f.write(b"x")
     with pytest.raises(TfpipeError, match="manifest.json says"):

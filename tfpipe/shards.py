@@ -32,6 +32,7 @@ from tfpipe.manifest import (
     SHARD_SUFFIX,
     SPLIT_NAME,
     Manifest,
+    ShardEntry,
     StoredImages,
 )
 from tfpipe.tfrecord import CorruptRecord, read_records
@@ -235,9 +236,10 @@ def open_shards(records: Records, folds: Sequence[int] | None = None, any_schema
 def with_their_manifest(files: tuple[str, ...]) -> Shards:
     """A glob's or a list's files, read with the ``manifest.json`` of the folder that holds them: the same classes,
     folds, sizes and rewrite check as naming the folder (a glob beside its manifest is no way around them). Every
-    file must be one the manifest lists. Files of several shard folders are read together only when their
-    manifests agree on what a record means (classes in order, labels, image settings); their files are then
-    checked against their own folder's manifest, and read as shards without one."""
+    file must be one the manifest lists. Files of several shard folders are read together only when every folder
+    has a manifest and they agree on what a record means (classes in order, labels, image settings): each file is
+    checked against its own folder's manifest, and the files read with one manifest listing them all (no dataset
+    id: no one folder's identity). Files without a manifest carry no claims and are read as they are."""
     folders = sorted({posixpath.dirname(f) or "." for f in files})
     manifests = {d: Manifest.load(d) for d in folders if fs.exists(posixpath.join(d, MANIFEST))}
     for f in files:
@@ -247,20 +249,55 @@ def with_their_manifest(files: tuple[str, ...]) -> Shards:
                 f"{f}: not a shard of its folder ({MANIFEST} there does not list it): a leftover or another "
                 "dataset's file -- leave it out of the glob or list"
             )
-    if len(folders) == 1 and manifests:
+    if not manifests:
+        return Shards(files)
+    if len(folders) == 1:
         return Shards(files, manifests[folders[0]], folders[0])
-    meanings = {d: _meaning(m) for d, m in manifests.items()}
-    first = next(iter(meanings), None)
-    for d, meaning in meanings.items():
-        if first is not None and meaning != meanings[first]:
-            differ = ", ".join(k for k in meaning if meaning[k] != meanings[first][k])
+    return Shards(files, _one_manifest(files, folders, manifests))
+
+
+def _one_manifest(files: Sequence[str], folders: Sequence[str], manifests: dict[str, Manifest]) -> Manifest:
+    """The manifest of files from several shard folders that mean the same (else an error naming two folders)."""
+    bare = [d for d in folders if d not in manifests]
+    if bare:
+        raise TfpipeError(
+            f"the files given come from {bare[0]}, which has no {MANIFEST}, and from {next(iter(manifests))}, which "
+            "has one: its claims (classes, labels) would not hold for the others -- read them apart"
+        )
+    first, *rest = folders
+    for d in rest:
+        differ = [k for k, v in _meaning(manifests[d]).items() if v != _meaning(manifests[first])[k]]
+        if differ:
             raise TfpipeError(
-                f"the files given come from {first} and {d}, whose {MANIFEST} files differ in {differ}: their "
-                "records mean different things -- read one folder at a time"
+                f"the files given come from {first} and {d}, whose {MANIFEST} files differ in {', '.join(differ)}: "
+                "their records mean different things -- read one folder at a time"
             )
-    for d, manifest in manifests.items():
-        check_sizes([f for f in files if (posixpath.dirname(f) or ".") == d], manifest, d)
-    return Shards(files)
+    entries: list[ShardEntry] = []
+    seen: dict[str, str] = {}
+    for d in folders:
+        chosen = [f for f in files if (posixpath.dirname(f) or ".") == d]
+        check_sizes(chosen, manifests[d], d)
+        names = {posixpath.basename(f) for f in chosen}
+        for entry in manifests[d].shards:
+            if entry.file in names:
+                if entry.file in seen:
+                    raise TfpipeError(
+                        f"the files given hold two shards named {entry.file} (in {seen[entry.file]} and {d}); "
+                        "read one folder at a time"
+                    )
+                seen[entry.file] = d
+                entries.append(entry)
+    most = [m.max_labels for m in manifests.values()]
+    folds = {m.num_folds for m in manifests.values()}
+    return dataclasses.replace(
+        manifests[first],
+        shards=tuple(entries),
+        max_labels=None if None in most else max(m for m in most if m is not None),
+        num_folds=folds.pop() if len(folds) == 1 else None,
+        dataset_id="",
+        fingerprint=None,
+        skipped=(),
+    )
 
 
 def _meaning(manifest: Manifest) -> dict[str, object]:
