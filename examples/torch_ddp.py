@@ -24,10 +24,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import logging
 import os
 import socket
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -230,12 +232,21 @@ def run(args: argparse.Namespace) -> None:
             raise TfpipeError(f"rank {e.error_index} failed: {last}; the other ranks were stopped") from None
 
 
+def _quiet_resource_sharer(previous: Callable[[Any], None], args: Any) -> None:
+    """``threading.excepthook`` without the traceback of multiprocessing's resource sharer thread when a stopped
+    rank's connection to it breaks (seen once in five Ctrl-Cs); anything else as before."""
+    broken = issubclass(args.exc_type, (ConnectionResetError, BrokenPipeError))
+    if not (broken and args.thread is not None and "_serve" in args.thread.name):
+        previous(args)
+
+
 @contextlib.contextmanager
 def ranks_stopped_on_exit(processes: Sequence[Any], grace_seconds: float = 5.0) -> Iterator[None]:
     """However this process leaves the block (Ctrl-C, an error), no rank trains on: SIGTERM, then SIGKILL after
     ``grace_seconds``. (Python would otherwise wait for them at exit: they are not daemons.) torch's own notes on
     stopping them are held back: the one line this script prints says what happened."""
     logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
+    threading.excepthook = functools.partial(_quiet_resource_sharer, threading.excepthook)
     try:
         yield
     finally:

@@ -323,7 +323,10 @@ def test_a_fit_interrupted_in_its_report_resumes_without_training_again(shard_di
     shutil.copytree(run, left)
     shutil.rmtree(left / "backup")
 
+    (run / "model.tmp-1a2b3c4d.keras").write_bytes(b"half a model")  # left by a job killed while saving
+    (run / "mine.tmp-1a2b3c4d").write_text("the user's")
     metrics = fit(small(shard_dir, run, epochs=2, resume=True))
+    assert not (run / "model.tmp-1a2b3c4d.keras").exists() and (run / "mine.tmp-1a2b3c4d").exists()
     history = (run / "history.csv").read_text().splitlines()
     assert [line.split(",")[0] for line in history[1:]] == ["0", "1"] and metrics["epochs"] == 2
     assert (run / "model.keras").exists() and not (run / "backup").exists()  # finished: no backup kept
@@ -477,3 +480,79 @@ def test_persistent_workers_started_from_a_thread_that_ends_live_on(shard_dir):
     assert done.returncode == 0, done.stderr[-2000:]
     n = tfpipe.count_examples(shard_dir[0], folds=[0])
     assert done.stdout.strip() == f"[{n}, {n}]"
+
+
+def test_two_jobs_taking_over_one_dead_lock_at_once_never_both_hold_it(tmp_path):
+    """A lock left by a dead job, and two jobs starting together: each judges it dead; the one that takes it away
+    second must not take away the first one's fresh lock (it did in 156 of 300 tries: both then held the folder)."""
+    import socket
+
+    from tfpipe.staging import LOCK, WriteLock
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    both = 0
+    for trial in range(150):
+        folder = tmp_path / f"t{trial}"
+        folder.mkdir()
+        (folder / LOCK).write_text(json.dumps({"id": "gone", "host": socket.gethostname(), "pid": int(dead.stdout)}))
+        start, held = threading.Barrier(2), []
+
+        def job(start=start, held=held, folder=folder):
+            lock = WriteLock(str(folder), None)
+            start.wait()
+            try:
+                lock.__enter__()
+            except TfpipeError:
+                return
+            held.append(lock)
+
+        jobs = [threading.Thread(target=job) for _ in range(2)]
+        for j in jobs:
+            j.start()
+        for j in jobs:
+            j.join()
+        both += len(held) == 2
+        assert len(held) >= 1 and [lock.held() for lock in held].count(True) == 1, trial
+        for lock in held:
+            lock.__exit__(None, None, None)
+    assert both == 0
+
+
+def test_a_shard_file_given_twice_is_refused(shard_dir):
+    """Read twice, its records would be counted, trained on and scored twice (and the torch reader failed)."""
+    f = tfpipe.open_shards(shard_dir[0]).files[0]
+    for records in ([f, f], [f, os.path.join(os.path.dirname(f), ".", os.path.basename(f))]):
+        with pytest.raises(TfpipeError, match="is given twice"):
+            tfpipe.open_shards(records)
+
+
+def test_a_model_file_whose_config_is_damaged_is_one_line(trained_run, tmp_path):
+    """The config.json inside model.keras is read as strictly as every JSON file read back."""
+    import zipfile
+
+    from train.inference import load_model
+
+    run, _, _ = trained_run
+    with zipfile.ZipFile(f"{run}/model.keras") as z:
+        members = {n: z.read(n) for n in z.namelist()}
+    config = members["config.json"].decode()
+    for name, text, says in (
+        ("twice", config.replace('"class_name": ', '"class_name": "Dense", "class_name": ', 1), "gives the key"),
+        ("cut", config[:40], "is not valid JSON"),
+        ("wrong", '{"class_name": [1, 2, 3]}', "does not describe a model Keras can build"),
+    ):
+        path = tmp_path / f"{name}.keras"
+        with zipfile.ZipFile(path, "w") as z:
+            for member, data in members.items():
+                z.writestr(member, text if member == "config.json" else data)
+        with pytest.raises(TfpipeError, match=f"{name}.keras: its config.json {says}"):
+            load_model(str(path))
+
+
+def test_the_command_prints_the_scores_also_without_progress(trained_run, shard_dir, tmp_path, capsys):
+    from train.predict import main
+
+    run, _, _ = trained_run
+    args = ["--run", run, "--records", shard_dir[0], "--out", str(tmp_path / "s.csv"), "--strategy", "cpu"]
+    assert main([*args, "--no-progress"]) == 0
+    assert "scores on the labeled shards" in capsys.readouterr().out

@@ -152,15 +152,16 @@ def read_text(path: str, limit: int | None = None) -> str:
         return f.read().decode("utf-8")
 
 
-class _KeyTwice(Exception):
+class KeyTwice(Exception):
     """A JSON object naming one key twice (``json`` keeps the last silently)."""
 
 
-def _object_once(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+def object_once(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``json``'s ``object_pairs_hook`` that refuses a key given twice (``KeyTwice``) instead of keeping the last."""
     obj: dict[str, Any] = {}
     for key, value in pairs:
         if key in obj:
-            raise _KeyTwice(key)
+            raise KeyTwice(key)
         obj[key] = value
     return obj
 
@@ -174,8 +175,8 @@ def read_json(path: str, what: str = "file") -> Any:
     from tfpipe.errors import TfpipeError
 
     try:
-        return json.loads(read_text(path, METADATA_LIMIT), object_pairs_hook=_object_once)
-    except _KeyTwice as e:
+        return json.loads(read_text(path, METADATA_LIMIT), object_pairs_hook=object_once)
+    except KeyTwice as e:
         raise TfpipeError(
             f"{path}: {what} gives the key {e.args[0]!r} twice, and which one counts is a guess; the file was "
             "edited or damaged"

@@ -240,6 +240,12 @@ def with_their_manifest(files: tuple[str, ...]) -> Shards:
     has a manifest and they agree on what a record means (classes in order, labels, image settings): each file is
     checked against its own folder's manifest, and the files read with one manifest listing them all (no dataset
     id: no one folder's identity). Files without a manifest carry no claims and are read as they are."""
+    seen: dict[str, str] = {}
+    for f in files:  # a file given twice would be read twice: its records counted and scored twice
+        same = f if fs.is_remote(f) else os.path.realpath(f)
+        if same in seen:
+            raise TfpipeError(f"{f} is given twice (as {seen[same]} and {f}); list each shard file once")
+        seen[same] = f
     folders = sorted({posixpath.dirname(f) or "." for f in files})
     manifests = {d: Manifest.load(d) for d in folders if fs.exists(posixpath.join(d, MANIFEST))}
     for f in files:

@@ -33,6 +33,7 @@ from tfpipe.tfrecord import RecordSink, RecordWriter
 LOCK = ".tfpipe-write.lock"  # who is writing this folder now (outside .staging, which a new write clears)
 STAGING_MARK = ".tfpipe-staging"  # in .staging: made by tfpipe.write (a user's own .staging is never deleted)
 STALE_SECONDS = 10  # an empty or unreadable lock older than this is left by a job that died creating it
+METADATA_LOCK_LIMIT = 2**16  # a lock file is a few hundred bytes: what is compared of one
 
 
 class _HeldHere:
@@ -152,18 +153,51 @@ class WriteLock:
     def __enter__(self) -> WriteLock:
         HELD_HERE.add(self.token["id"])  # before the file exists: another thread reading it finds a live job
         try:
-            for _ in range(2):  # the second try follows removing a dead job's lock
+            for _ in range(3):  # the tries after the first follow taking a dead job's lock away
                 if self._create():
                     return self
+                judged = self._file_id()
                 holder = self._holder()
                 if holder is not None and not self._dead(holder):
                     raise TfpipeError(self._busy(holder))
-                if (holder is not None or self._stale()) and fs.exists(self.path):
-                    fs.remove(self.path)
+                if holder is not None or self._stale():
+                    self._take_away(judged)
             raise TfpipeError(self._busy(self._holder() or {}))
         except BaseException:
             HELD_HERE.discard(self.token["id"])
             raise
+
+    def _file_id(self, path: str | None = None) -> tuple[int, int, int, bytes] | None:
+        """The lock file's (device, inode, modification time, content) locally: which file a judgement of it was
+        about (an inode number alone is reused at once for the next file made)."""
+        path = path or self.path
+        if fs.is_remote(path):
+            return None
+        try:
+            with open(path, "rb") as f:
+                st = os.fstat(f.fileno())
+                return st.st_dev, st.st_ino, st.st_mtime_ns, f.read(METADATA_LOCK_LIMIT)
+        except OSError:
+            return None
+
+    def _take_away(self, judged: tuple[int, int, int, bytes] | None) -> None:
+        """Removes the lock file judged to be a dead job's (``judged``: its ``_file_id``). Another job may have
+        removed it since and created its own, live one (two jobs judging one dead lock at once): locally the file is
+        first renamed aside (atomic) and put back when it is not the one judged. On a remote filesystem (no
+        atomic rename) the lock is advisory: ``check`` before committing catches a job that lost it."""
+        if fs.is_remote(self.path):
+            if fs.exists(self.path):
+                fs.remove(self.path)
+            return
+        aside = f"{self.path}.{self.token['id']}"
+        try:
+            os.rename(self.path, aside)
+        except FileNotFoundError:
+            return  # another job took it away first
+        if judged is None or judged != self._file_id(aside):  # a live job's fresh lock: back, unless one took it
+            with contextlib.suppress(FileExistsError):
+                os.link(aside, self.path)
+        os.remove(aside)
 
     def _create(self) -> bool:
         data = json.dumps(self.token)

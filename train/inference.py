@@ -31,7 +31,7 @@ import tensorflow as tf
 import tfpipe
 from tfpipe import console, fs
 from tfpipe.deprecations import renamed_arguments
-from tfpipe.errors import TfpipeError, check_count, check_fraction, check_path, option
+from tfpipe.errors import TfpipeError, check_count, check_fraction, check_path, in_command, option
 from tfpipe.shards import Records, Shards
 from train import run as run_files
 from train.run import RunConfig, training_parts
@@ -121,12 +121,36 @@ def load_model(path: str) -> Any:
         missing = sorted({KERAS_CONFIG, KERAS_WEIGHTS} - set(archive.namelist()))
         if missing:  # every .keras file tf-keras 2.18+ saves holds both
             raise TfpipeError(f"{path}: a zip archive without {' and '.join(missing)}; not a model train.fit saved")
+        config = _model_config(archive.read(KERAS_CONFIG), path)
         with tempfile.TemporaryDirectory(prefix="tfpipe-model-") as folder:
-            model = keras.models.model_from_json(
-                archive.read(KERAS_CONFIG).decode("utf-8"), custom_objects=custom_objects()
-            )
+            try:
+                model = keras.models.model_from_json(config, custom_objects=custom_objects())
+            except (ValueError, TypeError, KeyError, AttributeError) as e:  # fields of the wrong kind or missing
+                raise TfpipeError(
+                    f"{path}: its {KERAS_CONFIG} does not describe a model Keras can build ({type(e).__name__}: "
+                    f"{str(e).splitlines()[0][:200] if str(e) else 'no detail'}); the model file is damaged"
+                ) from None
             model.load_weights(archive.extract(KERAS_WEIGHTS, folder))
     return model
+
+
+def _model_config(data: bytes, path: str) -> str:
+    """The model archive's ``config.json``, read as strictly as every JSON file tfpipe reads back: valid UTF-8
+    JSON with no key given twice, else one line naming the archive."""
+    import json
+
+    try:
+        text = data.decode("utf-8")
+        json.loads(text, object_pairs_hook=fs.object_once)
+    except UnicodeDecodeError:
+        raise TfpipeError(f"{path}: its {KERAS_CONFIG} is not UTF-8 text; the model file is damaged") from None
+    except fs.KeyTwice as e:
+        raise TfpipeError(
+            f"{path}: its {KERAS_CONFIG} gives the key {e.args[0]!r} twice; the model file was edited or damaged"
+        ) from None
+    except (ValueError, RecursionError) as e:
+        raise TfpipeError(f"{path}: its {KERAS_CONFIG} is not valid JSON ({e}); the model file is damaged") from None
+    return text
 
 
 @renamed_arguments(source="records")
@@ -389,12 +413,12 @@ def evaluate_labeled(
     validated: npt.NDArray[np.bool_] | None = None,
 ) -> dict[str, Any]:
     """Scores of ``probs`` against the labels ``shards`` hold (``train.evaluation.score``), printed with
-    ``progress``. When they are the run's own training shards, the rows it held out and the rows it trained on
-    are scored apart: only the first say anything about unseen images. Other shards holding images the run
-    ``validated`` on (by id: its own data written again) are scored apart likewise: those rows, and the others,
-    which may be images it trained on."""
+    ``progress`` (always under the command): all the images, first. When they are the run's own training shards,
+    the rows it held out and the rows it trained on are scored apart as well: only the first say anything about
+    unseen images. Other shards holding images the run ``validated`` on (the same stored image: its own data
+    written again) are scored apart likewise: those rows, and the others, which may be images it trained on."""
     result = _scores_of_parts(shards, config, probs, thresholds, threshold_words, validated)
-    if progress:
+    if progress or in_command():  # the command prints its scores also with --no-progress (a result, not progress)
         print("\n".join(evaluation_lines(result, records)), flush=True)
     return result
 

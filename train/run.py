@@ -17,6 +17,7 @@ import dataclasses
 import json
 import math
 import posixpath
+import re
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -42,6 +43,21 @@ LOGS = "logs"
 WRITTEN = (CONFIG, MODEL, MODEL_SWA, THRESHOLDS, HISTORY, STATE, METRICS, SWA_AVERAGE, BACKUP, CHECKPOINTS, LOGS)
 # 1: tfpipe <= 0.2 (no version, fit and dataset id unknown); 2: run_version, fit, dataset_id, num_classes.
 RUN_VERSION = 2
+
+
+TEMPORARY = re.compile(r"^(?P<name>.+)\.tmp-[0-9a-f]{8}(?P<ext>\.keras)?$")  # fs.temporary_name's, save_model's
+
+
+def remove_temporaries(run: str) -> list[str]:
+    """Removes what a job killed while saving a run file left under its temporary name (``model.tmp-1a2b3c4d.keras``,
+    ``config.json.tmp-1a2b3c4d``): only names of files train.fit writes. Returns the names removed."""
+    removed = []
+    for name in fs.listdir(run):
+        m = TEMPORARY.match(name)
+        if m and m["name"] + (m["ext"] or "") in WRITTEN and not fs.isdir(path(run, name)):
+            fs.remove(path(run, name))
+            removed.append(name)
+    return removed
 
 
 def path(run: str, name: str) -> str:

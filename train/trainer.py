@@ -427,6 +427,7 @@ def check_out(cfg: FitConfig, shards: Shards) -> bool:
             "continues a run with its own settings"
         )
     check_resumable(cfg.run)
+    run_files.remove_temporaries(cfg.run)  # of a job killed while saving: this one saves them again
     return False
 
 
