@@ -16,10 +16,12 @@ by Lightning's ``StochasticWeightAveraging`` (it adds the weights as they stand 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import signal
 import sys
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -90,6 +92,41 @@ class Classifier(pl.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
 
+PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")  # gloo, another rank died
+
+
+@contextlib.contextmanager
+def one_line_when_a_process_dies(trainer: pl.Trainer) -> Iterator[None]:
+    """A rank or DataLoader worker that dies is one line, not every rank's traceback: the rank whose worker died
+    says so; when a rank dies, rank 0 names it (its exit code or signal, from Lightning's launcher) and the others
+    leave quietly. Ctrl-C, which Lightning turns into ``exit(1)`` after stopping the ranks, is exit code 130."""
+    try:
+        yield
+    except SystemExit:
+        if trainer.interrupted:
+            raise KeyboardInterrupt from None
+        raise
+    except RuntimeError as e:
+        text = str(e)
+        last = [line for line in text.splitlines() if line.strip()][-1:] or [""]
+        if "DataLoader worker" in text:
+            say(f"rank {trainer.global_rank}: {last[0].strip()}")
+        elif not any(words in text for words in PEER_GONE):
+            raise  # a bug: its traceback
+        elif trainer.is_global_zero:
+            procs = getattr(trainer.strategy.launcher, "procs", [])
+            dead = [(rank, p.returncode) for rank, p in enumerate(procs, start=1) if p.poll() not in (None, 0)]
+            for rank, code in dead[:1]:
+                if code != 2:  # 2: it said why itself
+                    how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
+                    say(f"rank {rank} {how}; the other ranks were stopped")
+        raise SystemExit(2) from None
+
+
+def say(line: str) -> None:
+    print(f"{PROG}: error: {line}", file=sys.stderr, flush=True)
+
+
 def run(args: argparse.Namespace) -> None:
     check_count(1, devices=args.devices, epochs=args.epochs, swa_epochs=args.swa_epochs)
     if args.swa_epochs >= args.epochs:
@@ -108,10 +145,11 @@ def run(args: argparse.Namespace) -> None:
         accelerator="cpu", devices=args.devices, strategy="ddp", max_epochs=args.epochs, callbacks=[swa],
         enable_checkpointing=False, logger=False, enable_model_summary=False, num_sanity_val_steps=0,
     )  # fmt: skip
-    trainer.fit(model, datamodule=data)
-    last = model.auc[args.epochs - 1]  # the last epoch's weights (SWA's batch-norm pass may add an epoch)
-    model.auc.clear()
-    trainer.validate(model, datamodule=data, verbose=False)  # the averaged weights
+    with one_line_when_a_process_dies(trainer):
+        trainer.fit(model, datamodule=data)
+        last = model.auc[args.epochs - 1]  # the last epoch's weights (SWA's batch-norm pass may add an epoch)
+        model.auc.clear()
+        trainer.validate(model, datamodule=data, verbose=False)  # the averaged weights
     if trainer.is_global_zero:
         print(f"validation AUC {last:.4f}", flush=True)
         print(f"SWA validation AUC {model.auc[trainer.current_epoch]:.4f}", flush=True)

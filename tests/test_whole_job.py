@@ -556,3 +556,52 @@ def test_the_command_prints_the_scores_also_without_progress(trained_run, shard_
     args = ["--run", run, "--records", shard_dir[0], "--out", str(tmp_path / "s.csv"), "--strategy", "cpu"]
     assert main([*args, "--no-progress"]) == 0
     assert "scores on the labeled shards" in capsys.readouterr().out
+
+
+@pytest.mark.slow  # three runs of examples/lightning_swa.py, about a minute
+@pytest.mark.parametrize("how", ["ctrl-c", "kill-a-rank", "kill-a-worker"])
+def test_the_lightning_recipe_stops_every_rank_and_says_why_in_one_line(demo_shards, how):
+    """Lightning's own launcher: Ctrl-C is exit 130 (Lightning made it 1); a rank killed is named by rank 0 and a
+    DataLoader worker killed by its rank, in one line each instead of every rank's traceback; nothing is left."""
+    import signal
+    import time
+    import uuid
+
+    mark = uuid.uuid4().hex
+    cmd = [sys.executable, "examples/lightning_swa.py", "--records", demo_shards, "--devices", "2", "--epochs", "400",
+           "--swa-epochs", "2", "--batch-size", "8", "--workers", "1"]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": ROOT, "TFPIPE_TEST_MARK": mark}
+    job = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+    def rank_one():
+        for pid in children([job.pid], mark):
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if b"LOCAL_RANK=1" in f.read().split(b"\0"):
+                    return pid
+        return None
+
+    try:
+        deadline = time.monotonic() + 120
+        while not (rank_one() and len(children([job.pid], mark)) > 1) and time.monotonic() < deadline:
+            time.sleep(0.2)  # rank 1 and rank 0's first DataLoader worker
+        time.sleep(3)
+        rank = rank_one()
+        if how == "ctrl-c":
+            job.send_signal(signal.SIGINT)
+        else:
+            os.kill(rank if how == "kill-a-rank" else min(set(children([job.pid], mark)) - {rank}), signal.SIGKILL)
+        code = job.wait(60)
+        err = job.stderr.read()
+        ours = [line for line in err.splitlines() if line.startswith("lightning_swa:")]
+        assert "Traceback" not in err and len(ours) == 1, err[-3000:]
+        expected = {
+            "ctrl-c": (130, "lightning_swa: interrupted"),
+            "kill-a-rank": (2, "lightning_swa: error: rank 1 was killed by SIGKILL; the other ranks were stopped"),
+            "kill-a-worker": (2, "lightning_swa: error: rank 0: DataLoader worker (pid"),
+        }[how]
+        assert code == expected[0] and ours[0].startswith(expected[1]), (code, ours)
+        assert none_left(mark) == []
+    finally:
+        job.kill()
+        for pid in processes_marked(mark):
+            os.kill(pid, 9)
