@@ -159,6 +159,16 @@ def save(path, kind="jpeg", size=(48, 64), seed=0, orientation=None):
     return path
 
 
+def sigint_as_a_terminal_sends_it():
+    """Lets the subprocesses started next get SIGINT as a terminal's Ctrl-C delivers it. A test process with SIGINT
+    ignored (pytest started in the background by a non-interactive shell: `(cmd &)` ignores SIGINT, as a clean
+    clone's CI run here was) passes that on, and the child then runs on instead of stopping (CI saw it)."""
+    import signal
+
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def write_csv(path, header, rows):
     import csv
 

@@ -18,7 +18,7 @@ import pytest
 import tensorflow as tf
 
 import tfpipe
-from tests.conftest import save, write_csv
+from tests.conftest import save, sigint_as_a_terminal_sends_it, write_csv
 from tfpipe.errors import TfpipeError
 from tfpipe.write import main as write_main
 
@@ -58,11 +58,7 @@ def alive(pid):
 
 def start_and_interrupt(args, out, sig):
     """Starts a 1-worker write, waits until 2 shards are finished, sends ``sig``; returns (process, workers)."""
-    # A test process with SIGINT ignored (pytest started in the background by a non-interactive shell, as a clean
-    # clone's CI run here was: `(cmd &)` ignores SIGINT) passes that on to the write, which then finishes instead
-    # of stopping (exit 0, CI saw it twice). The write gets SIGINT as a terminal's Ctrl-C sends it.
-    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+    sigint_as_a_terminal_sends_it()  # else, in a CI run started in the background, the write finishes (exit 0)
     proc = subprocess.Popen(
         [sys.executable, "-m", "tfpipe.write", *args, "--out", out, "--workers", "1", "--no-progress"],
         env=ENV,

@@ -13,7 +13,7 @@ import threading
 import pytest
 
 import tfpipe
-from tests.conftest import save, write_csv
+from tests.conftest import save, sigint_as_a_terminal_sends_it, write_csv
 from tfpipe.errors import TfpipeError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -345,6 +345,7 @@ def test_a_real_ctrl_c_after_saving_the_model_then_resume_finishes_the_run_once(
            "--model", "small-cnn", "--batch-size", "8", "--epochs", "1", "--steps-per-execution", "1",
            "--verbose", "2"]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": ROOT}
+    sigint_as_a_terminal_sends_it()
     job = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         for line in job.stdout:
@@ -404,6 +405,7 @@ def start_ddp(records, mark):
     cmd = [sys.executable, "examples/torch_ddp.py", "--records", records, "--processes", "2", "--workers", "2",
            "--epochs", "40", "--batch-size", "8"]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": ROOT, "TFPIPE_TEST_MARK": mark}
+    sigint_as_a_terminal_sends_it()
     return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -571,6 +573,7 @@ def test_the_lightning_recipe_stops_every_rank_and_says_why_in_one_line(demo_sha
     cmd = [sys.executable, "examples/lightning_swa.py", "--records", demo_shards, "--devices", "2", "--epochs", "400",
            "--swa-epochs", "2", "--batch-size", "8", "--workers", "1"]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": ROOT, "TFPIPE_TEST_MARK": mark}
+    sigint_as_a_terminal_sends_it()
     job = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
     def rank_one():
