@@ -29,7 +29,6 @@ import logging
 import os
 import socket
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -232,12 +231,16 @@ def run(args: argparse.Namespace) -> None:
             raise TfpipeError(f"rank {e.error_index} failed: {last}; the other ranks were stopped") from None
 
 
-def _quiet_resource_sharer(previous: Callable[[Any], None], args: Any) -> None:
-    """``threading.excepthook`` without the traceback of multiprocessing's resource sharer thread when a stopped
-    rank's connection to it breaks (seen once in five Ctrl-Cs); anything else as before."""
-    broken = issubclass(args.exc_type, (ConnectionResetError, BrokenPipeError))
-    if not (broken and args.thread is not None and "_serve" in args.thread.name):
-        previous(args)
+def _quiet_resource_sharer(previous: Callable[..., None], kind: type, error: BaseException, tb: Any) -> None:
+    """``sys.excepthook`` without the traceback multiprocessing's resource sharer thread prints (through
+    ``sys.excepthook`` itself) when a stopped rank's connection to it breaks; anything else as before."""
+    frames, step = [], tb
+    while step is not None:
+        frames.append(step.tb_frame.f_code.co_filename)
+        step = step.tb_next
+    broken = issubclass(kind, (ConnectionResetError, BrokenPipeError))
+    if not (broken and any(f.endswith("resource_sharer.py") for f in frames)):
+        previous(kind, error, tb)
 
 
 @contextlib.contextmanager
@@ -246,7 +249,7 @@ def ranks_stopped_on_exit(processes: Sequence[Any], grace_seconds: float = 5.0) 
     ``grace_seconds``. (Python would otherwise wait for them at exit: they are not daemons.) torch's own notes on
     stopping them are held back: the one line this script prints says what happened."""
     logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
-    threading.excepthook = functools.partial(_quiet_resource_sharer, threading.excepthook)
+    sys.excepthook = functools.partial(_quiet_resource_sharer, sys.excepthook)  # the sharer calls it directly
     try:
         yield
     finally:
