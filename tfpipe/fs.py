@@ -142,6 +142,11 @@ def check_regular(path: str, what: str = "file") -> int:
 
 def read_text(path: str, limit: int | None = None) -> str:
     """A text file (UTF-8); with ``limit``, a file that is not regular or is larger is a ``TfpipeError``."""
+    return read_bytes(path, limit).decode("utf-8")
+
+
+def read_bytes(path: str, limit: int | None = None) -> bytes:
+    """A file's bytes; with ``limit``, a file that is not regular or is larger is a ``TfpipeError``."""
     if limit is not None:
         n = check_regular(path)
         if n > limit:
@@ -149,7 +154,7 @@ def read_text(path: str, limit: int | None = None) -> str:
 
             raise TfpipeError(f"{path} is {n:,} bytes, more than the {limit:,} such a file can be; it is not tfpipe's")
     with open(path, "rb") as f:
-        return f.read().decode("utf-8")
+        return f.read()
 
 
 class KeyTwice(Exception):
@@ -170,12 +175,18 @@ def read_json(path: str, what: str = "file") -> Any:
     """A JSON file tfpipe wrote (manifest, run config, progress, lock), read as input: a regular file of bounded
     size and valid JSON with no key given twice in an object, else a ``TfpipeError`` naming it -- never a hang, a
     ``MemoryError`` or a ``RecursionError`` on nested junk, never the last of two values chosen silently."""
+    return parse_json(read_bytes(path, METADATA_LIMIT), path, what)
+
+
+def parse_json(data: bytes, path: str, what: str = "file") -> Any:
+    """``data`` (UTF-8 bytes of ``what`` in ``path``) as strict JSON, as ``read_json`` reads a file: every problem
+    a ``TfpipeError`` naming ``path`` and ``what``."""
     import json
 
     from tfpipe.errors import TfpipeError
 
     try:
-        return json.loads(read_text(path, METADATA_LIMIT), object_pairs_hook=object_once)
+        return json.loads(data.decode("utf-8"), object_pairs_hook=object_once)
     except KeyTwice as e:
         raise TfpipeError(
             f"{path}: {what} gives the key {e.args[0]!r} twice, and which one counts is a guess; the file was "

@@ -24,14 +24,7 @@ def die_with_parent(parent_pid: int, poll_seconds: float = 1.0, thread_bound: bo
     thread (a DataLoader first iterated in a thread that then ended) passes ``thread_bound=False`` and is watched
     by the thread instead.
     """
-    import ctypes
-    import signal
-
-    try:
-        if not thread_bound:
-            raise AttributeError("the starting thread may end before the process")
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (AttributeError, OSError):  # not Linux, or not the parent's main thread: poll instead
+    if not (thread_bound and _killed_by_the_kernel_at_parent_death()):  # not Linux, or not the main thread: poll
 
         def watch() -> NoReturn:
             while os.getppid() == parent_pid:
@@ -41,6 +34,18 @@ def die_with_parent(parent_pid: int, poll_seconds: float = 1.0, thread_bound: bo
         threading.Thread(target=watch, daemon=True, name="tfpipe-parent-watch").start()
     if os.getppid() != parent_pid:  # the parent died before the line above took effect
         os._exit(1)
+
+
+def _killed_by_the_kernel_at_parent_death() -> bool:
+    """Asks Linux for SIGKILL when the parent (thread) ends (``PR_SET_PDEATHSIG``); False where that is not there."""
+    import ctypes
+    import signal
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (AttributeError, OSError):
+        return False
+    return True
 
 
 def child_of_this_process() -> Callable[[], None]:

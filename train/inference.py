@@ -121,10 +121,11 @@ def load_model(path: str) -> Any:
         missing = sorted({KERAS_CONFIG, KERAS_WEIGHTS} - set(archive.namelist()))
         if missing:  # every .keras file tf-keras 2.18+ saves holds both
             raise TfpipeError(f"{path}: a zip archive without {' and '.join(missing)}; not a model train.fit saved")
-        config = _model_config(archive.read(KERAS_CONFIG), path)
+        config = archive.read(KERAS_CONFIG)
+        fs.parse_json(config, path, f"its {KERAS_CONFIG}")  # as strictly as every JSON file read back
         with tempfile.TemporaryDirectory(prefix="tfpipe-model-") as folder:
             try:
-                model = keras.models.model_from_json(config, custom_objects=custom_objects())
+                model = keras.models.model_from_json(config.decode("utf-8"), custom_objects=custom_objects())
             except (ValueError, TypeError, KeyError, AttributeError) as e:  # fields of the wrong kind or missing
                 raise TfpipeError(
                     f"{path}: its {KERAS_CONFIG} does not describe a model Keras can build ({type(e).__name__}: "
@@ -132,25 +133,6 @@ def load_model(path: str) -> Any:
                 ) from None
             model.load_weights(archive.extract(KERAS_WEIGHTS, folder))
     return model
-
-
-def _model_config(data: bytes, path: str) -> str:
-    """The model archive's ``config.json``, read as strictly as every JSON file tfpipe reads back: valid UTF-8
-    JSON with no key given twice, else one line naming the archive."""
-    import json
-
-    try:
-        text = data.decode("utf-8")
-        json.loads(text, object_pairs_hook=fs.object_once)
-    except UnicodeDecodeError:
-        raise TfpipeError(f"{path}: its {KERAS_CONFIG} is not UTF-8 text; the model file is damaged") from None
-    except fs.KeyTwice as e:
-        raise TfpipeError(
-            f"{path}: its {KERAS_CONFIG} gives the key {e.args[0]!r} twice; the model file was edited or damaged"
-        ) from None
-    except (ValueError, RecursionError) as e:
-        raise TfpipeError(f"{path}: its {KERAS_CONFIG} is not valid JSON ({e}); the model file is damaged") from None
-    return text
 
 
 @renamed_arguments(source="records")

@@ -48,16 +48,13 @@ RUN_VERSION = 2
 TEMPORARY = re.compile(r"^(?P<name>.+)\.tmp-[0-9a-f]{8}(?P<ext>\.keras)?$")  # fs.temporary_name's, save_model's
 
 
-def remove_temporaries(run: str) -> list[str]:
+def remove_half_saved(run: str) -> None:
     """Removes what a job killed while saving a run file left under its temporary name (``model.tmp-1a2b3c4d.keras``,
-    ``config.json.tmp-1a2b3c4d``): only names of files train.fit writes. Returns the names removed."""
-    removed = []
+    ``config.json.tmp-1a2b3c4d``): only names of files train.fit writes."""
     for name in fs.listdir(run):
         m = TEMPORARY.match(name)
         if m and m["name"] + (m["ext"] or "") in WRITTEN and not fs.isdir(path(run, name)):
             fs.remove(path(run, name))
-            removed.append(name)
-    return removed
 
 
 def path(run: str, name: str) -> str:

@@ -426,12 +426,12 @@ def check_out(cfg: FitConfig, shards: Shards) -> bool:
             f"{cfg.run} was started with {k}={before[k]!r}, not {now[k]!r}; {option('resume', True)} "
             "continues a run with its own settings"
         )
-    check_resumable(cfg.run)
-    run_files.remove_temporaries(cfg.run)  # of a job killed while saving: this one saves them again
+    check_resumable(cfg.run, config)
+    run_files.remove_half_saved(cfg.run)  # of a job killed while saving: this one saves them again
     return False
 
 
-def check_resumable(run: str) -> None:
+def check_resumable(run: str, config: RunConfig) -> None:
     """What an interrupted job left must be continued, never started over: ``history.csv`` recording epochs with
     no backup to continue them from (a job of tfpipe 1.0 interrupted after its last epoch, when Keras had already
     deleted its backup) would train from scratch and append to the history, counting epochs twice."""
@@ -440,7 +440,7 @@ def check_resumable(run: str) -> None:
         return
     with fs.open(history) as f:
         epochs = max(0, len([line for line in f.read().splitlines() if line.strip()]) - 1)
-    burn = int(RunConfig.load(run).settings.get("burn_epochs") or 0)
+    burn = int(config.settings.get("burn_epochs") or 0)
     burn_done = bool(read_state(run).get("burn_done"))  # the burn-in's epochs are kept as its weights
     phase, in_phase = ("fine-tune", epochs - burn) if burn_done or not burn else ("burn", epochs)
     if in_phase > 0 and not tf.io.gfile.glob(run_files.path(run, f"{run_files.BACKUP}/{phase}/*")):
