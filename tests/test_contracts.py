@@ -789,14 +789,27 @@ def test_files_tfpipe_reads_back_are_bounded(shard_dir, trained_run, tmp_path, c
         assert not out.is_file()
 
 
-def test_a_junk_lock_is_taken_over_once_it_is_old(labeled_folder, tmp_path, capsys):
+def test_an_empty_lock_is_taken_over_once_it_is_old_and_a_junk_one_never(labeled_folder, tmp_path, capsys):
+    """An empty lock is a job that died between creating and writing it (or one doing so now); content that is
+    not a lock tfpipe wrote says nothing about whether its job lives, so it is refused however old."""
     out = tmp_path / "out"
     out.mkdir()
     lock = out / ".tfpipe-write.lock"
-    lock.write_text("[]")
+    old = time.time() - 60
+    for junk, why in [
+        ("[]", "not a JSON object"),
+        ('{"host": "a", "host": "b", "pid": 1}', "gives the key 'host' twice"),
+        ('{"id": "x"}', "no host and pid"),
+        ("lock", "not valid JSON"),
+    ]:
+        lock.write_text(junk)
+        os.utime(lock, (old, old))
+        assert write(source_args(labeled_folder) + ["--out", str(out)]) == 2
+        one_line_error(capsys, "is not a lock tfpipe wrote", why, "if none does, delete it")
+    lock.write_text("")
     assert write(source_args(labeled_folder) + ["--out", str(out)]) == 2  # just made: maybe a writer starting
-    one_line_error(capsys, "being written by another tfpipe.write")
-    os.utime(lock, (time.time() - 60, time.time() - 60))
+    one_line_error(capsys, "is being taken by another job just now", "still empty")
+    os.utime(lock, (old, old))
     assert write(source_args(labeled_folder) + ["--out", str(out)]) == 0 and not lock.exists()
 
 

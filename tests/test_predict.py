@@ -291,17 +291,26 @@ def test_predict_scores_labeled_shards_it_did_not_train_on(trained_run, shard_di
         "own_training_shards",
         "all",
         "held_out",
-        "others",
+        "trained_on",  # every other image: the run recorded the digests of those it trained on
         "held_out_what",
     }
     validated = set(pd.read_csv(f"{run}/val_predictions.csv", dtype=str)["image_name"])
     rows = df["image"].isin(validated).to_numpy()
     assert result["held_out"]["examples"] == rows.sum() == metrics["val_examples"]
-    assert result["others"]["examples"] == (~rows).sum()
+    assert result["trained_on"]["examples"] == (~rows).sum() == metrics["train_examples"]
     probs = df[["a", "b", "c"]].to_numpy()
     expected = score(probs[rows], targets[rows], ["a", "b", "c"], [0.4] * 3, False)
     assert result["held_out"]["exact_match"] == expected["exact_match"]
-    assert f"warning: {rows.sum()} of these images are ones the run validated on" in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert f"warning: of these images {rows.sum()} it validated on and {(~rows).sum()} it trained on" in said, said
+
+    os.rename(f"{run}/train_digests.txt", f"{run}/away.txt")  # a run without them (--no-report, before 1.1)
+    try:
+        result = predict(run, other, "", labels=True, threshold=0.4, strategy="cpu", progress=True).attrs["evaluation"]
+    finally:
+        os.rename(f"{run}/away.txt", f"{run}/train_digests.txt")
+    assert result["others"]["examples"] == (~rows).sum() and "trained_on" not in result
+    assert "the other rows may be images it trained on (the run has no train_digests.txt)" in capsys.readouterr().out
 
     elsewhere = tmp_path / "run-without-its-report"  # nothing tells these images from unseen ones: scored whole
     shutil.copytree(run, elsewhere)

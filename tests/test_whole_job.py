@@ -103,6 +103,14 @@ def test_a_glob_or_a_list_of_files_is_read_with_its_folders_manifest(tmp_path):
         assert shards.num_examples == 12
     one = sorted(reordered.glob("*.tfrec"))[:1]  # a part of the folder: its own counts, the folder's claims
     assert tfpipe.open_shards([str(one[0])]).num_examples == tfpipe.open_shards(str(reordered)).counts[str(one[0])]
+    assert tfpipe.open_shards([one[0]]).files == (str(one[0]),)  # a pathlib.Path is a path too
+    for listed, why in [
+        ([str(reordered)], "lists the folder .*cba: a list names shard files; pass the folder itself"),
+        ([str(one[0]), f"{reordered}/gone.tfrec"], "lists .*gone.tfrec, which does not exist"),
+        ([str(one[0]), 3], "lists 3, not a path"),
+    ]:
+        with pytest.raises(TfpipeError, match=why):
+            tfpipe.open_shards(listed)
 
     shutil.copy(one[0], ordered / "stray-00000-of-00001-6.tfrec")  # a file the manifest there does not list
     with pytest.raises(TfpipeError, match="stray-00000.*not a shard of its folder"):
@@ -147,7 +155,7 @@ def test_one_size_rule_for_fit_and_predict(trained_run):
     """The reader resizes stored images to the model's input: a run records the size its training shards were
     stored at, and train.predict wants shards stored alike (then resized as in training), whatever the input."""
     from train.inference import check_stored_size
-    from train.run import RunConfig
+    from train.run import RunConfig, from_dict
 
     run, _, _ = trained_run
     config = RunConfig.load(run)
@@ -160,6 +168,61 @@ def test_one_size_rule_for_fit_and_predict(trained_run):
     check_stored_size(older, 32, "records")
     with pytest.raises(TfpipeError, match="stored at 64 px, the run's training images at 32 px; write"):
         check_stored_size(older, 64, "records")
+    check_stored_size(older, None, "records")  # unknown both ways: as before tfpipe 1.1
+    data = json.loads(open(f"{run}/config.json").read())
+    assert from_dict(dict(data, stored_image_size="own"), "c").stored_size == "own"
+    with pytest.raises(TfpipeError, match="stored_image_size.*pixels, 'own' or null"):
+        from_dict(dict(data, stored_image_size="big"), "c")
+    own = RunConfig(("a",), 32, False, "stretch", None, None, "", stored_size="own")  # written without a size
+    check_stored_size(own, None, "records")
+    with pytest.raises(
+        TfpipeError,
+        match=r"stored at 32 px, the run's training images at their own sizes .*"
+        r"resized to 32 px as read; write the shards again with ImageSpec\(image_size=None\)",
+    ):
+        check_stored_size(own, 32, "records")
+    with pytest.raises(
+        TfpipeError,
+        match=r"stored at their own sizes .*training images at 32 px; write the "
+        r"shards again with ImageSpec\(image_size=32\)",
+    ):
+        check_stored_size(config, None, "records")
+
+
+def test_a_write_reports_copies_of_one_image_their_other_labels_and_other_folds(tmp_path, capsys):
+    """One image under two names is reported (byte-identical once stored, whatever the names), with what makes it
+    matter: another answer for the same image, or a copy in another fold (validation on trained-on images). The
+    shards hold every copy as given."""
+    source = small_source(tmp_path / "src")  # labels cycle a, b, "a b", ""
+    images = tmp_path / "src" / "images"
+    shutil.copy(images / "img00.jpg", images / "dup-a.jpg")  # the same labels as img00 (a)
+    shutil.copy(images / "img00.jpg", images / "dup-b.jpg")  # another answer for the same image
+    with open(source.csv, "a") as f:
+        f.write("dup-a,a\ndup-b,b\n")
+    capsys.readouterr()
+    manifest = write(source, tmp_path / "out", num_folds=2)
+    assert manifest.num_examples == 14  # nothing merged or dropped
+    err = capsys.readouterr().err
+    assert "warning: 2 images are byte-identical to an earlier image once stored (e.g. dup-a = img00)" in err, err
+    assert "warning: 1 image is labelled otherwise than the image it copies (e.g. dup-b [b], img00 [a])" in err
+    fold_of = {n: k for k in (0, 1) for n in tfpipe.image_names(str(tmp_path / "out"), folds=[k])}
+    moved = sum(fold_of[d] != fold_of["img00"] for d in ("dup-a", "dup-b"))
+    assert ("in another fold than the image it copies" in err) == bool(moved), (fold_of, err)
+    assert len(err.strip().splitlines()) == 2 + bool(moved)
+
+    write(small_source(tmp_path / "clean"), tmp_path / "clean-out")  # no copies: not a word
+    assert "warning" not in capsys.readouterr().err
+
+
+def test_copies_in_other_folds_are_named_with_both_folds():
+    from tfpipe.copies import Copy, Stored, copy_lines
+
+    a, b = Stored("a", frozenset({0}), 0), Stored("b", frozenset({0}), 3)
+    lines = copy_lines([Copy(b, a)], ["cat"])
+    assert (
+        len(lines) == 2
+        and "1 image is in another fold than the image it copies (e.g. b in fold 3, a in fold 0)" in (lines[1])
+    )
 
 
 def test_an_image_is_known_by_its_content_and_every_image_given_is_scored(trained_run, shard_dir, tmp_path, capsys):
@@ -188,12 +251,18 @@ def test_an_image_is_known_by_its_content_and_every_image_given_is_scored(traine
     assert set(result) == {"thresholds", "own_training_shards", "all"} and result["all"]["examples"] == 12
     assert "scores on the labeled shards" in said and "validated on" not in said, said
 
-    validated = pd.read_csv(f"{run}/val_predictions.csv", dtype=str, keep_default_na=False)["image_name"][0]
-    shutil.copy(f"{os.path.dirname(shard_dir[0])}/images/{validated}.jpg", tmp_path / "images" / "renamed.jpg")
-    rows.append(("renamed", " ".join(shard_dir[1][validated])))
-    result, said = scored("with-a-copy")
-    assert (result["all"]["examples"], result["held_out"]["examples"], result["others"]["examples"]) == (13, 1, 12)
-    assert "warning: 1 of these images are ones the run validated on" in said and "(13 images)" in said, said
+    validated = pd.read_csv(f"{run}/val_predictions.csv", dtype=str, keep_default_na=False)["image_name"]
+    trained = sorted(set(shard_dir[1]) - set(validated))[0]
+    for name, copied in (("renamed", validated[0]), ("renamed-too", trained)):  # one validated on, one trained on
+        shutil.copy(f"{os.path.dirname(shard_dir[0])}/images/{copied}.jpg", tmp_path / "images" / f"{name}.jpg")
+        rows.append((name, " ".join(shard_dir[1][copied])))
+    result, said = scored("with-copies")
+    parts = [result[part]["examples"] for part in ("all", "held_out", "trained_on", "unseen")]
+    assert parts == [14, 1, 1, 12] and "(14 images)" in said, said
+    assert "warning: of these images 1 it validated on and 1 it trained on" in said, said
+    assert (
+        "scores on the images the run never saw (12 images)" in said and "per class, on the images it never saw" in said
+    )
 
 
 # ----------------------------------------------------------------- 5: no raw error passed through
@@ -330,6 +399,11 @@ def test_a_fit_interrupted_in_its_report_resumes_without_training_again(shard_di
     history = (run / "history.csv").read_text().splitlines()
     assert [line.split(",")[0] for line in history[1:]] == ["0", "1"] and metrics["epochs"] == 2
     assert (run / "model.keras").exists() and not (run / "backup").exists()  # finished: no backup kept
+    import pandas as pd  # the speed and time of the run, not of the job that resumed it (which trained nothing)
+
+    timing = pd.read_csv(run / "history.csv")[["images_per_sec", "seconds"]]
+    assert (timing > 0).all().all() and metrics["images_per_sec"] == round(timing["images_per_sec"].iloc[1], 1)
+    assert metrics["seconds"] >= round(timing["seconds"].sum(), 1)
     with pytest.raises(TfpipeError, match=r"history.csv lists 2 epochs but no backup is left to continue from"):
         fit(small(shard_dir, left, epochs=2, resume=True))
 

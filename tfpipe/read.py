@@ -497,10 +497,8 @@ def image_digests(records: Records, folds: Sequence[int] | None = None) -> list[
     """A digest of every record's stored image (the first 16 hex digits of the SHA-256 of its bytes), in written
     order: an image's identity, which its name is not (two datasets may both hold an ``img_0001``). The same
     image written again with the same settings has the same digest."""
-    import hashlib
-
     with naming_corrupt_shards(records):
-        return [hashlib.sha256(data).hexdigest()[:16] for data in _read_column(records, folds, schema.IMAGE)]
+        return [schema.image_digest(data) for data in _read_column(records, folds, schema.IMAGE)]
 
 
 def read_targets(records: Records, num_classes: int, folds: Sequence[int] | None = None) -> np.ndarray:

@@ -128,6 +128,13 @@ def parse_record(raw: bytes, path: str) -> Any:
         raise TfpipeError(f"{path}: its records are not tf.train.Example protos; tfpipe reads only those") from None
 
 
+def image_digest(image: bytes) -> str:
+    """A stored image's identity: the first 16 hex digits of the SHA-256 of its bytes (``tfpipe.image_digests``)."""
+    import hashlib
+
+    return hashlib.sha256(image).hexdigest()[:16]
+
+
 def decode_example(data: bytes) -> dict[str, Any]:
     """Parses a serialized record into a dict (no TensorFlow; for tools and tests)."""
     example = Example.FromString(data)

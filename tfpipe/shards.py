@@ -216,7 +216,7 @@ def open_shards(records: Records, folds: Sequence[int] | None = None, any_schema
     if isinstance(records, Shards):
         shards = records
     elif not isinstance(records, str) and isinstance(records, Sequence):  # a list (or tuple, ...) of files
-        shards = with_their_manifest(tuple(sorted(records)))
+        shards = with_their_manifest(tuple(sorted(_listed_files(records))))
     elif records and fs.isdir(records):
         manifest = Manifest.load(records)
         shards = Shards(tuple(sorted(posixpath.join(records, name) for name in manifest.files)), manifest, records)
@@ -231,6 +231,22 @@ def open_shards(records: Records, folds: Sequence[int] | None = None, any_schema
     elif not shards.manifest and not isinstance(records, Shards) and not any_schema:
         check_first_records(shards.files)
     return shards
+
+
+def _listed_files(records: Sequence[object]) -> list[str]:
+    """A list's items as shard file paths: each a path (``str`` or ``os.PathLike``) of a file that exists, else an
+    error naming it (a folder in a list is not its files: the folder itself is ``records``)."""
+    files = []
+    for item in records:
+        f = os.fspath(item) if isinstance(item, (str, os.PathLike)) else None
+        if not isinstance(f, str):  # bytes paths too: every other path here is text
+            raise TfpipeError(f"records lists {item!r}, not a path: a list of records names shard files")
+        if fs.isdir(f):
+            raise TfpipeError(f"records lists the folder {f}: a list names shard files; pass the folder itself")
+        if not fs.exists(f):
+            raise TfpipeError(f"records lists {f}, which does not exist")
+        files.append(f)
+    return files
 
 
 def with_their_manifest(files: tuple[str, ...]) -> Shards:

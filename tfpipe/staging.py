@@ -157,7 +157,7 @@ class WriteLock:
                 if self._create():
                     return self
                 judged = self._file_id()
-                holder = self._holder()
+                holder = self._holder(refuse_junk=True)
                 if holder is not None and not self._dead(holder):
                     raise TfpipeError(self._busy(holder))
                 if holder is not None or self._stale():
@@ -218,21 +218,39 @@ class WriteLock:
             raise OSError(e.errno, e.strerror, self.path) from None
         return True
 
-    def _holder(self) -> dict[str, Any] | None:
-        """The lock's content, or None when it is gone, half-written by its creator or not a lock at all."""
+    def _holder(self, refuse_junk: bool = False) -> dict[str, Any] | None:
+        """The lock's content, or None when it is gone or still empty (its creator is writing it, or died between
+        creating and writing it: ``_stale``). Content that is not a lock tfpipe wrote (not JSON, a key twice, no
+        host or pid) is nobody's to take over or ignore: with ``refuse_junk`` a ``TfpipeError`` naming the file,
+        else None."""
         try:
-            holder = fs.read_json(self.path, "lock file")
-        except (OSError, TfpipeError):
+            data = fs.read_bytes(self.path, METADATA_LOCK_LIMIT)
+            if not data:
+                return None
+            holder = fs.parse_json(data, self.path, "lock file")
+            problem = None if isinstance(holder, dict) else "not a JSON object"
+        except OSError:
             return None
+        except TfpipeError as e:  # not JSON, a key twice, a folder or a large file where the lock should be
+            holder, problem = {}, str(e).removeprefix(f"{self.path}: ")
         except Exception as e:  # tf.errors.NotFoundError from a remote filesystem
             if type(e).__module__.startswith("tensorflow"):
                 return None
             raise
-        return holder if isinstance(holder, dict) else None
+        if problem is None and not (isinstance(holder.get("host"), str) and type(holder.get("pid")) is int):
+            problem = "no host and pid of the job that holds it"
+        if problem is None:
+            return holder
+        if refuse_junk:
+            raise TfpipeError(
+                f"{self.path} is not a lock tfpipe wrote ({problem}), so whether a job still writes "
+                f"{posixpath.dirname(self.path)} is unknown; if none does, delete it"
+            )
+        return None
 
     def _stale(self) -> bool:
-        """A lock file that holds no lock (empty: its creator died between creating and writing it; junk) and is
-        older than ``STALE_SECONDS``: nobody holds it."""
+        """An empty lock file (its creator died between creating and writing it) older than ``STALE_SECONDS``:
+        nobody holds it."""
         try:
             age = time.time() - (
                 os.path.getmtime(self.path) if not fs.is_remote(self.path) else fs.identity(self.path)[1] / 1e9
@@ -255,12 +273,17 @@ class WriteLock:
         return holder.get("pid") == os.getpid() and holder.get("id") not in HELD_HERE
 
     def _busy(self, holder: Mapping[str, Any]) -> str:
+        folder = posixpath.dirname(self.path)
+        if not holder:  # an empty lock younger than STALE_SECONDS: another job is taking the folder just now
+            return (
+                f"{folder} is being taken by another job just now ({self.path} was created and is still empty); "
+                f"wait for it, or if no job writes there delete {self.path}"
+            )
         here = holder.get("host") == self.token["host"] and holder.get("pid") == os.getpid()
-        who = f"host {holder.get('host', '?')}, pid {holder.get('pid', '?')}"
-        who = "this process (another thread)" if here else who
+        who = "this process (another thread)" if here else f"host {holder['host']}, pid {holder['pid']}"
         return (
-            f"{posixpath.dirname(self.path)} is being written by another {self.job} ({who}, started "
-            f"{holder.get('started', '?')}); wait for it, or if that job is gone delete {self.path}"
+            f"{folder} is being written by another {self.job} ({who}, started {holder.get('started', '?')}); "
+            f"wait for it, or if that job is gone delete {self.path}"
         )
 
     def held(self) -> bool:

@@ -25,6 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from tfpipe import __version__, fs, schema
+from tfpipe.copies import copy_lines, find_copies
 from tfpipe.deprecations import add_deprecated_flag, changed_arguments
 from tfpipe.deps import require
 from tfpipe.encode import encode_item
@@ -264,9 +265,12 @@ def write_shards(
                 pace = _encode(staged, job, spec, runner, batches, skip_bad, beam_options, progress, out)
                 if sum(staged.counts) == 0:
                     raise TfpipeError(f"every image was skipped; nothing written to {out}")
+                copies = find_copies((staged.staged_path(s["index"]), s["fold"]) for s in job.shard_plan)
                 lock.check()
                 manifest = staged.commit(_manifest(job, spec, staged), replace=replace)
     _summary(manifest, out, time.perf_counter() - started, pace)
+    for line in copy_lines(copies, job.classes):  # after the summary: what the user reads last
+        print(f"tfpipe.write: warning: {line}", file=sys.stderr, flush=True)
     return manifest
 
 

@@ -14,7 +14,7 @@ import sys
 import tempfile
 import zipfile
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -308,7 +308,7 @@ def predict(
         )
     df = _submission_table(probs, ids, id_column, config, thresholds if labels else None, probabilities)
     if shards.labeled:
-        how = (_threshold_words(run, config, threshold), records, progress, validated_rows(run, ids, shards))
+        how = (_threshold_words(run, config, threshold), records, progress, seen_rows(run, ids, shards))
         df.attrs["evaluation"] = evaluate_labeled(shards, config, probs, thresholds, *how)
     shards.check_unchanged()  # the ids and predictions above are of the shards that were opened
     if out:
@@ -363,11 +363,19 @@ def held_out_rows(shards: Shards, config: RunConfig) -> npt.NDArray[np.bool_] | 
     return np.concatenate([np.full(counts[f] or 0, f in held) for f in shards.files]).astype(bool)
 
 
-def validated_rows(run: str, ids: Sequence[str], shards: Shards) -> npt.NDArray[np.bool_] | None:
-    """Which rows of ``shards`` hold images the run validated on (its ``val_predictions.csv``), by content: the
-    digest of the stored image, whatever its id (two datasets may both hold an ``img_0001``, and a copy may be
-    renamed). None when none does, or the run has no such file. Runs before tfpipe 1.1 recorded no digests:
-    their images are matched by id (``ids``), which the lines printed say."""
+class Seen(NamedTuple):
+    """Which rows of shards to predict hold images a run saw, by content: ``validated`` (in its
+    ``val_predictions.csv``) and ``trained`` (in its ``train_digests.txt``; None when it has none)."""
+
+    validated: npt.NDArray[np.bool_]
+    trained: npt.NDArray[np.bool_] | None
+
+
+def seen_rows(run: str, ids: Sequence[str], shards: Shards) -> Seen | None:
+    """Which rows of ``shards`` hold images the run validated on or trained on, by content: the digest of the
+    stored image, whatever its id (two datasets may both hold an ``img_0001``, and a copy may be renamed). None
+    when the run has no ``val_predictions.csv`` (``--no-report``). Runs before tfpipe 1.1 recorded no digests:
+    their validation images are matched by id (``ids``), which the lines printed say."""
     import pandas as pd
 
     path = run_files.path(run, run_files.VAL_PREDICTIONS)
@@ -378,10 +386,13 @@ def validated_rows(run: str, ids: Sequence[str], shards: Shards) -> npt.NDArray[
     key = "image_digest" if "image_digest" in table.columns else "image_name"
     if key not in table.columns:
         raise TfpipeError(f"{path}: no image_name column; the file is damaged (train.fit writes it with its report)")
+    digests = tfpipe.image_digests(shards)
     validated = set(table[key])
-    mine = tfpipe.image_digests(shards) if key == "image_digest" else ids
-    rows = np.array([i in validated for i in mine], dtype=bool)
-    return rows if rows.any() else None
+    trained = run_files.load_digests(run)
+    return Seen(
+        np.array([i in validated for i in (digests if key == "image_digest" else ids)], dtype=bool),
+        None if trained is None else np.array([d in trained for d in digests], dtype=bool),
+    )
 
 
 def evaluate_labeled(
@@ -392,14 +403,15 @@ def evaluate_labeled(
     threshold_words: str,
     records: Records,
     progress: bool,
-    validated: npt.NDArray[np.bool_] | None = None,
+    seen: Seen | None = None,
 ) -> dict[str, Any]:
     """Scores of ``probs`` against the labels ``shards`` hold (``train.evaluation.score``), printed with
     ``progress`` (always under the command): all the images, first. When they are the run's own training shards,
     the rows it held out and the rows it trained on are scored apart as well: only the first say anything about
-    unseen images. Other shards holding images the run ``validated`` on (the same stored image: its own data
-    written again) are scored apart likewise: those rows, and the others, which may be images it trained on."""
-    result = _scores_of_parts(shards, config, probs, thresholds, threshold_words, validated)
+    unseen images. Other shards holding images the run ``seen`` (the same stored image: its own data written
+    again) are scored apart likewise: the images it validated on, trained on, and never saw (``others`` instead
+    of ``unseen`` when the run recorded no training digests: perhaps trained on)."""
+    result = _scores_of_parts(shards, config, probs, thresholds, threshold_words, seen)
     if progress or in_command():  # the command prints its scores also with --no-progress (a result, not progress)
         print("\n".join(evaluation_lines(result, records)), flush=True)
     return result
@@ -411,32 +423,50 @@ def _scores_of_parts(
     probs: npt.NDArray[np.float32],
     thresholds: Sequence[float],
     threshold_words: str,
-    validated: npt.NDArray[np.bool_] | None,
+    seen: Seen | None,
 ) -> dict[str, Any]:
     from train.evaluation import score
 
     classes = list(config.classes)
     targets = tfpipe.read_targets(shards, len(classes))
     own = bool(config.dataset_id) and shards.dataset_id == config.dataset_id
-    held = held_out_rows(shards, config) if own else validated
     result: dict[str, Any] = {"thresholds": threshold_words, "own_training_shards": own}
     result["all"] = score(probs, targets, classes, thresholds, config.single_label)  # every image given, always
-    if held is None or len(held) != len(probs):
+    parts = _parts(shards, config, own, seen)
+    if parts is None or any(len(rows) != len(probs) for rows in parts.values()):
         return result
-    rest = "trained_on" if own else "others"
-    for part, rows in (("held_out", held), (rest, ~held)):
+    for part, rows in parts.items():
         if rows.any():
             result[part] = score(probs[rows], targets[rows], classes, thresholds, config.single_label)
-    if own:
-        result["held_out_what"] = f"fold {config.fold}" if config.fold is not None else "the last shards"
-    else:
-        result["held_out_what"] = "found in its val_predictions.csv"
+    if "held_out" in result:
+        result["held_out_what"] = (
+            "found in its val_predictions.csv"
+            if not own
+            else f"fold {config.fold}"
+            if config.fold is not None
+            else "the last shards"
+        )
     return result
+
+
+def _parts(shards: Shards, config: RunConfig, own: bool, seen: Seen | None) -> dict[str, npt.NDArray[np.bool_]] | None:
+    """The rows to score apart (None: no part known): of the run's own training shards, those it held out and
+    those it trained on; of other shards, the images it validated on, trained on, and the rest."""
+    if own:
+        held = held_out_rows(shards, config)
+        return None if held is None else {"held_out": held, "trained_on": ~held}
+    if seen is None:
+        return None
+    trained = seen.trained if seen.trained is not None else np.zeros_like(seen.validated)
+    if not (seen.validated.any() or trained.any()):
+        return None
+    rest = "unseen" if seen.trained is not None else "others"  # unknown training images: perhaps trained on
+    return {"held_out": seen.validated, "trained_on": trained & ~seen.validated, rest: ~(seen.validated | trained)}
 
 
 def evaluation_lines(result: dict[str, Any], records: object) -> list[str]:
     """What train.predict prints of ``evaluate_labeled``'s result: a line per part, the class table of the
-    images that say something about unseen ones."""
+    images that say the most about unseen ones."""
     from train.evaluation import class_table, headline
 
     def line(what: str, scores: dict[str, Any]) -> str:
@@ -447,27 +477,42 @@ def evaluation_lines(result: dict[str, Any], records: object) -> list[str]:
         )
 
     everything = line(f"scores on the labeled shards {records}", result["all"])
-    if not any(part in result for part in ("held_out", "others", "trained_on")):
+    if not any(part in result for part in ("held_out", "trained_on", "unseen", "others")):
         return [everything, *class_table(result["all"])]
     lines = [everything]
+    if not result["own_training_shards"]:
+        lines.insert(0, _own_data_warning(result))
     if "held_out" in result:
         lines.append(line(f"scores on the images the run held out ({result['held_out_what']})", result["held_out"]))
+    if "unseen" in result:
+        lines.append(line("scores on the images the run never saw", result["unseen"]))
     if "others" in result:
-        lines.insert(
-            0,
-            f"train.predict: warning: {result['held_out']['examples']} of these images are ones the run validated "
-            "on (the same stored image in its val_predictions.csv): these shards hold its own data, written again, "
-            "and the other rows may be images it trained on",
-        )
         lines.append(line("scores on the other images (perhaps trained on)", result["others"]))
     if "trained_on" in result:
         lines.append(
             line("scores on the images it trained on (they say nothing about unseen ones)", result["trained_on"])
         )
-    if "held_out" in result:
-        lines.append(f"  per class, on the images the run held out ({result['held_out_what']}):")
-        lines += class_table(result["held_out"])
+    table = "unseen" if "unseen" in result else "held_out" if "held_out" in result else None
+    if table is not None:
+        what = "it never saw" if table == "unseen" else f"the run held out ({result['held_out_what']})"
+        lines.append(f"  per class, on the images {what}:")
+        lines += class_table(result[table])
     return lines
+
+
+def _own_data_warning(result: dict[str, Any]) -> str:
+    """Shards that are not the run's own holding images it saw: its own data, written again."""
+    counts = [
+        f"{result[part]['examples']} {what}"
+        for part, what in (("held_out", "it validated on"), ("trained_on", "it trained on"))
+        if part in result
+    ]
+    perhaps = "others" in result  # the run recorded no training digests
+    return (
+        f"train.predict: warning: of these images {' and '.join(counts)} (the same stored images as in the run's "
+        f"{run_files.VAL_PREDICTIONS} and {run_files.TRAIN_DIGESTS}): these shards hold its own data, written again"
+        + (f", and the other rows may be images it trained on (the run has no {run_files.TRAIN_DIGESTS})" * perhaps)
+    )
 
 
 def _threshold_words(run: str, config: RunConfig, threshold: float | None) -> str:
@@ -633,15 +678,25 @@ def check_run_fits_records(config: RunConfig, shards: Shards, records: Records) 
 
 def check_stored_size(config: RunConfig, stored: int | None, records: Records) -> None:
     """The one size rule of train.fit and train.predict: the reader resizes stored images to the model's input
-    (``image_size``), so shards to predict must be stored at the size the training shards were -- then they are
-    resized exactly as in training. Runs that did not record it (before tfpipe 1.1) trained at the stored size."""
+    (``image_size``), so shards to predict must be stored as the training shards were -- at the same size, or
+    both at their own sizes (``stored`` None, written without ``--image-size``) -- then they are resized exactly
+    as in training. Runs that did not record it (before tfpipe 1.1) trained at the stored size."""
     trained = config.stored_size or config.image_size
-    if stored and stored != trained:
-        resized = f", resized to {config.image_size} px as read" if trained != config.image_size else ""
-        raise TfpipeError(
-            f"{records}: images stored at {stored} px, the run's training images at {trained} px{resized}; "
-            f"write the shards again with {option('image_size', trained, python=f'ImageSpec(image_size={trained})')}"
-        )
+    if (stored or run_files.OWN_SIZES) == trained or (stored is None and config.stored_size is None):
+        return  # the second: a run that did not record it, shards without a fixed size (as before 1.1)
+    resized = f", resized to {config.image_size} px as read" if trained != config.image_size else ""
+    if trained == run_files.OWN_SIZES:
+        fix = f"without {option('image_size')}" if in_command() else "with ImageSpec(image_size=None)"
+    else:
+        fix = "with " + option("image_size", trained, python=f"ImageSpec(image_size={trained})")
+    raise TfpipeError(
+        f"{records}: images stored at {_stored(stored)}, the run's training images at {_stored(trained)}{resized}; "
+        f"write the shards again {fix}"
+    )
+
+
+def _stored(size: int | str | None) -> str:
+    return f"{size} px" if isinstance(size, int) else "their own sizes (written without a fixed size)"
 
 
 def check_labels_can_be_joined(classes: Sequence[str], single_label: bool) -> None:

@@ -83,4 +83,5 @@ def validation_report(
 def learning_curves(run_dir: str) -> None:
     with fs.open(run_files.path(run_dir, run_files.HISTORY)) as f:
         history = pd.read_csv(f)
-    plots.learning_curves(history, f"{run_dir}/learning_curves.png")
+    timings = [run_files.IMAGES_PER_SEC, run_files.EPOCH_SECONDS]  # each epoch's speed, not a score to plot
+    plots.learning_curves(history.drop(columns=timings, errors="ignore"), f"{run_dir}/learning_curves.png")

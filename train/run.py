@@ -4,11 +4,14 @@
                                  the training shards' dataset id, the validation fold) and every setting used
     runs/NAME/model.keras        the trained model (model-swa.keras: the SWA average)
     runs/NAME/thresholds.json    per-class thresholds tuned on validation (multi-label)
-    runs/NAME/history.csv        one row per epoch; metrics.json: the run's figures
+    runs/NAME/history.csv        one row per epoch (scores, learning rate, images/s, seconds); metrics.json: the
+                                 run's figures
+    runs/NAME/train_digests.txt  the digest of every image trained on (with the report): what train.predict
+                                 knows them by, whatever their names
     runs/NAME/state.json         finished phases, for --resume; backup/, checkpoints/, logs/: Keras' own
 
-Everything read back (``RunConfig.load``, ``read_state``, ``load_thresholds``) is validated first and a problem
-is one ``TfpipeError`` naming the file and the field. No TensorFlow here.
+Everything read back (``RunConfig.load``, ``read_state``, ``load_thresholds``, ``load_digests``) is validated
+first and a problem is one ``TfpipeError`` naming the file and the field. No TensorFlow here.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ MODEL = "model.keras"
 MODEL_SWA = "model-swa.keras"
 THRESHOLDS = "thresholds.json"
 VAL_PREDICTIONS = "val_predictions.csv"  # the report's (train.report writes it)
+TRAIN_DIGESTS = "train_digests.txt"  # the report's: the digest of every image trained on, one a line
 HISTORY = "history.csv"
 STATE = "state.json"
 METRICS = "metrics.json"
@@ -43,6 +47,8 @@ LOGS = "logs"
 WRITTEN = (CONFIG, MODEL, MODEL_SWA, THRESHOLDS, HISTORY, STATE, METRICS, SWA_AVERAGE, BACKUP, CHECKPOINTS, LOGS)
 # 1: tfpipe <= 0.2 (no version, fit and dataset id unknown); 2: run_version, fit, dataset_id, num_classes.
 RUN_VERSION = 2
+IMAGES_PER_SEC, EPOCH_SECONDS = "images_per_sec", "seconds"  # history.csv's timing of each epoch (not scores)
+OWN_SIZES = "own"  # config.json's stored_image_size for training shards written without --image-size
 
 
 TEMPORARY = re.compile(r"^(?P<name>.+)\.tmp-[0-9a-f]{8}(?P<ext>\.keras)?$")  # fs.temporary_name's, save_model's
@@ -75,9 +81,10 @@ class RunConfig:
     records: str
     settings: dict[str, Any] = dataclasses.field(default_factory=dict)
     version: int = RUN_VERSION
-    # The size the training shards' images were stored at, which the reader resized to ``image_size`` (None:
-    # unknown, runs before tfpipe 1.1; stored without a fixed size). Shards to predict must be stored alike.
-    stored_size: int | None = None
+    # The size the training shards' images were stored at, which the reader resized to ``image_size``:
+    # OWN_SIZES when written without a fixed size, None when unknown (runs before tfpipe 1.1). Shards to predict
+    # must be stored alike.
+    stored_size: int | str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form: the settings flat (as before), the contract's fields over them."""
@@ -139,8 +146,8 @@ def from_dict(data: Any, p: str) -> RunConfig:
     if not (fold is None or (type(fold) is int and fold >= 0)):
         raise _bad(p, "fold", "must be a fold number or null", fold)
     stored = data.get("stored_image_size")
-    if not (stored is None or (type(stored) is int and stored >= 1)):
-        raise _bad(p, "stored_image_size", "must be a whole number of pixels or null", stored)
+    if not (stored is None or stored == OWN_SIZES or (type(stored) is int and stored >= 1)):
+        raise _bad(p, "stored_image_size", f"must be a whole number of pixels, {OWN_SIZES!r} or null", stored)
     threshold = data.get("threshold", 0.5)
     if not isinstance(threshold, (int, float)) or isinstance(threshold, bool) or not 0 < threshold < 1:
         raise _bad(p, "threshold", "must be between 0 and 1", threshold)
@@ -184,6 +191,30 @@ def read_state(run: str) -> dict[str, bool]:
 
 def write_state(run: str, state: dict[str, bool]) -> None:
     fs.write_atomic(path(run, STATE), json.dumps(state))
+
+
+def save_digests(run: str, digests: Sequence[str]) -> None:
+    """``train_digests.txt``: what ``train.predict`` knows the images a run trained on by, whatever their names."""
+    fs.write_atomic(path(run, TRAIN_DIGESTS), "".join(f"{d}\n" for d in digests))
+
+
+def load_digests(run: str) -> set[str] | None:
+    """The digests ``save_digests`` wrote, validated; None when the run has none (``--no-report``, runs before
+    tfpipe 1.1)."""
+    p = path(run, TRAIN_DIGESTS)
+    if not fs.exists(p):
+        return None
+    text = fs.read_text(p)
+    bad = next((line for line in text.split("\n")[:-1] if not _DIGEST.fullmatch(line)), None)
+    if bad is not None or (not text.endswith("\n") and text):
+        raise TfpipeError(
+            f"{p}: {bad if bad is not None else text[-20:]!r} is not an image digest (16 hex digits a line); the "
+            "run folder was edited or damaged"
+        )
+    return set(text.split())
+
+
+_DIGEST = re.compile("[0-9a-f]{16}")
 
 
 def save_thresholds(run: str, classes: Sequence[str], thresholds: Sequence[float], suffix: str = "") -> None:

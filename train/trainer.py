@@ -187,18 +187,22 @@ def compile_model(
 
 
 class Throughput(keras.callbacks.Callback):
-    """Training images/s per epoch, timed from epoch start to the start of validation; and ``epochs_saved``, the
-    epochs of this job that ended with their backup saved (``run_phase`` places it after ``BackupAndRestore``)."""
+    """Training images/s per epoch, timed from epoch start to the start of validation, and the epoch's seconds:
+    both added to the epoch's logs, so ``history.csv`` keeps every job's (``run_phase`` places it before the
+    CSV logger, after ``BackupAndRestore``); ``epochs_saved``, the epochs of this job that ended with their backup
+    saved; ``seconds``, this job's seconds in epochs."""
 
     def __init__(self, images_per_epoch: int) -> None:
         super().__init__()
         self.images_per_epoch = images_per_epoch
         self.rates: list[float] = []
         self.epochs_saved = 0
+        self.seconds = 0.0
         self._start: float | None = None
+        self._began = 0.0
 
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
-        self._start = time.perf_counter()
+        self._start = self._began = time.perf_counter()
 
     def on_test_begin(self, logs: dict[str, Any] | None = None) -> None:
         if self._start is not None:
@@ -206,7 +210,12 @@ class Throughput(keras.callbacks.Callback):
             self._start = None
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        self.on_test_begin()  # an epoch without validation: timed to its end
+        seconds = time.perf_counter() - self._began
+        self.seconds += seconds
         self.epochs_saved += 1
+        if logs is not None:
+            logs.update({run_files.IMAGES_PER_SEC: self.rates[-1], run_files.EPOCH_SECONDS: seconds})
 
 
 class SyncBatchNorm(keras.callbacks.Callback):
@@ -346,7 +355,7 @@ def run_phase(
         *progress,
         *first,
         keep_backup(run_files.path(cfg.run, f"{run_files.BACKUP}/{name}")),
-        throughput,  # after the backup: it counts the epochs saved
+        throughput,  # after the backup (it counts the epochs saved), before the CSV logger (it adds columns)
         LogLearningRate(),
         keras.callbacks.CSVLogger(run_files.path(cfg.run, run_files.HISTORY), append=True),
         keras.callbacks.TensorBoard(run_files.path(cfg.run, run_files.LOGS), update_freq="epoch", profile_batch=0),
@@ -471,7 +480,14 @@ def summarise(
         history = pd.read_csv(f)
     val_cols = [c for c in history.columns if c.startswith("val_")]
     best = history.loc[history["val_auc"].idxmax()] if "val_auc" in history else history.iloc[-1]
-    rates = throughput.rates[1:] or throughput.rates  # the first epoch includes tracing and compilation
+    rates = throughput.rates
+    if {run_files.IMAGES_PER_SEC, run_files.EPOCH_SECONDS} <= set(history.columns):
+        # Every job's epochs, an interrupted run's too (runs before tfpipe 1.1 have only this job's): the epochs'
+        # seconds, plus this job's outside its epochs (start, saving, report; earlier jobs' are not recorded).
+        rates = list(history[run_files.IMAGES_PER_SEC].dropna())
+        seconds = float(history[run_files.EPOCH_SECONDS].sum()) + seconds - throughput.seconds
+    rates = rates[1:] or rates  # the first epoch includes tracing and compilation (a resumed job's first epoch
+    # does too: the median outvotes it)
     return {
         "strategy": kind,
         "strategy_class": type(strategy).__name__,
@@ -521,7 +537,7 @@ def write_run_config(plan: FitConfig, shards: Shards) -> None:
         fold=plan.fold,
         records=plan.records,
         settings=settings_of(plan),
-        stored_size=shards.image_size,
+        stored_size=shards.image_size or run_files.OWN_SIZES,
     ).save(plan.run)
 
 
@@ -737,7 +753,7 @@ def train_and_report(
             time.perf_counter() - started,
             throughput,
         )
-        metrics.update(reports(model, swa, strategy, plan, data, report_args))
+        metrics.update(reports(model, swa, strategy, plan, data, report_args, parts))
         shards.check_unchanged()
         fs.write_atomic(run_files.path(plan.run, run_files.METRICS), json.dumps(metrics, indent=1) + "\n")
     write_state(plan.run, dict(read_state(plan.run), burn_done=bool(plan.burn_epochs), finished=True))
@@ -822,19 +838,24 @@ def reports(
     plan: FitConfig,
     data: PhaseData,
     report_args: dict[str, Any],
+    parts: Parts,
 ) -> dict[str, Any]:
-    """metrics.json's ``report`` (validation predictions, thresholds and pictures, with ``plan.report``) and
-    ``swa`` (the averaged model saved and scored, with ``plan.swa_epochs``)."""
+    """metrics.json's ``report`` (validation predictions, thresholds and pictures, with ``plan.report``; and the
+    digests of the images trained on, ``parts.train``) and ``swa`` (the averaged model saved and scored, with
+    ``plan.swa_epochs``)."""
     found: dict[str, Any] = {}
     if plan.report:
         with console.saying(
             "train.fit",
-            "the report: scoring the validation images with model.keras (val_predictions.csv, thresholds, pictures)",
+            "the report: scoring the validation images with model.keras (val_predictions.csv, thresholds, pictures; "
+            "train_digests.txt)",
             "still writing the report",
             bool(plan.verbose),
         ):
             found["report"] = validation_report(model, strategy, plan.run, **report_args)
             learning_curves(plan.run)
+            # what train.predict knows the images trained on by, whatever their names
+            run_files.save_digests(plan.run, tfpipe.image_digests(parts.train, parts.train_folds))
     if plan.swa_epochs:
         with console.saying(
             "train.fit",
