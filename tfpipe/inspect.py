@@ -280,9 +280,12 @@ def inspect_shards(
 
 def print_files(records: Records, shards: Shards, stream: TextIO) -> None:
     counts = shards.counts
+    manifest = shards.manifest
+    folds = f", {manifest.num_folds} folds" if manifest and manifest.num_folds else ""
+    folds += f" by group {manifest.group_column!r}" if manifest and manifest.group_column else ""
     print(
-        f"{records}: {len(shards.files)} files, {sum(c or 0 for c in counts.values())} records"
-        f"{' (manifest)' if shards.manifest else ''}",
+        f"{records}: {len(shards.files)} files, {sum(c or 0 for c in counts.values())} records{folds}"
+        f"{' (manifest)' if manifest else ''}",
         file=stream,
     )
     for f, n in counts.items():

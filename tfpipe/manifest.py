@@ -77,6 +77,7 @@ class Manifest:
     id_column: str = "image"
     image: StoredImages = StoredImages()
     num_folds: int | None = None  # K; the JSON key is "folds" (kept from tfpipe 0.x, see docs/glossary.md)
+    group_column: str | None = None  # folds keep each group of this CSV column together (written only when set)
     seed: int = 0
     fingerprint: str | None = None  # the job (inputs, labels, plan, settings): --resume's identity
     skipped: tuple[dict, ...] = ()
@@ -107,6 +108,7 @@ class Manifest:
         """One line (a notebook cell ending in ``write_shards(...)`` shows this, not ~80 lines of fields); every
         field is still an attribute, and ``to_dict()`` gives them all."""
         folds = f", {self.num_folds} folds" if self.num_folds else ""
+        folds += f" by group {self.group_column!r}" if self.group_column else ""
         labels = f"{self.num_classes} classes" if self.labeled else "unlabeled"
         size = f"{self.image.image_size} px" if self.image.image_size else "original size"
         skipped = f", {len(self.skipped)} skipped" if self.skipped else ""
@@ -118,6 +120,8 @@ class Manifest:
     def to_dict(self) -> dict[str, Any]:
         """The JSON form (``num_classes`` and ``num_examples`` included for people and other tools)."""
         d = {("folds" if k == "num_folds" else k): v for k, v in dataclasses.asdict(self).items()}
+        if self.group_column is None:
+            del d["group_column"]  # manifests of writes without groups stay as before tfpipe 1.1 (and their ids)
         d.update(
             num_classes=self.num_classes,
             num_examples=self.num_examples,
@@ -246,6 +250,7 @@ def from_dict(data: Any, path: str) -> Manifest:
         id_column=_non_empty(f, "id_column", "image"),
         image=_images(_Fields(f.get("image", dict, default={}), path, "image.")),
         num_folds=num_folds,
+        group_column=_group_column(f, num_folds),
         seed=f.get("seed", int, default=0, low=0),
         fingerprint=f.get("fingerprint", str, default=None),
         skipped=tuple(_skipped(f)),
@@ -257,6 +262,13 @@ def from_dict(data: Any, path: str) -> Manifest:
     )
     _check_totals(f, manifest)
     return dataclasses.replace(manifest, dataset_id=_dataset_id(f, version))
+
+
+def _group_column(f: _Fields, num_folds: int | None) -> str | None:
+    column = f.get("group_column", str, default=None)
+    if column is not None and (not column or num_folds is None):
+        raise f.bad("group_column", "names the CSV column folds were made by: not empty, and only with folds")
+    return column
 
 
 def _classes(f: _Fields) -> tuple[str, ...]:

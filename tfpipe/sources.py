@@ -45,12 +45,14 @@ FOLDER_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", 
 
 @dataclasses.dataclass(frozen=True)
 class Item:
-    """One image to write: its path, its id (stored as ``image_name``) and label names."""
+    """One image to write: its path, its id (stored as ``image_name``), label names and group (the patient, video
+    or site it comes from: all of a group share one fold; None without groups)."""
 
     path: str
     name: str
     labels: tuple[str, ...] = ()
     data: bytes | None = dataclasses.field(default=None, repr=False)  # encoded image, when not from a file
+    group: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,36 +79,56 @@ class LabelFormat:
         return self.class_col is not None
 
 
-Row: TypeAlias = tuple[int, str, tuple[str, ...]]  # (data row from 1, image id, label names) of a CSV
+Row: TypeAlias = tuple[int, str, tuple[str, ...], str | None]  # (data row from 1, image id, labels, group)
 
 
 ID_LIKE = re.compile(r"image|id$|^id|file|name|path", re.IGNORECASE)  # columns that may hold the image ids
 
 
 def read_csv(
-    csv_path: str, *, image_col: str = "image", label_format: LabelFormat = LabelFormat(), labeled: bool = True
+    csv_path: str,
+    *,
+    image_col: str = "image",
+    label_format: LabelFormat = LabelFormat(),
+    labeled: bool = True,
+    group_col: str | None = None,
 ) -> list[Row]:
-    """Reads a CSV into (row number, image id, label names) triples.
+    """Reads a CSV into (row number, image id, label names, group) tuples.
 
     Args:
       csv_path: the CSV file (UTF-8, with or without a byte-order mark).
       image_col: column holding the image file name or id.
       label_format: a ``LabelFormat``.
       labeled: False for unlabeled (test) data: label columns are not read.
+      group_col: column holding each image's group (patient, video, site), or None.
 
     Returns:
-      A list of (row, id, tuple of label names); ``row`` counts data rows from 1.
+      A list of (row, id, tuple of label names, group or None); ``row`` counts data rows from 1.
     """
     df = _read_table(csv_path)
     image_col = nfc(image_col)
     _require_columns(df, [image_col], csv_path, "image_col")
     ids = [v.strip() for v in df[image_col]]
     _check_ids(ids, image_col, csv_path)
-    if not labeled:
-        return [(i + 1, name, ()) for i, name in enumerate(ids)]
-    labels = _labels(df, label_format, csv_path)
+    groups = _groups(df, group_col, csv_path) if group_col is not None else [None] * len(ids)
+    labels = _labels(df, label_format, csv_path) if labeled else [()] * len(ids)
     check_label_spellings(labels, csv_path)
-    return [(i + 1, name, labels) for i, (name, labels) in enumerate(zip(ids, labels))]
+    return [(i + 1, name, labels, group) for i, (name, labels, group) in enumerate(zip(ids, labels, groups))]
+
+
+def _groups(df: pd.DataFrame, group_col: str, csv_path: str) -> list[str]:
+    """The group of every row (whitespace around it off); an empty cell is an error naming the row: an image
+    without a group would be a group of one, perhaps beside its own patient's other images."""
+    group_col = nfc(group_col)
+    _require_columns(df, [group_col], csv_path, "group_col")
+    groups = [nfc(v.strip()) for v in df[group_col]]
+    empty = next((row for row, g in enumerate(groups, start=1) if not g), None)
+    if empty is not None:
+        raise TfpipeError(
+            f"{csv_path}: row {empty}: empty group in column {group_col!r}; every image needs its group (give an "
+            "image of no known group a name of its own)"
+        )
+    return groups
 
 
 def _read_table(csv_path: str) -> pd.DataFrame:
@@ -454,6 +476,7 @@ class Source:
     image_col: str = "image"
     label_format: LabelFormat = LabelFormat()
     labeled: bool = True
+    group_col: str | None = None  # the CSV column of each image's group: folds keep a group together
     classes = None  # the class order comes from the labels (or the caller's classes=)
 
     @property
@@ -477,22 +500,28 @@ class Source:
 def collect_items(source: Source, skip_bad: bool) -> tuple[list[Item], list[dict[str, str]]]:
     """Returns (items, skipped) for a ``Source``; missing images are errors unless skipped."""
     if source.csv is None:
+        if source.group_col is not None:
+            raise TfpipeError(f"{option('group_col')} names a CSV column, and images in a folder per class have no CSV")
         if source.labeled:
             return read_folder_tree(source.images), []
         if not fs.isdir(source.images):
             raise TfpipeError(f"{source.images}: images folder not found")
         # Every entry but a folder: a FIFO, device or broken link is then named when it is read, not left out.
         rows: list[Row] = [
-            (i + 1, f, ())
+            (i + 1, f, (), None)
             for i, f in enumerate(sorted(fs.listdir(source.images)))
             if not f.startswith(".") and not fs.isdir(fs.join(source.images, f))
         ]
-        for _, f, _ in rows:
+        for _, f, _, _ in rows:
             check_utf8(f, source.images)
         csv_name = source.images
     else:
         rows = read_csv(
-            source.csv, image_col=source.image_col, label_format=source.label_format, labeled=source.labeled
+            source.csv,
+            image_col=source.image_col,
+            label_format=source.label_format,
+            labeled=source.labeled,
+            group_col=source.group_col,
         )
         csv_name = source.csv
     items, missing = resolve_images(rows, source.images, csv_name)
@@ -525,7 +554,7 @@ def resolve_images(rows: Iterable[Row], images_dir: str, csv_path: str) -> tuple
     items: list[Item] = []
     missing: list[tuple[int, str]] = []
     row_of_file: dict[str, tuple[int, str]] = {}
-    for row, name, labels in rows:
+    for row, name, labels, group in rows:
         found = _find_images(name, images_dir, listing)
         if len(found) > 1:
             raise TfpipeError(
@@ -543,7 +572,7 @@ def resolve_images(rows: Iterable[Row], images_dir: str, csv_path: str) -> tuple
                 f"{found[0]}; one image would be written twice with different labels"
             )
         row_of_file[key] = (row, name)
-        items.append(Item(fs.join(images_dir, found[0]), name, labels))
+        items.append(Item(fs.join(images_dir, found[0]), name, labels, group=group))
     return items, missing
 
 

@@ -30,6 +30,7 @@ from tfpipe.deprecations import add_deprecated_flag, changed_arguments
 from tfpipe.deps import require
 from tfpipe.encode import encode_item
 from tfpipe.errors import ArgumentParser, TfpipeError, check_count, check_path, check_seed, option, run_cli
+from tfpipe.folds import Balance, assign_folds, fold_balance
 from tfpipe.images import FITS, FORMATS, ImageSpec, from_millions
 from tfpipe.manifest import MANIFEST, Manifest, StoredImages
 from tfpipe.processes import loader_dies_with_this_process
@@ -269,6 +270,8 @@ def write_shards(
                 lock.check()
                 manifest = staged.commit(_manifest(job, spec, staged), replace=replace)
     _summary(manifest, out, time.perf_counter() - started, pace)
+    if job.balance is not None:
+        print(_balance_line(job.balance, manifest, job.classes))
     for line in copy_lines(copies, job.classes):  # after the summary: what the user reads last
         print(f"tfpipe.write: warning: {line}", file=sys.stderr, flush=True)
     return manifest
@@ -319,6 +322,7 @@ class Job:
     seed: int
     shard_plan: list[PlannedShard]
     fingerprint: str
+    balance: Balance | None = None  # how evenly folds by group split the images (None: not by group)
 
     @property
     def shard_of(self) -> list[int]:
@@ -349,7 +353,9 @@ def plan_job(
             f"{source.origin}: no image has a label (every label list is empty); for images "
             f"without labels pass {option('unlabeled', True, python='Source(..., labeled=False)')}"
         )
-    fold_of = _folds(item_targets, len(names), num_folds, seed) if num_folds else [0] * len(items)
+    groups = _groups(items, num_folds)
+    fold_of = _folds(item_targets, len(names), num_folds, seed, groups) if num_folds else [0] * len(items)
+    balance = fold_balance(item_targets or [], fold_of, len(names), num_folds) if groups and num_folds else None
     order = sorted(range(len(items)), key=lambda i: fold_of[i])  # stable: input order within a fold
     items = [items[i] for i in order]
     item_targets = [item_targets[i] for i in order] if item_targets is not None else None  # None: unlabeled
@@ -367,7 +373,24 @@ def plan_job(
         seed,
         shard_plan,
         job_fingerprint(items, item_targets, names, shard_plan, spec, split, identities),
+        balance,
     )
+
+
+def _groups(items: Sequence[Item], num_folds: int | None) -> list[str] | None:
+    """Every item's group, or None when the source gives none; groups only decide folds."""
+    given = [item.group for item in items if item.group is not None]
+    if not given:
+        return None
+    if len(given) < len(items):
+        missing = next(item.name for item in items if item.group is None)
+        raise TfpipeError(f"image {missing!r} has no group, and other images have one; give every image its group")
+    if not num_folds:
+        raise TfpipeError(
+            f"{option('group_col')} keeps each group in one fold, and no folds are asked for; give "
+            f"{option('num_folds')}"
+        )
+    return given
 
 
 def _check_settings(
@@ -531,12 +554,12 @@ def _write_with_beam(staged: StagedShards, job: Job, spec: ImageSpec, skip_bad: 
         staged.add_finished(index, count, [{"image": name, "reason": error} for _, name, error in fails])
 
 
-def _folds(item_targets: Sequence[Sequence[int]] | None, num_classes: int, k: int, seed: int) -> list[int]:
-    from tfpipe.folds import assign_folds
-
+def _folds(
+    item_targets: Sequence[Sequence[int]] | None, num_classes: int, k: int, seed: int, groups: Sequence[str] | None
+) -> list[int]:
     if item_targets is None:
         raise TfpipeError(f"{option('num_folds')} needs labels; an unlabeled source cannot be stratified")
-    return assign_folds(item_targets, num_classes, k, seed)
+    return assign_folds(item_targets, num_classes, k, seed, groups)
 
 
 def _manifest(job: Job, spec: ImageSpec, staged: StagedShards) -> Manifest:
@@ -552,6 +575,7 @@ def _manifest(job: Job, spec: ImageSpec, staged: StagedShards) -> Manifest:
         id_column=job.source.id_column,  # the submission's key column
         image=StoredImages(**{f.name: getattr(spec, f.name) for f in dataclasses.fields(StoredImages)}),
         num_folds=job.num_folds,
+        group_column=getattr(job.source, "group_col", None) if job.balance else None,
         seed=job.seed,
         fingerprint=job.fingerprint,  # --resume on a finished folder: the same job (nothing to do) or refused
         skipped=tuple(job.skipped + staged.all_skipped()),
@@ -578,6 +602,20 @@ def _summary(manifest: Manifest, out: str, seconds: float, pace: Pace | None) ->
         listed = ", ".join(s["image"] for s in skipped[:MAX_LISTED_SKIPS])
         more = f" and {len(skipped) - MAX_LISTED_SKIPS} more" if len(skipped) > MAX_LISTED_SKIPS else ""
         print(f"skipped {len(skipped)} images: {listed}{more} (reasons in {out}/{MANIFEST})")
+
+
+def _balance_line(balance: Balance, manifest: Manifest, classes: Sequence[str]) -> str:
+    """``folds by group 'patient': 5 folds of 296-319 images; each class within 2% of an even share ...``"""
+    worst = (
+        f"; each class within {balance.deviation:.0%} of an even share of its images in every fold (the furthest: "
+        f"{classes[balance.worst_class]!r} in fold {balance.worst_fold})"
+        if balance.worst_class is not None
+        else ""
+    )
+    return (
+        f"folds by group {manifest.group_column!r}: {manifest.num_folds} folds of {balance.smallest}-"
+        f"{balance.largest} images, no group in two{worst}"
+    )
 
 
 def build_parser() -> ArgumentParser:
@@ -647,6 +685,11 @@ def _output_args(p: argparse.ArgumentParser) -> None:
     out.add_argument("--out", required=True, help="the shard folder to write (local or gs://)")
     out.add_argument("--num-shards", type=int, help="number of shards (default: multiple of 8, ~150 MB each)")
     out.add_argument("--num-folds", type=int, metavar="K", help="number of stratified folds; shards never mix folds")
+    out.add_argument(
+        "--group-col",
+        metavar="NAME",
+        help="CSV column of each image's group (patient, video, site): every image of a group in one fold",
+    )
     add_deprecated_flag(out, "--shards", "--num-shards")
     add_deprecated_flag(out, "--folds", "--num-folds")
     out.add_argument("--seed", type=int, default=0, help="seed of the fold assignment (default: 0)")
@@ -700,6 +743,7 @@ def open_source(
     image_col: str = "image",
     label_format: LabelFormat = LabelFormat(),  # noqa: B008 (frozen dataclass: one shared default is safe)
     labeled: bool = True,
+    group_col: str | None = None,
 ) -> SourceProtocol:
     """The source the words name: ``tfds=NAME`` a TFDS dataset, else images (with ``csv``, or a folder per class).
 
@@ -715,6 +759,7 @@ def open_source(
             "csv": csv,
             "image_col": image_col != "image",
             "label_format": label_format != LabelFormat(),
+            "group_col": group_col is not None,
         }
         given = [option(name) for name, value in unused.items() if value]
         if given:
@@ -729,7 +774,9 @@ def open_source(
         raise TfpipeError(
             f"give {option('images')} (a folder, with {option('csv')} or a folder per class) or {option('tfds')} NAME"
         )
-    return Source(images=images, csv=csv, image_col=image_col, label_format=label_format, labeled=labeled)
+    return Source(
+        images=images, csv=csv, image_col=image_col, label_format=label_format, labeled=labeled, group_col=group_col
+    )
 
 
 def source_from_args(args: argparse.Namespace) -> SourceProtocol:
@@ -752,6 +799,7 @@ def source_from_args(args: argparse.Namespace) -> SourceProtocol:
         image_col=args.image_col,
         label_format=label_format,
         labeled=not args.unlabeled,
+        group_col=args.group_col,
     )
 
 

@@ -1,0 +1,117 @@
+"""Group folds (issue #36): every image of a group (patient, video, site) in one fold, the labels still
+stratified as well as the groups allow, recorded in the manifest and shown by inspect; refused where it cannot
+hold."""
+
+import json
+
+import numpy as np
+import pytest
+
+import tfpipe
+from tests.conftest import save, write_csv
+from tfpipe.errors import TfpipeError
+from tfpipe.folds import assign_folds, fold_balance
+from tfpipe.inspect import main as inspect_main
+from tfpipe.write import main
+
+
+def grouped_targets(num_groups, seed=0, classes=6, most=11):
+    """Synthetic multi-label records in groups of 1..``most`` images that share their group's labels (as the
+    photographs of one patient do)."""
+    rng = np.random.default_rng(seed)
+    targets, groups = [], []
+    for g in range(num_groups):
+        labels = sorted(rng.choice(classes, size=rng.integers(0, 3), replace=False).tolist())
+        for _ in range(rng.integers(1, most + 1)):
+            targets.append(labels)
+            groups.append(f"patient-{g}")
+    return targets, groups
+
+
+def test_no_group_crosses_folds_and_every_class_stays_balanced():
+    targets, groups = grouped_targets(260)
+    folds = assign_folds(targets, 6, 5, seed=0, groups=groups)
+    fold_of_group = {}
+    for group, fold in zip(groups, folds):
+        assert fold_of_group.setdefault(group, fold) == fold, f"{group} is in folds {fold_of_group[group]} and {fold}"
+    balance = fold_balance(targets, folds, 6, 5)
+    assert balance.deviation <= 0.05, balance  # each class within 5% of an even share in every fold (1.8% here)
+    assert balance.largest - balance.smallest <= 0.1 * len(targets) / 5, balance  # sizes within 10% (5% here)
+    # Without groups the images of one patient spread over the folds: what flatters validation.
+    spread = assign_folds(targets, 6, 5, seed=0)
+    assert sum(len({f for g, f in zip(groups, spread) if g == name}) > 1 for name in set(groups)) > 100
+    assert assign_folds(targets, 6, 5, seed=0, groups=groups) == folds  # the seed decides
+    assert assign_folds(targets, 6, 5, seed=1, groups=groups) != folds
+
+
+def test_fewer_groups_than_folds_is_refused():
+    targets, groups = grouped_targets(3)
+    with pytest.raises(TfpipeError, match="needs at least 4 groups, and the images come from 3"):
+        assign_folds(targets, 6, 4, groups=groups)
+
+
+@pytest.fixture
+def grouped_folder(tmp_path):
+    images = tmp_path / "images"
+    images.mkdir()
+    rows = []
+    for i in range(24):
+        save(images / f"img{i:02d}.jpg", size=(20, 20), seed=i)
+        rows.append((f"img{i:02d}", ["a", "b", "a b", ""][i // 3 % 4], f"p{i // 3}"))  # 8 patients of 3 images
+    return tmp_path, write_csv(tmp_path / "train.csv", ["image", "labels", "patient"], rows)
+
+
+def test_a_grouped_write_keeps_each_group_in_one_fold_and_says_how_even(grouped_folder, capsys):
+    root, csv = grouped_folder
+    out = root / "out"
+    args = ["--csv", str(csv), "--images", str(root / "images"), "--image-size", "8", "--workers", "0"]
+    assert main([*args, "--out", str(out), "--num-folds", "4", "--group-col", "patient"]) == 0
+    said = capsys.readouterr().out
+    assert "folds by group 'patient': 4 folds of 6-6 images, no group in two; each class within" in said, said
+    manifest = tfpipe.open_shards(str(out)).manifest
+    assert manifest.group_column == "patient" and "4 folds by group 'patient'" in repr(manifest)
+    for k in range(4):
+        patients = {int(name[3:]) // 3 for name in tfpipe.image_names(str(out), folds=[k])}
+        assert len(patients) == 2, (k, patients)  # two whole patients of three images each
+    assert inspect_main([str(out), "--no-sheet"]) == 0
+    assert "4 folds by group 'patient' (manifest)" in capsys.readouterr().out
+
+    plain = root / "plain"  # no groups: the manifest as before (no group_column key), the same dataset id rules
+    assert main([*args, "--out", str(plain), "--num-folds", "4"]) == 0
+    assert "group_column" not in json.loads((plain / "manifest.json").read_text())
+
+    edited = json.loads((out / "manifest.json").read_text())
+    edited["group_column"] = ""
+    (out / "manifest.json").write_text(json.dumps(edited))
+    with pytest.raises(TfpipeError, match="field 'group_column' names the CSV column folds were made by"):
+        tfpipe.open_shards(str(out))
+
+
+@pytest.mark.parametrize(
+    "extra, says",
+    [
+        (["--group-col", "patient"], "--group-col keeps each group in one fold, and no folds are asked for"),
+        (["--group-col", "site", "--num-folds", "2"], "'site'"),
+        (["--group-col", "patient", "--num-folds", "9"], "--num-folds 9 needs at least 9 groups"),
+    ],
+)
+def test_a_group_setting_that_cannot_hold_is_one_line(grouped_folder, tmp_path, capsys, extra, says):
+    root, csv = grouped_folder
+    args = ["--csv", str(csv), "--images", str(root / "images"), "--out", str(tmp_path / "o"), "--workers", "0"]
+    assert main([*args, *extra]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and says in err and "Traceback" not in err, err
+    assert not (tmp_path / "o" / "manifest.json").exists()
+
+
+def test_an_image_without_a_group_is_named(grouped_folder, tmp_path):
+    root, csv = grouped_folder
+    lines = csv.read_text().splitlines()
+    lines[5] = lines[5].rsplit(",", 1)[0] + ","  # row 5: no patient
+    csv.write_text("\n".join(lines) + "\n")
+    with pytest.raises(TfpipeError, match="row 5: empty group in column 'patient'"):
+        tfpipe.write_shards(tfpipe.Source(str(root / "images"), csv=str(csv), group_col="patient"), str(tmp_path / "o"),
+                            num_folds=2, workers=0, progress=False)  # fmt: skip
+    with pytest.raises(TfpipeError, match="group_col names a CSV column, and images in a folder per class"):
+        tfpipe.write_shards(tfpipe.Source(str(root / "images"), group_col="patient"), str(tmp_path / "o"),
+                            num_folds=2, workers=0, progress=False)  # fmt: skip
