@@ -54,6 +54,30 @@ def test_swa_reports_both_models(trained_run, shard_dir):
         )  # see test_train
 
 
+def test_predict_with_the_swa_model_uses_it_and_its_own_thresholds(trained_run, tmp_path, capsys):
+    """``--swa``: the run's SWA model (model-swa.keras) with the thresholds its report tuned; metrics.json says
+    which model each report scored. A run trained without SWA says so in one line."""
+    run, metrics, test = trained_run
+    assert (metrics["report"]["model"], metrics["swa"]["model"]) == ("model.keras", "model-swa.keras")
+    both = {
+        swa: predict(run, test, "", probabilities=True, labels=True, strategy="cpu", swa=swa, progress=False)
+        for swa in (False, True)
+    }
+    images = np.concatenate([b[0] for b in tfpipe.make_dataset(test, 16, image_size=32).as_numpy_iterator()])
+    expected = load_model(f"{run}/model-swa.keras").predict(images, verbose=0)
+    np.testing.assert_allclose(both[True][["a", "b", "c"]].to_numpy(), expected, atol=1e-5)
+    assert not np.allclose(both[False][["a", "b", "c"]].to_numpy(), expected, atol=1e-5)
+    tuned = json.loads(open(f"{run}/thresholds-swa.json").read())
+    labels = [" ".join(c for c in "abc" if row[c] >= tuned[c]) for _, row in both[True].iterrows()]
+    assert both[True]["labels"].fillna("").tolist() == labels
+
+    plain = tmp_path / "plain"
+    shutil.copytree(run, plain)
+    os.remove(plain / "model-swa.keras")
+    with pytest.raises(TfpipeError, match="no model-swa.keras; the run was trained without swa_epochs"):
+        predict(str(plain), test, "", strategy="cpu", swa=True)
+
+
 def test_reports_describe_the_saved_models(trained_run, shard_dir):
     """val_predictions*.csv (made in memory on 8 replicas) hold the saved models' outputs: every replica uses
     the batch-norm statistics that were saved, not its own copy (they differed before sync_batch_norm)."""

@@ -69,15 +69,28 @@ def read_run_config(run: str) -> RunConfig:
     return RunConfig.load(run)
 
 
-def load_run(run: str, config: RunConfig | None = None) -> tuple[Any, RunConfig]:
-    """(model, run config) of a ``train.fit`` run folder; the model must output the run's classes."""
+def load_run(run: str, config: RunConfig | None = None, swa: bool = False) -> tuple[Any, RunConfig]:
+    """(model, run config) of a ``train.fit`` run folder -- its final model, or with ``swa`` its SWA average; the
+    model must output the run's classes."""
     config = config or RunConfig.load(run)
-    model_path = run_files.path(run, run_files.MODEL)
-    if not fs.exists(model_path):
-        raise TfpipeError(f"{run}: no {run_files.MODEL}; the run did not finish (continue it with train.fit --resume)")
+    check_model_present(run, swa)
+    model_path = run_files.path(run, run_files.model_files(swa)[0])
     model = load_model(model_path)
     check_model_fits_run(model, config, model_path)
     return model, config
+
+
+def check_model_present(run: str, swa: bool) -> None:
+    """The model asked for is in the run folder, else one line saying why it is not."""
+    name = run_files.model_files(swa)[0]
+    if fs.exists(run_files.path(run, name)):
+        return
+    finished = run_files.read_state(run).get("finished", False)
+    if swa and finished:
+        raise TfpipeError(
+            f"{run}: no {name}; the run was trained without {option('swa_epochs')} (predict with its model.keras)"
+        )
+    raise TfpipeError(f"{run}: no {name}; the run did not finish (continue it with train.fit --resume)")
 
 
 def check_model_fits_run(model: Any, config: RunConfig, model_path: str) -> None:
@@ -268,6 +281,7 @@ def predict(
     id_column: str | None = None,
     overwrite: bool = False,
     progress: bool = True,
+    swa: bool = False,
 ) -> pd.DataFrame:
     """Writes the submission of run folder ``run`` on the shards ``records``; returns it as a DataFrame.
 
@@ -278,22 +292,19 @@ def predict(
     labels = check_arguments(run, records, tta, threshold, probabilities, labels, batch_size, replicas)
     strat, _ = resolve_strategy(strategy, replicas)  # first: virtual CPUs need a TensorFlow that has run nothing
     config = RunConfig.load(run)
+    check_model_present(run, swa)
     shards = tfpipe.open_shards(records)
     check_destination(out, overwrite)
     check_run_fits_records(config, shards, records)
     if labels:
         check_labels_can_be_joined(config.classes, config.single_label)
     # the labels, and the scores of labeled shards, need thresholds (probabilities alone do not)
-    thresholds = _thresholds(run, config, threshold) if labels or shards.labeled else []
+    thresholds = _thresholds(run, config, threshold, swa) if labels or shards.labeled else []
     id_column = id_column or shards.id_column
     check_column_names(id_column, config.classes, labels, probabilities)
     ids = tfpipe.image_names(shards)
     batch_size = _batch_for(_num_examples(shards, records), batch_size, strat.num_replicas_in_sync, progress)
-    with (
-        strat.scope(),
-        console.saying("train.predict", f"loading {run}/{run_files.MODEL}", "still loading the model", progress),
-    ):
-        model, config = load_run(run, config)  # in the scope: variables placed on every replica
+    model, config = _load_for(strat, run, config, swa, progress)
     classes = list(config.classes)
     with tfpipe.naming_corrupt_shards(shards):
         probs = predict_probabilities(
@@ -308,12 +319,24 @@ def predict(
         )
     df = _submission_table(probs, ids, id_column, config, thresholds if labels else None, probabilities)
     if shards.labeled:
-        how = (_threshold_words(run, config, threshold), records, progress, seen_rows(run, ids, shards))
+        how = (_threshold_words(run, config, threshold, swa), records, progress, seen_rows(run, ids, shards))
         df.attrs["evaluation"] = evaluate_labeled(shards, config, probs, thresholds, *how)
     shards.check_unchanged()  # the ids and predictions above are of the shards that were opened
     if out:
         write_submission(out, df.to_csv(index=False), overwrite)
     return df
+
+
+def _load_for(
+    strategy: tf.distribute.Strategy, run: str, config: RunConfig, swa: bool, progress: bool
+) -> tuple[Any, RunConfig]:
+    """``load_run`` in ``strategy``'s scope (its variables placed on every replica), saying what it loads."""
+    name = run_files.model_files(swa)[0]
+    with (
+        strategy.scope(),
+        console.saying("train.predict", f"loading {run}/{name}", "still loading the model", progress),
+    ):
+        return load_run(run, config, swa)
 
 
 def check_arguments(
@@ -515,14 +538,15 @@ def _own_data_warning(result: dict[str, Any]) -> str:
     )
 
 
-def _threshold_words(run: str, config: RunConfig, threshold: float | None) -> str:
+def _threshold_words(run: str, config: RunConfig, threshold: float | None, swa: bool = False) -> str:
     """How the predicted labels were decided, for the score lines."""
     if config.single_label:
         return "labels by argmax"
     if threshold is not None:
         return f"labels at threshold {threshold:g}"
-    if fs.exists(run_files.path(run, run_files.THRESHOLDS)):
-        return f"labels at the run's tuned thresholds ({run_files.THRESHOLDS})"
+    tuned = run_files.model_files(swa)[1]
+    if fs.exists(run_files.path(run, tuned)):
+        return f"labels at the run's tuned thresholds ({tuned})"
     return f"labels at the run's threshold {config.settings.get('threshold', 0.5):g}"
 
 
@@ -714,17 +738,18 @@ def _listed(classes: Sequence[str], most: int = 6) -> str:
     return ", ".join(classes[:most]) + (f", ... {len(classes)} in all" if len(classes) > most else "")
 
 
-def _thresholds(run: str, config: RunConfig, threshold: float | None) -> list[float]:
-    """Per-class thresholds: ``threshold`` for all, else the run's tuned ones (validated), else the run's default."""
+def _thresholds(run: str, config: RunConfig, threshold: float | None, swa: bool = False) -> list[float]:
+    """Per-class thresholds: ``threshold`` for all, else the run's tuned ones (validated; with ``swa`` those of the
+    SWA model's report), else the run's default."""
     if threshold is not None:
         return [threshold] * len(config.classes)
-    tuned = run_files.load_thresholds(run, list(config.classes))
+    tuned = run_files.load_thresholds(run, list(config.classes), swa)
     default = float(config.settings.get("threshold", 0.5))
     if tuned is None and not config.single_label and config.settings.get("report", True):
         # train.fit wrote them with its report: labels at one threshold instead would change without a word
         raise TfpipeError(
-            f"{run_files.path(run, run_files.THRESHOLDS)} is missing (the tuned per-class thresholds train.fit "
-            f"wrote with its report); copy it with the run, or pass {option('threshold', default)} to label every "
-            "class at one threshold"
+            f"{run_files.path(run, run_files.model_files(swa)[1])} is missing (the tuned per-class thresholds "
+            f"train.fit wrote with its report); copy it with the run, or pass {option('threshold', default)} to "
+            "label every class at one threshold"
         )
     return tuned if tuned is not None else [default] * len(config.classes)

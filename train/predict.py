@@ -56,6 +56,7 @@ def predict(
     id_column: str | None = None,
     overwrite: bool = False,
     progress: bool = True,
+    swa: bool = False,
 ) -> pd.DataFrame:
     """Writes the submission of run folder ``run`` on the shards ``records`` (a shard folder, a glob, files, or
     ``Shards`` already opened) to ``out``; returns it as a DataFrame.
@@ -64,7 +65,7 @@ def predict(
     class (default: the run's tuned ones), ``probabilities`` (one column per class instead of the labels;
     ``labels=True`` keeps the labels column too), ``strategy`` (a name or a
     strategy you made) and ``replicas``, ``batch_size`` per replica, ``id_column``, ``overwrite``, ``progress``
-    (a progress bar).
+    (a progress bar), ``swa`` (predict with the run's SWA model, ``model-swa.keras``, and its own thresholds).
 
     Example::
 
@@ -85,6 +86,7 @@ def predict(
         id_column=id_column,
         overwrite=overwrite,
         progress=progress,
+        swa=swa,
     )
 
 
@@ -119,6 +121,9 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--replicas", type=int, help="with --strategy cpu: N virtual CPU replicas")
     p.add_argument("--batch-size", type=int, default=32, help="per replica")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--swa", action="store_true", help="predict with the run's SWA model (model-swa.keras, from --swa-epochs)"
+    )
     return p
 
 
@@ -150,6 +155,7 @@ def run_command(args: argparse.Namespace) -> None:
         id_column=args.id_column,
         overwrite=args.overwrite,
         progress=not args.no_progress,
+        swa=args.swa,
     )
     print(f"wrote {len(df)} row{'s' * (len(df) != 1)} ({args.tta} view{'s' if args.tta > 1 else ''}) -> {args.out}")
 

@@ -32,6 +32,7 @@ from tfpipe.shards import Shards, fold_split, holdout_split
 CONFIG = "config.json"
 MODEL = "model.keras"
 MODEL_SWA = "model-swa.keras"
+SWA_SUFFIX = "-swa"  # of the SWA model's report files: val_predictions-swa.csv, thresholds-swa.json, ...
 THRESHOLDS = "thresholds.json"
 VAL_PREDICTIONS = "val_predictions.csv"  # the report's (train.report writes it)
 TRAIN_DIGESTS = "train_digests.txt"  # the report's: the digest of every image trained on, one a line
@@ -224,10 +225,17 @@ def save_thresholds(run: str, classes: Sequence[str], thresholds: Sequence[float
     )
 
 
-def load_thresholds(run: str, classes: Sequence[str]) -> list[float] | None:
-    """The tuned per-class thresholds in ``classes`` order, or None when the run has none (single-label runs).
-    A file naming other classes (copied from another run) or holding a value outside [0, 1] is an error."""
-    p = path(run, THRESHOLDS)
+def model_files(swa: bool = False) -> tuple[str, str]:
+    """(model file, thresholds file) of a run's final model, or with ``swa`` of its SWA average
+    (``train.fit --swa-epochs``), whose report tunes thresholds of its own."""
+    return (MODEL_SWA, f"thresholds{SWA_SUFFIX}.json") if swa else (MODEL, THRESHOLDS)
+
+
+def load_thresholds(run: str, classes: Sequence[str], swa: bool = False) -> list[float] | None:
+    """The tuned per-class thresholds in ``classes`` order (with ``swa``, the SWA model's), or None when the run
+    has none (single-label runs). A file naming other classes (copied from another run) or holding a value outside
+    [0, 1] is an error."""
+    p = path(run, model_files(swa)[1])
     if not fs.exists(p):
         return None
     tuned = _read_json(p)

@@ -565,9 +565,13 @@ def finish_swa(
     # Scored with the validation and prediction steps training traced (compiling first would trace both again:
     # on 8 replicas, seconds each).
     scores = model.evaluate(val_ds, steps=val_steps, return_dict=True, verbose=0)
-    result: dict[str, Any] = {"epochs_averaged": swa.count, **{f"val_{k}": float(v) for k, v in scores.items()}}
+    result: dict[str, Any] = {
+        "model": run_files.MODEL_SWA,  # which model these scores are of: train.predict --swa predicts with it
+        "epochs_averaged": swa.count,
+        **{f"val_{k}": float(v) for k, v in scores.items()},
+    }
     if cfg.report:
-        result["report"] = validation_report(model, strategy, cfg.run, suffix="-swa", **report_args)
+        result["report"] = validation_report(model, strategy, cfg.run, suffix=run_files.SWA_SUFFIX, **report_args)
     with strategy.scope():  # saved with a fresh optimizer: the training one's slots belong to other weights
         compile_model(model, cfg, 0.0, len(report_args["classes"]))
     save_model(model, run_files.path(cfg.run, run_files.MODEL_SWA))
@@ -852,7 +856,7 @@ def reports(
             "still writing the report",
             bool(plan.verbose),
         ):
-            found["report"] = validation_report(model, strategy, plan.run, **report_args)
+            found["report"] = {"model": run_files.MODEL, **validation_report(model, strategy, plan.run, **report_args)}
             learning_curves(plan.run)
             # what train.predict knows the images trained on by, whatever their names
             run_files.save_digests(plan.run, tfpipe.image_digests(parts.train, parts.train_folds))
