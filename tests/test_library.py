@@ -206,6 +206,25 @@ def test_tensorflow_start_up_lines_are_held_back_unless_asked_for(shard_dir, tmp
     assert "absl::InitializeLog()" in loud.stderr and len(loud.stderr.strip().splitlines()) > 1
 
 
+def test_the_notebook_strategy_cell_says_nothing_of_tensorflows_start_up(tmp_path):
+    """Through the Python API as in a notebook (no TF_CPP_MIN_LOG_LEVEL): importing through tfpipe and finding
+    the devices print none of TensorFlow's lines (absl's preamble, oneDNN, cuInit, "Using MirroredStrategy"),
+    the user's own logging passes, and the environment is left as it was."""
+    env = {k: v for k, v in os.environ.items() if k not in ("TF_CPP_MIN_LOG_LEVEL", "TFPIPE_VERBOSE")}
+    code = (
+        "import logging, os\n"
+        "from train.strategy import resolve_strategy\n"
+        "strategy, kind = resolve_strategy('auto', replicas=2)\n"
+        "print(kind, strategy.num_replicas_in_sync)\n"
+        "logging.getLogger('tensorflow').warning('the user says this')\n"
+        "assert 'TF_CPP_MIN_LOG_LEVEL' not in os.environ\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=dict(env, PYTHONPATH=ROOT),
+                          cwd=ROOT, timeout=300)  # fmt: skip
+    assert done.returncode == 0 and done.stdout == "cpu 2\n", done.stderr
+    assert done.stderr.strip().splitlines() == ["WARNING:tensorflow:the user says this"], done.stderr
+
+
 @pytest.mark.parametrize(
     "command, args, error",
     [

@@ -220,6 +220,21 @@ def test_tpu_strategy_without_tpu_is_a_clear_error():
         resolve_strategy("tpu")
 
 
+def test_auto_with_virtual_replicas_takes_the_gpu_a_machine_has(monkeypatch):
+    """The notebook's strategy cell, ``resolve_strategy("auto", replicas=8)``: a GPU machine trains on its GPU
+    (the replicas are the dry run where there is neither TPU nor GPU); before, a Kaggle GPU notebook got 8
+    virtual CPU replicas. The GPU is faked at the one call that lists it (no device is started for it)."""
+    import train.strategy
+
+    real = tf.config.list_physical_devices
+    fake = tf.config.PhysicalDevice(name="/physical_device:GPU:0", device_type="GPU")
+    monkeypatch.setattr(tf.config, "list_physical_devices", lambda kind=None: [fake] if kind == "GPU" else real(kind))
+    strategy, kind = train.strategy.resolve_strategy("auto", replicas=8)
+    assert kind == "gpu" and strategy is tf.distribute.get_strategy()  # the one GPU: the default strategy
+    strategy, kind = train.strategy.resolve_strategy("cpu", replicas=1)  # cpu asked for: never the GPU
+    assert kind == "cpu"
+
+
 def test_tpu_cli_without_tpu_exits_cleanly(shard_dir, tmp_path):
     proc = subprocess.run(
         [

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import importlib.util
+import sys
 from types import ModuleType
 from typing import Any
 
@@ -29,6 +30,12 @@ OPTIONAL = {
 }
 
 
+# Modules whose first import writes C++ log lines to fd 2 (absl's preamble, oneDNN, cudart): imported through
+# ``require`` while tfpipe.console holds those lines back, in a notebook as under a command (TFPIPE_VERBOSE=1
+# shows them). A user's own earlier ``import tensorflow`` is theirs, and shows them.
+LOUD_IMPORTS = ("tensorflow", "tf_keras")
+
+
 class MissingDependency(TfpipeError, ImportError):
     """An optional dependency is not installed; the message says what to install."""
 
@@ -41,6 +48,11 @@ def require(module: str) -> ModuleType:
     """
     top = module.split(".")[0]
     try:
+        if top in LOUD_IMPORTS and top not in sys.modules:  # the first import: its C++ start-up lines held back
+            from tfpipe.console import quiet_tensorflow
+
+            with quiet_tensorflow(environment=False):
+                return importlib.import_module(module)
         return importlib.import_module(module)
     except ImportError as e:
         if e.name is None or e.name.split(".")[0] != top:

@@ -8,6 +8,7 @@ import os
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from tfpipe.console import quiet_call
 from tfpipe.deps import require
 from tfpipe.errors import TfpipeError, option
 from train.names import STRATEGIES
@@ -60,6 +61,7 @@ def ensure_virtual_cpus(n: int) -> list[str]:
     return [d.name for d in tf.config.list_logical_devices("CPU")[:n]]
 
 
+@quiet_call
 def resolve_strategy(
     name: str | tf.distribute.Strategy = "auto", replicas: int | None = None
 ) -> tuple[tf.distribute.Strategy, str]:
@@ -67,12 +69,18 @@ def resolve_strategy(
 
     One device (a CPU or a single GPU) gets the default strategy, which Keras
     callbacks such as BackupAndRestore support (OneDeviceStrategy they do not).
+    TensorFlow's log lines while it finds the devices (``cuInit``, ``Using MirroredStrategy``) are held back, in
+    a notebook as under a command (``TFPIPE_VERBOSE=1`` shows them).
+
+    Example (a notebook's strategy cell: the TPU, else the GPUs, else 8 virtual CPU replicas as a dry run)::
+
+        strategy, kind = resolve_strategy("auto", replicas=8)
 
     Args:
       name: "tpu", "gpu" (MirroredStrategy over all GPUs, or one GPU), "cpu",
         or "auto" (TPU, then GPUs, then CPU); or a strategy object, returned as it is.
-      replicas: with "cpu", the number of virtual CPU replicas (a dry run of
-        an 8-core TPU: ``replicas=8``); None or 1 is a single CPU device.
+      replicas: with "cpu" (or "auto" where it finds neither a TPU nor a GPU), the number of virtual CPU
+        replicas (a dry run of an 8-core TPU: ``replicas=8``); None or 1 is a single CPU device.
     """
     if isinstance(name, tf.distribute.Strategy):  # already built (a notebook passes the one it made)
         return name, strategy_kind(name)
@@ -85,19 +93,19 @@ def resolve_strategy(
         )
     if name == "tpu" or (name == "auto" and tpu_present()):
         return connect_tpu(), "tpu"
-    if replicas and replicas > 1 and name in ("cpu", "auto"):
+    gpus = tf.config.list_physical_devices("GPU") if name != "cpu" else []  # lists, starts no device
+    if name == "gpu" and not gpus:
+        raise TfpipeError("no GPU found (tf.config.list_physical_devices('GPU') is empty)")
+    if gpus:  # "gpu", or "auto" with GPUs: before virtual CPU replicas (a GPU notebook trains on its GPU)
+        if len(gpus) > 1:
+            return tf.distribute.MirroredStrategy(), "gpu"
+        return tf.distribute.get_strategy(), "gpu"  # the default strategy places work on the one GPU
+    if replicas and replicas > 1:
         # Reduce on one device rather than with collective ops: the replicas share one memory anyway, and
         # collectives' instance keys collide once a process has built several models (tensorflow#62790).
         return tf.distribute.MirroredStrategy(
             ensure_virtual_cpus(replicas), cross_device_ops=tf.distribute.ReductionToOneDevice()
         ), "cpu"
-    gpus = tf.config.list_physical_devices("GPU")
-    if name == "gpu" and not gpus:
-        raise TfpipeError("no GPU found (tf.config.list_physical_devices('GPU') is empty)")
-    if gpus and name in ("gpu", "auto"):
-        if len(gpus) > 1:
-            return tf.distribute.MirroredStrategy(), "gpu"
-        return tf.distribute.get_strategy(), "gpu"  # the default strategy places work on the one GPU
     return tf.distribute.get_strategy(), "cpu"
 
 
