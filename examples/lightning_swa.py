@@ -99,13 +99,19 @@ PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pi
 def one_line_when_a_process_dies(trainer: pl.Trainer) -> Iterator[None]:
     """A rank or DataLoader worker that dies is one line, not every rank's traceback: the rank whose worker died
     says so; when a rank dies, rank 0 names it (its exit code or signal, from Lightning's launcher) and the others
-    leave quietly. Ctrl-C, which Lightning turns into ``exit(1)`` after stopping the ranks, is exit code 130."""
+    leave quietly. Ctrl-C, which Lightning turns into ``exit(1)`` after stopping the ranks, is exit code 130 and
+    SIGTERM 143 (the codes a shell gives), said once, by rank 0."""
     try:
         yield
     except SystemExit:
-        if trainer.interrupted:
-            raise KeyboardInterrupt from None
-        raise
+        if not trainer.interrupted:
+            raise
+        if not trainer.is_global_zero:
+            raise SystemExit(143 if trainer.received_sigterm else 130) from None  # rank 0 says it
+        if trainer.received_sigterm:
+            print(f"{PROG}: terminated (SIGTERM); every rank stopped", file=sys.stderr, flush=True)
+            raise SystemExit(143) from None
+        raise KeyboardInterrupt from None
     except RuntimeError as e:
         text = str(e)
         last = [line for line in text.splitlines() if line.strip()][-1:] or [""]

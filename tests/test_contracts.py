@@ -789,7 +789,7 @@ def test_files_tfpipe_reads_back_are_bounded(shard_dir, trained_run, tmp_path, c
         assert not out.is_file()
 
 
-def test_an_empty_lock_is_taken_over_once_it_is_old_and_a_junk_one_never(labeled_folder, tmp_path, capsys):
+def test_an_empty_lock_is_taken_over_once_it_is_old_and_a_junk_one_never(labeled_folder, tmp_path, capsys, monkeypatch):
     """An empty lock is a job that died between creating and writing it (or one doing so now); content that is
     not a lock tfpipe wrote says nothing about whether its job lives, so it is refused however old."""
     out = tmp_path / "out"
@@ -805,7 +805,25 @@ def test_an_empty_lock_is_taken_over_once_it_is_old_and_a_junk_one_never(labeled
         lock.write_text(junk)
         os.utime(lock, (old, old))
         assert write(source_args(labeled_folder) + ["--out", str(out)]) == 2
-        one_line_error(capsys, "is not a lock tfpipe wrote", why, "if none does, delete it")
+        one_line_error(capsys, "is not a lock this job can read as tfpipe's", why, "if none does, delete it")
+    from tfpipe import fs
+
+    real = fs.read_bytes  # another user's live lock, mode 0600 (root reads it anyway: the denial is faked)
+
+    def denied(path, limit=None):
+        if path.endswith(".tfpipe-write.lock"):
+            raise PermissionError(13, "Permission denied", path)
+        return real(path, limit)
+
+    monkeypatch.setattr(fs, "read_bytes", denied)
+    assert write(source_args(labeled_folder) + ["--out", str(out)]) == 2
+    one_line_error(capsys, "as tfpipe's (it cannot be read: Permission denied)")
+    monkeypatch.setattr(fs, "read_bytes", real)
+    lock.unlink()
+    lock.symlink_to(out / "gone")  # a dangling link: not an empty lock, however old
+    assert write(source_args(labeled_folder) + ["--out", str(out)]) == 2
+    one_line_error(capsys, "as tfpipe's (a symbolic link, not a file)")
+    lock.unlink()
     lock.write_text("")
     assert write(source_args(labeled_folder) + ["--out", str(out)]) == 2  # just made: maybe a writer starting
     one_line_error(capsys, "is being taken by another job just now", "still empty")

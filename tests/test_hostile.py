@@ -405,7 +405,11 @@ def test_a_file_name_that_is_not_utf8_is_named(tmp_path, capsys):
     [
         ("--csv", lambda p: p.mkdir(), "is a folder"),
         ("--csv", lambda p: p.write_bytes(b"image,labels\nx,\xff\xfe\n"), "cannot parse CSV"),
-        ("--images", lambda p: p.write_text("not a folder"), "images folder not found"),
+        (
+            "--images",
+            lambda p: p.write_text("not a folder"),
+            "is a file; --images names the folder that holds the images",
+        ),
         ("--csv", None, "--csv is empty"),  # an unset variable: would have read --images as a folder per class
         ("--images", None, "--images is empty"),
     ],

@@ -135,6 +135,30 @@ def test_a_glob_or_a_list_of_files_is_read_with_its_folders_manifest(tmp_path):
         tfpipe.open_shards(both)
 
 
+def test_two_writes_of_one_dataset_read_together_are_refused_by_fit_and_predict(trained_run, shard_dir, tmp_path):
+    """A glob over two folders of the same images (written again with another seed: other folds) would validate
+    on images it trains on, and a submission would hold every id twice: train.fit refuses files of several
+    folders that hold one image twice, train.predict records that hold one id twice."""
+    from tfpipe import Source
+    from tfpipe.images import ImageSpec
+    from train.fit import FitConfig, fit
+    from train.predict import predict
+
+    root = os.path.dirname(shard_dir[0])
+    again = tmp_path / "again"
+    tfpipe.write_shards(Source(f"{root}/images", csv=f"{root}/train.csv"), str(again), spec=ImageSpec(image_size=32),
+                        num_folds=4, seed=1, workers=0, progress=False)  # fmt: skip
+    both = sorted([*map(str, again.glob("*.tfrec")), *tfpipe.open_shards(shard_dir[0]).files])
+    with pytest.raises(
+        TfpipeError, match=r"the files given hold one image twice \(.* in .* and .* in .*read one folder"
+    ):
+        fit(FitConfig(records=both, run=str(tmp_path / "run"), strategy="cpu", model="small-cnn", epochs=1))
+    assert not (tmp_path / "run").exists()
+    with pytest.raises(TfpipeError, match="is in two records, and a submission keys each image once"):
+        predict(trained_run[0], both, str(tmp_path / "s.csv"), strategy="cpu")
+    assert not (tmp_path / "s.csv").exists()
+
+
 def test_predict_refuses_a_glob_of_shards_in_another_class_order(trained_run, shard_dir, tmp_path):
     from tfpipe import Source
     from tfpipe.images import ImageSpec
@@ -289,18 +313,68 @@ def test_every_json_file_read_back_refuses_a_key_given_twice(tmp_path):
         Manifest.load(str(folder))
 
 
+def test_a_shard_this_user_cannot_read_is_named_before_reading_starts(shard_dir, tmp_path):
+    """A shard of mode 000 (as root: with the capabilities that read anything dropped, ``setpriv``): one line
+    naming it; before, train.fit and train.predict ended in TensorFlow's PermissionDeniedError traceback."""
+    folder = tmp_path / "shards"
+    shutil.copytree(shard_dir[0], folder)
+    locked = sorted(folder.glob("*.tfrec"))[1]
+    locked.chmod(0)
+    code = "import sys, tfpipe; tfpipe.open_shards(sys.argv[1])"
+    drop = ["setpriv", "--inh-caps=-dac_override,-dac_read_search", "--bounding-set=-dac_override,-dac_read_search"]
+    cmd = [*(drop if os.geteuid() == 0 else []), sys.executable, "-c", code, str(folder)]
+    done = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT}, capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert done.returncode == 1 and "Traceback" in done.stderr  # from Python: a TfpipeError, naming the file
+    assert f"TfpipeError: {locked}: this user cannot read it (permission denied); give it read access" in done.stderr
+
+
+def test_the_run_files_read_back_on_resume_and_predict_are_checked_whole(tmp_path):
+    """``history.csv`` (which --resume counts epochs by) and ``train_digests.txt`` (which predict tells trained-on
+    images by) are input too: an edited or cut file is one line naming it, never a wrong count or an empty set."""
+    from train.run import load_digests, read_history, save_digests
+
+    run = tmp_path / "run"
+    run.mkdir()
+    save_digests(str(run), ["0123456789abcdef", "fedcba9876543210"])
+    assert load_digests(str(run)) == {"0123456789abcdef", "fedcba9876543210"}
+    whole = (run / "train_digests.txt").read_text()
+    for damaged, says in [
+        ("", "does not hold the number of digests its first line says"),  # emptied
+        (whole.rsplit("\n", 2)[0] + "\n", "does not hold the number"),  # the last digest cut off
+        (whole + "0123456789abcdeX\n", "'0123456789abcdeX' is not an image digest"),
+    ]:
+        (run / "train_digests.txt").write_text(damaged)
+        with pytest.raises(TfpipeError, match=f"train_digests.txt: (it )?{says}"):
+            load_digests(str(run))
+
+    head = "epoch,auc,loss,lr,val_auc,val_loss\n"
+    (run / "history.csv").write_text(head + "0,0.5,0.7,0.001,0.5,0.7\n1,0.6,0.6,0.001,0.6,0.6\n")
+    assert [r["epoch"] for r in read_history(str(run))] == ["0", "1"]
+    for damaged, says in [
+        (head + "0,0.5,0.7,0.001,0.5,0.7\n0,0.5,0.7,0.001,0.5,0.7\n", "line 3 has epoch '0' where epoch 1 belongs"),
+        (head + "0,0.5,0.7,0.001,0.5,0.7,9\n", "line 2 has 7 fields where the header has 6"),
+        (head + "nan,0.5,0.7,0.001,0.5,0.7\n", "line 2 has epoch 'nan' where epoch 0 belongs"),
+        ("", "no header naming the epoch column"),
+    ]:
+        (run / "history.csv").write_text(damaged)
+        with pytest.raises(TfpipeError, match=f"history.csv: {says}"):
+            read_history(str(run))
+
+
 @pytest.mark.parametrize(
     "lines, says",
     [
         (["image,labels", "img00,a,b", "img01,b"], "line 2 has 3 fields where the header has 2"),  # pandas: an index
         (["image,labels", "img00,a", "img01,b,", "img02,"], "line 3 has 3 fields where the header has 2"),
         (["image,labels,extra", "img00,a,1", "img01"], "line 3 has 1 field where the header has 3"),
+        (["image,labels", "img00,circle\rstar"], "line 2: a line break inside a field that is not in quotes"),
     ],
 )
 def test_a_csv_row_that_does_not_match_its_header_is_refused_naming_it(tmp_path, lines, says):
     from tfpipe.sources import read_csv
 
-    (tmp_path / "train.csv").write_text("\n".join(lines) + "\n\n")  # a blank line at the end is no row
+    (tmp_path / "train.csv").write_bytes(("\n".join(lines) + "\n\n").encode())  # a blank line at the end: no row
     with pytest.raises(TfpipeError, match=says):
         read_csv(str(tmp_path / "train.csv"))
     (tmp_path / "ok.csv").write_text('image,labels,where\nimg00,a b,"x, y"\n\nimg01,,\n')  # quoted commas, blank lines
@@ -558,6 +632,46 @@ def test_persistent_workers_started_from_a_thread_that_ends_live_on(shard_dir):
     assert done.stdout.strip() == f"[{n}, {n}]"
 
 
+KILLED_IN_COMMIT = """
+import os, signal, sys
+import tfpipe
+from tfpipe import fs
+from tfpipe.images import ImageSpec
+
+real, moved = fs.rename, []
+
+def rename(src, dst, overwrite=False):  # kill -9 once two shards are in place: no cleanup runs
+    if dst.endswith(".tfrec"):
+        if len(moved) == 2:
+            os.kill(os.getpid(), signal.SIGKILL)
+        moved.append(dst)
+    return real(src, dst, overwrite)
+
+fs.rename = rename
+source = tfpipe.Source(sys.argv[1] + "/images", csv=sys.argv[1] + "/train.csv")
+tfpipe.write_shards(source, sys.argv[2], spec=ImageSpec(image_size=16), num_shards=4, workers=0, progress=False)
+"""
+
+
+@pytest.mark.parametrize("how", ["--resume", "--overwrite"])
+def test_a_write_killed_in_its_commit_is_finished_by_resume_or_replaced_by_overwrite(tmp_path, how):
+    """``kill -9`` after 2 of 4 shards moved into the folder, before the manifest: ``--resume`` finishes that
+    commit (the staged manifest says where each shard goes) and ``--overwrite`` replaces it; before, both were
+    refused (the moved shards were "not written by tfpipe.write") and the folder needed hands."""
+    from tfpipe.write import main
+
+    small_source(tmp_path / "src")
+    out = tmp_path / "out"
+    killed = subprocess.run([sys.executable, "-c", KILLED_IN_COMMIT, str(tmp_path / "src"), str(out)], cwd=ROOT,
+                            env={**os.environ, "PYTHONPATH": ROOT}, capture_output=True, timeout=120)  # fmt: skip
+    assert killed.returncode == -9 and len(list(out.glob("*.tfrec"))) == 2 and not (out / "manifest.json").exists()
+    args = ["--csv", str(tmp_path / "src" / "train.csv"), "--images", str(tmp_path / "src" / "images")]
+    assert main([*args, "--out", str(out), "--image-size", "16", "--num-shards", "4", "--workers", "0", how]) == 0
+    shards = tfpipe.open_shards(str(out))
+    assert shards.num_examples == 12 and len(shards.files) == 4 and tfpipe.verify(shards) == []
+    assert sorted(p.name for p in out.iterdir()) == sorted([*map(os.path.basename, shards.files), "manifest.json"])
+
+
 def test_two_jobs_taking_over_one_dead_lock_at_once_never_both_hold_it(tmp_path):
     """A lock left by a dead job, and two jobs starting together: each judges it dead; the one that takes it away
     second must not take away the first one's fresh lock (it did in 156 of 300 tries: both then held the folder)."""
@@ -635,7 +749,7 @@ def test_the_command_prints_the_scores_also_without_progress(trained_run, shard_
 
 
 @pytest.mark.slow  # three runs of examples/lightning_swa.py, about a minute
-@pytest.mark.parametrize("how", ["ctrl-c", "kill-a-rank", "kill-a-worker"])
+@pytest.mark.parametrize("how", ["ctrl-c", "sigterm", "kill-a-rank", "kill-a-worker"])
 def test_the_lightning_recipe_stops_every_rank_and_says_why_in_one_line(demo_shards, how):
     """Lightning's own launcher: Ctrl-C is exit 130 (Lightning made it 1); a rank killed is named by rank 0 and a
     DataLoader worker killed by its rank, in one line each instead of every rank's traceback; nothing is left."""
@@ -663,8 +777,8 @@ def test_the_lightning_recipe_stops_every_rank_and_says_why_in_one_line(demo_sha
             time.sleep(0.2)  # rank 1 and rank 0's first DataLoader worker
         time.sleep(3)
         rank = rank_one()
-        if how == "ctrl-c":
-            job.send_signal(signal.SIGINT)
+        if how in ("ctrl-c", "sigterm"):
+            job.send_signal(signal.SIGINT if how == "ctrl-c" else signal.SIGTERM)
         else:
             os.kill(rank if how == "kill-a-rank" else min(set(children([job.pid], mark)) - {rank}), signal.SIGKILL)
         code = job.wait(60)
@@ -673,6 +787,7 @@ def test_the_lightning_recipe_stops_every_rank_and_says_why_in_one_line(demo_sha
         assert "Traceback" not in err and len(ours) == 1, err[-3000:]
         expected = {
             "ctrl-c": (130, "lightning_swa: interrupted"),
+            "sigterm": (143, "lightning_swa: terminated (SIGTERM); every rank stopped"),
             "kill-a-rank": (2, "lightning_swa: error: rank 1 was killed by SIGKILL; the other ranks were stopped"),
             "kill-a-worker": (2, "lightning_swa: error: rank 0: DataLoader worker (pid"),
         }[how]

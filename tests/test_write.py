@@ -423,3 +423,26 @@ def test_errors_name_the_setting_as_the_user_wrote_it(labeled_folder, tmp_path, 
     assert "already holds shards; pass --overwrite to replace them" in capsys.readouterr().err
     with pytest.raises(TfpipeError, match=r"already holds shards; pass overwrite=True to replace them"):
         write_shards(Source(labeled_folder["images"], csv=labeled_folder["csv"]), out, workers=0, progress=False)
+
+
+def test_a_script_without_a_main_guard_is_told_instead_of_hanging(labeled_folder, tmp_path):
+    """Spawned workers run a script's top level again: a ``write_shards`` call there made every worker fail as it
+    started and the script hang for good (Python's spawn kept writing the job to a dead worker). It is refused
+    before any worker starts, naming the script's line; the same call under the main guard writes."""
+    call = (
+        f"tfpipe.write_shards(tfpipe.Source({labeled_folder['images']!r}, csv={labeled_folder['csv']!r}), "
+        f"{str(tmp_path / 'out')!r}, workers=2, start_method='spawn', progress=False, overwrite=True)"
+    )
+    scripts = {
+        "bare.py": f"import tfpipe\n{call}\n",
+        "guarded.py": f"import tfpipe\n\nif __name__ == '__main__':\n    {call}\n    print('wrote')\n",
+    }
+    done = {}
+    for name, text in scripts.items():
+        (tmp_path / name).write_text(text)
+        done[name] = subprocess.run([sys.executable, str(tmp_path / name)], capture_output=True, text=True,
+                                    timeout=300, env={**os.environ, "PYTHONPATH": ROOT})  # fmt: skip
+    assert done["bare.py"].returncode == 1 and "bootstrapping" not in done["bare.py"].stderr
+    assert "bare.py, line 2: with the 'spawn' start method" in done["bare.py"].stderr
+    assert 'put it under `if __name__ == "__main__":`, or pass workers=0' in done["bare.py"].stderr
+    assert done["guarded.py"].returncode == 0 and "wrote" in done["guarded.py"].stdout, done["guarded.py"].stderr

@@ -22,6 +22,7 @@ from collections.abc import Iterator, Sequence
 import cv2
 import numpy as np
 
+from tfpipe import fs
 from tfpipe.errors import ArgumentParser, TfpipeError, check_count, check_seed, run_cli
 
 SHAPES = ("circle", "cross", "square", "star", "triangle")
@@ -105,7 +106,7 @@ def make_demo(out: str, train: int = 2000, test: int = 400, seed: int = 0) -> di
     check_demo_folder(out)
     rng = np.random.default_rng(seed)
     images = os.path.join(out, "images")
-    os.makedirs(images, exist_ok=True)
+    fs.makedirs(images)  # a file where a folder must be is named
     with open(os.path.join(out, MARK), "w") as f:  # first: a re-run may replace an interrupted demo
         json.dump({"train": train, "test": test, "seed": seed}, f)
     paths: dict[str, str] = {}

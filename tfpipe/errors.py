@@ -146,6 +146,10 @@ def os_error_line(e: OSError, path: str | None = None) -> str:
     line = f"{where}: {e.strerror or e}" if where else str(e.strerror or e)
     if e.errno in (errno.ENOSPC, errno.EDQUOT):
         line += " (the disk or quota is full: free space)"
+    elif e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        line += " (this user cannot write or read there: choose another place, or change its permissions)"
+    elif e.errno == errno.ENAMETOOLONG:
+        line += " (choose a shorter name)"
     return line
 
 

@@ -33,10 +33,25 @@ def isdir(path: str) -> bool:
 
 
 def makedirs(path: str) -> None:
+    """Makes the folder ``path`` and its parents (none there yet: nothing); a local one that cannot be made is a
+    ``TfpipeError`` naming the culprit -- the file standing where a folder must be, or the folder this user cannot
+    write in -- rather than ``path: Not a directory``."""
     if is_remote(path):
         _gfile().makedirs(path)
-    else:
+        return
+    try:
         os.makedirs(path, exist_ok=True)
+    except OSError as e:
+        from tfpipe.errors import TfpipeError
+
+        above = os.path.abspath(path)
+        while not os.path.lexists(above) and os.path.dirname(above) != above:
+            above = os.path.dirname(above)
+        if isinstance(e, (FileExistsError, NotADirectoryError)) and not os.path.isdir(above):
+            raise TfpipeError(f"{above} is a file, so the folder {path} cannot be made") from None
+        raise TfpipeError(
+            f"cannot make the folder {path} ({e.strerror or e} in {above}); choose a folder this user can write in"
+        ) from None
 
 
 def listdir(path: str) -> list[str]:
@@ -102,7 +117,7 @@ def write_atomic(path: str, data: str | bytes) -> None:
     except BaseException as e:  # e.g. a full disk: leave no half-written temporary behind
         if exists(tmp):
             remove(tmp)
-        if isinstance(e, OSError) and not e.filename:  # a write's ENOSPC names no file: name the one meant
+        if isinstance(e, OSError) and e.filename in (None, tmp):  # name the file meant, not its temporary
             raise OSError(e.errno, e.strerror, path) from None
         raise
     rename(tmp, path, overwrite=True)
@@ -141,8 +156,14 @@ def check_regular(path: str, what: str = "file") -> int:
 
 
 def read_text(path: str, limit: int | None = None) -> str:
-    """A text file (UTF-8); with ``limit``, a file that is not regular or is larger is a ``TfpipeError``."""
-    return read_bytes(path, limit).decode("utf-8")
+    """A text file (UTF-8); with ``limit``, a file that is not regular or is larger is a ``TfpipeError``, and so
+    is one that is not UTF-8 text."""
+    try:
+        return read_bytes(path, limit).decode("utf-8")
+    except UnicodeDecodeError as e:
+        from tfpipe.errors import TfpipeError
+
+        raise TfpipeError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start}); the file is damaged") from None
 
 
 def read_bytes(path: str, limit: int | None = None) -> bytes:

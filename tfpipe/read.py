@@ -50,7 +50,8 @@ class ReadOptions:
 
 @contextlib.contextmanager
 def naming_corrupt_shards(records: Records) -> Iterator[None]:
-    """Turns TensorFlow's ``DataLossError`` (which names no file) into a ``TfpipeError`` naming the bad shard.
+    """Turns TensorFlow's ``DataLossError`` (which names no file) into a ``TfpipeError`` naming the bad shard, and
+    its ``PermissionDeniedError`` (a shard this user cannot read) into one line naming it.
 
     Example::
 
@@ -64,6 +65,9 @@ def naming_corrupt_shards(records: Records) -> Iterator[None]:
         raise TfpipeError(
             problems[0] if problems else f"{records}: corrupt data ({e.message.splitlines()[0]})"
         ) from None
+    except tf.errors.PermissionDeniedError as e:  # its message names the file among graph and op names
+        named = next((f for f in open_shards(records).files if f in e.message), f"a shard of {records}")
+        raise TfpipeError(f"{named}: this user cannot read it (permission denied); give it read access") from None
 
 
 def targets_from_indices(indices: tf.Tensor, num_classes: int, label_mode: str) -> tf.Tensor:
@@ -501,6 +505,25 @@ def image_digests(records: Records, folds: Sequence[int] | None = None) -> list[
         return [schema.image_digest(data) for data in _read_column(records, folds, schema.IMAGE)]
 
 
+def check_no_image_twice(shards: Shards) -> None:
+    """Files of several shard folders read together (a glob or list spanning them) must not hold one stored image
+    twice: two writes of one dataset (another ``--seed``, another shard count) put its images in other folds, so
+    validation would score images training saw. Reads every image's bytes once, only for such reads."""
+    if shards.folder is not None or shards.manifest is None:  # one folder, or files that claim nothing
+        return
+    first: dict[str, int] = {}
+    for i, digest in enumerate(image_digests(shards)):
+        if digest in first:
+            files = [f for f in shards.files for _ in range(shards.counts[f] or 0)]
+            names = image_names(shards)
+            raise TfpipeError(
+                f"the files given hold one image twice ({names[first[digest]]} in {files[first[digest]]} and "
+                f"{names[i]} in {files[i]}): two writes of one dataset, read together, would validate on images "
+                "they train on -- read one folder"
+            )
+        first[digest] = i
+
+
 def read_targets(records: Records, num_classes: int, folds: Sequence[int] | None = None) -> np.ndarray:
     """Multi-hot float32 [N, C] targets of every record in written order, without decoding images."""
     with naming_corrupt_shards(records):
@@ -512,6 +535,7 @@ __all__ = [
     "Parser",
     "ReadOptions",
     "as_tuples",
+    "check_no_image_twice",
     "count_examples",
     "evaluation_batches",
     "fold_split",

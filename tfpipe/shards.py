@@ -58,8 +58,9 @@ def existing_shards(out_dir: str) -> list[str]:
 def remove_outputs(out_dir: str, manifest: Manifest) -> None:
     """Deletes what an earlier ``tfpipe.write`` wrote in ``out_dir``: its manifest first (so the folder never
     describes a half-deleted dataset), then the shards that (validated) manifest lists -- plain ``*.tfrec`` names
-    inside the folder, never other files."""
-    fs.remove(posixpath.join(out_dir, MANIFEST))
+    inside the folder, never other files. (A commit killed half-way left its shards and no manifest here.)"""
+    if fs.exists(posixpath.join(out_dir, MANIFEST)):
+        fs.remove(posixpath.join(out_dir, MANIFEST))
     for name in manifest.files:
         path = posixpath.join(out_dir, name)
         if fs.exists(path) and not fs.isdir(path):
@@ -358,8 +359,12 @@ def check_first_records(files: Iterable[str]) -> None:
     def problem(path: str) -> str | None:
         try:
             raw = next(read_records(path), None)
-        except CorruptRecord as e:
-            return str(e)
+        except CorruptRecord as e:  # at byte 0: not TFRecord framing at all (a CSV, an image, a text file)
+            return (
+                f"{path}: not a TFRecord file ({str(e).removeprefix(f'{path}: ')})"
+                if " at byte 0" in str(e)
+                else str(e)
+            )
         if raw is None:
             return None  # an empty shard reads as nothing
         try:
@@ -441,7 +446,8 @@ def holdout_split(shards: Shards, val_fraction: float) -> tuple[Shards, Shards]:
 
 def check_sizes(files: Iterable[str], manifest: Manifest, folder: str) -> None:
     """Compares each file's size with the manifest: a missing or truncated shard is named before reading starts,
-    and so is one that is not a file of the folder (a folder, or a link to outside it)."""
+    and so is one that is not a file of the folder (a folder, or a link to outside it) or that this user cannot
+    read."""
     listed = {s.file: s.bytes for s in manifest.shards}
 
     def problem(path: str) -> str | None:
@@ -450,6 +456,8 @@ def check_sizes(files: Iterable[str], manifest: Manifest, folder: str) -> None:
             return f"{path}: shard listed in {MANIFEST} is missing"
         if fs.isdir(path) or _links_out(path, folder):
             return f"{path}: listed in {MANIFEST} but not a shard file of {folder} (a folder or a link out of it)"
+        if not fs.is_remote(path) and not os.access(path, os.R_OK):
+            return f"{path}: this user cannot read it (permission denied); give it read access"
         if expected is None:
             return None
         size = fs.size(path)

@@ -162,14 +162,18 @@ def _check_row_lengths(text: str, csv_path: str) -> list[str]:
     with one field more as an index column, shifting every column; later rows it pads or refuses with a message
     about tokenizing.) Blank lines are skipped, as pandas does."""
     rows = csv.reader(io.StringIO(text))
-    header = next(rows, [])
-    for row in rows:
-        if row and len(row) != len(header):
-            raise TfpipeError(
-                f"{csv_path}: line {rows.line_num} has {len(row)} field{'s' * (len(row) != 1)} where the header has "
-                f"{len(header)} ({', '.join(map(repr, header[:4]))}{', ...' * (len(header) > 4)}); a stray or "
-                "missing comma, or a label with a comma not in quotes?"
-            )
+    try:
+        header = next(rows, [])
+        for row in rows:
+            if row and len(row) != len(header):
+                raise TfpipeError(
+                    f"{csv_path}: line {rows.line_num} has {len(row)} field{'s' * (len(row) != 1)} where the header "
+                    f"has {len(header)} ({', '.join(map(repr, header[:4]))}{', ...' * (len(header) > 4)}); a stray or "
+                    "missing comma, or a label with a comma not in quotes?"
+                )
+    except csv.Error as e:  # a carriage return inside a field not in quotes ("new-line character seen ...")
+        what = "a line break inside a field that is not in quotes" if "new-line" in str(e) else str(e)
+        raise TfpipeError(f"{csv_path}: line {rows.line_num}: {what}; put the field in quotes or remove it") from None
     return header
 
 
@@ -505,7 +509,7 @@ def collect_items(source: Source, skip_bad: bool) -> tuple[list[Item], list[dict
         if source.labeled:
             return read_folder_tree(source.images), []
         if not fs.isdir(source.images):
-            raise TfpipeError(f"{source.images}: images folder not found")
+            raise _no_images_folder(source.images)
         # Every entry but a folder: a FIFO, device or broken link is then named when it is read, not left out.
         rows: list[Row] = [
             (i + 1, f, (), None)
@@ -535,6 +539,13 @@ def collect_items(source: Source, skip_bad: bool) -> tuple[list[Item], list[dict
     return items, skipped
 
 
+def _no_images_folder(path: str) -> TfpipeError:
+    """What to say of an images folder that is not one: missing, or a file standing there."""
+    if fs.exists(path):
+        return TfpipeError(f"{path} is a file; {option('images')} names the folder that holds the images")
+    return TfpipeError(f"{path}: images folder not found")
+
+
 def resolve_images(rows: Iterable[Row], images_dir: str, csv_path: str) -> tuple[list[Item], list[tuple[int, str]]]:
     """Maps each CSV id to a file in ``images_dir``.
 
@@ -549,7 +560,7 @@ def resolve_images(rows: Iterable[Row], images_dir: str, csv_path: str) -> tuple
       (items, missing): ``Item``s for the rows found, and (row, id) of those not found.
     """
     if not fs.isdir(images_dir):
-        raise TfpipeError(f"{images_dir}: images folder not found")
+        raise _no_images_folder(images_dir)
     listing = set(fs.listdir(images_dir))
     items: list[Item] = []
     missing: list[tuple[int, str]] = []
@@ -602,7 +613,7 @@ def read_folder_tree(root: str) -> list[Item]:
     and ``cat``, ``5`` and ``05``) are an error naming both.
     """
     if not fs.isdir(root):
-        raise TfpipeError(f"{root}: images folder not found")
+        raise _no_images_folder(root)
     items: list[Item] = []
     first_seen: dict[str, str] = {}
     for cls in sorted(d for d in fs.listdir(root) if not d.startswith(".") and fs.isdir(fs.join(root, d))):

@@ -195,8 +195,14 @@ class WriteLock:
         except FileNotFoundError:
             return  # another job took it away first
         if judged is None or judged != self._file_id(aside):  # a live job's fresh lock: back, unless one took it
-            with contextlib.suppress(FileExistsError):
+            try:
                 os.link(aside, self.path)
+            except FileExistsError:
+                pass
+            except PermissionError:  # no hard link to another user's file (protected_hardlinks): move it back
+                if not os.path.lexists(self.path):
+                    os.rename(aside, self.path)
+                    return
         os.remove(aside)
 
     def _create(self) -> bool:
@@ -220,18 +226,22 @@ class WriteLock:
 
     def _holder(self, refuse_junk: bool = False) -> dict[str, Any] | None:
         """The lock's content, or None when it is gone or still empty (its creator is writing it, or died between
-        creating and writing it: ``_stale``). Content that is not a lock tfpipe wrote (not JSON, a key twice, no
-        host or pid) is nobody's to take over or ignore: with ``refuse_junk`` a ``TfpipeError`` naming the file,
-        else None."""
+        creating and writing it: ``_stale``). A lock this job cannot read as tfpipe's (another user's unreadable
+        file, a link, not JSON, a key twice, no host or pid) is nobody's to take over or ignore: with
+        ``refuse_junk`` a ``TfpipeError`` naming the file, else None."""
         try:
+            if not fs.is_remote(self.path) and os.path.islink(self.path):
+                raise TfpipeError("a symbolic link, not a file")
             data = fs.read_bytes(self.path, METADATA_LOCK_LIMIT)
             if not data:
                 return None
             holder = fs.parse_json(data, self.path, "lock file")
             problem = None if isinstance(holder, dict) else "not a JSON object"
-        except OSError:
+        except FileNotFoundError:
             return None
-        except TfpipeError as e:  # not JSON, a key twice, a folder or a large file where the lock should be
+        except OSError as e:  # another user's lock of mode 0600: its job may well be alive
+            holder, problem = {}, f"it cannot be read: {e.strerror or e}"
+        except TfpipeError as e:  # not JSON, a key twice, a link, a folder or a large file where the lock should be
             holder, problem = {}, str(e).removeprefix(f"{self.path}: ")
         except Exception as e:  # tf.errors.NotFoundError from a remote filesystem
             if type(e).__module__.startswith("tensorflow"):
@@ -243,7 +253,7 @@ class WriteLock:
             return holder
         if refuse_junk:
             raise TfpipeError(
-                f"{self.path} is not a lock tfpipe wrote ({problem}), so whether a job still writes "
+                f"{self.path} is not a lock this job can read as tfpipe's ({problem}), so whether a job still writes "
                 f"{posixpath.dirname(self.path)} is unknown; if none does, delete it"
             )
         return None
@@ -252,12 +262,10 @@ class WriteLock:
         """An empty lock file (its creator died between creating and writing it) older than ``STALE_SECONDS``:
         nobody holds it."""
         try:
-            age = time.time() - (
-                os.path.getmtime(self.path) if not fs.is_remote(self.path) else fs.identity(self.path)[1] / 1e9
-            )
+            size, modified = fs.identity(self.path) if fs.is_remote(self.path) else _size_and_time(self.path)
         except (OSError, ValueError):
             return False
-        return self._holder() is None and age > STALE_SECONDS
+        return size == 0 and time.time() - modified / 1e9 > STALE_SECONDS
 
     def _dead(self, holder: Mapping[str, Any]) -> bool:
         """True for a lock whose job ran on this host and no longer runs."""
@@ -305,6 +313,12 @@ class WriteLock:
         return False
 
 
+def _size_and_time(path: str) -> tuple[int, int]:
+    """(size, modification time in ns) of the file itself, a link not followed."""
+    st = os.lstat(path)
+    return st.st_size, st.st_mtime_ns
+
+
 def write_manifest(folder: str, manifest: Manifest) -> None:
     """Saves ``manifest`` in ``folder`` (a seam: tests fill the disk here)."""
     manifest.save(folder)
@@ -325,7 +339,7 @@ def existing_manifest(out_dir: str) -> Manifest | None:
 
 
 def check_destination(
-    out_dir: str, split: str, fingerprint: str, *, overwrite: bool, resume: bool
+    out_dir: str, split: str, fingerprint: str, overwrite: bool, resume: bool
 ) -> tuple[Manifest | None, Manifest | None]:
     """What may happen to ``out_dir``. Returns (finished, replace): the manifest when ``resume`` finds this job
     already finished there (nothing to do), and the manifest of the dataset an ``overwrite`` replaces (only the
@@ -336,7 +350,8 @@ def check_destination(
     and anything a manifest that fails validation lists (an edited manifest naming ``../precious.txt``).
     """
     manifest = existing_manifest(out_dir)
-    listed = set(manifest.files) if manifest else set()
+    pending = pending_commit(out_dir)  # a commit killed half-way: the shards it moved are tfpipe's too
+    listed = set(manifest.files if manifest else ()) | set(pending.files if pending else ())
     foreign = [p for p in existing_shards(out_dir) if posixpath.basename(p) not in listed]
     if foreign:
         more = f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""
@@ -344,8 +359,8 @@ def check_destination(
             f"{out_dir} holds {posixpath.basename(foreign[0])}{more}, not written by tfpipe.write "
             f"(not in a {MANIFEST}); write into another folder, or move them"
         )
-    if manifest is None:
-        return None, None
+    if manifest is None:  # with --overwrite, a killed commit's moved shards go (the progress tells a new write)
+        return None, pending if overwrite else None
     if manifest.split != split:
         raise TfpipeError(
             f"{out_dir} holds the {manifest.split!r} split; write {split!r} into its own "
@@ -362,6 +377,36 @@ def check_destination(
     if not overwrite:
         raise TfpipeError(f"{out_dir} already holds shards; pass {option('overwrite', True)} to replace them")
     return None, manifest
+
+
+def pending_commit(out_dir: str) -> Manifest | None:
+    """The manifest of a commit that was killed half-way (``kill -9`` while shards moved into ``out_dir``): it
+    waits, validated, in our ``.staging``; None when there is none."""
+    staging = posixpath.join(out_dir, STAGING)
+    if not (fs.exists(posixpath.join(staging, STAGING_MARK)) and fs.exists(posixpath.join(staging, MANIFEST))):
+        return None
+    return Manifest.load(staging)
+
+
+def finish_commit(out_dir: str, fingerprint: str) -> Manifest | None:
+    """``--resume`` of this job's commit killed half-way: the shards still staged are moved as the commit would
+    have (in order, each to the name its manifest gives, sizes checked), then the manifest; returns it. None when
+    no commit of this job waits."""
+    pending = pending_commit(out_dir)
+    if pending is None or pending.fingerprint != fingerprint:
+        return None
+    staging = posixpath.join(out_dir, STAGING)
+    parts = [p for p in sorted(fs.listdir(staging)) if p.endswith(".part") and fs.size(posixpath.join(staging, p))]
+    waiting = [e for e in pending.shards if not fs.exists(posixpath.join(out_dir, e.file))]
+    if [fs.size(posixpath.join(staging, p)) for p in parts] != [e.bytes for e in waiting]:
+        raise TfpipeError(
+            f"{out_dir}: the commit of an interrupted write cannot be finished (the shards left in {staging} are "
+            f"not the ones its {MANIFEST} still waits for); pass {option('overwrite', True)} to write it again"
+        )
+    _move_all([(posixpath.join(staging, p), posixpath.join(out_dir, e.file)) for p, e in zip(parts, waiting)])
+    fs.rename(posixpath.join(staging, MANIFEST), posixpath.join(out_dir, MANIFEST), overwrite=True)
+    fs.rmtree(staging)
+    return Manifest.load(out_dir)
 
 
 class StagedShards:

@@ -36,7 +36,7 @@ from tfpipe.manifest import MANIFEST, Manifest, StoredImages
 from tfpipe.processes import loader_dies_with_this_process
 from tfpipe.shards import STAT_THREADS, check_split
 from tfpipe.sources import Item, LabelFormat, Source, SourceProtocol, class_names, targets
-from tfpipe.staging import PlannedShard, StagedShards, check_destination, locked_folder, plan
+from tfpipe.staging import PlannedShard, StagedShards, check_destination, finish_commit, locked_folder, plan
 from tfpipe.staging import num_shards as shard_count
 from tfpipe.tfds_source import TfdsSource
 
@@ -109,7 +109,44 @@ def start_encoding(dataset: EncodeDataset, num_workers: int, start_method: str) 
         multiprocessing_context=start_method if num_workers else None,
         prefetch_factor=4 if num_workers else None,
     )
+    if num_workers and start_method in ("spawn", "forkserver"):
+        check_main_guard()
     return iter(loader)
+
+
+MAIN_GUARD = (
+    "with the 'spawn' start method (used once TensorFlow is imported) every DataLoader worker imports your script "
+    'again, so a call at its top level runs again there: put it under `if __name__ == "__main__":`, or pass '
+    "workers=0"
+)
+
+
+def check_main_guard() -> None:
+    """Before spawning workers: refuses a call from the top level of a script (``python script.py``) outside an
+    ``if __name__ == "__main__":`` block. Each spawned worker runs such a script again, fails as it starts, and
+    Python's spawn then waits for good writing the job to the dead worker (it keeps the pipe's other end open
+    itself until the write ends) -- the script hung instead of failing."""
+    import ast
+    import inspect
+
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if main is None or not path or not os.path.isfile(path):  # a notebook, python -c, python -m: nothing re-runs
+        return
+    lines = [f.lineno for f in inspect.stack(0) if f.frame.f_globals is vars(main) and f.function == "<module>"]
+    if not lines:
+        return
+    try:
+        tree = ast.parse(fs.read_text(path))
+    except (SyntaxError, ValueError, OSError):
+        return
+    guards = [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and "__name__" in ast.unparse(node.test) and "__main__" in ast.unparse(node.test)
+    ]
+    if not any(g.lineno <= lines[-1] <= (g.end_lineno or g.lineno) for g in guards):
+        raise TfpipeError(f"{path}, line {lines[-1]}: {MAIN_GUARD}")
 
 
 def default_workers(items: Sequence[Item], spec: ImageSpec) -> int:
@@ -251,11 +288,13 @@ def write_shards(
             batches = _start(workers_running, EncodeDataset(job.items, job.targets, spec), workers, start_method)
         # One writer per folder, locked before anything in it is touched.
         with locked_folder(out, "tfpipe.write", job.fingerprint) as lock:
-            finished, replace = check_destination(out, split, job.fingerprint, overwrite=overwrite, resume=resume)
+            committed = finish_commit(out, job.fingerprint) if resume else None  # a commit killed half-way
+            finished, replace = (
+                (committed, None) if committed else check_destination(out, split, job.fingerprint, overwrite, resume)
+            )
             if finished is not None:
-                print(
-                    f"{out}: this write already finished ({finished.num_examples} images, same inputs); nothing to do"
-                )
+                done = "its commit, killed half-way, is finished now" if committed else "nothing to do"
+                print(f"{out}: this write already finished ({finished.num_examples} images, same inputs); {done}")
                 return finished
             with StagedShards(out, split, job.shard_plan, job.fingerprint, resume=resume, discard=overwrite) as staged:
                 if runner == "local" and batches is None:  # a resumed write starts at the first unfinished record

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 import posixpath
 import sys
 import tempfile
@@ -303,6 +304,7 @@ def predict(
     id_column = id_column or shards.id_column
     check_column_names(id_column, config.classes, labels, probabilities)
     ids = tfpipe.image_names(shards)
+    check_ids_once(ids, records)
     batch_size = _batch_for(_num_examples(shards, records), batch_size, strat.num_replicas_in_sync, progress)
     model, config = _load_for(strat, run, config, swa, progress)
     classes = list(config.classes)
@@ -318,6 +320,7 @@ def predict(
             progress=progress,
         )
     df = _submission_table(probs, ids, id_column, config, thresholds if labels else None, probabilities)
+    shards.check_unchanged()  # before any score is printed: the predictions are of the shards that were opened
     if shards.labeled:
         how = (_threshold_words(run, config, threshold, swa), records, progress, seen_rows(run, ids, shards))
         df.attrs["evaluation"] = evaluate_labeled(shards, config, probs, thresholds, *how)
@@ -337,6 +340,19 @@ def _load_for(
         console.saying("train.predict", f"loading {run}/{name}", "still loading the model", progress),
     ):
         return load_run(run, config, swa)
+
+
+def check_ids_once(ids: Sequence[str], records: Records) -> None:
+    """A submission keys each image once: records holding an id twice (two folders of one dataset, read
+    together) are refused rather than written as two rows of one id."""
+    seen: set[str] = set()
+    for i in ids:
+        if i in seen:
+            raise TfpipeError(
+                f"{records}: the id {i!r} is in two records, and a submission keys each image once (two folders "
+                "of one dataset read together?); predict one folder"
+            )
+        seen.add(i)
 
 
 def check_arguments(
@@ -630,6 +646,8 @@ def check_destination(out: str, overwrite: bool) -> None:
         if fs.exists(folder):
             raise TfpipeError(f"{folder} is a file, so {out} cannot be written")
         fs.makedirs(folder)
+    if not fs.is_remote(out) and not os.access(folder or ".", os.W_OK | os.X_OK):  # before, not after, predicting
+        raise TfpipeError(f"{folder or '.'}: this user cannot write there, so {out} cannot be written; choose another")
 
 
 def _record_path(out: str) -> str:

@@ -195,27 +195,61 @@ def write_state(run: str, state: dict[str, bool]) -> None:
 
 
 def save_digests(run: str, digests: Sequence[str]) -> None:
-    """``train_digests.txt``: what ``train.predict`` knows the images a run trained on by, whatever their names."""
-    fs.write_atomic(path(run, TRAIN_DIGESTS), "".join(f"{d}\n" for d in digests))
+    """``train_digests.txt``: what ``train.predict`` knows the images a run trained on by, whatever their names;
+    a first line gives their number, so a file cut short is known."""
+    lines = [f"# images trained on: {len(digests)}", *digests]
+    fs.write_atomic(path(run, TRAIN_DIGESTS), "".join(f"{line}\n" for line in lines))
 
 
 def load_digests(run: str) -> set[str] | None:
-    """The digests ``save_digests`` wrote, validated; None when the run has none (``--no-report``, runs before
-    tfpipe 1.1)."""
+    """The digests ``save_digests`` wrote, validated (each 16 hex digits, as many as the first line says); None
+    when the run has none (``--no-report``, runs before tfpipe 1.1)."""
     p = path(run, TRAIN_DIGESTS)
     if not fs.exists(p):
         return None
-    text = fs.read_text(p)
-    bad = next((line for line in text.split("\n")[:-1] if not _DIGEST.fullmatch(line)), None)
-    if bad is not None or (not text.endswith("\n") and text):
-        raise TfpipeError(
-            f"{p}: {bad if bad is not None else text[-20:]!r} is not an image digest (16 hex digits a line); the "
-            "run folder was edited or damaged"
+    head, *lines = fs.read_text(p).split("\n")
+    count = _COUNT.fullmatch(head)
+    bad = next((line for line in lines[:-1] if not _DIGEST.fullmatch(line)), None)
+    if count is None or bad is not None or lines[-1:] != [""] or len(lines) - 1 != int(count.group(1)):
+        what = (
+            f"{bad!r} is not an image digest (16 hex digits a line)"
+            if bad is not None
+            else f"it does not hold the number of digests its first line says ({head[:40]!r})"
         )
-    return set(text.split())
+        raise TfpipeError(f"{p}: {what}; the run folder was edited or damaged")
+    return set(lines[:-1])
 
 
 _DIGEST = re.compile("[0-9a-f]{16}")
+_COUNT = re.compile(r"# images trained on: (\d+)")
+
+
+def read_history(run: str) -> list[dict[str, str]] | None:
+    """``history.csv``'s rows, validated as input: a header naming ``epoch``, every row as many fields, epochs
+    0, 1, 2, ... each once. None when there is none yet (before the first epoch ends)."""
+    import csv
+    import io
+
+    p = path(run, HISTORY)
+    if not fs.exists(p):
+        return None
+    try:
+        rows = list(csv.reader(io.StringIO(fs.read_text(p))))
+    except csv.Error as e:
+        raise TfpipeError(f"{p}: not a CSV file ({e}); the run folder was edited or damaged") from None
+    header, body = (rows[0], rows[1:]) if rows else ([], [])
+    if "epoch" not in header:
+        raise TfpipeError(f"{p}: no header naming the epoch column; the run folder was edited or damaged")
+    for n, row in enumerate(body):
+        epoch = row[header.index("epoch")] if len(row) == len(header) else None
+        if epoch != str(n):
+            why = (
+                f"{len(row)} fields where the header has {len(header)}"
+                if epoch is None
+                else f"epoch {epoch!r} where epoch {n} belongs (each epoch once, in order)"
+            )
+            raise TfpipeError(f"{p}: line {n + 2} has {why}; the run folder was edited or damaged")
+    return [dict(zip(header, row)) for row in body]
 
 
 def save_thresholds(run: str, classes: Sequence[str], thresholds: Sequence[float], suffix: str = "") -> None:

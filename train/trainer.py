@@ -42,6 +42,7 @@ from tfpipe.errors import (
     check_seed,
     option,
 )
+from tfpipe.read import check_no_image_twice
 from tfpipe.shards import Shards, open_shards
 from tfpipe.staging import LOCK, WriteLock, locked_folder
 from train import run as run_files
@@ -444,11 +445,10 @@ def check_resumable(run: str, config: RunConfig) -> None:
     """What an interrupted job left must be continued, never started over: ``history.csv`` recording epochs with
     no backup to continue them from (a job of tfpipe 1.0 interrupted after its last epoch, when Keras had already
     deleted its backup) would train from scratch and append to the history, counting epochs twice."""
-    history = run_files.path(run, run_files.HISTORY)
-    if not fs.exists(history):
+    rows = run_files.read_history(run)
+    if rows is None:
         return
-    with fs.open(history) as f:
-        epochs = max(0, len([line for line in f.read().splitlines() if line.strip()]) - 1)
+    epochs = len(rows)
     burn = int(config.settings.get("burn_epochs") or 0)
     burn_done = bool(read_state(run).get("burn_done"))  # the burn-in's epochs are kept as its weights
     phase, in_phase = ("fine-tune", epochs - burn) if burn_done or not burn else ("burn", epochs)
@@ -694,6 +694,7 @@ def fit(cfg: FitConfig) -> dict[str, Any]:
         check_installed("matplotlib")  # the pictures come last: a missing package must not cost a whole run
     strategy, kind = resolve_strategy(cfg.strategy, cfg.replicas)  # first: virtual CPUs need a fresh TensorFlow
     shards = open_shards(cfg.records)
+    check_no_image_twice(shards)
     plan = prepare(cfg, shards)
     seed_run(plan)  # after prepare's checks (a seed out of range is one line), before the model is built
     parts = training_parts(shards, plan.fold, plan.val_fraction)  # the fold exists
