@@ -443,6 +443,34 @@ def test_the_torch_reader_ends_a_pass_read_across_a_rewrite_with_the_rewrite(sha
     assert len(first) == 10
 
 
+def test_a_tf_data_pass_read_across_a_rewrite_ends_in_an_error_naming_the_folder(tmp_path):
+    """``make_dataset``'s passes check the folder in TensorFlow ops as each shard opens and once more after the
+    last record (as RecordDataset's do): a pass whose records were read across a rewrite (another class order:
+    every target means another class) ends in an error, never normally. A pass of an unchanged folder ends."""
+    import tensorflow as tf
+
+    from tfpipe.read import read_in_order
+
+    source, out = small_source(tmp_path / "src"), tmp_path / "out"
+    write(source, out, num_shards=3, classes=["a", "b"])
+    shards = tfpipe.open_shards(str(out))
+    assert len(list(read_in_order(shards))) == 12  # unchanged: the pass ends
+    lazy = tf.data.Options()  # nothing read ahead, so the rewrite below falls inside the pass, not after it
+    lazy.autotune.enabled, lazy.experimental_optimization.inject_prefetch = False, False
+    records = iter(read_in_order(shards).with_options(lazy))
+    for _ in range(12):  # every record of the pass read, then the folder rewritten
+        next(records)
+    write(source, out, num_shards=3, classes=["b", "a"], overwrite=True)
+    with pytest.raises(TfpipeError, match=r"out was rewritten while this job read it \(its manifest.json no longer"):
+        with tfpipe.naming_corrupt_shards(shards):
+            next(records)  # the end of the pass: an error, not StopIteration
+    ds = tfpipe.make_dataset(shards, 4)  # opened before this rewrite: its first shard is refused
+    write(source, out, num_shards=3, classes=["a", "b"], overwrite=True, seed=3)
+    with pytest.raises(TfpipeError, match="rewritten while this job read it"):
+        with tfpipe.naming_corrupt_shards(shards):
+            list(ds)
+
+
 def test_a_fit_interrupted_in_its_report_resumes_without_training_again(shard_dir, tmp_path, monkeypatch):
     """Ctrl-C after the last epoch (saving the model, in the report): ``--resume`` continues from the kept backup
     with nothing to train, reports, and counts every epoch once. A run folder whose history has epochs and no

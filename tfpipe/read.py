@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Iterator, Sequence
+import posixpath
+import re
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from tfpipe.deps import require
@@ -64,6 +66,19 @@ def naming_corrupt_shards(records: Records) -> Iterator[None]:
         problems = verify(open_shards(records))
         raise TfpipeError(
             problems[0] if problems else f"{records}: corrupt data ({e.message.splitlines()[0]})"
+        ) from None
+    except tf.errors.InvalidArgumentError as e:  # shard_reader's assertion: the folder was rewritten meanwhile
+        if REWRITTEN not in e.message:
+            raise
+        said = re.search(rf"\[([^\[\]]* {REWRITTEN} [^\[\]]*)\]", e.message)
+        what = said.group(1) if said else f"{records} {REWRITTEN}"
+        raise TfpipeError(f"{what}; nothing of this pass counts -- run it again on the new shards") from None
+    except tf.errors.NotFoundError as e:  # a shard or the manifest gone from under a pass (a rewrite renamed them)
+        gone = re.search(r"(\S+(?:\.tfrec|" + re.escape(MANIFEST) + r")); No such file", e.message)
+        if gone is None:
+            raise
+        raise TfpipeError(
+            f"{gone.group(1)} vanished while this job read it: {records} {REWRITTEN} or deleted"
         ) from None
     except tf.errors.PermissionDeniedError as e:  # its message names the file among graph and op names
         named = next((f for f in open_shards(records).files if f in e.message), f"a shard of {records}")
@@ -289,9 +304,11 @@ def read_in_order(
     options: ReadOptions = ReadOptions(),
 ) -> tf.data.Dataset:
     """Serialized records in the written order (shards sorted by name, records in file order); under a
-    strategy, this input pipeline's part of them."""
+    strategy, this input pipeline's part of them. The folder is checked as each shard opens and after the last
+    record (``shard_reader``)."""
     files, shard_records = shard_for_input(shards.files, input_context)
-    ds = tf.data.TFRecordDataset(files, buffer_size=options.read_buffer)  # one file after another: the written order
+    ds = shard_names([*files, END_OF_PASS], shards)
+    ds = ds.flat_map(shard_reader(shards, options))  # file after file: the written order
     if shard_records and input_context is not None:  # shard_records: several pipelines, so a context
         ds = ds.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
     return ds
@@ -305,19 +322,55 @@ def read_shuffled(
     input_context: tf.distribute.InputContext | None = None,
     options: ReadOptions = ReadOptions(),
 ) -> tf.data.Dataset:
-    """Serialized records for training: files in a new order every epoch, read interleaved."""
+    """Serialized records for training: files in a new order every epoch, read interleaved (each shard checked
+    as it opens, ``shard_reader``; train.fit checks the folder at every epoch's end)."""
     files, shard_records = shard_for_input(shards.files, input_context)
+    ds = shard_names(files, shards)
     if shard_records and input_context is not None:  # pipelines share files: a fixed order, every n-th record kept
-        ds = tf.data.TFRecordDataset(files, buffer_size=options.read_buffer)
+        ds = ds.flat_map(shard_reader(shards, options))
         return ds.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
-    ds = tf.data.Dataset.from_tensor_slices(files)
     ds = ds.shuffle(len(files), seed=seed)  # a new file order every epoch
     return ds.interleave(
-        lambda f: tf.data.TFRecordDataset(f, buffer_size=options.read_buffer),
+        shard_reader(shards, options),
         cycle_length=min(len(files), options.cycle_length),
         num_parallel_calls=AUTOTUNE,
         deterministic=deterministic,
     )
+
+
+REWRITTEN = "was rewritten while this job read it"
+END_OF_PASS = ""  # no shard's name: a pass's last file name, read as no records, there to check the folder again
+
+
+def shard_names(files: Sequence[str], shards: Shards) -> tf.data.Dataset:
+    """(file name, the folder's manifest path) pairs, ``shard_reader``'s input. The path travels as data: a
+    constant path would let TensorFlow fold the manifest's read into the function once, checking nothing later."""
+    manifest = posixpath.join(shards.folder, MANIFEST) if shards.folder and shards.manifest else ""
+    return tf.data.Dataset.from_tensor_slices((list(files), [manifest] * len(files)))
+
+
+def shard_reader(shards: Shards, options: ReadOptions) -> Callable[[tf.Tensor, tf.Tensor], tf.data.Dataset]:
+    """A shard file name -> its records, after checking in TensorFlow ops (no Python: fine on a TPU host or a
+    tf.data service worker) that the folder still holds the dataset opened: its ``manifest.json`` still names
+    its dataset id. The check runs as the file is opened (when ``flat_map`` or ``interleave`` asks for its
+    records, not ahead), and ``END_OF_PASS`` (no records) checks once more after a sequential pass's last
+    record: a pass read across a rewrite ends in an error naming the folder (``naming_corrupt_shards`` makes it
+    a ``TfpipeError``), as ``RecordDataset``'s passes do. Files without a folder's manifest are not checked."""
+    checked = bool(shards.folder and shards.manifest)
+    dataset_id = shards.manifest.dataset_id if shards.manifest else ""
+    said = f"{shards.folder} {REWRITTEN} (its {MANIFEST} no longer names dataset id {dataset_id})"
+
+    def read(name: tf.Tensor, manifest: tf.Tensor) -> tf.data.Dataset:
+        if checked:
+            text = tf.io.read_file(manifest)
+            unchanged = tf.strings.regex_full_match(text, f'(?s).*"dataset_id": "{dataset_id}".*')
+            with tf.control_dependencies([tf.debugging.Assert(unchanged, [said])]):
+                name = tf.identity(name)
+        records = tf.data.TFRecordDataset(name, buffer_size=options.read_buffer)
+        nothing = tf.equal(name, END_OF_PASS)
+        return records.take(tf.where(nothing, tf.constant(0, tf.int64), tf.constant(-1, tf.int64)))
+
+    return read
 
 
 def evaluation_batches(
