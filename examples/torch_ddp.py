@@ -51,7 +51,7 @@ HEARTBEAT_SECONDS = 15  # a line at least this often while an epoch runs
 def build_parser() -> argparse.ArgumentParser:
     p = ArgumentParser(prog=PROG, description="Train on tfpipe shards with PyTorch DDP or PyTorch/XLA.")
     p.add_argument("--processes", type=int, default=8, help="ranks: one per core of the TPU they stand in for")
-    p.add_argument("--epochs", type=int, default=24)
+    p.add_argument("--epochs", type=int, default=24, help="passes over the training folds")
     add_recipe_arguments(p, per="process")
     p.add_argument("--xla", action="store_true", help="PyTorch/XLA: xmp.spawn over the devices torch_xla finds")
     return p

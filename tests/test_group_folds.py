@@ -67,7 +67,7 @@ def test_a_grouped_write_keeps_each_group_in_one_fold_and_says_how_even(grouped_
     args = ["--csv", str(csv), "--images", str(root / "images"), "--image-size", "8", "--workers", "0"]
     assert main([*args, "--out", str(out), "--num-folds", "4", "--group-col", "patient"]) == 0
     said = capsys.readouterr().out
-    assert "folds by group 'patient': 4 folds of 6-6 images, no group in two; each class within" in said, said
+    assert "folds by group 'patient': 4 folds of 6-6 images, no group in two; the class furthest from" in said, said
     manifest = tfpipe.open_shards(str(out)).manifest
     assert manifest.group_column == "patient" and "4 folds by group 'patient'" in repr(manifest)
     for k in range(4):
@@ -109,9 +109,70 @@ def test_an_image_without_a_group_is_named(grouped_folder, tmp_path):
     lines = csv.read_text().splitlines()
     lines[5] = lines[5].rsplit(",", 1)[0] + ","  # row 5: no patient
     csv.write_text("\n".join(lines) + "\n")
-    with pytest.raises(TfpipeError, match="row 5: empty group in column 'patient'"):
+    with pytest.raises(TfpipeError, match="row 5, column 'patient': empty group"):
         tfpipe.write_shards(tfpipe.Source(str(root / "images"), csv=str(csv), group_col="patient"), str(tmp_path / "o"),
                             num_folds=2, workers=0, progress=False)  # fmt: skip
     with pytest.raises(TfpipeError, match="group_col names a CSV column, and images in a folder per class"):
         tfpipe.write_shards(tfpipe.Source(str(root / "images"), group_col="patient"), str(tmp_path / "o"),
                             num_folds=2, workers=0, progress=False)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "spelling, says",
+    [
+        ("p3\u200b", r"holds U\+200B ZERO WIDTH SPACE, an invisible character that would make a group of its own"),
+        ("P3", r"groups 'p3' \(row 10\) and 'P3' \(row 12\) differ only in case"),
+    ],
+)
+def test_one_group_spelled_two_ways_is_refused_as_labels_are(grouped_folder, tmp_path, spelling, says):
+    """One patient written two ways would be two groups, split between folds while the writer said none is."""
+    root, csv = grouped_folder
+    lines = csv.read_text().splitlines()
+    lines[12] = lines[12].rsplit(",", 1)[0] + "," + spelling  # row 12: the third image of patient p3
+    csv.write_text("\n".join(lines) + "\n")
+    with pytest.raises(TfpipeError, match=says):
+        tfpipe.write_shards(tfpipe.Source(str(root / "images"), csv=str(csv), group_col="patient"), str(tmp_path / "o"),
+                            num_folds=2, workers=0, progress=False)  # fmt: skip
+
+
+def test_groups_by_the_ids_or_the_labels_and_groups_too_large_are_told(grouped_folder, tmp_path, capsys):
+    root, csv = grouped_folder
+    for column, says in (("labels", "names the column of the labels"), ("image", "names the column of the ids")):
+        with pytest.raises(TfpipeError, match=f"group_col={column!r} {says}"):
+            tfpipe.write_shards(tfpipe.Source(str(root / "images"), csv=str(csv), group_col=column),
+                                str(tmp_path / "o"), num_folds=2, workers=0, progress=False)  # fmt: skip
+    lines = csv.read_text().splitlines()  # 18 of 24 images in one group: folds cannot be even
+    lines[1:19] = [line.rsplit(",", 1)[0] + ",big" for line in lines[1:19]]
+    csv.write_text("\n".join(lines) + "\n")
+    tfpipe.write_shards(tfpipe.Source(str(root / "images"), csv=str(csv), group_col="patient"), str(tmp_path / "big"),
+                        num_folds=3, workers=0, progress=False)  # fmt: skip
+    err = capsys.readouterr().err
+    assert "warning: folds of 3 to 18 images where an even split is 8: some groups are too large" in err, err
+
+
+def test_a_source_of_ones_own_with_groups_is_recorded_and_checked(tmp_path, capsys):
+    """A ``SourceProtocol`` of one's own whose items carry ``group``: the manifest calls it "group"; an empty
+    or non-string group is refused; a shard count the folds cannot share evenly is said."""
+    from tfpipe.sources import Item, Source
+
+    images = tmp_path / "images"
+    images.mkdir()
+    for i in range(12):
+        save(images / f"{i}.jpg", size=(16, 16), seed=i)
+
+    class Mine(Source):
+        def items(self, skip_bad=False):
+            return [Item(str(images / f"{i}.jpg"), str(i), ("ab"[i % 2],), group=self.groups[i]) for i in range(12)], []
+
+    def write_mine(groups, out):
+        source = Mine(str(images))
+        object.__setattr__(source, "groups", groups)
+        return tfpipe.write_shards(source, str(tmp_path / out), num_folds=3, num_shards=8, workers=0, progress=False)
+
+    manifest = write_mine([f"g{i // 2}" for i in range(12)], "ok")
+    assert manifest.group_column == "group" and len(manifest.shards) == 9
+    said = capsys.readouterr()
+    assert "folds by group 'group'" in said.out and "9 shards written where num_shards=8 asked for 8" in said.err
+    for bad in ("", 5):
+        with pytest.raises(TfpipeError, match=f"has the group {bad!r}, and other images have one"):
+            write_mine([bad] + [f"g{i // 2}" for i in range(1, 12)], "bad")

@@ -446,3 +446,7 @@ def test_a_script_without_a_main_guard_is_told_instead_of_hanging(labeled_folder
     assert "bare.py, line 2: with the 'spawn' start method" in done["bare.py"].stderr
     assert 'put it under `if __name__ == "__main__":`, or pass workers=0' in done["bare.py"].stderr
     assert done["guarded.py"].returncode == 0 and "wrote" in done["guarded.py"].stdout, done["guarded.py"].stderr
+    piped = subprocess.run([sys.executable, "-"], input=scripts["guarded.py"], capture_output=True, text=True,
+                           timeout=300, env={**os.environ, "PYTHONPATH": ROOT}, cwd=tmp_path)  # fmt: skip
+    assert piped.returncode == 1 and "DataLoader worker" not in piped.stderr.replace("spawned DataLoader workers", "")
+    assert "the main script is <stdin>, which spawned DataLoader workers cannot import; pass workers=0" in piped.stderr

@@ -565,16 +565,20 @@ def check_no_image_twice(shards: Shards) -> None:
     if shards.folder is not None or shards.manifest is None:  # one folder, or files that claim nothing
         return
     first: dict[str, int] = {}
+    twice: list[tuple[int, int]] = []
     for i, digest in enumerate(image_digests(shards)):
         if digest in first:
-            files = [f for f in shards.files for _ in range(shards.counts[f] or 0)]
-            names = image_names(shards)
-            raise TfpipeError(
-                f"the files given hold one image twice ({names[first[digest]]} in {files[first[digest]]} and "
-                f"{names[i]} in {files[i]}): two writes of one dataset, read together, would validate on images "
-                "they train on -- read one folder"
-            )
-        first[digest] = i
+            twice.append((first[digest], i))
+        first.setdefault(digest, i)
+    if twice:
+        files = [f for f in shards.files for _ in range(shards.counts[f] or 0)]
+        names = image_names(shards)
+        a, b = twice[0]
+        raise TfpipeError(
+            f"the files given hold {len(twice)} image{'s' * (len(twice) > 1)} twice (e.g. {names[a]} in {files[a]} "
+            f"and {names[b]} in {files[b]}): read together, validation would score images training saw (two writes "
+            "of one dataset?) -- read one folder, or drop the copies from one folder's CSV"
+        )
 
 
 def read_targets(records: Records, num_classes: int, folds: Sequence[int] | None = None) -> np.ndarray:

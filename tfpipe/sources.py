@@ -110,24 +110,43 @@ def read_csv(
     _require_columns(df, [image_col], csv_path, "image_col")
     ids = [v.strip() for v in df[image_col]]
     _check_ids(ids, image_col, csv_path)
-    groups = _groups(df, group_col, csv_path) if group_col is not None else [None] * len(ids)
+    taken = {image_col: "ids", **dict.fromkeys(_label_columns(label_format) if labeled else (), "labels")}
+    groups = _groups(df, group_col, csv_path, taken) if group_col is not None else [None] * len(ids)
     labels = _labels(df, label_format, csv_path) if labeled else [()] * len(ids)
     check_label_spellings(labels, csv_path)
     return [(i + 1, name, labels, group) for i, (name, labels, group) in enumerate(zip(ids, labels, groups))]
 
 
-def _groups(df: pd.DataFrame, group_col: str, csv_path: str) -> list[str]:
-    """The group of every row (whitespace around it off); an empty cell is an error naming the row: an image
-    without a group would be a group of one, perhaps beside its own patient's other images."""
+def _label_columns(fmt: LabelFormat) -> set[str]:
+    """The CSV columns ``fmt`` reads labels from."""
+    if fmt.class_col is not None:
+        return {nfc(fmt.class_col)}
+    return {nfc(c) for c in fmt.label_cols} if fmt.label_cols else {nfc(fmt.labels_col)}
+
+
+def _groups(df: pd.DataFrame, group_col: str, csv_path: str, taken: Mapping[str, str]) -> list[str]:
+    """The group of every row (whitespace around it off), checked as labels are: an empty cell, an invisible
+    character, or two spellings of one group (``P3``/``p3``, ``03``/``3``) is an error naming the rows -- each
+    would split a patient between folds while the writer said none is."""
     group_col = nfc(group_col)
-    _require_columns(df, [group_col], csv_path, "group_col")
-    groups = [nfc(v.strip()) for v in df[group_col]]
-    empty = next((row for row, g in enumerate(groups, start=1) if not g), None)
-    if empty is not None:
+    if group_col in taken:  # the ids or the labels: no grouping, or grouping by the answer
         raise TfpipeError(
-            f"{csv_path}: row {empty}: empty group in column {group_col!r}; every image needs its group (give an "
-            "image of no known group a name of its own)"
+            f"{option('group_col', group_col)} names the column of the {taken[group_col]}; name the column of each "
+            "image's group (its patient, video, site)"
         )
+    _require_columns(df, [group_col], csv_path, "group_col")
+    groups: list[str] = []
+    first_row: dict[str, str] = {}
+    for row, cell in enumerate(df[group_col], start=1):
+        where = f"{csv_path}: row {row}, column {group_col!r}"
+        if not cell.strip():
+            raise TfpipeError(
+                f"{where}: empty group; every image needs its group (give an image of no known group a name of its own)"
+            )
+        group = clean_label(cell.strip(), where, makes="a group")
+        first_row.setdefault(group, f"row {row}")
+        groups.append(group)
+    refuse_twin_spellings(first_row, csv_path, what="groups")
     return groups
 
 
@@ -228,9 +247,10 @@ def nfc(text: str | None) -> str | None:
     return None if text is None else unicodedata.normalize("NFC", text)
 
 
-def clean_label(label: str, where: str) -> str:
-    """A label as it is compared and stored: in NFC, with no invisible character (a Unicode format or control
-    character, or a space other than the ASCII one) -- such a character is an error naming it and ``where``."""
+def clean_label(label: str, where: str, makes: str = "a class") -> str:
+    """A label (or group: ``makes`` "a group") as it is compared and stored: in NFC, with no invisible character
+    (a Unicode format or control character, or a space other than the ASCII one) -- such a character is an
+    error naming it and ``where``."""
     if label.isascii() and label.isprintable():  # the common case, without a look at each character
         return label
     for char in label:
@@ -239,8 +259,8 @@ def clean_label(label: str, where: str) -> str:
         ):
             name = unicodedata.name(char, "a control character")
             raise TfpipeError(
-                f"{where} holds U+{ord(char):04X} {name}, an invisible character that would make a "
-                "class of its own; remove it"
+                f"{where} holds U+{ord(char):04X} {name}, an invisible character that would make "
+                f"{makes} of its own; remove it"
             )
     return nfc(label)
 
@@ -261,9 +281,9 @@ def check_label_spellings(labels: Iterable[Iterable[str]], csv_path: str) -> Non
     refuse_twin_spellings(first_row, csv_path)
 
 
-def refuse_twin_spellings(first_seen: Mapping[str, str], origin: str) -> None:
-    """``first_seen``: label -> where it is first seen ("row 3", "folder 'Cat'"); two spellings of one label are
-    an error naming both, as ``check_label_spellings`` says."""
+def refuse_twin_spellings(first_seen: Mapping[str, str], origin: str, what: str = "labels") -> None:
+    """``first_seen``: label (or group: ``what``) -> where it is first seen ("row 3", "folder 'Cat'"); two
+    spellings of one label are an error naming both, as ``check_label_spellings`` says."""
     by_key: dict[str | decimal.Decimal, list[str]] = {}
     for label in first_seen:
         by_key.setdefault(_spelling(label), []).append(label)
@@ -275,9 +295,10 @@ def refuse_twin_spellings(first_seen: Mapping[str, str], origin: str) -> None:
                 if isinstance(key, decimal.Decimal)
                 else "differ only in case, Unicode compatibility form or a stray separator"
             )
-            hint = "" if isinstance(key, decimal.Decimal) else " (or set the separator: --sep / LabelFormat.sep)"
+            stray = not isinstance(key, decimal.Decimal) and what == "labels"
+            hint = " (or set the separator: --sep / LabelFormat.sep)" if stray else ""
             raise TfpipeError(
-                f"{origin}: labels {a!r} ({first_seen[a]}) and {b!r} ({first_seen[b]}) {how}; make "
+                f"{origin}: {what} {a!r} ({first_seen[a]}) and {b!r} ({first_seen[b]}) {how}; make "
                 f"them one spelling{hint}"
             )
 

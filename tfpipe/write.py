@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from tfpipe import __version__, fs, schema
-from tfpipe.copies import copy_lines, find_copies
+from tfpipe.copies import Copy, copy_lines, find_copies
 from tfpipe.deprecations import add_deprecated_flag, changed_arguments
 from tfpipe.deps import require
 from tfpipe.encode import encode_item
@@ -131,8 +131,10 @@ def check_main_guard() -> None:
 
     main = sys.modules.get("__main__")
     path = getattr(main, "__file__", None)
-    if main is None or not path or not os.path.isfile(path):  # a notebook, python -c, python -m: nothing re-runs
+    if main is None or not path:  # a notebook, python -c: nothing re-runs
         return
+    if not os.path.isfile(path):  # python - < script.py: every worker would fail to find <stdin>
+        raise TfpipeError(f"the main script is {path}, which spawned DataLoader workers cannot import; pass workers=0")
     lines = [f.lineno for f in inspect.stack(0) if f.frame.f_globals is vars(main) and f.function == "<module>"]
     if not lines:
         return
@@ -181,13 +183,19 @@ def job_fingerprint(
     spec: ImageSpec,
     split: str,
     identities: Sequence[Identity],
+    group_column: str | None = None,
 ) -> str:
     """A hash of everything that decides the output bytes, so --resume never mixes two different jobs: settings,
-    classes, plan, and per image its id, path, labels and ``identities`` (the file's size and modification time;
-    the bytes' hash for in-memory images), so an image changed since an earlier write is a new job."""
-    h = hashlib.sha256(json.dumps([split, names, dataclasses.asdict(spec), shard_plan, schema.describe()]).encode())
+    classes, plan, the group column, and per image its id, path, labels, group and ``identities`` (the file's
+    size and modification time; the bytes' hash for in-memory images), so an image changed since an earlier
+    write is a new job. (Writes without groups hash as before groups existed.)"""
+    settings: list[Any] = [split, names, dataclasses.asdict(spec), shard_plan, schema.describe()]
+    h = hashlib.sha256(json.dumps(settings + ([group_column] if group_column else [])).encode())
     for i, (item, identity) in enumerate(zip(items, identities)):
-        h.update(f"{item.name}\0{item.path}\0{list(item_targets[i]) if item_targets else ''}\0{identity}\n".encode())
+        group = f"\0{item.group}" if item.group is not None else ""
+        h.update(
+            f"{item.name}\0{item.path}\0{list(item_targets[i]) if item_targets else ''}\0{identity}{group}\n".encode()
+        )
     return h.hexdigest()
 
 
@@ -309,9 +317,7 @@ def write_shards(
                 lock.check()
                 manifest = staged.commit(_manifest(job, spec, staged), replace=replace)
     _summary(manifest, out, time.perf_counter() - started, pace)
-    if job.balance is not None:
-        print(_balance_line(job.balance, manifest, job.classes))
-    for line in copy_lines(copies, job.classes):  # after the summary: what the user reads last
+    for line in _after_summary(job, manifest, copies, num_shards):  # what the user reads last
         print(f"tfpipe.write: warning: {line}", file=sys.stderr, flush=True)
     return manifest
 
@@ -362,6 +368,7 @@ class Job:
     shard_plan: list[PlannedShard]
     fingerprint: str
     balance: Balance | None = None  # how evenly folds by group split the images (None: not by group)
+    group_column: str | None = None  # what the groups are called: the CSV column, or "group" for one's own source
 
     @property
     def shard_of(self) -> list[int]:
@@ -395,6 +402,7 @@ def plan_job(
     groups = _groups(items, num_folds)
     fold_of = _folds(item_targets, len(names), num_folds, seed, groups) if num_folds else [0] * len(items)
     balance = fold_balance(item_targets or [], fold_of, len(names), num_folds) if groups and num_folds else None
+    group_column = (getattr(source, "group_col", None) or "group") if groups else None
     order = sorted(range(len(items)), key=lambda i: fold_of[i])  # stable: input order within a fold
     items = [items[i] for i in order]
     item_targets = [item_targets[i] for i in order] if item_targets is not None else None  # None: unlabeled
@@ -411,8 +419,9 @@ def plan_job(
         num_folds,
         seed,
         shard_plan,
-        job_fingerprint(items, item_targets, names, shard_plan, spec, split, identities),
+        job_fingerprint(items, item_targets, names, shard_plan, spec, split, identities, group_column),
         balance,
+        group_column,
     )
 
 
@@ -421,9 +430,12 @@ def _groups(items: Sequence[Item], num_folds: int | None) -> list[str] | None:
     given = [item.group for item in items if item.group is not None]
     if not given:
         return None
-    if len(given) < len(items):
-        missing = next(item.name for item in items if item.group is None)
-        raise TfpipeError(f"image {missing!r} has no group, and other images have one; give every image its group")
+    bad = next((item for item in items if not (isinstance(item.group, str) and item.group)), None)
+    if bad is not None:
+        raise TfpipeError(
+            f"image {bad.name!r} has the group {bad.group!r}, and other images have one: every image needs a group, "
+            "a non-empty string"
+        )
     if not num_folds:
         raise TfpipeError(
             f"{option('group_col')} keeps each group in one fold, and no folds are asked for; give "
@@ -614,7 +626,7 @@ def _manifest(job: Job, spec: ImageSpec, staged: StagedShards) -> Manifest:
         id_column=job.source.id_column,  # the submission's key column
         image=StoredImages(**{f.name: getattr(spec, f.name) for f in dataclasses.fields(StoredImages)}),
         num_folds=job.num_folds,
-        group_column=getattr(job.source, "group_col", None) if job.balance else None,
+        group_column=job.group_column,
         seed=job.seed,
         fingerprint=job.fingerprint,  # --resume on a finished folder: the same job (nothing to do) or refused
         skipped=tuple(job.skipped + staged.all_skipped()),
@@ -643,17 +655,48 @@ def _summary(manifest: Manifest, out: str, seconds: float, pace: Pace | None) ->
         print(f"skipped {len(skipped)} images: {listed}{more} (reasons in {out}/{MANIFEST})")
 
 
-def _balance_line(balance: Balance, manifest: Manifest, classes: Sequence[str]) -> str:
-    """``folds by group 'patient': 5 folds of 296-319 images; each class within 2% of an even share ...``"""
+def _after_summary(job: Job, manifest: Manifest, copies: Sequence[Copy], asked: int | None) -> list[str]:
+    """Prints how even the folds by group are; returns the warnings: another shard count than ``asked`` (folds
+    share it out evenly), uneven folds, copies."""
+    warnings = copy_lines(copies, job.classes)
+    if asked and len(job.shard_plan) != asked:
+        warnings.insert(
+            0,
+            f"{len(job.shard_plan)} shards written where {option('num_shards', asked)} asked for {asked}: "
+            f"{job.num_folds} folds get an equal share each (shards never mix folds); ask for a multiple of "
+            f"{job.num_folds}",
+        )
+    if job.balance is None:
+        return warnings
+    line, uneven = _balance_lines(job.balance, manifest, job.classes)
+    print(line)
+    return [uneven, *warnings] if uneven else warnings
+
+
+UNEVEN_FOLDS = 1.5  # a fold this many times larger (or smaller) than an even split is worth a warning
+
+
+def _balance_lines(balance: Balance, manifest: Manifest, classes: Sequence[str]) -> tuple[str, str | None]:
+    """(``folds by group 'patient': 5 folds of 296-319 images, no group in two; the class furthest from an even
+    share: 'c', 4% off in fold 0``, a warning when groups too large make folds far from an even split)."""
     worst = (
-        f"; each class within {balance.deviation:.0%} of an even share of its images in every fold (the furthest: "
-        f"{classes[balance.worst_class]!r} in fold {balance.worst_fold})"
+        f"; the class furthest from an even share of its images: {classes[balance.worst_class]!r}, "
+        f"{balance.deviation:.0%} off in fold {balance.worst_fold}"
         if balance.worst_class is not None
         else ""
     )
-    return (
-        f"folds by group {manifest.group_column!r}: {manifest.num_folds} folds of {balance.smallest}-"
-        f"{balance.largest} images, no group in two{worst}"
+    k = manifest.num_folds or 1
+    even = manifest.num_examples / k
+    line = (
+        f"folds by group {manifest.group_column!r}: {k} folds of {balance.smallest}-{balance.largest} images, no "
+        f"group in two{worst}"
+    )
+    if balance.largest <= UNEVEN_FOLDS * even and balance.smallest >= even / UNEVEN_FOLDS:
+        return line, None
+    return line, (
+        f"folds of {balance.smallest} to {balance.largest} images where an even split is {even:.0f}: some groups "
+        f"are too large for {k} even folds, so a validation fold may hold few images or most of them; fewer "
+        "folds, or smaller groups, even it out"
     )
 
 

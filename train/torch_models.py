@@ -96,7 +96,13 @@ def add_recipe_arguments(parser: argparse.ArgumentParser, per: str) -> None:
     parser.add_argument("--records", required=True, help="shard folder written with --num-folds")
     parser.add_argument("--fold", type=int, default=0, help="the fold validated on; the others are trained on")
     parser.add_argument("--model", default="small-cnn", help="small-cnn, or a timm model name (timm installed)")
+    ranks = f"{per}es" if per.endswith("s") else f"{per}s"  # processes, devices
     parser.add_argument("--batch-size", type=int, default=8, help=f"per {per}")
-    parser.add_argument("--lr", type=float, default=1e-3, help=f"per {per}: the optimizer gets lr x {per}s")
+    parser.add_argument(
+        "--lr",
+        type=float,
+        default=1e-3,
+        help=f"per {per}: the optimizer gets lr x the number of {ranks}",
+    )
     parser.add_argument("--workers", type=int, default=0, help=f"DataLoader workers per {per}")
     parser.add_argument("--seed", type=int, default=0)
