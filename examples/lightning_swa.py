@@ -22,7 +22,7 @@ import signal
 import sys
 import warnings
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import torch
@@ -106,13 +106,14 @@ def one_line_when_a_process_dies(trainer: pl.Trainer) -> Iterator[None]:
     except SystemExit:
         if not trainer.interrupted:
             raise
-        if not trainer.is_global_zero:
-            raise SystemExit(143 if trainer.received_sigterm else 130) from None  # rank 0 says it
         if trainer.received_sigterm:
-            print(f"{PROG}: terminated (SIGTERM); every rank stopped", file=sys.stderr, flush=True)
-            raise SystemExit(143) from None
+            terminated(trainer)
+        if not trainer.is_global_zero:
+            raise SystemExit(130) from None  # rank 0 says it
         raise KeyboardInterrupt from None
     except RuntimeError as e:
+        if trainer.received_sigterm:  # a rank that the SIGTERM stopped mid-start (gloo, a worker): told to stop
+            terminated(trainer)
         text = str(e)
         last = [line for line in text.splitlines() if line.strip()][-1:] or [""]
         if "DataLoader worker" in text:
@@ -127,6 +128,13 @@ def one_line_when_a_process_dies(trainer: pl.Trainer) -> Iterator[None]:
                     how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
                     say(f"rank {rank} {how}; the other ranks were stopped")
         raise SystemExit(2) from None
+
+
+def terminated(trainer: pl.Trainer) -> NoReturn:
+    """SIGTERM (Lightning forwards it to every rank): exit 143, the code a shell gives, said once by rank 0."""
+    if trainer.is_global_zero:
+        print(f"{PROG}: terminated (SIGTERM); every rank stopped", file=sys.stderr, flush=True)
+    raise SystemExit(143) from None
 
 
 def say(line: str) -> None:
