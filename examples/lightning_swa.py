@@ -39,6 +39,7 @@ from tfpipe.torch import gather_rows, sync_buffers
 from train.torch_models import add_recipe_arguments, build_model, check_model, model_inputs, validation_auc
 
 PROG = "lightning_swa"
+PARENT_PID = "TFPIPE_LIGHTNING_PARENT_PID"  # rank 0's pid, for the ranks it starts
 SWA_LR = 0.1  # the constant LR of the SWA epochs, as a fraction of the peak
 
 
@@ -176,7 +177,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     warnings.filterwarnings("ignore", "SWA is currently only supported every epoch")
     warnings.filterwarnings("ignore", r"`isinstance\(treespec, LeafSpec\)` is deprecated")  # Lightning vs torch
     if os.environ.get("LOCAL_RANK", "0") != "0":  # a rank Lightning started (or torchrun): ends with its parent
-        die_with_parent(os.getppid())
+        # by the pid rank 0 left in the environment: a parent that died while this rank imported torch is gone
+        # already, and os.getppid() would name init, whose death never comes
+        die_with_parent(int(os.environ.get(PARENT_PID, os.getppid())))
+    else:
+        os.environ[PARENT_PID] = str(os.getpid())  # inherited by the ranks Lightning starts from this process
     return run_cli(PROG, run, build_parser().parse_args(argv))
 
 

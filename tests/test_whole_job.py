@@ -777,7 +777,7 @@ def test_the_command_prints_the_scores_also_without_progress(trained_run, shard_
 
 
 @pytest.mark.slow  # three runs of examples/lightning_swa.py, about a minute
-@pytest.mark.parametrize("how", ["ctrl-c", "sigterm", "kill-a-rank", "kill-a-worker"])
+@pytest.mark.parametrize("how", ["ctrl-c", "sigterm", "sigterm-as-ranks-start", "kill-a-rank", "kill-a-worker"])
 def test_the_lightning_recipe_stops_every_rank_and_says_why_in_one_line(demo_shards, how):
     """Lightning's own launcher: Ctrl-C is exit 130 (Lightning made it 1); a rank killed is named by rank 0 and a
     DataLoader worker killed by its rank, in one line each instead of every rank's traceback; nothing is left."""
@@ -801,6 +801,13 @@ def test_the_lightning_recipe_stops_every_rank_and_says_why_in_one_line(demo_sha
 
     try:
         deadline = time.monotonic() + 120
+        if how == "sigterm-as-ranks-start":  # rank 1 still importing torch: its parent dies before it could know
+            while not rank_one() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            job.send_signal(signal.SIGTERM)
+            assert job.wait(60) in (143, -15)
+            assert none_left(mark, seconds=60) == []  # rank 1 leaves as soon as it has started; it stayed for good
+            return
         while not (rank_one() and len(children([job.pid], mark)) > 1) and time.monotonic() < deadline:
             time.sleep(0.2)  # rank 1 and rank 0's first DataLoader worker
         time.sleep(3)
