@@ -1,6 +1,7 @@
 """Train on tfpipe shards with PyTorch Lightning on 8 processes, then average the last epochs' weights (SWA).
 
-    python examples/lightning_swa.py --records records/demo/train --devices 8 --epochs 10 --swa-epochs 3
+    python examples/lightning_swa.py --records records/demo/train --devices 8 --epochs 10 --swa-epochs 3 \
+        --run runs/lightning --predict records/demo/test --out runs/lightning/submission.csv
 
 The Lightning recipe (a LightningModule, ``Trainer(devices=8, strategy="ddp")``, Lightning's own
 ``StochasticWeightAveraging``) with ``tfpipe.lightning.ShardDataModule`` as its data: the folds of a shard folder
@@ -10,13 +11,20 @@ accelerators ``--devices 8`` runs 8 CPU processes. The learning rate is ``--lr``
 The last two lines are the validation fold's exact macro AUC, over all ranks' predictions:
 ``validation AUC <x>`` of the weights of the last epoch, then ``SWA validation AUC <x>`` of the weights averaged
 by Lightning's ``StochasticWeightAveraging`` (it adds the weights as they stand at the start of each of the last
-``--swa-epochs`` epochs, then recomputes the batch-norm statistics in one more pass).
+``--swa-epochs`` epochs, then recomputes the batch-norm statistics in one more pass). ``--run`` saves both models'
+weights (``model.pt``, ``model-swa.pt``), ``config.json`` and ``metrics.json`` there (``train.torch_run``);
+``--predict RECORDS`` then predicts those shards with the SWA model on every rank and writes ``train.predict``'s
+submission CSV at ``--out`` (one row per image, labels at probability 0.5).
+
+On a terminal Lightning draws its progress bar; in a log (stdout not a terminal) a line ends every epoch, with a
+line at least every 15 s between (``console.Heartbeat``), and Lightning's tips are left out.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
 import os
 import signal
 import sys
@@ -32,11 +40,22 @@ from tfpipe.deps import require
 require("pytorch_lightning")  # or one line saying what to install
 import pytorch_lightning as pl
 
+from tfpipe import console
 from tfpipe.errors import ArgumentParser, TfpipeError, check_count, run_cli
 from tfpipe.lightning import ShardDataModule
-from tfpipe.processes import die_with_parent
-from tfpipe.torch import gather_rows, sync_buffers
+from tfpipe.processes import die_with_parent, loader_dies_with_this_process
+from tfpipe.shards import open_shards
+from tfpipe.torch import RecordDataset, gather_rows, sync_buffers
+from train.run import RunConfig
 from train.torch_models import add_recipe_arguments, build_model, check_model, model_inputs, validation_auc
+from train.torch_run import (
+    MODEL,
+    MODEL_SWA,
+    add_run_arguments,
+    prepare,
+    save_run,
+    write_predictions,
+)
 
 PROG = "lightning_swa"
 PARENT_PID = "TFPIPE_LIGHTNING_PARENT_PID"  # rank 0's pid, for the ranks it starts
@@ -49,17 +68,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--epochs", type=int, default=24, help="epochs in all, the SWA epochs included")
     p.add_argument("--swa-epochs", type=int, default=4, help="the last epochs whose weights are averaged")
     add_recipe_arguments(p, per="device")
+    add_run_arguments(p)
     return p
 
 
 class Classifier(pl.LightningModule):
     """Multi-label (BCE on logits); validation AUC over every rank's predictions, each image once."""
 
-    def __init__(self, model: str, num_classes: int, lr: float, swa_start: int) -> None:
+    def __init__(self, model: str, num_classes: int, lr: float, swa_start: int, epochs: int) -> None:
         super().__init__()
         self.net, self.lr, self.swa_start, self.rows = build_model(model, num_classes), lr, swa_start, []
+        self.epochs = epochs  # asked for: SWA's batch-norm pass adds one to the trainer's max_epochs
         self.loss = torch.nn.BCEWithLogitsLoss()
         self.auc: dict[int, float] = {}  # epoch -> validation AUC
+        self.last_weights: dict[str, torch.Tensor] = {}  # of the last epoch, before SWA puts in its average
+        self.predicted: tuple[list[str], np.ndarray] | None = None  # every rank's test rows, each image once
 
     def training_step(self, batch: Any, index: int) -> torch.Tensor:
         images, targets = batch
@@ -83,6 +106,19 @@ class Classifier(pl.LightningModule):
         auc = validation_auc(probs, targets)  # the same on every rank: from every rank's rows
         self.auc[self.current_epoch] = auc
         self.log("val_auc", auc, prog_bar=True, sync_dist=True)
+        if self.trainer.state.fn == "fit" and self.current_epoch == self.epochs - 1:
+            self.last_weights = {k: v.detach().cpu().clone() for k, v in self.net.state_dict().items()}
+
+    def predict_step(self, batch: Any, index: int) -> None:
+        images, _, names = batch
+        probs = torch.sigmoid(self.net(model_inputs(images, training=False)))
+        self.rows.append((list(names), probs.cpu().numpy()))
+
+    def on_predict_epoch_end(self) -> None:
+        names = [n for part in self.rows for n in part[0]]
+        probs = np.concatenate([p[1] for p in self.rows])
+        self.predicted = gather_rows(names, probs, expected=self.trainer.predict_dataloaders.dataset.num_records)
+        self.rows.clear()
 
     def configure_optimizers(self) -> Any:
         """AdamW at lr x devices on one cycle that ends where SWA starts (SWA then swaps in its own SWALR)."""
@@ -91,6 +127,55 @@ class Classifier(pl.LightningModule):
         steps = self.swa_start * len(self.trainer.datamodule.train_dataloader())  # RecordDataset's len()
         schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, peak, total_steps=max(steps, 1))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+
+
+class LineProgress(pl.Callback):
+    """Progress for a log, on rank 0: a line at the end of every epoch, and ``console.Heartbeat``'s line at least
+    every 15 s while a phase runs (training, validating, SWA's batch-norm pass, predicting)."""
+
+    def __init__(self, epochs: int) -> None:
+        self.epochs, self.beat = epochs, console.Heartbeat(PROG)
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
+        if trainer.is_global_zero:
+            e = trainer.current_epoch
+            doing = f"epoch {e + 1}/{self.epochs}" if e < self.epochs else "SWA: batch-norm statistics of the average"
+            self.beat.start(doing)
+
+    def on_train_batch_end(self, trainer: pl.Trainer, module: pl.LightningModule, *args: Any) -> None:
+        if trainer.is_global_zero and trainer.current_epoch < self.epochs:
+            loss = trainer.callback_metrics.get("loss")
+            done = f"step {trainer.fit_loop.epoch_loop.batch_progress.current.completed}/{trainer.num_training_batches}"
+            shown = f", loss {float(loss):.4f}" if loss is not None else ""
+            self.beat.update(f"epoch {trainer.current_epoch + 1}/{self.epochs}: {done}{shown}")
+
+    def on_validation_epoch_start(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
+        if trainer.is_global_zero:
+            self.beat.start("validating")
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
+        """After the epoch's validation (Lightning validates inside the training epoch)."""
+        auc = getattr(module, "auc", {}).get(trainer.current_epoch)
+        if trainer.is_global_zero and trainer.current_epoch < self.epochs and auc is not None:
+            loss = trainer.callback_metrics.get("loss")
+            shown = f"loss {float(loss):.4f}, " if loss is not None else ""
+            print(f"epoch {trainer.current_epoch + 1}/{self.epochs}: {shown}validation AUC {auc:.4f}", flush=True)
+            self.beat.stop()
+
+    def on_predict_epoch_start(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
+        if trainer.is_global_zero:
+            self.beat.start("predicting")
+
+    def teardown(self, trainer: pl.Trainer, module: pl.LightningModule, stage: str) -> None:
+        self.beat.stop()
+
+
+class NoTips(logging.Filter):
+    """Lightning's advertisements ("💡 Tip: ... try installing ...") out of the log, and its ``max_epochs=N+1
+    reached`` (N+1: SWA's batch-norm pass counts as an epoch); its other lines stay."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(("💡 Tip", "`Trainer.fit` stopped: `max_epochs="))
 
 
 PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")  # gloo, another rank died
@@ -147,17 +232,20 @@ def run(args: argparse.Namespace) -> None:
     if args.swa_epochs >= args.epochs:
         raise TfpipeError(f"--swa-epochs {args.swa_epochs} must leave epochs to train first (--epochs {args.epochs})")
     check_model(args.model)  # one line here, before the ranks start
+    config = prepare(PROG, args)  # the run folder may be written, the test shards fit the run
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // args.devices))  # the ranks share the machine's cores
     pl.seed_everything(args.seed, verbose=False)
     data = ShardDataModule(
         args.records, val_folds=[args.fold], batch_size=args.batch_size, workers=args.workers, seed=args.seed
     )
-    model = Classifier(args.model, data.num_classes, args.lr, args.epochs - args.swa_epochs)
+    model = Classifier(args.model, data.num_classes, args.lr, args.epochs - args.swa_epochs, args.epochs)
     swa = pl.callbacks.StochasticWeightAveraging(
         swa_lrs=args.lr * args.devices * SWA_LR, swa_epoch_start=args.epochs - args.swa_epochs, annealing_epochs=1
     )
+    bar = console.on_terminal()  # Lightning's bar for a person; lines for a log
     trainer = pl.Trainer(
-        accelerator="cpu", devices=args.devices, strategy="ddp", max_epochs=args.epochs, callbacks=[swa],
+        accelerator="cpu", devices=args.devices, strategy="ddp", max_epochs=args.epochs,
+        callbacks=[swa] if bar else [swa, LineProgress(args.epochs)], enable_progress_bar=bar,
         enable_checkpointing=False, logger=False, enable_model_summary=False, num_sanity_val_steps=0,
     )  # fmt: skip
     with one_line_when_a_process_dies(trainer):
@@ -165,9 +253,31 @@ def run(args: argparse.Namespace) -> None:
         last = model.auc[args.epochs - 1]  # the last epoch's weights (SWA's batch-norm pass may add an epoch)
         model.auc.clear()
         trainer.validate(model, datamodule=data, verbose=False)  # the averaged weights
+        if args.predict:
+            trainer.predict(model, dataloaders=test_loader(args, trainer), return_predictions=False)
     if trainer.is_global_zero:
-        print(f"validation AUC {last:.4f}", flush=True)
-        print(f"SWA validation AUC {model.auc[trainer.current_epoch]:.4f}", flush=True)
+        finish(args, config, model, {"validation_auc": last, "swa_validation_auc": model.auc[trainer.current_epoch]})
+
+
+def test_loader(args: argparse.Namespace, trainer: pl.Trainer) -> torch.utils.data.DataLoader:
+    """This rank's share of ``--predict`` (each rank as many batches; the padding's repeats are taken out)."""
+    test = RecordDataset(
+        args.predict, with_ids=True, batch_size=args.batch_size, rank=trainer.global_rank, world_size=trainer.world_size
+    )
+    workers = {"num_workers": args.workers, "worker_init_fn": loader_dies_with_this_process() if args.workers else None}
+    return torch.utils.data.DataLoader(test, batch_size=args.batch_size, **workers)
+
+
+def finish(args: argparse.Namespace, config: RunConfig | None, model: Classifier, metrics: dict[str, float]) -> None:
+    """Rank 0 at the end: the run folder, the submission (the SWA model's), then the two AUC lines (the last)."""
+    if args.run and config is not None:
+        weights = {MODEL: model.last_weights, MODEL_SWA: model.net.state_dict()}
+        save_run(args.run, config, weights, dict(metrics, epochs=args.epochs, ranks=args.devices))
+        print(f"saved {args.run}/{MODEL} and {MODEL_SWA}", flush=True)
+    if args.predict and config is not None and model.predicted is not None:
+        print(write_predictions(config, args, open_shards(args.predict), *model.predicted) + " (SWA model)", flush=True)
+    print(f"validation AUC {metrics['validation_auc']:.4f}", flush=True)
+    print(f"SWA validation AUC {metrics['swa_validation_auc']:.4f}", flush=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -175,7 +285,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     warnings.filterwarnings("ignore", "Your `IterableDataset` has `__len__` defined")
     # the one-cycle schedule steps per batch and ends where SWA starts; SWA then swaps in its SWALR, as it says
     warnings.filterwarnings("ignore", "SWA is currently only supported every epoch")
+    warnings.filterwarnings("ignore", "predict returned None")  # predict_step keeps the rows itself, for all ranks
     warnings.filterwarnings("ignore", r"`isinstance\(treespec, LeafSpec\)` is deprecated")  # Lightning vs torch
+    logging.getLogger("pytorch_lightning.utilities.rank_zero").addFilter(NoTips())
     if os.environ.get("LOCAL_RANK", "0") != "0":  # a rank Lightning started (or torchrun): ends with its parent
         # by the pid rank 0 left in the environment: a parent that died while this rank imported torch is gone
         # already, and os.getppid() would name init, whose death never comes

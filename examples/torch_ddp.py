@@ -1,6 +1,7 @@
 """Train on tfpipe shards with PyTorch: 8 processes with DistributedDataParallel, or PyTorch/XLA on TPU cores.
 
-    python examples/torch_ddp.py --records records/demo/train --processes 8 --epochs 24
+    python examples/torch_ddp.py --records records/demo/train --processes 8 --epochs 24 \
+        --run runs/torch_ddp --predict records/demo/test --out runs/torch_ddp/submission.csv
     python examples/torch_ddp.py --records records/demo/train --epochs 24 --xla   # a TPU VM / Kaggle TPU
 
 The 8-core recipe of the PyTorch/XLA tutorials, with tfpipe's shards as its data. On a machine without TPU cores,
@@ -16,7 +17,10 @@ What the TPU recipe's calls become here:
 The learning rate is ``--lr`` times the number of processes (the global batch grows with them). Every epoch ends
 with the validation fold's exact macro AUC, over all ranks' predictions made with rank 0's batch-norm statistics
 (padding removed); the last line is
-``validation AUC <x>``. ``--xla`` runs the same steps with torch_xla (``xmp.spawn``, ``MpDeviceLoader``,
+``validation AUC <x>``. ``--run`` saves the model's weights (``model.pt``), ``config.json`` and ``metrics.json``
+there (``train.torch_run``); ``--predict RECORDS`` then predicts those shards on every rank and writes
+``train.predict``'s submission CSV at ``--out`` (one row per image, labels at probability 0.5).
+``--xla`` runs the same steps with torch_xla (``xmp.spawn``, ``MpDeviceLoader``,
 ``xm.optimizer_step``) on every device it finds (``PJRT_DEVICE=TPU``, or ``PJRT_DEVICE=CPU``: one CPU device).
 """
 
@@ -42,7 +46,15 @@ from tfpipe.errors import ArgumentParser, TfpipeError, check_count, run_cli
 from tfpipe.processes import die_with_parent, loader_dies_with_this_process
 from tfpipe.shards import open_shards
 from tfpipe.torch import RecordDataset, folds_apart, gather_rows, sync_buffers, unique_rows
+from train.run import RunConfig
 from train.torch_models import add_recipe_arguments, build_model, check_model, model_inputs, validation_auc
+from train.torch_run import (
+    MODEL,
+    add_run_arguments,
+    prepare,
+    save_run,
+    write_predictions,
+)
 
 PROG = "torch_ddp"
 HEARTBEAT_SECONDS = 15  # a line at least this often while an epoch runs
@@ -53,6 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--processes", type=int, default=8, help="ranks: one per core of the TPU they stand in for")
     p.add_argument("--epochs", type=int, default=24, help="passes over the training folds")
     add_recipe_arguments(p, per="process")
+    add_run_arguments(p)
     p.add_argument("--xla", action="store_true", help="PyTorch/XLA: xmp.spawn over the devices torch_xla finds")
     return p
 
@@ -108,8 +121,11 @@ def predict(model: torch.nn.Module, batches: Any, device: Any) -> tuple[list[str
     return names, np.concatenate(probs), np.concatenate(targets)
 
 
-def fit(rank: int, world_size: int, args: argparse.Namespace, device: Any, xla: Any = None) -> float:
-    """The loop every rank runs; ``xla`` is torch_xla's ``xla_model`` module under ``--xla``."""
+def fit(
+    rank: int, world_size: int, args: argparse.Namespace, device: Any, xla: Any = None
+) -> tuple[torch.nn.Module, float]:
+    """The loop every rank runs; ``xla`` is torch_xla's ``xla_model`` module under ``--xla``. Returns the model
+    (every rank's alike: rank 0's batch-norm statistics) and its validation AUC."""
     torch.manual_seed(args.seed)  # the same initial weights on every rank (DDP also broadcasts them)
     train, val = datasets(args, rank, world_size) if xla else datasets(args, None, None)  # None: from dist
     net = build_model(args.model, train.num_classes).to(device)
@@ -135,7 +151,7 @@ def fit(rank: int, world_size: int, args: argparse.Namespace, device: Any, xla: 
         loss = train_epoch(model, batches, step, device, say)
         auc = validate(net, val_loader, val.num_records, device, xla)
         say(f"epoch {epoch + 1}/{args.epochs}: loss {loss:.4f} (rank 0), validation AUC {auc:.4f}")
-    return auc
+    return net, auc
 
 
 def validate(net: torch.nn.Module, data: Any, images: int, device: Any, xla: Any) -> float:
@@ -149,6 +165,35 @@ def validate(net: torch.nn.Module, data: Any, images: int, device: Any, xla: Any
     if xr.world_size() > 1:
         xla.broadcast_master_param(net)  # parameters and buffers of core 0
     return validation_auc(*mesh_rows(xla, *predict(net, xla_loader(data, device), device), expected=images)[1:])
+
+
+def test_rows(net: torch.nn.Module, args: argparse.Namespace, device: Any, xla: Any) -> tuple[list[str], np.ndarray]:
+    """(ids, probabilities) of every image of ``--predict``, each once, on every rank: each predicts its share."""
+    ranks: dict[str, int] = {}
+    if xla is not None:
+        import torch_xla.runtime as xr
+
+        ranks = {"rank": xr.global_ordinal(), "world_size": xr.world_size()}
+    test = RecordDataset(args.predict, with_ids=True, batch_size=args.batch_size, **ranks)
+    data = loader(test, args)
+    if xla is None:
+        ids, probs = gather_rows(*predict(net, data, device)[:2], expected=test.num_records)
+    else:
+        ids, probs = mesh_rows(xla, *predict(net, xla_loader(data, device), device)[:2], expected=test.num_records)
+    return list(ids), probs
+
+
+def finish(
+    net: torch.nn.Module, auc: float, args: argparse.Namespace, config: RunConfig | None, rows: Any, seconds: float
+) -> None:
+    """Rank 0 after training: the run folder, the submission, then the AUC line (the last line)."""
+    if args.run and config is not None:
+        metrics = {"validation_auc": auc, "epochs": args.epochs, "ranks": args.processes, "seconds": seconds}
+        save_run(args.run, config, {MODEL: net.state_dict()}, metrics)
+        print(f"saved {args.run}/{MODEL}", flush=True)
+    if rows is not None and config is not None:
+        print(write_predictions(config, args, open_shards(args.predict), *rows), flush=True)
+    print(f"validation AUC {auc:.4f}", flush=True)
 
 
 def xla_loader(data: torch.utils.data.DataLoader, device: Any) -> Any:
@@ -166,15 +211,17 @@ def mesh_rows(xla: Any, names: list[str], *columns: np.ndarray, expected: int) -
     return unique_rows([name for p in parts for name in p[0]], *merged, expected=expected)
 
 
-def run_rank(rank: int, args: argparse.Namespace, port: int, parent: int) -> None:
+def run_rank(rank: int, args: argparse.Namespace, config: RunConfig | None, port: int, parent: int) -> None:
     """One of ``--processes`` CPU processes: a gloo process group, then the loop."""
     die_with_parent(parent)
     torch.set_num_threads(1)  # the processes share the machine's cores; more threads each only contend
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=args.processes)
     try:
-        auc = fit(rank, args.processes, args, torch.device("cpu"))
+        start = time.monotonic()
+        net, auc = fit(rank, args.processes, args, torch.device("cpu"))
+        rows = test_rows(net, args, torch.device("cpu"), None) if args.predict else None
         if rank == 0:
-            print(f"validation AUC {auc:.4f}", flush=True)
+            finish(net, auc, args, config, rows, round(time.monotonic() - start, 1))
     except TfpipeError as e:  # from a DataLoader worker, torch puts the worker's traceback in the message
         message = str(e).strip().splitlines()[-1].removeprefix("tfpipe.errors.TfpipeError: ")
         print(f"{PROG}: error: {message}", file=sys.stderr, flush=True)
@@ -183,16 +230,18 @@ def run_rank(rank: int, args: argparse.Namespace, port: int, parent: int) -> Non
         dist.destroy_process_group()
 
 
-def run_xla(index: int, args: argparse.Namespace, parent: int) -> None:
+def run_xla(index: int, args: argparse.Namespace, config: RunConfig | None, parent: int) -> None:
     """One torch_xla device (a TPU core): what ``xmp.spawn`` runs."""
     import torch_xla
     import torch_xla.core.xla_model as xm
     import torch_xla.runtime as xr
 
     die_with_parent(parent)
-    auc = fit(xr.global_ordinal(), xr.world_size(), args, torch_xla.device(), xla=xm)
+    start = time.monotonic()
+    net, auc = fit(xr.global_ordinal(), xr.world_size(), args, torch_xla.device(), xla=xm)
+    rows = test_rows(net, args, torch_xla.device(), xm) if args.predict else None
     if xr.global_ordinal() == 0:
-        print(f"validation AUC {auc:.4f}", flush=True)
+        finish(net.cpu(), auc, args, config, rows, round(time.monotonic() - start, 1))
 
 
 def free_port() -> int:
@@ -206,16 +255,17 @@ def run(args: argparse.Namespace) -> None:
     check_count(0, workers=args.workers)
     datasets(args, 0, args.processes)  # bad records, folds or model: one line here, before any process starts
     check_model(args.model)
+    config = prepare(PROG, args)  # the run folder may be written, the test shards fit the run
     if args.xla:
         from tfpipe.deps import require
 
         require("torch_xla")
         import torch_xla.distributed.xla_multiprocessing as xmp
 
-        xmp.spawn(run_xla, args=(args, os.getpid()))
+        xmp.spawn(run_xla, args=(args, config, os.getpid()))
         return
     ranks = torch.multiprocessing.start_processes(
-        run_rank, args=(args, free_port(), os.getpid()), nprocs=args.processes, join=False, start_method="spawn"
+        run_rank, args=(args, config, free_port(), os.getpid()), nprocs=args.processes, join=False, start_method="spawn"
     )
     with ranks_stopped_on_exit(ranks.processes):
         try:

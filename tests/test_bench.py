@@ -51,3 +51,20 @@ def test_every_benchmark_runs_and_writes_results_and_chart(tmp_path):
     )
     assert r.returncode == 2 and "other sizes" in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
     assert text == results.read_text()
+
+
+@pytest.mark.bench
+@pytest.mark.slow
+def test_the_group_folds_benchmark_writes_both_rows_of_its_table(tmp_path):
+    """The training guide's flattering-vs-honest table, on 12 photographs of 2 crops (figures meaningless)."""
+    r = subprocess.run(
+        [sys.executable, "-m", "bench.group_folds", str(tmp_path), "--photos", "12", "--copies", "2", "--epochs", "1"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2"),
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = [line for line in r.stdout.splitlines() if line.startswith("| by ")]
+    assert [row.split(" |")[0] for row in rows] == ["| by image (`--num-folds 5`)", "| by group (`--group-col photo`)"]
+    assert "no group in two" in r.stdout

@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -66,30 +67,86 @@ def test_a_ddp_epoch_on_8_ranks_with_2_workers_ends_and_reads_every_record(unequ
     assert ranks[0]["0"]["names"] != ranks[0]["1"]["names"]  # set_epoch reached the persistent workers
 
 
+@pytest.fixture(scope="module")
+def demo_test_shards(tmp_path_factory):
+    """60 unlabeled images of the demo's kind at 48 px (demo_shards' size): a test set to submit predictions of."""
+    from tfpipe.demo import make_demo
+
+    root = tmp_path_factory.mktemp("demo_test")
+    make_demo(str(root / "data"), train=1, test=60, seed=1)
+    out = str(root / "records")
+    tfpipe.write_shards(tfpipe.Source(str(root / "data" / "images"), csv=str(root / "data" / "test.csv"), labeled=False),
+                        out, spec=tfpipe.ImageSpec(image_size=48), split="test", workers=0, progress=False)  # fmt: skip
+    return out
+
+
+def check_run_and_submission(run, submission, test_records, models, printed_auc):
+    """The run folder a recipe saved and its submission: config.json a run's (the recipe named), each model's
+    weights load into the recipe's model, metrics.json holds the printed AUC exactly, and the submission has one
+    row per test image, in the shards' written order, with labels of the run's classes only."""
+    import pandas as pd
+
+    from train.run import RunConfig
+    from train.torch_models import build_model
+    from train.torch_run import load_weights, written_ids
+
+    config = RunConfig.load(run)
+    assert config.settings["recipe"] in ("torch_ddp", "lightning_swa") and config.image_size == 48
+    weights = [load_weights(run, name) for name in models]
+    for state in weights:
+        build_model("small-cnn", len(config.classes)).load_state_dict(state)  # strict: every tensor, no other
+    if len(weights) == 2:  # the last epoch's and SWA's: two models
+        assert any(not torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+    metrics = json.loads((Path(run) / "metrics.json").read_text())
+    assert f"{metrics['validation_auc']:.4f}" == printed_auc
+    df = pd.read_csv(submission, dtype=str, keep_default_na=False)
+    assert list(df.columns) == ["image", "labels"] and len(df) == 60
+    assert list(df["image"]) == written_ids(tfpipe.open_shards(test_records))
+    assert {c for row in df["labels"] for c in row.split()} <= set(config.classes)
+    assert df["labels"].str.len().sum() > 0  # a trained model labels some images
+
+
 @pytest.mark.slow
-def test_torch_ddp_example_learns_the_demo_on_8_processes(demo_shards):
+def test_torch_ddp_example_learns_the_demo_on_8_processes_and_submits(demo_shards, demo_test_shards, tmp_path):
+    run = tmp_path / "run"
     done = run_python(
-        ["examples/torch_ddp.py", "--records", demo_shards, "--processes", "8", "--epochs", "24", "--batch-size", "8"],
+        ["examples/torch_ddp.py", "--records", demo_shards, "--processes", "8", "--epochs", "24", "--batch-size", "8",
+         "--run", str(run), "--predict", demo_test_shards, "--out", str(run / "submission.csv")],
         timeout=1200,
-    )
+    )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     lines = done.stdout.strip().splitlines()
     assert lines[0].startswith("epoch 1/24: loss") and len([ln for ln in lines if ln.startswith("epoch ")]) == 24
-    auc = float(AUC_LINE.match(lines[-1]).group(2))
-    assert auc >= 0.85  # chance is 0.5; measured 0.92 on this machine (24 epochs, about 3 minutes)
+    assert lines[-3:-1] == [f"saved {run}/model.pt", f"wrote {run}/submission.csv: 60 rows"]
+    auc = AUC_LINE.match(lines[-1]).group(2)
+    assert float(auc) >= 0.85  # chance is 0.5; measured 0.92 on this machine (24 epochs, about 3 minutes)
+    check_run_and_submission(run, run / "submission.csv", demo_test_shards, ["model.pt"], auc)
 
 
 @pytest.mark.slow
-def test_lightning_swa_example_learns_the_demo_on_8_processes(demo_shards):
+def test_lightning_swa_example_learns_the_demo_on_8_processes_and_submits(demo_shards, demo_test_shards, tmp_path):
+    """Also: off a terminal, a line for every epoch and none of Lightning's tips."""
+    run = tmp_path / "run"
     done = run_python(
         ["examples/lightning_swa.py", "--records", demo_shards, "--devices", "8", "--epochs", "24",
-         "--swa-epochs", "4", "--batch-size", "8"],
+         "--swa-epochs", "4", "--batch-size", "8", "--run", str(run), "--predict", demo_test_shards,
+         "--out", str(tmp_path / "submission.csv")],
         timeout=1500,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    last, swa = (AUC_LINE.match(line) for line in done.stdout.strip().splitlines()[-2:])
+    lines = done.stdout.strip().splitlines()
+    assert [ln.split(":")[0] for ln in lines if ln.startswith("epoch ")] == [f"epoch {e}/24" for e in range(1, 25)]
+    assert "Tip" not in done.stderr and "predict returned None" not in done.stderr
+    assert lines[-4:-2] == [
+        f"saved {run}/model.pt and model-swa.pt",
+        f"wrote {tmp_path}/submission.csv: 60 rows (SWA model)",
+    ]
+    last, swa = (AUC_LINE.match(line) for line in lines[-2:])
     assert last.group(1) is None and swa.group(1) == "SWA "
     assert float(last.group(2)) >= 0.85 and float(swa.group(2)) >= 0.85  # measured 0.94 and 0.93 on this machine
+    check_run_and_submission(run, tmp_path / "submission.csv", demo_test_shards, ["model.pt", "model-swa.pt"],
+                             last.group(2))  # fmt: skip
+    assert f"{json.loads((run / 'metrics.json').read_text())['swa_validation_auc']:.4f}" == swa.group(2)
 
 
 @pytest.mark.parametrize("script", ["torch_ddp.py", "lightning_swa.py"])
@@ -140,3 +197,62 @@ def test_the_data_module_deals_the_folds_and_passes_the_epoch_on(shard_dir):
 def test_record_dataset_refuses_a_rank_outside_the_world(shard_dir):
     with pytest.raises(TfpipeError, match="rank must be in 0..3"):
         RecordDataset(shard_dir[0], rank=4, world_size=4)
+
+
+def recipe_config(classes=("a", "b", "c"), image_size=32, recipe="torch_ddp"):
+    from train.run import RunConfig
+
+    return RunConfig(classes=tuple(classes), image_size=image_size, single_label=False, fit="stretch",
+                     dataset_id=None, fold=0, records="x", settings={"recipe": recipe}, stored_size=image_size)  # fmt: skip
+
+
+def test_a_recipe_writes_only_a_new_or_empty_run_folder_or_its_own_run_with_overwrite(tmp_path):
+    from train.torch_run import check_run_folder, save_run
+
+    run = tmp_path / "run"
+    check_run_folder(str(run), overwrite=False)  # new
+    run.mkdir()
+    check_run_folder(str(run), overwrite=False)  # empty
+    save_run(str(run), recipe_config(), {"model-swa.pt": {"w": torch.ones(2)}}, {"validation_auc": 0.5})
+    with pytest.raises(TfpipeError, match="already holds a run of torch_ddp; pass overwrite=True"):
+        check_run_folder(str(run), overwrite=False)
+    check_run_folder(str(run), overwrite=True)
+    save_run(str(run), recipe_config(), {"model.pt": {"w": torch.zeros(2)}}, {"validation_auc": 0.7})
+    assert sorted(p.name for p in run.iterdir()) == ["config.json", "metrics.json", "model.pt"]  # no SWA model left
+    (run / "notes.txt").write_text("mine")
+    with pytest.raises(TfpipeError, match=r"holds what no recipe wrote \(notes.txt\)"):
+        check_run_folder(str(run), overwrite=True)
+    (run / "notes.txt").unlink()
+    (run / "config.json").write_text(json.dumps({**json.loads((run / "config.json").read_text()), "recipe": None}))
+    with pytest.raises(TfpipeError, match="holds what no recipe wrote"):  # a train.fit run, say: never replaced
+        check_run_folder(str(run), overwrite=True)
+
+
+def test_a_recipe_refuses_test_shards_that_do_not_fit_its_run_before_training(shard_dir, tmp_path):
+    import argparse
+
+    from train.torch_run import check_predict
+
+    def args(**kw):
+        return argparse.Namespace(**{"predict": shard_dir[0], "out": str(tmp_path / "s.csv"), "probabilities": False,
+                                     "overwrite": False, **kw})  # fmt: skip
+
+    assert check_predict(recipe_config(), args(), "torch_ddp") is not None
+    with pytest.raises(TfpipeError, match=r"its classes \(a, b, c\) are not the run's \(circle, square\)"):
+        check_predict(recipe_config(("circle", "square")), args(), "torch_ddp")
+    with pytest.raises(TfpipeError, match="images stored at 32 px, the run's training images at 48 px"):
+        check_predict(recipe_config(image_size=48), args(), "torch_ddp")
+    (tmp_path / "s.csv").write_text("the user's own file\n")
+    with pytest.raises(TfpipeError, match="s.csv exists and was not written by train.predict"):
+        check_predict(recipe_config(), args(), "torch_ddp")
+    assert check_predict(recipe_config(), args(overwrite=True), "torch_ddp") is not None  # asked: replaced
+
+
+@pytest.mark.parametrize("script", ["torch_ddp.py", "lightning_swa.py"])
+def test_the_examples_refuse_a_foreign_run_folder_in_one_line_before_starting_processes(script, shard_dir, tmp_path):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "train.csv").write_text("image,labels\n")
+    done = run_python([f"examples/{script}", "--records", shard_dir[0], "--run", str(tmp_path / "run")], timeout=120)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.count("\n") == 1 and "holds what no recipe wrote (train.csv)" in done.stderr
+    assert (tmp_path / "run" / "train.csv").read_text() == "image,labels\n"

@@ -108,6 +108,26 @@ def test_existing_run_is_refused_without_resume(shard_dir, tmp_path):
     assert cfg == before  # fit decides single_label, seed and input size on a copy: the config can be reused
     with pytest.raises(TfpipeError, match="already holds a run; pass resume=True to continue it"):
         fit(tiny_config(shard_dir, tmp_path / "run", epochs=1))
+    with pytest.raises(TfpipeError, match="resume=True continues the run in .*, overwrite=True replaces it; choose"):
+        fit(tiny_config(shard_dir, tmp_path / "run", epochs=1, resume=True, overwrite=True))
+
+
+def test_overwrite_replaces_the_files_train_fit_wrote_and_nothing_else(shard_dir, tmp_path, capsys):
+    run = tmp_path / "run"
+    fit(tiny_config(shard_dir, run, epochs=1, replicas=None, batch_size=8, report=False))
+    (run / "roc-swa.png").write_bytes(b"an earlier run's picture")  # a name train.fit writes: replaced
+    (run / "submission.csv").write_text("image,labels\n")  # train.predict's, or the user's: stays
+    old_model = (run / "model.keras").read_bytes()
+    capsys.readouterr()
+    fit(tiny_config(shard_dir, run, epochs=2, replicas=None, batch_size=8, report=False, overwrite=True, verbose=2))
+    out = capsys.readouterr().out
+    assert f"replaced the run in {run} (overwrite=True); kept what train.fit did not write: submission.csv" in out
+    assert (run / "submission.csv").read_text() == "image,labels\n" and not (run / "roc-swa.png").exists()
+    assert len(list(csv.DictReader((run / "history.csv").open()))) == 2  # the new run's epochs, not appended
+    assert (run / "model.keras").read_bytes() != old_model
+    (run / "config.json").unlink()  # no longer a run train.fit wrote: never replaced
+    with pytest.raises(TfpipeError, match="holds files train.fit did not write"):
+        fit(tiny_config(shard_dir, run, epochs=1, overwrite=True))
 
 
 class Crash(Exception):
@@ -465,6 +485,29 @@ def test_progress_says_what_happens_in_every_phase(replicas):
         "epoch 2/2: step 4/10",
         "epoch 2/2: validating",
     ]
+
+
+def test_a_slow_epoch_start_is_said_at_the_next_epochs_start(monkeypatch):
+    """On 8 replicas an epoch's first steps waited ~16 s (issue #36): the heartbeat's subject at the next epoch's
+    start says how long the last one's waited, so the pause comes with an estimate; a short wait says nothing."""
+    import io
+
+    from train import trainer
+
+    now = [0.0]
+    monkeypatch.setattr(trainer.time, "perf_counter", lambda: now[0])
+    progress = trainer.Progress(8, steps_per_execution=4, steps=10, epochs=3, every=3600.0, out=io.StringIO())
+    progress.on_train_begin()
+    doing = []
+    for epoch, first_steps_after in enumerate((1.0, 16.0, 2.0)):
+        now[0] += 30
+        progress.on_epoch_begin(epoch)
+        doing.append(progress.beat._doing)
+        now[0] += first_steps_after
+        progress.on_train_batch_end(3)
+        progress.on_train_batch_end(7)
+        progress.on_epoch_end(epoch)
+    assert doing[1:] == ["epoch 2/3: step 0/10", "epoch 3/3: step 0/10 (the last epoch's first steps came after 16 s)"]
 
 
 def test_progress_lines_start_on_a_line_of_their_own_beside_the_keras_bar():

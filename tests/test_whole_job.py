@@ -178,8 +178,8 @@ def test_predict_refuses_a_glob_of_shards_in_another_class_order(trained_run, sh
 def test_one_size_rule_for_fit_and_predict(trained_run):
     """The reader resizes stored images to the model's input: a run records the size its training shards were
     stored at, and train.predict wants shards stored alike (then resized as in training), whatever the input."""
-    from train.inference import check_stored_size
     from train.run import RunConfig, from_dict
+    from train.submission import check_stored_size
 
     run, _, _ = trained_run
     config = RunConfig.load(run)

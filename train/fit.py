@@ -73,6 +73,7 @@ class FitConfig:
     seed: int | None = None
     deterministic: bool = False  # seeded input order and augmentation, deterministic TensorFlow ops (slower)
     resume: bool = False
+    overwrite: bool = False  # replace the run in ``run`` (the files train.fit wrote there; others stay)
     swa_epochs: int = 0  # average the weights of the last N epochs (stochastic weight averaging)
     report: bool = True  # validation predictions, tuned thresholds and pictures after training
     verbose: int = 2  # 0 silent, 1 Keras' progress bar, 2 lines (one per epoch, and progress every 15 s)
@@ -207,6 +208,11 @@ def _run_args(p: ArgumentParser, d: FitConfig) -> None:
         help="skip the validation report (by default written after training: predictions, thresholds, pictures)",
     )
     p.add_argument("--resume", action="store_true", help="continue the run in --run from its last epoch")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the run in --run: the files train.fit wrote there (others stay)",
+    )
     p.add_argument(
         "--verbose",
         type=int,

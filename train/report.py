@@ -22,7 +22,8 @@ from tfpipe import fs
 from tfpipe.shards import Records
 from train import evaluation, plots
 from train import run as run_files
-from train.inference import labels_at, predict_probabilities, tune_thresholds
+from train.inference import predict_probabilities, tune_thresholds
+from train.submission import labels_at
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -59,14 +60,16 @@ def validation_report(
     digests = tfpipe.image_digests(records, folds)  # what train.predict knows these images by, whatever their names
     table = pd.DataFrame({"image_name": ids, "image_digest": digests, "true": truth, "predicted": predicted})
     table = pd.concat([table, pd.DataFrame(probs, columns=classes)], axis=1)
-    fs.write_atomic(f"{run_dir}/val_predictions{suffix}.csv", table.to_csv(index=False))
+    named = run_files.swa_name if suffix else str  # the SWA model's report files: roc-swa.png, ...
+    fs.write_atomic(run_files.path(run_dir, named(run_files.VAL_PREDICTIONS)), table.to_csv(index=False))
     if not single_label:
         run_files.save_thresholds(run_dir, classes, thresholds, suffix)
-    plots.roc_curves(targets, probs, classes, f"{run_dir}/roc{suffix}.png")
+    plots.roc_curves(targets, probs, classes, run_files.path(run_dir, named(run_files.ROC_PNG)))
     images = next(
         iter(tfpipe.make_dataset(records, GRID_IMAGES, image_size=image_size, folds=folds, num_classes=len(classes)))
     )[0].numpy()
-    plots.prediction_grid(images, truth[:GRID_IMAGES], predicted[:GRID_IMAGES], f"{run_dir}/predictions{suffix}.png")
+    grid = run_files.path(run_dir, named(run_files.PREDICTIONS_PNG))
+    plots.prediction_grid(images, truth[:GRID_IMAGES], predicted[:GRID_IMAGES], grid)
     scores = evaluation.score(probs, targets, classes, thresholds, single_label)
     hits = targets > 0
     return {
@@ -84,4 +87,4 @@ def learning_curves(run_dir: str) -> None:
     with fs.open(run_files.path(run_dir, run_files.HISTORY)) as f:
         history = pd.read_csv(f)
     timings = [run_files.IMAGES_PER_SEC, run_files.EPOCH_SECONDS]  # each epoch's speed, not a score to plot
-    plots.learning_curves(history.drop(columns=timings, errors="ignore"), f"{run_dir}/learning_curves.png")
+    plots.learning_curves(history.drop(columns=timings, errors="ignore"), run_files.path(run_dir, run_files.CURVES_PNG))

@@ -46,6 +46,8 @@ LOGS = "logs"
 # Every name train.fit writes in a run folder besides the report's files (train.report): what a job that fails
 # before its first epoch is saved removes again from a folder that was new or empty when it started.
 WRITTEN = (CONFIG, MODEL, MODEL_SWA, THRESHOLDS, HISTORY, STATE, METRICS, SWA_AVERAGE, BACKUP, CHECKPOINTS, LOGS)
+ROC_PNG, PREDICTIONS_PNG, CURVES_PNG = "roc.png", "predictions.png", "learning_curves.png"  # the report's pictures
+REPORT = (VAL_PREDICTIONS, TRAIN_DIGESTS, THRESHOLDS, ROC_PNG, PREDICTIONS_PNG, CURVES_PNG)  # each also with SWA_SUFFIX
 # 1: tfpipe <= 0.2 (no version, fit and dataset id unknown); 2: run_version, fit, dataset_id, num_classes.
 RUN_VERSION = 2
 IMAGES_PER_SEC, EPOCH_SECONDS = "images_per_sec", "seconds"  # history.csv's timing of each epoch (not scores)
@@ -62,6 +64,21 @@ def remove_half_saved(run: str) -> None:
         m = TEMPORARY.match(name)
         if m and m["name"] + (m["ext"] or "") in WRITTEN and not fs.isdir(path(run, name)):
             fs.remove(path(run, name))
+
+
+def swa_name(name: str) -> str:
+    """``val_predictions.csv`` -> ``val_predictions-swa.csv``: the SWA model's report file of that name."""
+    stem, dot, ext = name.rpartition(".")
+    return f"{stem}{SWA_SUFFIX}{dot}{ext}"
+
+
+def written_by_fit(name: str) -> bool:
+    """Whether ``name`` in a run folder is one train.fit writes (a run file, a report file, one of those under a
+    temporary name): what ``train.fit --overwrite`` replaces, and nothing else."""
+    m = TEMPORARY.match(name)
+    if m:
+        name = m["name"] + (m["ext"] or "")
+    return name in WRITTEN or name in REPORT or name in {swa_name(n) for n in REPORT}
 
 
 def path(run: str, name: str) -> str:

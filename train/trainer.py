@@ -198,7 +198,7 @@ class Throughput(keras.callbacks.Callback):
         self.images_per_epoch = images_per_epoch
         self.rates: list[float] = []
         self.epochs_saved = 0
-        self.seconds = 0.0
+        self.seconds = self.last_seconds = 0.0
         self._start: float | None = None
         self._began = 0.0
 
@@ -212,7 +212,7 @@ class Throughput(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         self.on_test_begin()  # an epoch without validation: timed to its end
-        seconds = time.perf_counter() - self._began
+        seconds = self.last_seconds = time.perf_counter() - self._began
         self.seconds += seconds
         self.epochs_saved += 1
         if logs is not None:
@@ -248,8 +248,9 @@ class Progress(keras.callbacks.Callback):
         self.replicas, self.spe, self.steps, self.epochs, self.out = replicas, steps_per_execution, steps, epochs, out
         self.bar = bar  # Keras draws a progress bar (verbose=1): no step lines of ours within an epoch
         self.beat = console.Heartbeat("train.fit", every, out)
-        self._start = 0.0
+        self._start = self._epoch_began = 0.0
         self._epoch = 0
+        self._first_wait: float | None = None  # seconds from an epoch's start to its first steps (the last epoch's)
         self._first_step_seen = self._validation_seen = False
         self._bar_open = False  # Keras' bar has drawn this epoch's line and not ended it yet
 
@@ -282,12 +283,17 @@ class Progress(keras.callbacks.Callback):
         self.beat.start("still compiling the training step")
 
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
-        self._epoch = epoch
+        self._epoch, self._epoch_began = epoch, time.perf_counter()
         if self._first_step_seen and not self.bar:
-            self.beat.start(f"epoch {epoch + 1}/{self.epochs}: step 0/{self.steps}")
+            # on several replicas an epoch's first steps can wait many seconds (measured: ~16 s on 8 CPU replicas)
+            wait = self._first_wait or 0.0
+            waited = f" (the last epoch's first steps came after {wait:.0f} s)" if wait >= SLOW_START_SECONDS else ""
+            self.beat.start(f"epoch {epoch + 1}/{self.epochs}: step 0/{self.steps}{waited}")
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         self._bar_open = self.bar  # Keras' bar (the first callback) has just drawn this step
+        if batch < self.spe:  # the epoch's first execution
+            self._first_wait = time.perf_counter() - self._epoch_began
         where = f"epoch {self._epoch + 1}/{self.epochs}: step {batch + 1}/{self.steps}"
         if not self._first_step_seen:
             self._first_step_seen = True
@@ -317,6 +323,9 @@ class Progress(keras.callbacks.Callback):
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
         # until fit returns: TensorFlow destroys the input pipeline holding the GIL, at times for a minute
         self.beat.start_outside("still closing the input pipeline (TensorFlow)")
+
+
+SLOW_START_SECONDS = 5.0  # an epoch start that waits longer is said, with the wait, at the next epoch's start
 
 
 class LogLearningRate(keras.callbacks.Callback):
@@ -411,15 +420,25 @@ def check_out(cfg: FitConfig, shards: Shards) -> bool:
     if not others:
         return True
     config = RunConfig.load(cfg.run)
+    if cfg.overwrite:
+        replace_run(cfg.run, others, cfg.verbose > 0)
+        return True
     if not cfg.resume:
         raise TfpipeError(
-            f"{cfg.run} already holds a run; pass {option('resume', True)} to continue it or choose "
-            f"another {option('run')} folder"
+            f"{cfg.run} already holds a run; pass {option('resume', True)} to continue it or "
+            f"{option('overwrite', True)} to replace it, or choose another {option('run')} folder"
         )
+    check_resume_fits(cfg, shards, config)
+    run_files.remove_half_saved(cfg.run)  # of a job killed while saving: this one saves them again
+    return False
+
+
+def check_resume_fits(cfg: FitConfig, shards: Shards, config: RunConfig) -> None:
+    """``resume`` continues an unfinished run on its own shards with the settings it started with."""
     if read_state(cfg.run).get("finished"):
         raise TfpipeError(
-            f"{cfg.run} holds a finished run (model.keras); {option('resume', True)} continues an "
-            f"interrupted one -- choose another {option('run')} folder to train again"
+            f"{cfg.run} holds a finished run (model.keras); {option('resume', True)} continues an interrupted "
+            f"one -- pass {option('overwrite', True)} to replace it, or choose another {option('run')} folder"
         )
     if config.dataset_id and config.dataset_id != shards.dataset_id:
         raise TfpipeError(
@@ -437,8 +456,19 @@ def check_out(cfg: FitConfig, shards: Shards) -> bool:
             "continues a run with its own settings"
         )
     check_resumable(cfg.run, config)
-    run_files.remove_half_saved(cfg.run)  # of a job killed while saving: this one saves them again
-    return False
+
+
+def replace_run(run: str, names: Sequence[str], progress: bool) -> None:
+    """``overwrite``: removes the files of the run in ``run`` that train.fit wrote (``config.json`` last, so a job
+    killed meanwhile leaves a folder that is still a run's); files of other names stay, and are said."""
+    own = sorted((n for n in names if run_files.written_by_fit(n)), key=lambda n: n == run_files.CONFIG)
+    for name in own:
+        p = run_files.path(run, name)
+        fs.rmtree(p) if fs.isdir(p) and not os.path.islink(p) else fs.remove(p)
+    kept = [n for n in names if n not in own]
+    if progress:
+        what = f"; kept what train.fit did not write: {', '.join(kept[:3])}" + (" ..." if len(kept) > 3 else "")
+        print(f"train.fit: replaced the run in {run} ({option('overwrite', True)}){what if kept else ''}", flush=True)
 
 
 def check_resumable(run: str, config: RunConfig) -> None:
@@ -627,7 +657,10 @@ def checked_image_size(cfg: FitConfig, shards: Shards) -> int:
     the model's smallest input."""
     image_size = cfg.image_size or shards.image_size
     if not image_size:
-        raise TfpipeError(f"{cfg.records}: images were stored without a fixed size; pass {option('image_size')}")
+        raise TfpipeError(
+            f"{cfg.records}: images were stored at their own sizes (written without {option('image_size')}); pass "
+            f"{option('image_size', 224)} -- the model's input side, each image resized to it as read"
+        )
     if image_size < min_image_size(cfg.model):
         raise TfpipeError(
             f"{option('image_size')} {image_size} is below {cfg.model}'s smallest input "
@@ -639,7 +672,7 @@ def checked_image_size(cfg: FitConfig, shards: Shards) -> int:
 def check_names(cfg: FitConfig) -> None:
     """Every named setting is one the engine knows (the command line offers only those; Python may pass any),
     and a weights file exists: checked before the run folder is touched. The model's name is checked with its
-    smallest input (``checked_image_size``)."""
+    smallest input (``checked_image_size``). ``resume`` and ``overwrite`` are not both asked."""
     for name, value, known in (
         ("optimizer", cfg.optimizer, OPTIMIZERS),
         ("schedule", cfg.schedule, SCHEDULES),
@@ -649,6 +682,11 @@ def check_names(cfg: FitConfig) -> None:
             raise TfpipeError(f"unknown {name} {value!r}: use one of {', '.join(k for k in known if k)}")
     if cfg.weights not in (None, "none", "imagenet") and not fs.exists(cfg.weights):
         raise TfpipeError(f"cannot load weights {cfg.weights!r} for {cfg.model}: no such file")
+    if cfg.resume and cfg.overwrite:
+        raise TfpipeError(
+            f"{option('resume', True)} continues the run in {cfg.run}, {option('overwrite', True)} replaces it; "
+            "choose one"
+        )
 
 
 def check_numbers(cfg: FitConfig) -> None:
@@ -758,7 +796,7 @@ def train_and_report(
             time.perf_counter() - started,
             throughput,
         )
-        metrics.update(reports(model, swa, strategy, plan, data, report_args, parts))
+        metrics.update(reports(model, swa, strategy, plan, data, report_args, parts, throughput.last_seconds))
         shards.check_unchanged()
         fs.write_atomic(run_files.path(plan.run, run_files.METRICS), json.dumps(metrics, indent=1) + "\n")
     write_state(plan.run, dict(read_state(plan.run), burn_done=bool(plan.burn_epochs), finished=True))
@@ -844,10 +882,12 @@ def reports(
     data: PhaseData,
     report_args: dict[str, Any],
     parts: Parts,
+    epoch_seconds: float,
 ) -> dict[str, Any]:
     """metrics.json's ``report`` (validation predictions, thresholds and pictures, with ``plan.report``; and the
     digests of the images trained on, ``parts.train``) and ``swa`` (the averaged model saved and scored, with
-    ``plan.swa_epochs``)."""
+    ``plan.swa_epochs``; its line estimates its time by ``epoch_seconds``, the last epoch's: measured 7 s for a
+    6 s epoch of the demo on 8 replicas)."""
     found: dict[str, Any] = {}
     if plan.report:
         with console.saying(
@@ -865,7 +905,7 @@ def reports(
         with console.saying(
             "train.fit",
             f"SWA: the weights averaged over {swa.count} epoch{'s' * (swa.count != 1)}, their batch-norm statistics "
-            "and scores",
+            f"and scores -- about an epoch's time (the last took {epoch_seconds:.0f} s)",
             "still averaging (SWA)",
             bool(plan.verbose),
         ):
