@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import csv
 import os
+import sys
 
 import cv2
 import numpy as np
@@ -68,20 +69,33 @@ def fold_and_score(work: str, train_csv: str, test: str, group_col: str | None, 
     return metrics["report"]["roc_auc_macro"], df.attrs["evaluation"]["all"]["roc_auc_macro"]
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("work", help="a folder for the images, shards and runs")
-    p.add_argument("--photos", type=int, default=150)
-    p.add_argument("--copies", type=int, default=4)
-    p.add_argument("--epochs", type=int, default=12)
-    args = p.parse_args()
-    import tfpipe
+MARK = ".bench-group-folds"  # written first into the work folder: what a later run may write over
 
+
+def check_work_folder(work: str) -> None:
+    """The work folder is new or empty, or one this benchmark made (its mark): its images, shards and runs are
+    then replaced; nobody else's folder is written into."""
+    from tfpipe.errors import TfpipeError
+
+    if os.path.isdir(work) and os.listdir(work) and not os.path.isfile(os.path.join(work, MARK)):
+        raise TfpipeError(f"{work} holds files this benchmark did not write; choose a new or empty folder")
+    if os.path.exists(work) and not os.path.isdir(work):
+        raise TfpipeError(f"{work} is a file; name a folder")
+    os.makedirs(work, exist_ok=True)
+    open(os.path.join(work, MARK), "w").close()
+
+
+def run(args: argparse.Namespace) -> None:
+    import tfpipe
+    from tfpipe.demo import SHAPES  # every class in both writes, whatever the few photographs of a smoke run hold
+    from tfpipe.errors import check_count
+
+    check_count(1, copies=args.copies, epochs=args.epochs)
+    check_count(3, photos=args.photos)  # a third of them, new, are the test set
+    check_work_folder(args.work)
     train_csv = write_photos(args.work, "train", args.photos, args.copies, seed=0)
     test_csv = write_photos(args.work, "test", args.photos // 3, args.copies, seed=1)
     test = os.path.join(args.work, "records", "test")
-    from tfpipe.demo import SHAPES  # every class in both writes, whatever the few photographs of a smoke run hold
-
     tfpipe.write_shards(tfpipe.Source(os.path.join(args.work, "images"), csv=test_csv), test, classes=sorted(SHAPES),
                         spec=tfpipe.ImageSpec(image_size=SIZE), workers=0, progress=False, overwrite=True)  # fmt: skip
     print("| folds | validation AUC (fold 0) | held-out test AUC | validation minus test |")
@@ -91,5 +105,16 @@ def main() -> None:
         print(f"| {what} | {val:.3f} | {held_out:.3f} | {val - held_out:+.3f} |", flush=True)
 
 
+def main() -> int:
+    from tfpipe.errors import ArgumentParser, run_cli
+
+    p = ArgumentParser(prog="python -m bench.group_folds", description=(__doc__ or "").splitlines()[0])
+    p.add_argument("work", help="a new or empty folder for the images, shards and runs (or one this made before)")
+    p.add_argument("--photos", type=int, default=150, help="photographs to train on (a third as many new ones: test)")
+    p.add_argument("--copies", type=int, default=4, help="crops of each photograph")
+    p.add_argument("--epochs", type=int, default=12)
+    return run_cli("bench.group_folds", run, p.parse_args())
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

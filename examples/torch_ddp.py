@@ -31,6 +31,7 @@ import contextlib
 import functools
 import logging
 import os
+import signal
 import socket
 import sys
 import time
@@ -42,7 +43,8 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from tfpipe.errors import ArgumentParser, TfpipeError, check_count, run_cli
+from tfpipe import console
+from tfpipe.errors import ArgumentParser, TfpipeError, as_command, check_count, os_error_line, run_cli
 from tfpipe.processes import die_with_parent, loader_dies_with_this_process
 from tfpipe.shards import open_shards
 from tfpipe.torch import RecordDataset, folds_apart, gather_rows, sync_buffers, unique_rows
@@ -57,7 +59,6 @@ from train.torch_run import (
 )
 
 PROG = "torch_ddp"
-HEARTBEAT_SECONDS = 15  # a line at least this often while an epoch runs
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -91,20 +92,20 @@ def loader(ds: RecordDataset, args: argparse.Namespace) -> torch.utils.data.Data
 
 
 def train_epoch(
-    model: torch.nn.Module, batches: Any, step: Callable[[], None], device: Any, say: Callable[[str], None]
+    model: torch.nn.Module, batches: Any, step: Callable[[], None], device: Any, where: Callable[[str], None]
 ) -> float:
-    """One pass over ``batches``; ``step`` applies the gradients. Returns this rank's mean loss."""
+    """One pass over ``batches``; ``step`` applies the gradients, ``where`` hears the step and loss so far (rank
+    0's heartbeat says them every 15 s, from a thread: also while one step waits long). Returns this rank's mean
+    loss."""
     model.train()
     loss_fn = torch.nn.BCEWithLogitsLoss()
-    total, count, last = 0.0, 0, time.monotonic()
+    total, count = 0.0, 0
     for i, (images, targets) in enumerate(batches):
         loss = loss_fn(model(model_inputs(images.to(device), training=True)), targets.to(device))
         loss.backward()
         step()
         total, count = total + float(loss.detach()), count + 1
-        if time.monotonic() - last > HEARTBEAT_SECONDS:
-            say(f"  step {i + 1}: loss {total / count:.4f}")
-            last = time.monotonic()
+        where(f"step {i + 1}, loss {total / count:.4f}")
     return total / max(count, 1)
 
 
@@ -136,9 +137,16 @@ def fit(
         optimizer, args.lr * world_size, total_steps=args.epochs * len(train_loader)
     )
 
+    beat = console.Heartbeat(PROG) if rank == 0 else None  # a line at least every 15 s while an epoch runs
+
     def say(line: str) -> None:
-        if rank == 0:
+        if beat is not None:
             print(line, flush=True)
+            beat.stop()
+
+    def where(doing: str) -> None:
+        if beat is not None:
+            beat.update(f"epoch {epoch + 1}/{args.epochs}: {doing}")
 
     def step() -> None:
         xla.optimizer_step(optimizer) if xla else optimizer.step()  # xla: all-reduces the gradients first
@@ -148,7 +156,10 @@ def fit(
     for epoch in range(args.epochs):
         train.set_epoch(epoch)
         batches = xla_loader(train_loader, device) if xla else train_loader
-        loss = train_epoch(model, batches, step, device, say)
+        if beat is not None:
+            beat.start(f"epoch {epoch + 1}/{args.epochs}: starting")
+        loss = train_epoch(model, batches, step, device, where)
+        where("validating")
         auc = validate(net, val_loader, val.num_records, device, xla)
         say(f"epoch {epoch + 1}/{args.epochs}: loss {loss:.4f} (rank 0), validation AUC {auc:.4f}")
     return net, auc
@@ -212,19 +223,24 @@ def mesh_rows(xla: Any, names: list[str], *columns: np.ndarray, expected: int) -
 
 
 def run_rank(rank: int, args: argparse.Namespace, config: RunConfig | None, port: int, parent: int) -> None:
-    """One of ``--processes`` CPU processes: a gloo process group, then the loop."""
+    """One of ``--processes`` CPU processes: a gloo process group, then the loop. Its errors are one line and
+    exit code 2, settings spelt as flags (``as_command``)."""
     die_with_parent(parent)
     torch.set_num_threads(1)  # the processes share the machine's cores; more threads each only contend
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=args.processes)
     try:
-        start = time.monotonic()
-        net, auc = fit(rank, args.processes, args, torch.device("cpu"))
-        rows = test_rows(net, args, torch.device("cpu"), None) if args.predict else None
-        if rank == 0:
-            finish(net, auc, args, config, rows, round(time.monotonic() - start, 1))
+        with as_command(PROG):
+            start = time.monotonic()
+            net, auc = fit(rank, args.processes, args, torch.device("cpu"))
+            rows = test_rows(net, args, torch.device("cpu"), None) if args.predict else None
+            if rank == 0:
+                finish(net, auc, args, config, rows, round(time.monotonic() - start, 1))
     except TfpipeError as e:  # from a DataLoader worker, torch puts the worker's traceback in the message
         message = str(e).strip().splitlines()[-1].removeprefix("tfpipe.errors.TfpipeError: ")
         print(f"{PROG}: error: {message}", file=sys.stderr, flush=True)
+        sys.exit(2)
+    except OSError as e:  # a full disk, an unwritable --out: the machine's, not a bug
+        print(f"{PROG}: error: {os_error_line(e)}", file=sys.stderr, flush=True)
         sys.exit(2)
     finally:
         dist.destroy_process_group()
@@ -281,6 +297,11 @@ def run(args: argparse.Namespace) -> None:
             raise TfpipeError(f"rank {e.error_index} failed: {last}; the other ranks were stopped") from None
 
 
+def _terminated(signum: int, frame: Any) -> None:
+    print(f"{PROG}: terminated (SIGTERM); every rank stopped", file=sys.stderr, flush=True)
+    raise SystemExit(143)
+
+
 def _quiet_resource_sharer(previous: Callable[..., None], kind: type, error: BaseException, tb: Any) -> None:
     """``sys.excepthook`` without the traceback multiprocessing's resource sharer thread prints (through
     ``sys.excepthook`` itself) when a stopped rank's connection to it breaks; anything else as before."""
@@ -295,14 +316,17 @@ def _quiet_resource_sharer(previous: Callable[..., None], kind: type, error: Bas
 
 @contextlib.contextmanager
 def ranks_stopped_on_exit(processes: Sequence[Any], grace_seconds: float = 5.0) -> Iterator[None]:
-    """However this process leaves the block (Ctrl-C, an error), no rank trains on: SIGTERM, then SIGKILL after
-    ``grace_seconds``. (Python would otherwise wait for them at exit: they are not daemons.) torch's own notes on
-    stopping them are held back: the one line this script prints says what happened."""
+    """However this process leaves the block (Ctrl-C, an error, a SIGTERM: exit 143 with a line, as the Lightning
+    recipe), no rank trains on: SIGTERM, then SIGKILL after ``grace_seconds``. (Python would otherwise wait for
+    them at exit: they are not daemons.) torch's own notes on stopping them are held back: the one line this
+    script prints says what happened."""
     logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
     sys.excepthook = functools.partial(_quiet_resource_sharer, sys.excepthook)  # the sharer calls it directly
+    previous = signal.signal(signal.SIGTERM, _terminated)
     try:
         yield
     finally:
+        signal.signal(signal.SIGTERM, previous)
         for p in processes:
             if p.is_alive():
                 p.terminate()

@@ -68,3 +68,11 @@ def test_the_group_folds_benchmark_writes_both_rows_of_its_table(tmp_path):
     rows = [line for line in r.stdout.splitlines() if line.startswith("| by ")]
     assert [row.split(" |")[0] for row in rows] == ["| by image (`--num-folds 5`)", "| by group (`--group-col photo`)"]
     assert "no group in two" in r.stdout
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "train.csv").write_text("a user's")
+    r = subprocess.run([sys.executable, "-m", "bench.group_folds", str(tmp_path / "other")], cwd=ROOT,
+                       capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=ROOT))  # fmt: skip
+    assert r.returncode == 2 and r.stderr.strip().endswith(
+        "holds files this benchmark did not write; choose a new or empty folder"
+    )
+    assert (tmp_path / "other" / "train.csv").read_text() == "a user's"

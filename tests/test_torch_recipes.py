@@ -116,7 +116,8 @@ def test_torch_ddp_example_learns_the_demo_on_8_processes_and_submits(demo_shard
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     lines = done.stdout.strip().splitlines()
-    assert lines[0].startswith("epoch 1/24: loss") and len([ln for ln in lines if ln.startswith("epoch ")]) == 24
+    epochs = [ln for ln in lines if ln.startswith("epoch ")]  # between them, the heartbeat's "torch_ddp: ..." lines
+    assert epochs[0].startswith("epoch 1/24: loss") and len(epochs) == 24
     assert lines[-3:-1] == [f"saved {run}/model.pt", f"wrote {run}/submission.csv: 60 rows"]
     auc = AUC_LINE.match(lines[-1]).group(2)
     assert float(auc) >= 0.85  # chance is 0.5; measured 0.92 on this machine (24 epochs, about 3 minutes)
@@ -256,3 +257,83 @@ def test_the_examples_refuse_a_foreign_run_folder_in_one_line_before_starting_pr
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     assert done.stderr.count("\n") == 1 and "holds what no recipe wrote (train.csv)" in done.stderr
     assert (tmp_path / "run" / "train.csv").read_text() == "image,labels\n"
+
+
+def test_a_submission_never_replaces_a_link_a_folder_or_tfpipes_own_files(shard_dir, tmp_path):
+    """--out is checked before training, whatever --overwrite says: a name ending in / is a folder (it was made,
+    then refused after training), a link would become a file (/dev/stdout into a log), and a run's or a shard
+    folder's own files (model.pt, config.json, manifest.json) are never written over by a CSV."""
+    from train.submission import check_destination
+
+    with pytest.raises(TfpipeError, match="new/ is a folder"):
+        check_destination(str(tmp_path / "new") + "/", overwrite=True)
+    assert not (tmp_path / "new").exists()
+    for name in ("model.pt", "config.json", "metrics.json", "manifest.json", "train-0-of-1-3.tfrec"):
+        (tmp_path / name).write_text("tfpipe's")
+        with pytest.raises(TfpipeError, match=f"{re.escape(name)} is a name tfpipe's own files have"):
+            check_destination(str(tmp_path / name), overwrite=True)
+        assert (tmp_path / name).read_text() == "tfpipe's"
+    (tmp_path / "log.txt").write_text("a log")
+    (tmp_path / "stdout").symlink_to(tmp_path / "log.txt")
+    with pytest.raises(TfpipeError, match="stdout is a link"):
+        check_destination(str(tmp_path / "stdout"), overwrite=True)
+
+
+def test_predict_wants_an_out_and_a_shard_folder_with_its_manifest(shard_dir, tmp_path):
+    import argparse
+
+    from train.torch_run import check_predict
+
+    args = argparse.Namespace(predict=shard_dir[0], out="", probabilities=False, overwrite=False)
+    with pytest.raises(TfpipeError, match="out is empty"):
+        check_predict(recipe_config(), args, "torch_ddp")
+    import shutil
+
+    (tmp_path / "bare").mkdir()
+    for f in Path(shard_dir[0]).glob("*.tfrec"):  # the shards alone, without their manifest
+        shutil.copy(f, tmp_path / "bare")
+    args = argparse.Namespace(predict=str(tmp_path / "bare" / "*.tfrec"), out=str(tmp_path / "s.csv"),
+                              probabilities=False, overwrite=False)  # fmt: skip
+    with pytest.raises(TfpipeError, match=r"\*.tfrec: no manifest.json; predict takes a shard folder"):
+        check_predict(recipe_config(), args, "torch_ddp")
+
+
+def test_a_folder_named_like_a_run_file_is_not_the_runs_and_a_deleted_submissions_record_is(tmp_path):
+    from train.submission import write_submission
+    from train.torch_run import check_run_folder, save_run
+
+    run = tmp_path / "run"
+    save_run(str(run), recipe_config(), {}, {"validation_auc": 0.5})
+    write_submission(str(run / "submission.csv"), "image,labels\nx,a\n", overwrite=False)
+    (run / "submission.csv").unlink()  # deleted by its user: its record stays, and is tfpipe's
+    check_run_folder(str(run), overwrite=True)
+    (run / "model.pt").mkdir()
+    (run / "model.pt" / "mine.txt").write_text("mine")
+    with pytest.raises(TfpipeError, match=r"holds what no recipe wrote \(model.pt\)"):
+        check_run_folder(str(run), overwrite=True)
+
+
+@pytest.mark.slow
+def test_torch_ddp_says_a_sigterm_and_leaves_no_rank(shard_dir, tmp_path):
+    """SIGTERM to the command (a scheduler stopping it): exit 143 and one line, as the Lightning recipe; the
+    ranks are stopped with it."""
+    import signal
+    import time
+
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    proc = subprocess.Popen([sys.executable, "examples/torch_ddp.py", "--records", shard_dir[0], "--processes", "2",
+                             "--epochs", "50"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)  # fmt: skip
+    assert proc.stdout is not None
+    while not proc.stdout.readline().startswith("epoch 1/50"):  # the ranks train (heartbeat lines may come first)
+        assert proc.poll() is None
+    children = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert (
+        proc.returncode == 143 and err.strip().splitlines()[-1] == "torch_ddp: terminated (SIGTERM); every rank stopped"
+    )
+    deadline = time.monotonic() + 30  # Python's resource tracker, the third child, takes a few seconds to clean up
+    while [c for c in children if os.path.exists(f"/proc/{c}")] and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert len(children) == 3 and not [c for c in children if os.path.exists(f"/proc/{c}")]

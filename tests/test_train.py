@@ -112,6 +112,24 @@ def test_existing_run_is_refused_without_resume(shard_dir, tmp_path):
         fit(tiny_config(shard_dir, tmp_path / "run", epochs=1, resume=True, overwrite=True))
 
 
+def test_a_pytorch_recipes_run_is_neither_replaced_nor_predicted_by_train_fits_commands(shard_dir, tmp_path):
+    """A recipe's run folder (train.torch_run: config.json naming its recipe, model.pt) shares config.json with
+    train.fit's: train.fit --overwrite must not take it for its own, nor train.predict look for a model.keras."""
+    from train.inference import check_model_present
+    from train.run import RunConfig
+
+    run = tmp_path / "recipe_run"
+    run.mkdir()
+    RunConfig(classes=("a", "b", "c"), image_size=32, single_label=False, fit="stretch", dataset_id=None, fold=0,
+              records=shard_dir[0], settings={"recipe": "torch_ddp"}, stored_size=32).save(str(run))  # fmt: skip
+    (run / "model.pt").write_bytes(b"weights")
+    with pytest.raises(TfpipeError, match="holds a run of the PyTorch recipe torch_ddp; choose another run folder"):
+        fit(tiny_config(shard_dir, run, epochs=1, overwrite=True))
+    assert sorted(p.name for p in run.iterdir()) == ["config.json", "model.pt"]
+    with pytest.raises(TfpipeError, match="is a run of the PyTorch recipe torch_ddp .* predict with the recipe's"):
+        check_model_present(str(run), swa=False)
+
+
 def test_overwrite_replaces_the_files_train_fit_wrote_and_nothing_else(shard_dir, tmp_path, capsys):
     run = tmp_path / "run"
     fit(tiny_config(shard_dir, run, epochs=1, replicas=None, batch_size=8, report=False))
@@ -125,6 +143,10 @@ def test_overwrite_replaces_the_files_train_fit_wrote_and_nothing_else(shard_dir
     assert (run / "submission.csv").read_text() == "image,labels\n" and not (run / "roc-swa.png").exists()
     assert len(list(csv.DictReader((run / "history.csv").open()))) == 2  # the new run's epochs, not appended
     assert (run / "model.keras").read_bytes() != old_model
+    (run / "logs" / "my_notes.txt").write_text("mine")  # inside a folder --overwrite removes whole: refused
+    with pytest.raises(TfpipeError, match=r"logs/my_notes.txt is not a file train.fit writes, in a folder overwrite"):
+        fit(tiny_config(shard_dir, run, epochs=1, overwrite=True))
+    assert (run / "logs" / "my_notes.txt").read_text() == "mine" and (run / "model.keras").exists()
     (run / "config.json").unlink()  # no longer a run train.fit wrote: never replaced
     with pytest.raises(TfpipeError, match="holds files train.fit did not write"):
         fit(tiny_config(shard_dir, run, epochs=1, overwrite=True))

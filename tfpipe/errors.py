@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import contextvars
 import errno
 import numbers
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NoReturn
 
 _COMMAND: contextvars.ContextVar[str | None] = contextvars.ContextVar(
@@ -153,6 +154,17 @@ def os_error_line(e: OSError, path: str | None = None) -> str:
     return line
 
 
+@contextlib.contextmanager
+def as_command(prog: str) -> Iterator[None]:
+    """Within the block, errors spell settings as the command ``prog``'s flags (``--out``, not ``out``): for
+    the processes a command starts (its ranks), which do not run through ``run_cli``."""
+    token = _COMMAND.set(prog)
+    try:
+        yield
+    finally:
+        _COMMAND.reset(token)
+
+
 def run_cli(prog: str, fn: Callable[..., object], *args: object) -> int:
     """Runs ``fn(*args)`` for an entry point and returns its exit code.
 
@@ -166,9 +178,8 @@ def run_cli(prog: str, fn: Callable[..., object], *args: object) -> int:
     for name in ("stdout", "stderr"):  # started with fd 1 or 2 closed (``>&-``, a daemon): Python made it None
         if getattr(sys, name) is None:
             setattr(sys, name, open(os.devnull, "w"))  # noqa: SIM115 -- the command's own stream, for its life
-    token = _COMMAND.set(prog)
     try:
-        with quiet_tensorflow():  # TensorFlow's start-up lines held back (TFPIPE_VERBOSE=1 shows them)
+        with as_command(prog), quiet_tensorflow():  # TensorFlow's start-up lines held back (TFPIPE_VERBOSE=1)
             fn(*args)
     except TfpipeError as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
@@ -179,6 +190,4 @@ def run_cli(prog: str, fn: Callable[..., object], *args: object) -> int:
     except KeyboardInterrupt as e:
         print(f"{prog}: interrupted" + (f": {e}" if str(e) else ""), file=sys.stderr)
         return 130
-    finally:
-        _COMMAND.reset(token)
     return 0

@@ -91,6 +91,12 @@ def check_model_present(run: str, swa: bool) -> None:
     name = run_files.model_files(swa)[0]
     if fs.exists(run_files.path(run, name)):
         return
+    recipe = RunConfig.load(run).recipe
+    if recipe:
+        raise TfpipeError(
+            f"{run} is a run of the PyTorch recipe {recipe} (model.pt): train.predict predicts train.fit's runs; "
+            "predict with the recipe's --predict"
+        )
     finished = run_files.read_state(run).get("finished", False)
     if swa and finished:
         raise TfpipeError(

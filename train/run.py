@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import posixpath
 import re
 from collections.abc import Sequence
@@ -26,7 +27,7 @@ from typing import Any, NamedTuple
 
 from tfpipe import fs
 from tfpipe.errors import TfpipeError, option
-from tfpipe.manifest import FITS
+from tfpipe.manifest import FITS, MANIFEST, SHARD_SUFFIX
 from tfpipe.shards import Shards, fold_split, holdout_split
 
 CONFIG = "config.json"
@@ -48,6 +49,7 @@ LOGS = "logs"
 WRITTEN = (CONFIG, MODEL, MODEL_SWA, THRESHOLDS, HISTORY, STATE, METRICS, SWA_AVERAGE, BACKUP, CHECKPOINTS, LOGS)
 ROC_PNG, PREDICTIONS_PNG, CURVES_PNG = "roc.png", "predictions.png", "learning_curves.png"  # the report's pictures
 REPORT = (VAL_PREDICTIONS, TRAIN_DIGESTS, THRESHOLDS, ROC_PNG, PREDICTIONS_PNG, CURVES_PNG)  # each also with SWA_SUFFIX
+TORCH_MODEL, TORCH_MODEL_SWA = "model.pt", "model-swa.pt"  # the PyTorch recipes' weights (train.torch_run)
 # 1: tfpipe <= 0.2 (no version, fit and dataset id unknown); 2: run_version, fit, dataset_id, num_classes.
 RUN_VERSION = 2
 IMAGES_PER_SEC, EPOCH_SECONDS = "images_per_sec", "seconds"  # history.csv's timing of each epoch (not scores)
@@ -81,6 +83,32 @@ def written_by_fit(name: str) -> bool:
     return name in WRITTEN or name in REPORT or name in {swa_name(n) for n in REPORT}
 
 
+# The files train.fit's callbacks write inside LOGS (TensorBoard), CHECKPOINTS and BACKUP (TensorFlow checkpoints)
+FOLDER_FILE = re.compile(r"^(events\.out\.tfevents\..+|checkpoint|best\..+|ckpt-\d+\..+|.+\.tmp-[0-9a-f]{8}.*)$")
+
+
+def foreign_in_folders(run: str) -> list[str]:
+    """Files inside a local run's ``logs/``, ``checkpoints/`` and ``backup/`` that train.fit does not write (a
+    user's notes), as paths under ``run``: ``--overwrite`` removes those folders whole, so it refuses while any is
+    there. A bucket's folders are not walked (objects there are train.fit's to replace)."""
+    if fs.is_remote(run):
+        return []
+    found = []
+    for folder in (LOGS, CHECKPOINTS, BACKUP):
+        top = path(run, folder)
+        if os.path.islink(top) or not os.path.isdir(top):
+            continue  # a link is removed as a link, its target untouched
+        for parent, _, files in os.walk(top):
+            found += [os.path.relpath(os.path.join(parent, f), run) for f in files if not FOLDER_FILE.match(f)]
+    return sorted(found)
+
+
+def contract_file(name: str) -> bool:
+    """Whether a file's ``name`` is one of tfpipe's own contracts -- a run file or report file, a recipe's weights,
+    a shard folder's manifest or a shard: never written over by a submission, whatever ``overwrite`` says."""
+    return written_by_fit(name) or name in (TORCH_MODEL, TORCH_MODEL_SWA, MANIFEST) or name.endswith(SHARD_SUFFIX)
+
+
 def path(run: str, name: str) -> str:
     """``run/name`` for a run folder, local or ``gs://``."""
     return posixpath.join(run, name)
@@ -103,6 +131,13 @@ class RunConfig:
     # OWN_SIZES when written without a fixed size, None when unknown (runs before tfpipe 1.1). Shards to predict
     # must be stored alike.
     stored_size: int | str | None = None
+
+    @property
+    def recipe(self) -> str | None:
+        """The PyTorch recipe that wrote this run (``train.torch_run``: a ``model.pt``, no Keras model); None for
+        train.fit's runs."""
+        recipe = self.settings.get("recipe")
+        return recipe if isinstance(recipe, str) else None
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form: the settings flat (as before), the contract's fields over them."""

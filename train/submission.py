@@ -77,14 +77,23 @@ def check_destination(out: str, overwrite: bool) -> None:
     """Before any predicting: ``out`` must be a regular file name whose folder exists (created if missing). An
     existing file is replaced only when ``train.predict`` wrote it and nobody changed it since (its hash is
     recorded beside it in ``.NAME.tfpipe``), or with ``overwrite``: never a ``train.csv``, a manifest or anything
-    else named as ``out`` by mistake, whatever its columns. A FIFO or a device (``/dev/stdout``) is never written."""
+    else named as ``out`` by mistake, whatever its columns. A FIFO or a device (``/dev/stdout``) is never written,
+    nor a link (written over, it would become a file), nor -- even with ``overwrite`` -- a file of tfpipe's own
+    contracts (a run's ``config.json`` or weights, a ``manifest.json``, a shard)."""
     if not out:
         return
-    if fs.isdir(out):
+    if fs.isdir(out) or out.endswith("/"):
         raise TfpipeError(f"{out} is a folder; {option('out')} names the CSV file to write")
+    if run_files.contract_file(posixpath.basename(out)):
+        raise TfpipeError(
+            f"{out} is a name tfpipe's own files have (a run's, a shard folder's); a submission never replaces one "
+            f"-- choose another {option('out')}"
+        )
     for path in (out, _record_path(out)):
         if fs.exists(path):
             fs.check_regular(path)  # a FIFO would hang the hash, a device be replaced by a file
+    if not fs.is_remote(out) and os.path.islink(out):
+        raise TfpipeError(f"{out} is a link; {option('out')} names the file itself (the link would become a file)")
     if fs.exists(out) and not overwrite and not wrote_it(out):
         raise TfpipeError(
             f"{out} exists and was not written by train.predict (or was changed since); it is not "
@@ -116,7 +125,7 @@ def _sha256(path: str) -> str:
 def wrote_it(out: str) -> bool:
     """Whether ``out`` is byte for byte the file train.predict recorded writing there."""
     record = _record_path(out)
-    if not fs.exists(record):
+    if not fs.exists(record) or not fs.isfile(out):  # gone, or a FIFO whose hash would wait forever
         return False
     try:
         recorded = fs.read_text(record, limit=4096).strip()

@@ -39,8 +39,7 @@ from train.submission import (
     wrote_it,
 )
 
-MODEL = "model.pt"
-MODEL_SWA = "model-swa.pt"
+MODEL, MODEL_SWA = run_files.TORCH_MODEL, run_files.TORCH_MODEL_SWA
 WRITTEN = (run_files.METRICS, run_files.CONFIG, MODEL, MODEL_SWA)  # every file a recipe writes in a run folder
 THRESHOLD = 0.5  # a label at this probability or above: the recipes tune no per-class thresholds
 
@@ -77,7 +76,7 @@ def check_run_folder(run: str | None, overwrite: bool) -> None:
     names = sorted(fs.listdir(run)) if fs.exists(run) else []
     if not names:
         return
-    foreign = [n for n in names if n not in WRITTEN and not submission_of(run, n)]
+    foreign = [n for n in names if not (run_file(run, n) or submission_of(run, n))]
     if foreign or recipe_of(run) is None:
         shown = ", ".join(foreign[:3] or names[:3])
         raise TfpipeError(f"{run} holds what no recipe wrote ({shown}); choose a new or empty {option('run')} folder")
@@ -88,19 +87,25 @@ def check_run_folder(run: str | None, overwrite: bool) -> None:
         )
 
 
+def run_file(run: str, name: str) -> bool:
+    """Whether ``run/name`` is a file a recipe writes: the name, and a file (a folder of that name is not)."""
+    return name in WRITTEN and (fs.is_remote(run) or fs.isfile(run_files.path(run, name)))
+
+
 def submission_of(run: str, name: str) -> bool:
-    """Whether ``run/name`` is a submission tfpipe wrote and nobody changed since, or the record of one."""
+    """Whether ``run/name`` is a submission tfpipe wrote and nobody changed since, or the record of one (also of
+    one deleted since)."""
     if name.startswith(".") and name.endswith(".tfpipe"):
-        return submission_of(run, name[1 : -len(".tfpipe")])
-    return not fs.isdir(run_files.path(run, name)) and wrote_it(run_files.path(run, name))
+        csv = run_files.path(run, name[1 : -len(".tfpipe")])
+        return fs.isfile(run_files.path(run, name)) and (not fs.exists(csv) or wrote_it(csv))
+    return wrote_it(run_files.path(run, name))
 
 
 def recipe_of(run: str) -> str | None:
     """The recipe named in ``run/config.json`` (validated as a run's config), None when it names none."""
     if not fs.exists(run_files.path(run, run_files.CONFIG)):
         return None
-    recipe = RunConfig.load(run).settings.get("recipe")
-    return recipe if isinstance(recipe, str) else None
+    return RunConfig.load(run).recipe
 
 
 def run_config(recipe: str, args: argparse.Namespace, shards: Shards) -> RunConfig:
@@ -132,7 +137,13 @@ def check_predict(config: RunConfig, args: argparse.Namespace, prog: str) -> Sha
     and ``--out`` may be written. Returns them opened (None without ``--predict``)."""
     if not args.predict:
         return None
+    if not args.out:
+        raise TfpipeError(f"{option('out')} is empty; it names the submission CSV {option('predict')} writes")
     test = open_shards(args.predict)
+    if test.manifest is None:  # files without one claim no classes or size to check against the run
+        raise TfpipeError(
+            f"{args.predict}: no manifest.json; {option('predict')} takes a shard folder written by tfpipe.write"
+        )
     check_run_fits_records(config, test, args.predict, prog)
     if test.num_examples == 0:
         raise TfpipeError(f"{args.predict}: no records to predict")

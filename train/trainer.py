@@ -420,6 +420,10 @@ def check_out(cfg: FitConfig, shards: Shards) -> bool:
     if not others:
         return True
     config = RunConfig.load(cfg.run)
+    if config.recipe:  # its files are not train.fit's to continue or replace
+        raise TfpipeError(
+            f"{cfg.run} holds a run of the PyTorch recipe {config.recipe}; choose another {option('run')} folder"
+        )
     if cfg.overwrite:
         replace_run(cfg.run, others, cfg.verbose > 0)
         return True
@@ -460,7 +464,14 @@ def check_resume_fits(cfg: FitConfig, shards: Shards, config: RunConfig) -> None
 
 def replace_run(run: str, names: Sequence[str], progress: bool) -> None:
     """``overwrite``: removes the files of the run in ``run`` that train.fit wrote (``config.json`` last, so a job
-    killed meanwhile leaves a folder that is still a run's); files of other names stay, and are said."""
+    killed meanwhile leaves a folder that is still a run's); files of other names stay, and are said. A file of
+    another name inside its folders (``logs/``, ...) is refused: those folders go whole."""
+    stray = run_files.foreign_in_folders(run)
+    if stray:
+        raise TfpipeError(
+            f"{run_files.path(run, stray[0])} is not a file train.fit writes, in a folder {option('overwrite', True)} "
+            "removes whole; move it out of the run folder first"
+        )
     own = sorted((n for n in names if run_files.written_by_fit(n)), key=lambda n: n == run_files.CONFIG)
     for name in own:
         p = run_files.path(run, name)
