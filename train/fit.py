@@ -3,95 +3,36 @@
     python -m train.fit --records records/demo/train --strategy cpu --replicas 8 \
         --steps-per-execution 8 --run runs/demo
 
-On a Kaggle TPU v3-8: ``--strategy tpu`` (the same command otherwise). This module is the configuration and
-the command line, and imports no TensorFlow (``--help`` answers at once); ``fit`` runs the engine in
-``train.trainer``, whose other names (``compile_model``, ``make_auc``, ...) are reachable from here too.
+On a Kaggle TPU v3-8: ``--strategy tpu`` (the same command otherwise). This module is the command line over
+``train.config.FitConfig`` (also ``train.fit.FitConfig``), and imports no TensorFlow (``--help`` answers at once);
+``fit`` runs the engine in ``train.trainer``, whose ``compile_model``, ``make_auc`` and ``set_trainable`` are
+reachable from here too (tfpipe 1.0's names).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib
 import sys
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from tfpipe import console
 from tfpipe.console import quiet_call
-from tfpipe.deprecations import add_deprecated_flag, renamed_arguments, warn_renamed
+from tfpipe.deprecations import add_deprecated_flag
 from tfpipe.errors import ArgumentParser, TfpipeError, check_path, run_cli
+from train.config import FitConfig as FitConfig  # re-exported: train.fit.FitConfig (tfpipe 1.0)
 from train.models import model_names
 from train.names import OPTIMIZERS, PRECISIONS, SCHEDULES, STRATEGIES
 
 if TYPE_CHECKING:
-    import tensorflow as tf
-
-    from tfpipe.augment import Augment
-
     # The engine's names this module hands out (``__getattr__`` below), declared for type checkers: they see
     # these, and a misspelt name is an error instead of Any.
     from train.trainer import compile_model as compile_model
     from train.trainer import make_auc as make_auc
     from train.trainer import set_trainable as set_trainable
 
-ENGINE = "train.trainer"
-
-
-@dataclasses.dataclass
-class FitConfig:
-    """Everything ``fit`` needs; the command line maps one flag to each field.
-
-    ``records`` is the shard folder to train on, ``run`` the run folder to write (tfpipe 0.x's name of it,
-    ``out``, is deprecated: ``FitConfig(out=...)`` and ``cfg.out`` still work and warn).
-    """
-
-    records: str = "records/demo/train"
-    run: str = "runs/demo"
-    strategy: str | tf.distribute.Strategy = "auto"  # a name (``STRATEGIES``) or a strategy you already made
-    replicas: int | None = None
-    model: str = "efficientnet-b0"
-    weights: str | None = None  # None (random), "imagenet" (downloads) or a weights file; "none" = None
-    image_size: int | None = None
-    batch_size: int = 16
-    epochs: int = 10
-    steps_per_execution: int = 8
-    lr: float = 2e-4
-    schedule: str = "cosine"
-    warmup_epochs: float = 1.0
-    optimizer: str = "adam"
-    weight_decay: float = 0.0
-    label_smoothing: float = 0.0
-    fold: int | None = None  # validation fold; None: fold 0 of shards with folds, else the last shards
-    val_fraction: float = 0.2
-    burn_epochs: int = 0
-    burn_lr: float | None = None
-    precision: str | None = None
-    augment: Augment | None = None  # a tfpipe.Augment; None: Augment() (the default augmentation)
-    threshold: float = 0.5
-    single_label: bool | None = None
-    seed: int | None = None
-    deterministic: bool = False  # seeded input order and augmentation, deterministic TensorFlow ops (slower)
-    resume: bool = False
-    overwrite: bool = False  # replace the run in ``run`` (the files train.fit wrote there; others stay)
-    swa_epochs: int = 0  # average the weights of the last N epochs (stochastic weight averaging)
-    report: bool = True  # validation predictions, tuned thresholds and pictures after training
-    verbose: int = 2  # 0 silent, 1 Keras' progress bar, 2 lines (one per epoch, and progress every 15 s)
-    callbacks: tuple[Any, ...] = ()  # extra Keras callbacks (from Python), run after the built-in ones
-
-    @property
-    def out(self) -> str:
-        """Deprecated: ``run``."""
-        warn_renamed("FitConfig.out", "FitConfig.run")
-        return self.run
-
-    @out.setter
-    def out(self, value: str) -> None:
-        warn_renamed("FitConfig.out", "FitConfig.run")
-        self.run = value
-
-
-FitConfig.__init__ = renamed_arguments(where="FitConfig", out="run")(FitConfig.__init__)  # type: ignore[method-assign]
+ENGINE_NAMES = ("compile_model", "make_auc", "set_trainable")  # the engine's names tfpipe 1.0 offered here
 
 
 @quiet_call
@@ -103,18 +44,22 @@ def fit(cfg: FitConfig) -> dict[str, Any]:
         from train.fit import FitConfig, fit
         metrics = fit(FitConfig(records="gs://bucket/train", run="gs://bucket/runs/b0", strategy="tpu"))
     """
-    metrics: dict[str, Any] = importlib.import_module(ENGINE).fit(cfg)
+    from train import trainer  # the engine (TensorFlow): imported when training starts, not with the command
+
+    metrics: dict[str, Any] = trainer.fit(cfg)
     return metrics
 
 
-if not TYPE_CHECKING:  # hidden from type checkers, which would take any name (a typo too) for one of these
+if not TYPE_CHECKING:  # hidden from type checkers, which see the names above
 
     def __getattr__(name: str) -> Any:
-        """``from train.fit import compile_model`` and the like: the engine's names, imported when first asked
-        for."""
-        if name.startswith("__"):
-            raise AttributeError(name)
-        return getattr(importlib.import_module(ENGINE), name)
+        """``from train.fit import compile_model``: the engine's names of ``ENGINE_NAMES`` (only those),
+        imported when first asked for."""
+        if name not in ENGINE_NAMES:
+            raise AttributeError(f"module 'train.fit' has no attribute {name!r}")
+        from train import trainer
+
+        return getattr(trainer, name)
 
 
 def build_parser() -> ArgumentParser:

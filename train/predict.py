@@ -15,7 +15,6 @@ reachable from here too.
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -37,7 +36,7 @@ if TYPE_CHECKING:
     from train.inference import predict_probabilities as predict_probabilities
     from train.inference import tta_view as tta_view
 
-ENGINE = "train.inference"
+ENGINE_NAMES = ("TTA_VIEWS", "load_model", "predict_probabilities", "tta_view")  # tfpipe 1.0's names here
 
 
 @quiet_call
@@ -72,7 +71,9 @@ def predict(
         from train.predict import predict
         df = predict("runs/demo", "records/demo/test", "submission.csv", tta=2)
     """
-    return importlib.import_module(ENGINE).predict(
+    from train import inference  # the engine (TensorFlow): imported when predicting, not with the command
+
+    return inference.predict(
         run,
         records,
         out,
@@ -90,14 +91,16 @@ def predict(
     )
 
 
-if not TYPE_CHECKING:  # hidden from type checkers, which would take any name (a typo too) for one of these
+if not TYPE_CHECKING:  # hidden from type checkers, which see the names above
 
     def __getattr__(name: str) -> Any:
-        """``from train.predict import predict_probabilities`` and the like: the engine's names, imported when
-        first asked for."""
-        if name.startswith("__"):
-            raise AttributeError(name)
-        return getattr(importlib.import_module(ENGINE), name)
+        """``from train.predict import predict_probabilities``: the engine's names of ``ENGINE_NAMES`` (only
+        those), imported when first asked for."""
+        if name not in ENGINE_NAMES:
+            raise AttributeError(f"module 'train.predict' has no attribute {name!r}")
+        from train import inference
+
+        return getattr(inference, name)
 
 
 def build_parser() -> ArgumentParser:

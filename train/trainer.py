@@ -46,6 +46,7 @@ from tfpipe.read import check_no_image_twice
 from tfpipe.shards import Shards, open_shards
 from tfpipe.staging import LOCK, WriteLock, locked_folder
 from train import run as run_files
+from train.config import FitConfig
 from train.models import build_model, min_image_size
 from train.names import OPTIMIZERS, PRECISIONS, SCHEDULES
 from train.report import learning_curves, validation_report
@@ -53,9 +54,6 @@ from train.run import Parts, RunConfig, read_state, training_parts, write_state
 from train.schedules import make_schedule, scaled_lr
 from train.strategy import default_precision, quick_teardown, resolve_strategy
 from train.swa import AverageWeights, recompute_batch_norm, sync_batch_norm
-
-if TYPE_CHECKING:
-    from train.fit import FitConfig
 
 BURN_DONE = f"{run_files.CHECKPOINTS}/burn-done"  # weights after the burn-in phase, for --resume
 # Keras' default 200 thresholds could not tell apart predictions squeezed into 0.463-0.483 (a run reported 0.52
