@@ -127,3 +127,23 @@ def test_multi_hot_is_exact_and_refuses_indices_outside_the_classes():
         schema.multi_hot([[0], [3]], 3)
     with pytest.raises(TfpipeError, match="class index -1"):
         schema.multi_hot([[-1]], 3)
+
+
+@pytest.mark.parametrize("split", ["train", "test", "my-split.v2"])
+@pytest.mark.parametrize("fold", [None, 0, 12])
+@pytest.mark.parametrize("total", [1, 10, 101, 1000])
+def test_one_shard_name_template_writes_and_reads_back_every_name(split, fold, total):
+    """Issue #33: every shard name goes through ``SHARD_NAMES``; what it writes it parses back whole, the count
+    at the end is what readers count without a manifest, and a foreign name parses to None but keeps its count."""
+    from tfpipe.shard_names import SHARD_NAMES, ShardName
+    from tfpipe.shards import shard_counts
+
+    for index in {0, total // 2, total - 1}:
+        name = SHARD_NAMES.name(split, index, total, 2071, fold)
+        assert SHARD_NAMES.parse(name) == ShardName(split, fold, index, total, 2071)
+        assert SHARD_NAMES.count(name) == 2071 and SHARD_NAMES.is_shard(name)
+        assert shard_counts([f"gs://b/x/{name}"]) == {f"gs://b/x/{name}": 2071}
+    names = sorted(SHARD_NAMES.name(split, i, total, 5, fold) for i in range(min(total, 12)))
+    assert [SHARD_NAMES.parse(n).index for n in names] == list(range(min(total, 12)))  # zero-padded: sorts in order
+    assert SHARD_NAMES.parse("ld_train00-1338.tfrec") is None and SHARD_NAMES.count("ld_train00-1338.tfrec") == 1338
+    assert SHARD_NAMES.count("isic-2020.tfrec") == 2020 and SHARD_NAMES.count("train.tfrecord") is None

@@ -24,11 +24,12 @@ from typing import Any
 from tfpipe import fs
 from tfpipe.deprecations import warn_renamed
 from tfpipe.errors import TfpipeError
+from tfpipe.shard_names import SHARD_NAMES
 
 MANIFEST = "manifest.json"
 STAGING = ".staging"
 PROGRESS = "progress.json"  # finished staged shards, for --resume
-SHARD_SUFFIX = ".tfrec"
+SHARD_SUFFIX = SHARD_NAMES.suffix  # tfpipe 1.0's name of it; names go through SHARD_NAMES
 # 1: tfpipe 0.1-0.2 (no version field, no dataset_id); 2: dataset_id, label counts, version field.
 MANIFEST_VERSION = 2
 FITS = ("stretch", "crop", "pad")
@@ -310,7 +311,7 @@ def check_shard_file_name(name: str, s: _Fields) -> None:
     """A listed shard is a plain ``*.tfrec`` name inside the folder: never ``..``, a sub-path or an absolute path,
     which ``--overwrite`` would otherwise delete and readers read."""
     if (
-        not name.endswith(SHARD_SUFFIX)
+        not SHARD_NAMES.is_shard(name)
         or name != posixpath.basename(name)
         or "\\" in name
         or name.startswith(".")

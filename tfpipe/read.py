@@ -28,6 +28,7 @@ from tfpipe import augment as aug_lib
 from tfpipe import schema
 from tfpipe.deprecations import removed_arguments
 from tfpipe.errors import TfpipeError, check_count
+from tfpipe.shard_names import SHARD_NAMES
 from tfpipe.shards import MANIFEST, Records, Shards, checked_num_classes, fold_split, open_shards, verify
 
 AUTOTUNE = tf.data.AUTOTUNE
@@ -74,7 +75,8 @@ def naming_corrupt_shards(records: Records) -> Iterator[None]:
         what = said.group(1) if said else f"{records} {REWRITTEN}"
         raise TfpipeError(f"{what}; nothing of this pass counts -- run it again on the new shards") from None
     except tf.errors.NotFoundError as e:  # a shard or the manifest gone from under a pass (a rewrite renamed them)
-        gone = re.search(r"(\S+(?:\.tfrec|" + re.escape(MANIFEST) + r")); No such file", e.message)
+        names = re.escape(SHARD_NAMES.suffix) + "|" + re.escape(MANIFEST)  # a shard's or the manifest's
+        gone = re.search(r"(\S+(?:" + names + r")); No such file", e.message)
         if gone is None:
             raise
         raise TfpipeError(

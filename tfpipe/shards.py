@@ -20,7 +20,6 @@ import dataclasses
 import numbers
 import os
 import posixpath
-import re
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
@@ -29,30 +28,25 @@ from tfpipe.deprecations import warn_renamed
 from tfpipe.errors import TfpipeError, check_count, option
 from tfpipe.manifest import (
     MANIFEST,
-    SHARD_SUFFIX,
     SPLIT_NAME,
     Manifest,
     ShardEntry,
     StoredImages,
 )
+from tfpipe.shard_names import SHARD_NAMES
 from tfpipe.tfrecord import CorruptRecord, read_records
 
-COUNT_IN_NAME = re.compile(r"-(\d+)\.tfrec$")  # the record count shard_name puts at the end
 STAT_THREADS = 16  # size checks run at once: one stat per file is slow on a bucket
 
 
-def shard_name(split: str, index: int, total: int, count: int, fold: int | None = None) -> str:
-    """``train-00-of-16-2071.tfrec``, or ``train-fold3-07-of-20-512.tfrec`` with folds."""
-    width = max(2, len(str(total - 1)))
-    fold_part = "" if fold is None else f"-fold{fold}"
-    return f"{split}{fold_part}-{index:0{width}d}-of-{total:0{width}d}-{count}{SHARD_SUFFIX}"
+shard_name = SHARD_NAMES.name  # tfpipe 1.0's name: ``train-00-of-16-2071.tfrec`` (``tfpipe.shard_names``)
 
 
 def existing_shards(out_dir: str) -> list[str]:
     """Shard files (``*.tfrec``) directly in ``out_dir``, sorted by name."""
     if not fs.isdir(out_dir):
         return []
-    return sorted(fs.glob(posixpath.join(out_dir, "*" + SHARD_SUFFIX)))
+    return sorted(fs.glob(posixpath.join(out_dir, SHARD_NAMES.glob)))
 
 
 def remove_outputs(out_dir: str, manifest: Manifest) -> None:
@@ -82,8 +76,7 @@ def shard_counts(files: Iterable[str], manifest: Manifest | None = None) -> dict
     out: dict[str, int | None] = {}
     for f in files:
         name = posixpath.basename(f)
-        match = COUNT_IN_NAME.search(name)
-        out[f] = listed.get(name, int(match.group(1)) if match else None)
+        out[f] = listed.get(name, SHARD_NAMES.count(name))
     return out
 
 

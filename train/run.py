@@ -27,7 +27,8 @@ from typing import Any, NamedTuple
 
 from tfpipe import fs
 from tfpipe.errors import TfpipeError, option
-from tfpipe.manifest import FITS, MANIFEST, SHARD_SUFFIX
+from tfpipe.manifest import FITS, MANIFEST
+from tfpipe.shard_names import SHARD_NAMES
 from tfpipe.shards import Shards, fold_split, holdout_split
 
 CONFIG = "config.json"
@@ -106,7 +107,7 @@ def foreign_in_folders(run: str) -> list[str]:
 def contract_file(name: str) -> bool:
     """Whether a file's ``name`` is one of tfpipe's own contracts -- a run file or report file, a recipe's weights,
     a shard folder's manifest or a shard: never written over by a submission, whatever ``overwrite`` says."""
-    return written_by_fit(name) or name in (TORCH_MODEL, TORCH_MODEL_SWA, MANIFEST) or name.endswith(SHARD_SUFFIX)
+    return written_by_fit(name) or name in (TORCH_MODEL, TORCH_MODEL_SWA, MANIFEST) or SHARD_NAMES.is_shard(name)
 
 
 def path(run: str, name: str) -> str:
