@@ -86,7 +86,8 @@ def test_two_threads_writing_one_folder_leave_one_finished_dataset_that_verifies
             job.join()
         assert 24 in outcomes, (attempt, outcomes)
         refused = [o for o in outcomes if o != 24]
-        assert all("being written by another tfpipe.write" in o or "already finished" in o for o in refused), refused
+        said = ("being written by another tfpipe.write", "being taken by another job just now", "already holds shards")
+        assert all(any(words in o for words in said) for o in refused), refused  # each a one-line refusal
         shards = tfpipe.open_shards(str(out))
         assert tfpipe.verify(shards) == [] and shards.num_examples == 24
 

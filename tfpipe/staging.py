@@ -129,6 +129,10 @@ def locked_folder(out_dir: str, job: str, fingerprint: str | None = None, settin
     return WriteLock(out_dir, fingerprint, job)
 
 
+LOCK_TRIES = 20
+EMPTY_LOCK_WAIT = 0.05  # seconds between looks at a lock another job has created but not yet written (1 s in all)
+
+
 class WriteLock:
     """One job per folder (a dataset's writer, a run's trainer): a lock file naming the job (a unique token, host,
     pid, fingerprint), taken before anything in the folder is touched and removed when the job ends.
@@ -153,7 +157,7 @@ class WriteLock:
     def __enter__(self) -> WriteLock:
         HELD_HERE.add(self.token["id"])  # before the file exists: another thread reading it finds a live job
         try:
-            for _ in range(3):  # the tries after the first follow taking a dead job's lock away
+            for _ in range(LOCK_TRIES):  # again after taking a dead job's lock away, or after waiting on an empty one
                 if self._create():
                     return self
                 judged = self._file_id()
@@ -162,6 +166,8 @@ class WriteLock:
                     raise TfpipeError(self._busy(holder))
                 if holder is not None or self._stale():
                     self._take_away(judged)
+                else:  # created this instant and not written yet: its job names itself in a moment
+                    time.sleep(EMPTY_LOCK_WAIT)
             raise TfpipeError(self._busy(self._holder() or {}))
         except BaseException:
             HELD_HERE.discard(self.token["id"])
