@@ -170,6 +170,28 @@ class LineProgress(pl.Callback):
         self.beat.stop()
 
 
+class Terminated(SystemExit):
+    """Raised by ``StopOnSigterm``'s handler: the job was told to stop."""
+
+
+class StopOnSigterm(pl.Callback):
+    """SIGTERM without collectives: Lightning's own handler broadcasts a tensor from inside the signal handler,
+    which can meet another rank's all-reduce and wait for good (seen once in CI: no exit within 60 s). Once
+    Lightning has installed its handler (at each stage's start), this one replaces it: rank 0 passes the signal to
+    the ranks it started, and every rank raises ``Terminated`` (exit 143, said once by rank 0)."""
+
+    def _install(self, trainer: pl.Trainer, *args: Any) -> None:
+        def handler(signum: int, frame: Any) -> None:
+            launcher = trainer.strategy.launcher
+            if launcher is not None and trainer.is_global_zero:
+                launcher.kill(signum)
+            raise Terminated(143)
+
+        signal.signal(signal.SIGTERM, handler)
+
+    on_train_start = on_validation_start = on_predict_start = _install
+
+
 class NoTips(logging.Filter):
     """Lightning's advertisements ("💡 Tip: ... try installing ...") out of the log, and its ``max_epochs=N+1
     reached`` (N+1: SWA's batch-norm pass counts as an epoch); its other lines stay."""
@@ -189,6 +211,8 @@ def one_line_when_a_process_dies(trainer: pl.Trainer) -> Iterator[None]:
     SIGTERM 143 (the codes a shell gives), said once, by rank 0."""
     try:
         yield
+    except Terminated:  # StopOnSigterm's
+        terminated(trainer)
     except SystemExit:
         if not trainer.interrupted:
             raise
@@ -245,7 +269,7 @@ def run(args: argparse.Namespace) -> None:
     bar = console.on_terminal()  # Lightning's bar for a person; lines for a log
     trainer = pl.Trainer(
         accelerator="cpu", devices=args.devices, strategy="ddp", max_epochs=args.epochs,
-        callbacks=[swa] if bar else [swa, LineProgress(args.epochs)], enable_progress_bar=bar,
+        callbacks=[swa, StopOnSigterm(), *([] if bar else [LineProgress(args.epochs)])], enable_progress_bar=bar,
         enable_checkpointing=False, logger=False, enable_model_summary=False, num_sanity_val_steps=0,
     )  # fmt: skip
     with one_line_when_a_process_dies(trainer):
