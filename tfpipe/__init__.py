@@ -42,14 +42,14 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time each name is i
     from tfpipe.shards import Shards, fold_split, open_shards, verify
     from tfpipe.sources import Item, LabelFormat, Source, SourceProtocol
     from tfpipe.tfds_source import TfdsSource
-    from tfpipe.write import open_source, write_shards
+    from tfpipe.writer import open_source, write_shards
 
 _LAZY = {
-    "write_shards": "tfpipe.write",
+    "write_shards": "tfpipe.writer",
     "Source": "tfpipe.sources",
     "SourceProtocol": "tfpipe.sources",
     "Item": "tfpipe.sources",
-    "open_source": "tfpipe.write",
+    "open_source": "tfpipe.writer",
     "TfdsSource": "tfpipe.tfds_source",
     "Shards": "tfpipe.shards",
     "ImageSpec": "tfpipe.images",
