@@ -113,10 +113,11 @@ def one_predict(records, run, replicas, started):
 def one_trace(records, replicas, cfg, started):
     """The step's compilation taken apart: Python tracing of the train function, then its first call."""
     from tfpipe import make_dataset, open_shards
+    from train.compiling import compile_model
     from train.fit import FitConfig
     from train.models import build_model
+    from train.plan import prepare
     from train.strategy import resolve_strategy
-    from train.trainer import compile_model, prepare
 
     strategy, _ = resolve_strategy("cpu", replicas)
     shards_ = open_shards(records)

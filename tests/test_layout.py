@@ -14,7 +14,6 @@ MAX_FUNCTION_LINES = 40  # body lines after the docstring
 MAX_MODULE_LINES = 450  # a room one can read (issue #33)
 # Modules still over it, at most as long as they are now: they may only shrink (issue #33 splits them in turn).
 STILL_OVER = {
-    "train/trainer.py": 1066,
     "tfpipe/sources.py": 701,
     "tfpipe/staging.py": 673,
     "tfpipe/read.py": 610,
@@ -141,3 +140,31 @@ def test_the_names_the_command_lines_offer_match_the_tables():
     assert len(TTA_VIEWS) == names.TTA_VIEW_COUNT
     for schedule in names.SCHEDULES:
         make_schedule(schedule, 1e-3, 10, 2, 1.0)  # each name builds
+
+
+def test_only_train_run_spells_the_name_of_a_run_file():
+    """Issue #33: ``train/run.py`` owns the run folder's file names; another module that needs one imports it
+    (a message may mention a name in its text). A ``.keras`` archive's own ``config.json`` member is not a run's."""
+    tree = ast.parse((ROOT / "train" / "run.py").read_text())
+    constants = [
+        value
+        for node in tree.body
+        if isinstance(node, ast.Assign)
+        and all(name.id.isupper() for name in ast.walk(node.targets[0]) if isinstance(name, ast.Name))
+        for value in ([node.value] if isinstance(node.value, ast.Constant) else getattr(node.value, "elts", []))
+    ]
+    names = {
+        c.value
+        for c in constants
+        if isinstance(c, ast.Constant) and isinstance(c.value, str)
+        if "." in c.value or c.value in ("backup", "checkpoints", "logs")
+    }
+    assert {"config.json", "model.keras", "history.csv", "checkpoints", "model.pt"} <= names
+    spelled = [
+        f"{path.relative_to(ROOT)}:{node.lineno} {node.value!r}"
+        for path in sorted((ROOT / "train").glob("*.py")) + sorted((ROOT / "examples").glob("*.py"))
+        if path.name != "run.py"
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Constant) and node.value in names
+    ]
+    assert spelled == ["train/inference.py:46 'config.json'"]  # KERAS_CONFIG: the archive's member

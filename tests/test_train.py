@@ -132,7 +132,8 @@ def test_a_pytorch_recipes_run_is_neither_replaced_nor_predicted_by_train_fits_c
 
 def test_overwrite_replaces_the_files_train_fit_wrote_and_nothing_else(shard_dir, tmp_path, capsys):
     run = tmp_path / "run"
-    fit(tiny_config(shard_dir, run, epochs=1, replicas=None, batch_size=8, report=False))
+    fit(tiny_config(shard_dir, run, epochs=1, burn_epochs=1, replicas=None, batch_size=8, report=False))
+    assert list((run / "checkpoints").glob("burn-done.*"))  # the burn-in's weights: train.fit's to replace too
     (run / "roc-swa.png").write_bytes(b"an earlier run's picture")  # a name train.fit writes: replaced
     (run / "submission.csv").write_text("image,labels\n")  # train.predict's, or the user's: stays
     old_model = (run / "model.keras").read_bytes()
@@ -469,7 +470,7 @@ def test_progress_says_what_happens_in_every_phase(replicas):
     subject: where each epoch is, or that it validates."""
     import io
 
-    from train.trainer import Progress
+    from train.callbacks import Progress
 
     out = io.StringIO()
     progress = Progress(replicas, steps_per_execution=4, steps=10, epochs=2, every=3600.0, out=out)
@@ -514,11 +515,11 @@ def test_a_slow_epoch_start_is_said_at_the_next_epochs_start(monkeypatch):
     start says how long the last one's waited, so the pause comes with an estimate; a short wait says nothing."""
     import io
 
-    from train import trainer
+    from train import callbacks
 
     now = [0.0]
-    monkeypatch.setattr(trainer.time, "perf_counter", lambda: now[0])
-    progress = trainer.Progress(8, steps_per_execution=4, steps=10, epochs=3, every=3600.0, out=io.StringIO())
+    monkeypatch.setattr(callbacks.time, "perf_counter", lambda: now[0])
+    progress = callbacks.Progress(8, steps_per_execution=4, steps=10, epochs=3, every=3600.0, out=io.StringIO())
     progress.on_train_begin()
     doing = []
     for epoch, first_steps_after in enumerate((1.0, 16.0, 2.0)):
@@ -537,7 +538,7 @@ def test_progress_lines_start_on_a_line_of_their_own_beside_the_keras_bar():
     the validation compile, the heartbeat while validating) must not be glued to its end."""
     import io
 
-    from train.trainer import Progress
+    from train.callbacks import Progress
 
     out = io.StringIO()
     progress = Progress(1, steps_per_execution=1, steps=4, epochs=2, every=3600.0, out=out, bar=True)

@@ -293,7 +293,7 @@ def tiny_builder(variant, input_shape, weights):
 
 
 def test_the_smallest_input_is_part_of_the_registration(registry, shard_dir):
-    from train.trainer import checked_image_size
+    from train.plan import checked_image_size
 
     register_model("test-small-input", min_image_size=4)(tiny_builder)
     register_model("test-default-input")(tiny_builder)

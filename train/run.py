@@ -45,6 +45,7 @@ SWA_AVERAGE = "swa-average.npz"
 BACKUP = "backup"
 CHECKPOINTS = "checkpoints"
 LOGS = "logs"
+BURN_DONE = f"{CHECKPOINTS}/burn-done"  # the weights after the burn-in phase, for --resume (TensorFlow's files)
 # Every name train.fit writes in a run folder besides the report's files (train.report): what a job that fails
 # before its first epoch is saved removes again from a folder that was new or empty when it started.
 WRITTEN = (CONFIG, MODEL, MODEL_SWA, THRESHOLDS, HISTORY, STATE, METRICS, SWA_AVERAGE, BACKUP, CHECKPOINTS, LOGS)
@@ -84,8 +85,11 @@ def written_by_fit(name: str) -> bool:
     return name in WRITTEN or name in REPORT or name in {swa_name(n) for n in REPORT}
 
 
-# The files train.fit's callbacks write inside LOGS (TensorBoard), CHECKPOINTS and BACKUP (TensorFlow checkpoints)
-FOLDER_FILE = re.compile(r"^(events\.out\.tfevents\..+|checkpoint|best\..+|ckpt-\d+\..+|.+\.tmp-[0-9a-f]{8}.*)$")
+# The files train.fit writes inside LOGS (TensorBoard), CHECKPOINTS and BACKUP (TensorFlow checkpoints: the best
+# epoch's, the burn-in's weights, the backups)
+FOLDER_FILE = re.compile(
+    r"^(events\.out\.tfevents\..+|checkpoint|best\..+|burn-done\..+|ckpt-\d+\..+|.+\.tmp-[0-9a-f]{8}.*)$"
+)
 
 
 def foreign_in_folders(run: str) -> list[str]:
