@@ -373,7 +373,7 @@ def test_the_run_files_read_back_on_resume_and_predict_are_checked_whole(tmp_pat
     ],
 )
 def test_a_csv_row_that_does_not_match_its_header_is_refused_naming_it(tmp_path, lines, says):
-    from tfpipe.sources import read_csv
+    from tfpipe.csv_source import read_csv
 
     (tmp_path / "train.csv").write_bytes(("\n".join(lines) + "\n\n").encode())  # a blank line at the end: no row
     with pytest.raises(TfpipeError, match=says):

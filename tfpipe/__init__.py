@@ -29,6 +29,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time each name is i
     from tfpipe.errors import TfpipeError
     from tfpipe.images import ImageSpec
     from tfpipe.inspect import inspect_shards
+    from tfpipe.labels import LabelFormat
     from tfpipe.manifest import Manifest
     from tfpipe.read import (
         ReadOptions,
@@ -40,7 +41,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time each name is i
         read_targets,
     )
     from tfpipe.shards import Shards, fold_split, open_shards, verify
-    from tfpipe.sources import Item, LabelFormat, Source, SourceProtocol
+    from tfpipe.sources import Item, Source, SourceProtocol
     from tfpipe.tfds_source import TfdsSource
     from tfpipe.writer import open_source, write_shards
 
@@ -53,7 +54,7 @@ _LAZY = {
     "TfdsSource": "tfpipe.tfds_source",
     "Shards": "tfpipe.shards",
     "ImageSpec": "tfpipe.images",
-    "LabelFormat": "tfpipe.sources",
+    "LabelFormat": "tfpipe.labels",
     "TfpipeError": "tfpipe.errors",
     "make_dataset": "tfpipe.read",
     "ReadOptions": "tfpipe.read",

@@ -21,8 +21,9 @@ from collections.abc import Sequence
 from tfpipe.deprecations import add_deprecated_flag
 from tfpipe.errors import ArgumentParser, TfpipeError, check_path, run_cli
 from tfpipe.images import FITS, FORMATS, ImageSpec, from_millions
+from tfpipe.labels import LabelFormat
 from tfpipe.runners import RUNNERS
-from tfpipe.sources import LabelFormat, SourceProtocol
+from tfpipe.sources import SourceProtocol
 from tfpipe.writer import open_source as open_source  # tfpipe.write.open_source: its 1.0 name
 from tfpipe.writer import write_shards as write_shards  # tfpipe.write.write_shards: its 1.0 name
 

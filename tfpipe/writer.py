@@ -20,10 +20,11 @@ from tfpipe.errors import TfpipeError, check_count, check_path, check_seed, opti
 from tfpipe.folds import Balance
 from tfpipe.images import ImageSpec
 from tfpipe.job import Job, check_source, plan_job
+from tfpipe.labels import LabelFormat
 from tfpipe.manifest import MANIFEST, Manifest, StoredImages
 from tfpipe.runners import Pace, RunnerSettings, make_runner
 from tfpipe.shards import check_split
-from tfpipe.sources import LabelFormat, Source, SourceProtocol
+from tfpipe.sources import Source, SourceProtocol
 from tfpipe.staging import StagedShards, check_destination, finish_commit, locked_folder
 from tfpipe.tfds_source import TfdsSource
 
