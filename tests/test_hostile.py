@@ -93,7 +93,7 @@ def test_a_remote_lock_lost_to_another_writer_commits_nothing(labeled_folder, mo
 
     from tfpipe import Source, write_shards
     from tfpipe.images import ImageSpec
-    from tfpipe.staging import WriteLock
+    from tfpipe.locks import WriteLock
 
     out = "ram://hostile-lock/out"
     original = WriteLock.check

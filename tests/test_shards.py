@@ -13,8 +13,8 @@ import tfpipe
 from tfpipe import schema
 from tfpipe.errors import TfpipeError
 from tfpipe.inspect import inspect_shards
+from tfpipe.job import SHARD_MULTIPLE, TARGET_SHARD_BYTES, num_shards
 from tfpipe.shards import open_shards, verify
-from tfpipe.staging import SHARD_MULTIPLE, TARGET_SHARD_BYTES, num_shards
 from tfpipe.tfrecord import LocalRecordWriter
 from tfpipe.torch import RecordDataset
 

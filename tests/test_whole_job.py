@@ -43,7 +43,7 @@ def test_a_folder_locked_by_another_job_of_this_process_is_refused_until_it_ends
     """The lock is the job's token, not its host and pid: a job of this same process (another thread) holding the
     folder is live, not a lock "left by this process" to take over (that let two threads commit into one folder,
     both shards corrupt)."""
-    from tfpipe.staging import locked_folder
+    from tfpipe.locks import locked_folder
 
     source, out = small_source(tmp_path / "src"), tmp_path / "out"
     with locked_folder(str(out), "tfpipe.write"):
@@ -706,7 +706,7 @@ def test_two_jobs_taking_over_one_dead_lock_at_once_never_both_hold_it(tmp_path)
     second must not take away the first one's fresh lock (it did in 156 of 300 tries: both then held the folder)."""
     import socket
 
-    from tfpipe.staging import LOCK, WriteLock
+    from tfpipe.locks import LOCK, WriteLock
 
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     both = 0

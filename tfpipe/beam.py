@@ -46,8 +46,8 @@ if TYPE_CHECKING:
     from apache_beam.options.pipeline_options import PipelineOptions
 
     from tfpipe.images import ImageSpec
+    from tfpipe.job import PlannedShard
     from tfpipe.sources import Item
-    from tfpipe.staging import PlannedShard
 
 # (record index, item, target) of one image of a shard's plan; its encoded form: (record index, image name,
 # record or None, error or None).
@@ -141,7 +141,7 @@ def encode_shards(
       parts: the staged file of each shard of the plan, by shard index.
       items, item_targets: the input in write order (targets None when unlabeled).
       spec: the ``ImageSpec``.
-      shard_plan: from ``tfpipe.staging.plan``.
+      shard_plan: from ``tfpipe.job.plan``.
       options: from ``pipeline_options``.
 
     Returns:

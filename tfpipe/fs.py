@@ -221,12 +221,13 @@ def parse_json(data: bytes, path: str, what: str = "file") -> Any:
         raise TfpipeError(f"{path}: {what} is not valid JSON ({e}); the file is damaged") from None
 
 
-def identity(path: str) -> tuple[int, int]:
-    """(size, modification time in ns) of a file: what tells a changed input from the one written before."""
+def identity(path: str, follow_links: bool = True) -> tuple[int, int]:
+    """(size, modification time in ns) of a file: what tells a changed input from the one written before.
+    ``follow_links=False``: of a local link itself, not its target (a bucket has no links)."""
     if is_remote(path):
         st = _gfile().stat(path)
         return st.length, st.mtime_nsec
-    st = os.stat(path)
+    st = os.stat(path) if follow_links else os.lstat(path)
     return st.st_size, st.st_mtime_ns
 
 

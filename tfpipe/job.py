@@ -9,9 +9,10 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, TypedDict
 
 from tfpipe import fs, schema
 from tfpipe.errors import TfpipeError, option
@@ -19,12 +20,69 @@ from tfpipe.folds import Balance, assign_folds, fold_balance
 from tfpipe.images import ImageSpec
 from tfpipe.shards import STAT_THREADS
 from tfpipe.sources import Item, SourceProtocol, class_names, targets
-from tfpipe.staging import PlannedShard, plan
-from tfpipe.staging import num_shards as shard_count
 
 EST_BYTES_PER_PIXEL = {"jpeg": 0.5, "png": 2.0}  # for shard planning before any image is encoded
 
 Identity: TypeAlias = tuple[int, int] | str | None  # (size, mtime_ns) of a file, a hash of in-memory bytes, None
+
+
+TARGET_SHARD_BYTES = 150 * 2**20  # 100-200 MB shards: big reads, yet many files to spread over readers
+MIN_SHARD_RECORDS = 64  # below this a shard costs more in file opens than it gives in parallelism
+SHARD_MULTIPLE = 8  # a TPU v3-8 has 8 cores; 8k shards split evenly between them
+
+
+class PlannedShard(TypedDict):
+    """One shard of ``plan``: its fold (None without folds), first record, number of records and index."""
+
+    fold: int | None
+    start: int
+    size: int
+    index: int
+
+
+def num_shards(num_records: int, est_bytes: float, requested: int | None = None) -> int:
+    """How many shards to write: a multiple of 8 where the data allows it.
+
+    Args:
+      num_records: records to write.
+      est_bytes: estimated total size in bytes.
+      requested: the user's ``num_shards`` (``--num-shards``), which wins (capped at one record a shard).
+    """
+    if requested:
+        return max(1, min(requested, num_records))
+    by_bytes = max(1, math.ceil(est_bytes / TARGET_SHARD_BYTES))
+    by_bytes = math.ceil(by_bytes / SHARD_MULTIPLE) * SHARD_MULTIPLE
+    most = num_records // MIN_SHARD_RECORDS
+    if most < SHARD_MULTIPLE:
+        return max(1, min(by_bytes, most))
+    return min(by_bytes, most // SHARD_MULTIPLE * SHARD_MULTIPLE)
+
+
+def split_evenly(n: int, parts: int) -> list[int]:
+    """Sizes of ``parts`` consecutive chunks of ``n`` items, differing by at most one."""
+    return [n // parts + (1 if i < n % parts else 0) for i in range(parts)]
+
+
+def plan(fold_sizes: Sequence[int], total_shards: int) -> list[PlannedShard]:
+    """Assigns consecutive record ranges to shards, never mixing folds in a shard.
+
+    Args:
+      fold_sizes: records per fold in write order (one entry when there are no folds).
+      total_shards: the wanted number of shards; with folds each fold gets an
+        equal share (at least one).
+
+    Returns:
+      A list of dicts with ``fold`` (or None), ``start``, ``size`` and ``index``.
+    """
+    with_folds = len(fold_sizes) > 1
+    per_fold = max(1, round(total_shards / len(fold_sizes)))
+    shards: list[PlannedShard] = []
+    start = 0
+    for fold, size in enumerate(fold_sizes):
+        for part in split_evenly(size, min(per_fold, max(size, 1))):
+            shards.append({"fold": fold if with_folds else None, "start": start, "size": part, "index": len(shards)})
+            start += part
+    return shards
 
 
 def estimate_bytes(items: Sequence[Item], spec: ImageSpec, identities: Sequence[Identity]) -> int:
@@ -112,12 +170,13 @@ def plan_job(
     spec: ImageSpec,
     classes: Sequence[str] | None,
     split: str,
-    num_shards: int | None,
+    requested_shards: int | None,
     num_folds: int | None,
     seed: int,
     skip_bad: bool,
 ) -> Job:
-    """Reads the source and decides classes, folds (records grouped by fold, input order within) and shards."""
+    """Reads the source and decides classes, folds (records grouped by fold, input order within) and shards
+    (``requested_shards``: the user's ``num_shards``, or None)."""
     items, skipped = checked_items(source, skip_bad)
     classes = classes or source.classes
     names = class_names(items, classes) if source.labeled else list(classes or [])
@@ -136,7 +195,7 @@ def plan_job(
     item_targets = [item_targets[i] for i in order] if item_targets is not None else None  # None: unlabeled
     fold_sizes = [fold_of.count(f) for f in range(num_folds or 1)]
     identities = input_identities(items)  # one stat per file (measured: 14 ms for 5,000 local files)
-    shard_plan = plan(fold_sizes, shard_count(len(items), estimate_bytes(items, spec, identities), num_shards))
+    shard_plan = plan(fold_sizes, num_shards(len(items), estimate_bytes(items, spec, identities), requested_shards))
     return Job(
         source,
         split,

@@ -21,11 +21,12 @@ from tfpipe.folds import Balance
 from tfpipe.images import ImageSpec
 from tfpipe.job import Job, check_source, plan_job
 from tfpipe.labels import LabelFormat
+from tfpipe.locks import locked_folder
 from tfpipe.manifest import MANIFEST, Manifest, StoredImages
 from tfpipe.runners import Pace, RunnerSettings, make_runner
 from tfpipe.shards import check_split
 from tfpipe.sources import Source, SourceProtocol
-from tfpipe.staging import StagedShards, check_destination, finish_commit, locked_folder
+from tfpipe.staging import StagedShards, check_destination, finish_commit
 from tfpipe.tfds_source import TfdsSource
 
 MAX_LISTED_SKIPS = 5  # how many skipped files the summary line names

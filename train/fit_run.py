@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 from tfpipe import fs
 from tfpipe.errors import TfpipeError, option
+from tfpipe.locks import LOCK
 from tfpipe.shards import Shards
-from tfpipe.staging import LOCK
 from train import run as run_files
 from train.config import FitConfig
 from train.run import RunConfig, read_state

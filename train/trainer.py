@@ -32,9 +32,9 @@ from tfpipe.errors import (
     check_path,
     option,
 )
+from tfpipe.locks import WriteLock, locked_folder
 from tfpipe.read import check_no_image_twice
 from tfpipe.shards import Shards, open_shards
-from tfpipe.staging import WriteLock, locked_folder
 from train import run as run_files
 from train.callbacks import ShardsUnchanged, Throughput, phase_callbacks
 from train.compiling import compile_model as compile_model  # train.fit hands it out (tfpipe 1.0's name)
