@@ -14,7 +14,6 @@ MAX_FUNCTION_LINES = 40  # body lines after the docstring
 MAX_MODULE_LINES = 450  # a room one can read (issue #33)
 # Modules still over it, at most as long as they are now: they may only shrink (issue #33 splits them in turn).
 STILL_OVER = {
-    "tfpipe/read.py": 610,
     "train/inference.py": 595,
     "tfpipe/shards.py": 487,
 }

@@ -37,7 +37,7 @@ def read_csv(
     csv_path: str,
     *,
     image_col: str = "image",
-    label_format: LabelFormat = LabelFormat(),  # noqa: B008 (frozen dataclass: one shared default is safe)
+    label_format: LabelFormat = LabelFormat(),
     labeled: bool = True,
     group_col: str | None = None,
 ) -> list[Row]:

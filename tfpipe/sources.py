@@ -84,7 +84,7 @@ class Source:
     images: str
     csv: str | None = None
     image_col: str = "image"
-    label_format: LabelFormat = LabelFormat()  # noqa: RUF009 (frozen dataclass: one shared default is safe)
+    label_format: LabelFormat = LabelFormat()
     labeled: bool = True
     group_col: str | None = None  # the CSV column of each image's group: folds keep a group together
     classes = None  # the class order comes from the labels (or the caller's classes=)

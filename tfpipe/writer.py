@@ -245,7 +245,7 @@ def open_source(
     tfds_split: str = "train",
     data_dir: str | None = None,
     image_col: str = "image",
-    label_format: LabelFormat = LabelFormat(),  # noqa: B008 (frozen dataclass: one shared default is safe)
+    label_format: LabelFormat = LabelFormat(),
     labeled: bool = True,
     group_col: str | None = None,
 ) -> SourceProtocol:
