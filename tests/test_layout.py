@@ -14,7 +14,6 @@ MAX_FUNCTION_LINES = 40  # body lines after the docstring
 MAX_MODULE_LINES = 450  # a room one can read (issue #33)
 # Modules still over it, at most as long as they are now: they may only shrink (issue #33 splits them in turn).
 STILL_OVER = {
-    "train/inference.py": 595,
     "tfpipe/shards.py": 487,
 }
 
@@ -158,10 +157,10 @@ def test_only_train_run_spells_the_name_of_a_run_file():
     }
     assert {"config.json", "model.keras", "history.csv", "checkpoints", "model.pt"} <= names
     spelled = [
-        f"{path.relative_to(ROOT)}:{node.lineno} {node.value!r}"
+        f"{path.relative_to(ROOT)} {node.value!r}"
         for path in sorted((ROOT / "train").glob("*.py")) + sorted((ROOT / "examples").glob("*.py"))
         if path.name != "run.py"
         for node in ast.walk(ast.parse(path.read_text()))
         if isinstance(node, ast.Constant) and node.value in names
     ]
-    assert spelled == ["train/inference.py:46 'config.json'"]  # KERAS_CONFIG: the archive's member
+    assert spelled == ["train/run_model.py 'config.json'"]  # KERAS_CONFIG: the archive's member

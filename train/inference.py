@@ -8,10 +8,8 @@ strategy: batches are padded to static shapes and the padding rows are dropped.
 from __future__ import annotations
 
 import math
-import tempfile
-import zipfile
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -28,10 +26,14 @@ import tensorflow as tf
 import tfpipe
 from tfpipe import console, fs
 from tfpipe.deprecations import renamed_arguments
-from tfpipe.errors import TfpipeError, check_count, check_fraction, check_path, in_command, option
+from tfpipe.errors import TfpipeError, check_count, check_fraction, check_path, option
 from tfpipe.shards import Records, Shards
 from train import run as run_files
-from train.run import RunConfig, training_parts
+from train.predict_scores import evaluate_labeled, seen_rows
+from train.run import RunConfig
+from train.run_model import check_model_present as check_model_present
+from train.run_model import load_model as load_model  # train.predict hands it out (tfpipe 1.0's name)
+from train.run_model import load_run
 from train.strategy import quick_teardown, resolve_strategy
 from train.submission import (
     check_column_names,
@@ -43,7 +45,6 @@ from train.submission import (
     write_submission,
 )
 
-KERAS_CONFIG, KERAS_WEIGHTS = "config.json", "model.weights.h5"  # the members of a .keras archive (Keras 2.13+)
 ZOOM = 0.875  # TTA crops keep 87.5% of the side (the usual 224/256)
 # TTA views, in order: (crop box [y1, x1, y2, x2] in relative coordinates, horizontal flip).
 _C = (1 - ZOOM) / 2
@@ -68,96 +69,6 @@ def tta_view(images: tf.Tensor, k: int) -> tf.Tensor:
         crops = tf.image.crop_and_resize(tf.cast(images, tf.float32), boxes, tf.range(n), size)
         images = tf.saturate_cast(tf.round(crops), tf.uint8)
     return tf.reverse(images, axis=[2]) if flip else images
-
-
-def read_run_config(run: str) -> RunConfig:
-    """A ``train.fit`` run folder's validated ``RunConfig`` (``train.run``)."""
-    return RunConfig.load(run)
-
-
-def load_run(run: str, config: RunConfig | None = None, swa: bool = False) -> tuple[Any, RunConfig]:
-    """(model, run config) of a ``train.fit`` run folder -- its final model, or with ``swa`` its SWA average; the
-    model must output the run's classes."""
-    config = config or RunConfig.load(run)
-    check_model_present(run, swa)
-    model_path = run_files.path(run, run_files.model_files(swa)[0])
-    model = load_model(model_path)
-    check_model_fits_run(model, config, model_path)
-    return model, config
-
-
-def check_model_present(run: str, swa: bool) -> None:
-    """The model asked for is in the run folder, else one line saying why it is not."""
-    name = run_files.model_files(swa)[0]
-    if fs.exists(run_files.path(run, name)):
-        return
-    recipe = RunConfig.load(run).recipe
-    if recipe:
-        raise TfpipeError(
-            f"{run} is a run of the PyTorch recipe {recipe} (model.pt): train.predict predicts train.fit's runs; "
-            "predict with the recipe's --predict"
-        )
-    finished = run_files.read_state(run).get("finished", False)
-    if swa and finished:
-        raise TfpipeError(
-            f"{run}: no {name}; the run was trained without {option('swa_epochs')} (predict with its model.keras)"
-        )
-    raise TfpipeError(f"{run}: no {name}; the run did not finish (continue it with train.fit --resume)")
-
-
-def check_model_fits_run(model: Any, config: RunConfig, model_path: str) -> None:
-    """The model must be the run's: its class count, input size and head (softmax for single-label runs,
-    sigmoid for multi-label ones) as ``config.json`` says; a model file copied from another run is refused."""
-    outputs, size = model.output_shape[-1], tuple(model.input_shape[1:3])
-    activation = getattr(getattr(model.layers[-1], "activation", None), "__name__", None)
-    expected = "softmax" if config.single_label else "sigmoid"
-    if outputs != len(config.classes):
-        problem = f"outputs {outputs} class{'es' * (outputs != 1)}, but {run_files.CONFIG} lists {len(config.classes)}"
-    elif size != (config.image_size, config.image_size) and None not in size:
-        problem = f"takes {size[0]}x{size[1]} px, but {run_files.CONFIG} says {config.image_size}"
-    elif activation in ("softmax", "sigmoid") and activation != expected:
-        problem = (
-            f"ends in {activation}, but the run is {'single' if config.single_label else 'multi'}-label ({expected})"
-        )
-    else:
-        return
-    raise TfpipeError(f"{model_path} {problem}; the model file belongs to another run")
-
-
-def _archive(f: Any, path: str) -> zipfile.ZipFile:
-    try:
-        return zipfile.ZipFile(f)
-    except zipfile.BadZipFile:
-        raise TfpipeError(f"{path}: not a Keras model file (a .keras file is a zip archive); it is damaged") from None
-
-
-def load_model(path: str) -> Any:
-    """A ``.keras`` model file (uncompiled), also from ``gs://``.
-
-    Keras reads the weights in place inside the zip archive, where every backward seek of h5py re-reads the
-    archive member from its start: an EfficientNet-B0 took 27 s to load on one replica and about 45 s under 8
-    (seconds of silence before prediction). Here the archive is read once, front to back: its config builds the
-    model, and its weights file, extracted to a temporary folder, is loaded as a plain file (3.5 s, the same
-    weights bit for bit). An archive without those two members is refused in one line (Keras' loader raised a
-    ValueError with a traceback)."""
-    from train.models import custom_objects
-
-    with fs.open(path, "rb") as f, _archive(f, path) as archive:
-        missing = sorted({KERAS_CONFIG, KERAS_WEIGHTS} - set(archive.namelist()))
-        if missing:  # every .keras file tf-keras 2.18+ saves holds both
-            raise TfpipeError(f"{path}: a zip archive without {' and '.join(missing)}; not a model train.fit saved")
-        config = archive.read(KERAS_CONFIG)
-        fs.parse_json(config, path, f"its {KERAS_CONFIG}")  # as strictly as every JSON file read back
-        with tempfile.TemporaryDirectory(prefix="tfpipe-model-") as folder:
-            try:
-                model = keras.models.model_from_json(config.decode("utf-8"), custom_objects=custom_objects())
-            except (ValueError, TypeError, KeyError, AttributeError) as e:  # fields of the wrong kind or missing
-                raise TfpipeError(
-                    f"{path}: its {KERAS_CONFIG} does not describe a model Keras can build ({type(e).__name__}: "
-                    f"{str(e).splitlines()[0][:200] if str(e) else 'no detail'}); the model file is damaged"
-                ) from None
-            model.load_weights(archive.extract(KERAS_WEIGHTS, folder))
-    return model
 
 
 @renamed_arguments(source="records")
@@ -375,171 +286,6 @@ def check_columns(labels: bool | None, probabilities: bool, threshold: float | N
             f"write; add {option('labels', True)} for both, or leave out {option('threshold')}"
         )
     return labels
-
-
-def held_out_rows(shards: Shards, config: RunConfig) -> npt.NDArray[np.bool_] | None:
-    """Which rows of ``shards`` (the run's own training shards, in written order) the run validated on and never
-    trained on: its validation fold, or the last shards it held out; None when the record counts are unknown."""
-    if shards.num_folds and config.fold is None:
-        return None  # not a run of these shards after all (train.fit always picks a fold of shards with folds)
-    parts = training_parts(shards, config.fold, float(config.settings.get("val_fraction", 0.2)))
-    held = set(tfpipe.open_shards(parts.validation, parts.validation_folds).files)
-    counts = shards.counts
-    if any(counts[f] is None for f in shards.files):
-        return None
-    return np.concatenate([np.full(counts[f] or 0, f in held) for f in shards.files]).astype(bool)
-
-
-class Seen(NamedTuple):
-    """Which rows of shards to predict hold images a run saw, by content: ``validated`` (in its
-    ``val_predictions.csv``) and ``trained`` (in its ``train_digests.txt``; None when it has none)."""
-
-    validated: npt.NDArray[np.bool_]
-    trained: npt.NDArray[np.bool_] | None
-
-
-def seen_rows(run: str, ids: Sequence[str], shards: Shards) -> Seen | None:
-    """Which rows of ``shards`` hold images the run validated on or trained on, by content: the digest of the
-    stored image, whatever its id (two datasets may both hold an ``img_0001``, and a copy may be renamed). None
-    when the run has no ``val_predictions.csv`` (``--no-report``). Runs before tfpipe 1.1 recorded no digests:
-    their validation images are matched by id (``ids``), which the lines printed say."""
-    import pandas as pd
-
-    path = run_files.path(run, run_files.VAL_PREDICTIONS)
-    if not fs.exists(path):
-        return None
-    with fs.open(path) as f:
-        table = pd.read_csv(f, dtype=str, keep_default_na=False)
-    key = "image_digest" if "image_digest" in table.columns else "image_name"
-    if key not in table.columns:
-        raise TfpipeError(f"{path}: no image_name column; the file is damaged (train.fit writes it with its report)")
-    digests = tfpipe.image_digests(shards)
-    validated = set(table[key])
-    trained = run_files.load_digests(run)
-    return Seen(
-        np.array([i in validated for i in (digests if key == "image_digest" else ids)], dtype=bool),
-        None if trained is None else np.array([d in trained for d in digests], dtype=bool),
-    )
-
-
-def evaluate_labeled(
-    shards: Shards,
-    config: RunConfig,
-    probs: npt.NDArray[np.float32],
-    thresholds: Sequence[float],
-    threshold_words: str,
-    records: Records,
-    progress: bool,
-    seen: Seen | None = None,
-) -> dict[str, Any]:
-    """Scores of ``probs`` against the labels ``shards`` hold (``train.evaluation.score``), printed with
-    ``progress`` (always under the command): all the images, first. When they are the run's own training shards,
-    the rows it held out and the rows it trained on are scored apart as well: only the first say anything about
-    unseen images. Other shards holding images the run ``seen`` (the same stored image: its own data written
-    again) are scored apart likewise: the images it validated on, trained on, and never saw (``others`` instead
-    of ``unseen`` when the run recorded no training digests: perhaps trained on)."""
-    result = _scores_of_parts(shards, config, probs, thresholds, threshold_words, seen)
-    if progress or in_command():  # the command prints its scores also with --no-progress (a result, not progress)
-        print("\n".join(evaluation_lines(result, records)), flush=True)
-    return result
-
-
-def _scores_of_parts(
-    shards: Shards,
-    config: RunConfig,
-    probs: npt.NDArray[np.float32],
-    thresholds: Sequence[float],
-    threshold_words: str,
-    seen: Seen | None,
-) -> dict[str, Any]:
-    from train.evaluation import score
-
-    classes = list(config.classes)
-    targets = tfpipe.read_targets(shards, len(classes))
-    own = bool(config.dataset_id) and shards.dataset_id == config.dataset_id
-    result: dict[str, Any] = {"thresholds": threshold_words, "own_training_shards": own}
-    result["all"] = score(probs, targets, classes, thresholds, config.single_label)  # every image given, always
-    parts = _parts(shards, config, own, seen)
-    if parts is None or any(len(rows) != len(probs) for rows in parts.values()):
-        return result
-    for part, rows in parts.items():
-        if rows.any():
-            result[part] = score(probs[rows], targets[rows], classes, thresholds, config.single_label)
-    if "held_out" in result:
-        result["held_out_what"] = (
-            "found in its val_predictions.csv"
-            if not own
-            else f"fold {config.fold}"
-            if config.fold is not None
-            else "the last shards"
-        )
-    return result
-
-
-def _parts(shards: Shards, config: RunConfig, own: bool, seen: Seen | None) -> dict[str, npt.NDArray[np.bool_]] | None:
-    """The rows to score apart (None: no part known): of the run's own training shards, those it held out and
-    those it trained on; of other shards, the images it validated on, trained on, and the rest."""
-    if own:
-        held = held_out_rows(shards, config)
-        return None if held is None else {"held_out": held, "trained_on": ~held}
-    if seen is None:
-        return None
-    trained = seen.trained if seen.trained is not None else np.zeros_like(seen.validated)
-    if not (seen.validated.any() or trained.any()):
-        return None
-    rest = "unseen" if seen.trained is not None else "others"  # unknown training images: perhaps trained on
-    return {"held_out": seen.validated, "trained_on": trained & ~seen.validated, rest: ~(seen.validated | trained)}
-
-
-def evaluation_lines(result: dict[str, Any], records: object) -> list[str]:
-    """What train.predict prints of ``evaluate_labeled``'s result: a line per part, the class table of the
-    images that say the most about unseen ones."""
-    from train.evaluation import class_table, headline
-
-    def line(what: str, scores: dict[str, Any]) -> str:
-        auc = scores["roc_auc_macro"]
-        return (
-            f"train.predict: {what} ({scores['examples']} image{'s' * (scores['examples'] != 1)}), "
-            f"{result['thresholds']}: AUC {'-' if auc is None else f'{auc:.4f}'} (exact, macro), {headline(scores)}"
-        )
-
-    everything = line(f"scores on the labeled shards {records}", result["all"])
-    if not any(part in result for part in ("held_out", "trained_on", "unseen", "others")):
-        return [everything, *class_table(result["all"])]
-    lines = [everything]
-    if not result["own_training_shards"]:
-        lines.insert(0, _own_data_warning(result))
-    if "held_out" in result:
-        lines.append(line(f"scores on the images the run held out ({result['held_out_what']})", result["held_out"]))
-    if "unseen" in result:
-        lines.append(line("scores on the images the run never saw", result["unseen"]))
-    if "others" in result:
-        lines.append(line("scores on the other images (perhaps trained on)", result["others"]))
-    if "trained_on" in result:
-        lines.append(
-            line("scores on the images it trained on (they say nothing about unseen ones)", result["trained_on"])
-        )
-    table = "unseen" if "unseen" in result else "held_out" if "held_out" in result else None
-    if table is not None:
-        what = "it never saw" if table == "unseen" else f"the run held out ({result['held_out_what']})"
-        lines.append(f"  per class, on the images {what}:")
-        lines += class_table(result[table])
-    return lines
-
-
-def _own_data_warning(result: dict[str, Any]) -> str:
-    """Shards that are not the run's own holding images it saw: its own data, written again."""
-    counts = [
-        f"{result[part]['examples']} {what}"
-        for part, what in (("held_out", "it validated on"), ("trained_on", "it trained on"))
-        if part in result
-    ]
-    perhaps = "others" in result  # the run recorded no training digests
-    return (
-        f"train.predict: warning: of these images {' and '.join(counts)} (the same stored images as in the run's "
-        f"{run_files.VAL_PREDICTIONS} and {run_files.TRAIN_DIGESTS}): these shards hold its own data, written again"
-        + (f", and the other rows may be images it trained on (the run has no {run_files.TRAIN_DIGESTS})" * perhaps)
-    )
 
 
 def _threshold_words(run: str, config: RunConfig, threshold: float | None, swa: bool = False) -> str:
