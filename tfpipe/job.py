@@ -18,7 +18,7 @@ from tfpipe import fs, schema
 from tfpipe.errors import TfpipeError, option
 from tfpipe.folds import Balance, assign_folds, fold_balance
 from tfpipe.images import ImageSpec
-from tfpipe.shards import STAT_THREADS
+from tfpipe.shard_checks import STAT_THREADS
 from tfpipe.sources import Item, SourceProtocol, class_names, targets
 
 EST_BYTES_PER_PIXEL = {"jpeg": 0.5, "png": 2.0}  # for shard planning before any image is encoded

@@ -20,10 +20,9 @@ import dataclasses
 import numbers
 import os
 import posixpath
-from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterable, Sequence
 
-from tfpipe import fs, schema
+from tfpipe import fs
 from tfpipe.deprecations import warn_renamed
 from tfpipe.errors import TfpipeError, check_count, option
 from tfpipe.manifest import (
@@ -33,32 +32,11 @@ from tfpipe.manifest import (
     ShardEntry,
     StoredImages,
 )
+from tfpipe.shard_checks import check_first_records, check_sizes
 from tfpipe.shard_names import SHARD_NAMES
 from tfpipe.tfrecord import CorruptRecord, read_records
 
-STAT_THREADS = 16  # size checks run at once: one stat per file is slow on a bucket
-
-
 shard_name = SHARD_NAMES.name  # tfpipe 1.0's name: ``train-00-of-16-2071.tfrec`` (``tfpipe.shard_names``)
-
-
-def existing_shards(out_dir: str) -> list[str]:
-    """Shard files (``*.tfrec``) directly in ``out_dir``, sorted by name."""
-    if not fs.isdir(out_dir):
-        return []
-    return sorted(fs.glob(posixpath.join(out_dir, SHARD_NAMES.glob)))
-
-
-def remove_outputs(out_dir: str, manifest: Manifest) -> None:
-    """Deletes what an earlier ``tfpipe.write`` wrote in ``out_dir``: its manifest first (so the folder never
-    describes a half-deleted dataset), then the shards that (validated) manifest lists -- plain ``*.tfrec`` names
-    inside the folder, never other files. (A commit killed half-way left its shards and no manifest here.)"""
-    if fs.exists(posixpath.join(out_dir, MANIFEST)):
-        fs.remove(posixpath.join(out_dir, MANIFEST))
-    for name in manifest.files:
-        path = posixpath.join(out_dir, name)
-        if fs.exists(path) and not fs.isdir(path):
-            fs.remove(path)  # a link is removed itself, never what it points to
 
 
 def check_split(split: object) -> None:
@@ -344,46 +322,6 @@ def checked_num_classes(records: object, shards: Shards, num_classes: int | None
     return classes
 
 
-def check_first_records(files: Iterable[str]) -> None:
-    """For shards without a manifest (a glob, a list): the first record of each file must be a
-    ``tf.train.Example`` with tfpipe's ``image`` bytes, so a foreign ``.tfrec`` the glob picked up is named here
-    instead of failing later inside TensorFlow (``Feature: image is required``, no file named)."""
-
-    def problem(path: str) -> str | None:
-        try:
-            raw = next(read_records(path), None)
-        except CorruptRecord as e:  # at byte 0: not TFRecord framing at all (a CSV, an image, a text file)
-            return (
-                f"{path}: not a TFRecord file ({str(e).removeprefix(f'{path}: ')})"
-                if " at byte 0" in str(e)
-                else str(e)
-            )
-        if raw is None:
-            return None  # an empty shard reads as nothing
-        try:
-            features = schema.parse_record(raw, path).features.feature
-        except TfpipeError as e:
-            return str(e)
-        if schema.IMAGE not in features or features[schema.IMAGE].WhichOneof("kind") != "bytes_list":
-            return (
-                f"{path}: its records have no {schema.IMAGE!r} bytes feature (features: "
-                f"{', '.join(sorted(features)) or 'none'}); not written by tfpipe.write -- leave it out of "
-                "the glob or list"
-            )
-        return None
-
-    raise_first_problem(problem, files)
-
-
-def raise_first_problem(problem: Callable[[str], str | None], files: Iterable[str]) -> None:
-    """Runs ``problem(path)`` for every file at once (one request each is slow on a bucket) and raises the first
-    message, in file order, as a ``TfpipeError``."""
-    with ThreadPoolExecutor(STAT_THREADS) as pool:
-        for message in pool.map(problem, files):
-            if message:
-                raise TfpipeError(message)
-
-
 def check_fold_ids(folds: object) -> list[int]:
     """``folds`` are fold ids, a list of whole numbers: a count there is a mix-up with
     ``num_folds``, and an empty list would select nothing."""
@@ -435,40 +373,6 @@ def holdout_split(shards: Shards, val_fraction: float) -> tuple[Shards, Shards]:
         raise TfpipeError(f"{files[0]}: one shard cannot be split for validation; write it with folds or more shards")
     n_val = min(len(files) - 1, max(1, round(val_fraction * len(files))))
     return dataclasses.replace(shards, files=files[:-n_val]), dataclasses.replace(shards, files=files[-n_val:])
-
-
-def check_sizes(files: Iterable[str], manifest: Manifest, folder: str) -> None:
-    """Compares each file's size with the manifest: a missing or truncated shard is named before reading starts,
-    and so is one that is not a file of the folder (a folder, or a link to outside it) or that this user cannot
-    read."""
-    listed = {s.file: s.bytes for s in manifest.shards}
-
-    def problem(path: str) -> str | None:
-        expected = listed.get(posixpath.basename(path))
-        if not fs.exists(path):
-            return f"{path}: shard listed in {MANIFEST} is missing"
-        if fs.isdir(path) or _links_out(path, folder):
-            return f"{path}: listed in {MANIFEST} but not a shard file of {folder} (a folder or a link out of it)"
-        if not fs.is_remote(path) and not os.access(path, os.R_OK):
-            return f"{path}: this user cannot read it (permission denied); give it read access"
-        if expected is None:
-            return None
-        size = fs.size(path)
-        if size != expected:
-            return (
-                f"{path}: shard is {size} bytes, {MANIFEST} says {expected} (truncated or replaced; "
-                "check with python -m tfpipe.inspect --verify)"
-            )
-        return None
-
-    raise_first_problem(problem, files)
-
-
-def _links_out(path: str, folder: str) -> bool:
-    """A local shard that resolves (through links) to somewhere outside its folder."""
-    if fs.is_remote(path):
-        return False
-    return os.path.dirname(os.path.realpath(path)) != os.path.realpath(folder)
 
 
 def verify(shards: Shards) -> list[str]:

@@ -22,10 +22,30 @@ from tfpipe import fs
 from tfpipe.errors import TfpipeError, option, os_error_line
 from tfpipe.job import PlannedShard
 from tfpipe.manifest import MANIFEST, PROGRESS, STAGING, Manifest, ShardEntry
-from tfpipe.shards import existing_shards, remove_outputs, shard_name
+from tfpipe.shard_names import SHARD_NAMES
+from tfpipe.shards import shard_name
 from tfpipe.tfrecord import RecordSink, RecordWriter
 
 STAGING_MARK = ".tfpipe-staging"  # in .staging: made by tfpipe.write (a user's own .staging is never deleted)
+
+
+def existing_shards(out_dir: str) -> list[str]:
+    """Shard files (``*.tfrec``) directly in ``out_dir``, sorted by name."""
+    if not fs.isdir(out_dir):
+        return []
+    return sorted(fs.glob(posixpath.join(out_dir, SHARD_NAMES.glob)))
+
+
+def remove_outputs(out_dir: str, manifest: Manifest) -> None:
+    """Deletes what an earlier ``tfpipe.write`` wrote in ``out_dir``: its manifest first (so the folder never
+    describes a half-deleted dataset), then the shards that (validated) manifest lists -- plain ``*.tfrec`` names
+    inside the folder, never other files. (A commit killed half-way left its shards and no manifest here.)"""
+    if fs.exists(posixpath.join(out_dir, MANIFEST)):
+        fs.remove(posixpath.join(out_dir, MANIFEST))
+    for name in manifest.files:
+        path = posixpath.join(out_dir, name)
+        if fs.exists(path) and not fs.isdir(path):
+            fs.remove(path)  # a link is removed itself, never what it points to
 
 
 def write_manifest(folder: str, manifest: Manifest) -> None:
