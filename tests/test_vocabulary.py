@@ -403,3 +403,30 @@ def test_fit_names_its_run_folder_as_run(shard_dir, tmp_path, capsys):
     assert _fit_cli(["--records", shard_dir[0], "--run", str(afile), "--epochs", "1"]) == 2
     assert f"{afile} is a file; --run names a folder" in capsys.readouterr().err
     assert afile.read_text() == "mine"
+
+
+def test_every_augment_field_is_a_flag_of_train_fit_and_reads_back_as_in_python():
+    """Issue #33: the flags are made from Augment's fields, so each is reachable from the command line with the
+    same meaning; none given is Augment(); --no-augment with a flag asking for some is one refusal."""
+    import dataclasses
+
+    from tfpipe.augment import NO_AUGMENT, Augment
+    from train.fit import build_parser, config_from_args
+
+    parser = build_parser()
+    flags = {option for action in parser._actions for option in action.option_strings}
+    assert {"--" + f.name.replace("_", "-") for f in dataclasses.fields(Augment)} <= flags
+    assert config_from_args(parser.parse_args([])).augment == Augment()
+    args = ["--no-flip", "--crop", "resized", "--crop-scale", "0.8,1", "--crop-ratio", "0.5,2", "--pad", "4",
+            "--brightness", "0.2", "--contrast", "0", "--saturation", "0.3", "--erasing", "2", "--erasing-prob",
+            "0.25", "--mixup", "0.4", "--cutmix", "1", "--no-jit"]  # fmt: skip
+    assert config_from_args(parser.parse_args(args)).augment == Augment(
+        flip=False, crop="resized", crop_scale=(0.8, 1.0), crop_ratio=(0.5, 2.0), pad=4, brightness=0.2,
+        contrast=0.0, saturation=0.3, erasing=2, erasing_prob=0.25, mixup=0.4, cutmix=1.0, jit=False,
+    )  # fmt: skip
+    assert config_from_args(parser.parse_args(["--crop", "none"])).augment.crop is None
+    assert config_from_args(parser.parse_args(["--no-augment"])).augment == NO_AUGMENT
+    with pytest.raises(TfpipeError, match="--no-augment turns training augmentation off, and --mixup asks for some"):
+        config_from_args(parser.parse_args(["--no-augment", "--mixup", "0.2"]))
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--crop-scale", "0.5"])  # one number: argparse's one line, exit 2

@@ -26,6 +26,8 @@ from train.models import model_names
 from train.names import OPTIMIZERS, PRECISIONS, SCHEDULES, STRATEGIES
 
 if TYPE_CHECKING:
+    from tfpipe.augment import Augment
+
     # The engine's names this module hands out (``__getattr__`` below), declared for type checkers: they see
     # these, and a misspelt name is an error instead of Any.
     from train.trainer import compile_model as compile_model
@@ -121,13 +123,62 @@ def _training_args(p: ArgumentParser, d: FitConfig) -> None:
     p.add_argument("--threshold", type=float, default=d.threshold, help="for F1 and accuracy of multi-label outputs")
 
 
+AUGMENT_CROPS = ("pad", "resized", "none")  # Augment.crop's values on the command line ("none": None)
+
+
 def _augment_args(p: ArgumentParser) -> None:
-    """Training augmentation (``config_from_args`` makes the ``Augment`` of them)."""
-    p.add_argument("--no-augment", action="store_true", help="no training augmentation at all")
-    p.add_argument("--crop", choices=("pad", "resized", "none"), default="pad", help="training crop")
-    p.add_argument("--erasing", type=int, default=0, help="random-erasing rectangles per image")
-    p.add_argument("--mixup", type=float, default=0.0, help="MixUp alpha (0 = off)")
-    p.add_argument("--cutmix", type=float, default=0.0, help="CutMix alpha (0 = off)")
+    """Training augmentation: one flag for every field of ``tfpipe.Augment``, made from its fields (so a field
+    added there is a flag here), each left out meaning Augment's default; ``config_from_args`` makes the
+    ``Augment`` of them. Importing ``tfpipe.augment`` starts no TensorFlow."""
+    from tfpipe.augment import Augment
+
+    group = p.add_argument_group("augmentation", "the fields of tfpipe.Augment, one flag each (docs: Augment)")
+    group.add_argument("--no-augment", action="store_true", help="no training augmentation at all")
+    described = documented_attributes(Augment)
+    for field in dataclasses.fields(Augment):
+        flag, default = "--" + field.name.replace("_", "-"), field.default
+        shown = ",".join(f"{x:g}" for x in default) if isinstance(default, tuple) else default
+        text = f"{described.get(field.name, 'Augment.' + field.name)} (default: {shown})"
+        if field.name == "crop":
+            group.add_argument(flag, choices=AUGMENT_CROPS, help=text)
+        elif isinstance(default, bool):
+            on = f"{described.get(field.name, 'Augment.' + field.name)} ({'on' if default else 'off'} by default)"
+            group.add_argument(flag, action=argparse.BooleanOptionalAction, help=on)
+        elif isinstance(default, tuple):
+            group.add_argument(flag, type=_float_pair, metavar="LOW,HIGH", help=text)
+        else:
+            group.add_argument(flag, type=int if field.type.startswith("int") else float, help=text)
+
+
+def documented_attributes(cls: type) -> dict[str, str]:
+    """The ``Attributes:`` section of a class's docstring (Google style) as {name: text}; an entry may name
+    several (``brightness, contrast, saturation: ...``). The flags' help is the class's own words."""
+    import inspect
+
+    found: dict[str, str] = {}
+    names: list[str] = []
+    lines = (inspect.getdoc(cls) or "").split("Attributes:", 1)[-1].splitlines()
+    for line in lines[1:]:
+        entry = line[2:] if line.startswith("  ") and not line.startswith("    ") else None
+        if entry is not None and ":" in entry:
+            head, text = entry.split(":", 1)
+            names = [n.strip() for n in head.split(",")]
+            found.update(dict.fromkeys(names, text.strip().replace("``", "")))
+        elif line.startswith("    ") and names:
+            found.update({n: f"{found[n]} {line.strip().replace('``', '')}" for n in names})
+        elif line.strip():
+            break
+    return found
+
+
+def _float_pair(text: str) -> tuple[float, float]:
+    """``0.5,1.0`` -> (0.5, 1.0): a range flag's two numbers."""
+    parts = text.split(",")
+    try:
+        low, high = (float(x) for x in parts)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"two numbers, LOW,HIGH (e.g. 0.5,1.0), not {text!r}") from None
+    return low, high
 
 
 def _run_args(p: ArgumentParser, d: FitConfig) -> None:
@@ -168,20 +219,28 @@ def _run_args(p: ArgumentParser, d: FitConfig) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> FitConfig:
-    from tfpipe.augment import NO_AUGMENT, Augment
-
-    augment = (
-        NO_AUGMENT
-        if args.no_augment
-        else Augment(
-            crop=None if args.crop == "none" else args.crop, erasing=args.erasing, mixup=args.mixup, cutmix=args.cutmix
-        )
-    )
+    augment = augment_from_args(args)
     fields = {f.name for f in dataclasses.fields(FitConfig)} - {"augment", "callbacks"}
     given = {k: v for k, v in vars(args).items() if k in fields and v is not None}  # None: the default
     if args.verbose is None:  # a bar where someone watches, lines in a log (a bar there is one endless line)
         given["verbose"] = 1 if console.on_terminal() else 2
     return FitConfig(augment=augment, **given)
+
+
+def augment_from_args(args: argparse.Namespace) -> Augment:
+    """The ``Augment`` the flags give (Augment's defaults for those left out); ``--no-augment`` with a flag that
+    asks for some augmentation is refused rather than one of them ignored."""
+    from tfpipe.augment import NO_AUGMENT, Augment
+
+    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(Augment) if getattr(args, f.name) is not None}
+    if args.no_augment:
+        if given:
+            flags = ", ".join("--" + name.replace("_", "-") for name in given)
+            raise TfpipeError(f"--no-augment turns training augmentation off, and {flags} asks for some; give one")
+        return NO_AUGMENT
+    if given.get("crop") == "none":
+        given["crop"] = None
+    return Augment(**given)
 
 
 def check_inputs(cfg: FitConfig) -> None:
