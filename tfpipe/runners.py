@@ -17,7 +17,7 @@ import functools
 import os
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
 from tfpipe import fs
@@ -38,6 +38,18 @@ LOADER_BATCH = 16  # images per DataLoader batch: amortises inter-process overhe
 
 Encoded: TypeAlias = tuple[int, bytes | None, str | None]  # (index, record, error): a record or an error
 Pace: TypeAlias = tuple[int, float]  # (images after the first batch, seconds since it arrived)
+# What a write does with an image it cannot use (error, image id): raises, or returns the manifest's entry of it
+OnBadImage: TypeAlias = Callable[[str, str], dict[str, str]]
+
+
+def stop_on_bad_image(error: str, name: str) -> dict[str, str]:
+    """The default policy: the first image that cannot be used stops the write, naming it."""
+    raise TfpipeError(error)
+
+
+def skip_bad_image(error: str, name: str) -> dict[str, str]:
+    """``skip_bad``: the image is left out and listed in the manifest's ``skipped``, with why."""
+    return {"image": name, "reason": error}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,15 +62,17 @@ class RunnerSettings:
     pipeline_args: Sequence[str] = ()  # Beam's pipeline options
     progress: bool = True
     resume: bool = False
+    on_bad_image: OnBadImage = stop_on_bad_image  # or skip_bad_image: one policy, for every runner
 
 
 class Runner(Protocol):
     def start(self, job: Job, spec: ImageSpec, stack: contextlib.ExitStack) -> None:
         """Begins work that may start before the output folder is locked; it stops when ``stack`` closes."""
 
-    def encode(self, staged: StagedShards, job: Job, spec: ImageSpec, skip_bad: bool, out: str) -> Pace | None:
-        """Fills every shard of ``staged`` not yet finished; an image that fails stops the write, or is
-        skipped and listed with ``skip_bad``. Returns the pace of the work (None: not measured)."""
+    def encode(self, staged: StagedShards, job: Job, spec: ImageSpec, out: str) -> Pace | None:
+        """Fills every shard of ``staged`` not yet finished; an image that fails goes to the settings'
+        ``on_bad_image`` (stop, or skip and list it), in input order. Returns the pace of the work (None: not
+        measured)."""
 
 
 class LocalRunner:
@@ -83,10 +97,10 @@ class LocalRunner:
         self.stack.callback(shutdown, batches)  # no orphan workers after an error or Ctrl-C
         return batches
 
-    def encode(self, staged: StagedShards, job: Job, spec: ImageSpec, skip_bad: bool, out: str) -> Pace:
+    def encode(self, staged: StagedShards, job: Job, spec: ImageSpec, out: str) -> Pace:
         first = staged.first_unfinished_record()
         batches = self.batches if self.batches is not None else self._begin(job, spec, first)
-        return _write_local(batches, staged, job, skip_bad, self.settings.progress, first, out)
+        return _write_local(batches, staged, job, self.settings, first, out)
 
 
 class BeamRunner:
@@ -101,12 +115,13 @@ class BeamRunner:
         from tfpipe.beam import pipeline_options
 
         self.options: PipelineOptions = pipeline_options(settings.pipeline_args)
+        self.on_bad_image = settings.on_bad_image
 
     def start(self, job: Job, spec: ImageSpec, stack: contextlib.ExitStack) -> None:
         pass  # the pipeline runs in encode()
 
-    def encode(self, staged: StagedShards, job: Job, spec: ImageSpec, skip_bad: bool, out: str) -> None:
-        _write_with_beam(staged, job, spec, skip_bad, self.options)
+    def encode(self, staged: StagedShards, job: Job, spec: ImageSpec, out: str) -> None:
+        _write_with_beam(staged, job, spec, self.on_bad_image, self.options)
 
 
 RUNNERS: dict[str, Callable[[RunnerSettings], Runner]] = {"local": LocalRunner, "beam": BeamRunner}
@@ -240,17 +255,17 @@ def _write_local(
     batches: Iterable[list[Encoded]],
     staged: StagedShards,
     job: Job,
-    skip_bad: bool,
-    progress: bool,
+    settings: RunnerSettings,
     start: int,
     out: str,
 ) -> Pace:
     """The default runner's writing loop, with a progress bar; Ctrl-C says what was kept and how to go on."""
     from tqdm import tqdm
 
-    bar = tqdm(total=len(job.items), initial=start, unit="img", disable=not progress, desc=f"write {job.split}")
+    shown = settings.progress
+    bar = tqdm(total=len(job.items), initial=start, unit="img", disable=not shown, desc=f"write {job.split}")
     try:
-        return _write_records(batches, staged, job.items, job.shard_of, job.last_of_shard, skip_bad, bar)
+        return _write_records(batches, staged, job, settings.on_bad_image, bar)
     except KeyboardInterrupt:
         raise KeyboardInterrupt(
             f"{len(staged.finished)} of {len(job.shard_plan)} shards were finished and "
@@ -261,16 +276,15 @@ def _write_local(
 def _write_records(
     batches: Iterable[list[Encoded]],
     staged: StagedShards,
-    items: Sequence[Item],
-    shard_of: Sequence[int],
-    last_of_shard: Mapping[int, int],
-    skip_bad: bool,
+    job: Job,
+    on_bad_image: OnBadImage,
     bar: tqdm[Any],
 ) -> Pace:
     """Appends encoded records to their shards in input order, marking each shard finished after its last record.
     Returns (images after the first batch, seconds since the first batch arrived): the pace of the work itself,
     without the start-up (workers starting, the first images decoding)."""
     first, after_first = None, 0
+    items, shard_of, last_of_shard = job.items, job.shard_of, job.last_of_shard
     with bar:
         for batch in batches:
             if first is None:
@@ -279,9 +293,7 @@ def _write_records(
                 after_first += len(batch)
             for i, record, error in batch:
                 if error is not None:
-                    if not skip_bad:
-                        raise TfpipeError(error)
-                    staged.skip(shard_of[i], {"image": items[i].name, "reason": error})
+                    staged.skip(shard_of[i], on_bad_image(error, items[i].name))
                 else:
                     assert record is not None  # encode_item gives a record or an error
                     staged.write(shard_of[i], record)
@@ -291,14 +303,17 @@ def _write_records(
     return after_first, (time.perf_counter() - first) if first is not None else 0.0
 
 
-def _write_with_beam(staged: StagedShards, job: Job, spec: ImageSpec, skip_bad: bool, options: PipelineOptions) -> None:
-    """Runs the Beam pipeline into the staging folder, then applies the error policy as ``_write_records`` does."""
+def _write_with_beam(
+    staged: StagedShards, job: Job, spec: ImageSpec, on_bad_image: OnBadImage, options: PipelineOptions
+) -> None:
+    """Runs the Beam pipeline into the staging folder, then applies the error policy as ``_write_records`` does:
+    to the failures in input order (the first one stops the write by default, as the local runner's would)."""
     from tfpipe.beam import encode_shards
 
     parts = {s["index"]: staged.staged_path(s["index"]) for s in job.shard_plan}
     results = encode_shards(parts, job.items, job.targets, spec, job.shard_plan, options)
-    failed = sorted(f for _, fails in results.values() for f in fails)
-    if failed and not skip_bad:
-        raise TfpipeError(failed[0][2])  # the first bad image in input order, as the default runner reports
+    entries = {
+        (i, name): on_bad_image(error, name) for i, name, error in sorted(f for r in results.values() for f in r[1])
+    }
     for index, (count, fails) in sorted(results.items()):
-        staged.add_finished(index, count, [{"image": name, "reason": error} for _, name, error in fails])
+        staged.add_finished(index, count, [entries[i, name] for i, name, _ in fails])

@@ -23,7 +23,7 @@ from tfpipe.job import Job, check_source, plan_job
 from tfpipe.labels import LabelFormat
 from tfpipe.locks import locked_folder
 from tfpipe.manifest import MANIFEST, Manifest, StoredImages
-from tfpipe.runners import Pace, RunnerSettings, make_runner
+from tfpipe.runners import Pace, RunnerSettings, make_runner, skip_bad_image, stop_on_bad_image
 from tfpipe.shards import check_split
 from tfpipe.sources import Source, SourceProtocol
 from tfpipe.staging import StagedShards, check_destination, finish_commit
@@ -93,7 +93,8 @@ def write_shards(
     """
     started = time.perf_counter()
     _check_settings(source, out, spec, split, num_shards, num_folds, workers, seed)
-    settings = RunnerSettings(workers, start_method, tuple(pipeline_args), progress, resume)
+    policy = skip_bad_image if skip_bad else stop_on_bad_image
+    settings = RunnerSettings(workers, start_method, tuple(pipeline_args), progress, resume, policy)
     encoder = make_runner(runner, settings)  # chosen once; Beam's options are refused here, before any work
     job = plan_job(source, spec, classes, split, num_shards, num_folds, seed, skip_bad)
     with contextlib.ExitStack() as running:  # no orphan workers after an error or Ctrl-C
@@ -111,7 +112,7 @@ def write_shards(
                 print(f"{out}: this write already finished ({finished.num_examples} images, same inputs); {done}")
                 return finished
             with StagedShards(out, split, job.shard_plan, job.fingerprint, resume=resume, discard=overwrite) as staged:
-                pace = encoder.encode(staged, job, spec, skip_bad, out)
+                pace = encoder.encode(staged, job, spec, out)
                 if sum(staged.counts) == 0:
                     raise TfpipeError(f"every image was skipped; nothing written to {out}")
                 copies = find_copies((staged.staged_path(s["index"]), s["fold"]) for s in job.shard_plan)
