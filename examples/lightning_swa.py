@@ -322,7 +322,9 @@ def run(args: argparse.Namespace) -> None:
     if args.swa_epochs >= args.epochs:
         raise TfpipeError(f"--swa-epochs {args.swa_epochs} must leave epochs to train first (--epochs {args.epochs})")
     check_model(args.model)  # one line here, before the ranks start
-    config = prepare(PROG, args)  # the run folder may be written, the test shards fit the run
+    # the run folder may be written, the test shards fit the run: checked once, by the process that starts the
+    # ranks (each rank runs this function again; only rank 0 writes the run)
+    config = prepare(PROG, args) if os.environ.get("LOCAL_RANK", "0") == "0" else None
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // args.devices))  # the ranks share the machine's cores
     pl.seed_everything(args.seed, verbose=False)
     data = ShardDataModule(

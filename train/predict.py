@@ -15,6 +15,7 @@ reachable from here too.
 from __future__ import annotations
 
 import argparse
+import inspect
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -91,6 +92,9 @@ def predict(
     )
 
 
+PARAMETERS = tuple(inspect.signature(predict).parameters)  # the command's flags' dests: one flag each
+
+
 if not TYPE_CHECKING:  # hidden from type checkers, which see the names above
 
     def __getattr__(name: str) -> Any:
@@ -118,12 +122,14 @@ def build_parser() -> ArgumentParser:
     p.add_argument(
         "--probabilities", action="store_true", help="one probability column per class (instead of the labels)"
     )
-    p.add_argument("--labels", action="store_true", help="with --probabilities: the labels column too")
+    p.add_argument(
+        "--labels", action="store_const", const=True, help="with --probabilities: the labels column too"
+    )  # None when left out: predict's own default (labels unless --probabilities)
     p.add_argument("--id-column", help="name of the id column (default: the CSV's, from the manifest)")
     p.add_argument("--strategy", choices=STRATEGIES, default="auto", help="auto: TPU, then GPUs, then CPU")
     p.add_argument("--replicas", type=int, help="with --strategy cpu: N virtual CPU replicas")
     p.add_argument("--batch-size", type=int, default=32, help="per replica")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar (shown by default)")
     p.add_argument(
         "--swa", action="store_true", help="predict with the run's SWA model (model-swa.keras, from --swa-epochs)"
     )
@@ -144,22 +150,7 @@ def check_inputs(run: str, records: str) -> None:
 def run_command(args: argparse.Namespace) -> None:
     check_path(out=args.out)
     check_inputs(args.run, args.records)
-    df = predict(
-        args.run,
-        args.records,
-        args.out,
-        tta=args.tta,
-        threshold=args.threshold,
-        probabilities=args.probabilities,
-        labels=True if args.labels else None,
-        strategy=args.strategy,
-        replicas=args.replicas,
-        batch_size=args.batch_size,
-        id_column=args.id_column,
-        overwrite=args.overwrite,
-        progress=not args.no_progress,
-        swa=args.swa,
-    )
+    df = predict(**{name: getattr(args, name) for name in PARAMETERS})
     print(f"wrote {len(df)} row{'s' * (len(df) != 1)} ({args.tta} view{'s' if args.tta > 1 else ''}) -> {args.out}")
 
 
