@@ -1,6 +1,7 @@
 """tfpipe 1.0's one vocabulary (docs/glossary.md): the parts a machine can check, and the old spellings that keep
 working for one minor release with a warning naming the new one."""
 
+import dataclasses
 import inspect
 import pathlib
 import re
@@ -430,3 +431,38 @@ def test_every_augment_field_is_a_flag_of_train_fit_and_reads_back_as_in_python(
         config_from_args(parser.parse_args(["--no-augment", "--mixup", "0.2"]))
     with pytest.raises(SystemExit):
         parser.parse_args(["--crop-scale", "0.5"])  # one number: argparse's one line, exit 2
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--mixup", "-1"], "--mixup must be a number >= 0"),  # made the targets NaN
+        (["--pad", "-4"], "--pad must be"),  # failed inside the input pipeline
+        (["--crop-scale", "1,0.5"], "--crop-scale must be two numbers 0 < low <= high <= 1"),
+        (["--crop-scale", "nan,1"], "--crop-scale must be two numbers"),
+        (["--crop-ratio", "0,0"], "--crop-ratio must be two numbers 0 < low <= high"),
+        (["--erasing-prob", "2"], "--erasing-prob must be a probability"),
+        (["--erasing", "-1"], "--erasing must be"),
+        (["--contrast", "inf"], "--contrast must be a number >= 0"),
+        (["--no-augment", "--flip"], "--no-augment turns training augmentation off, and --flip asks for some"),
+    ],
+)
+def test_augmentation_values_out_of_range_are_one_line(args, needle):
+    """The second hostile round of issue #33: these were accepted and failed (or went NaN) only in training."""
+    from tfpipe.errors import as_command
+    from train.fit import build_parser, config_from_args
+
+    with as_command("train.fit"), pytest.raises(TfpipeError, match=re.escape(needle)):  # flags, as the command says
+        config_from_args(build_parser().parse_args(args))
+
+
+def test_flags_that_agree_with_no_augment_are_taken():
+    from tfpipe.augment import NO_AUGMENT, Augment
+    from train.fit import build_parser, config_from_args
+
+    parser = build_parser()
+    for args in (["--no-flip"], ["--mixup", "0"], ["--crop", "none"], ["--no-jit"]):
+        got = config_from_args(parser.parse_args(["--no-augment", *args])).augment
+        assert dataclasses.replace(got, jit=True) == NO_AUGMENT, args
+    with pytest.raises(TfpipeError, match=r"pad must be"):  # Python refuses alike
+        Augment(pad=-4)

@@ -16,10 +16,12 @@ mix the multi-hot targets by the same weights as the pixels.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, TypeAlias
 
 from tfpipe.deps import lazy_module
+from tfpipe.errors import TfpipeError, check_count, option
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -68,6 +70,31 @@ class Augment:
     mixup: float = 0.0
     cutmix: float = 0.0
     jit: bool = True
+
+    def __post_init__(self) -> None:
+        """Every value in its range, refused in one line here (the command line's flags and Python alike): a
+        negative MixUp alpha made the targets NaN, a negative pad failed inside the input pipeline."""
+        check_augment(self)
+
+
+def check_augment(aug: Augment) -> None:
+    """``Augment``'s ranges: strengths and alphas finite and >= 0, ``erasing_prob`` a probability, the crop's
+    ranges ``0 < low <= high`` (the scale at most 1), a known crop."""
+    if aug.crop not in (None, "pad", "resized"):
+        raise TfpipeError(f"crop must be 'pad', 'resized' or None (got {aug.crop!r})")
+    check_count(0, pad=aug.pad, erasing=aug.erasing)
+    numbers = {k: getattr(aug, k) for k in ("brightness", "contrast", "saturation", "mixup", "cutmix")}
+    for name, value in numbers.items():
+        if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+            raise TfpipeError(f"{option(name)} must be a number >= 0 (got {value!r})")
+    if not (isinstance(aug.erasing_prob, (int, float)) and 0 <= aug.erasing_prob <= 1):
+        raise TfpipeError(f"{option('erasing_prob')} must be a probability, 0..1 (got {aug.erasing_prob!r})")
+    for name, top in (("crop_scale", 1.0), ("crop_ratio", math.inf)):
+        pair = getattr(aug, name)
+        ok = len(pair) == 2 and all(isinstance(x, (int, float)) and math.isfinite(x) for x in pair)
+        if not (ok and 0 < pair[0] <= pair[1] <= top):
+            most = " <= 1" if top == 1.0 else ""
+            raise TfpipeError(f"{option(name)} must be two numbers 0 < low <= high{most} (got {pair!r})")
 
 
 NO_AUGMENT = Augment(flip=False, crop=None, brightness=0.0, contrast=0.0, saturation=0.0)

@@ -1,11 +1,12 @@
-"""The writer's side of a shard folder: how many shards, which records go where, and staged writing.
+"""The writer's side of a shard folder: what may be written over, staged writing and the commit.
 
 Shards are written under ``.staging/`` with a name that does not end in
 ``.tfrec`` and only renamed into place, followed by ``manifest.json``, once
 every shard is complete: nobody globbing ``*.tfrec`` ever reads half a dataset.
 Finished staged shards are listed in ``.staging/progress.json`` as they
-complete, which is what ``--resume`` continues from. Names, the manifest and
-everything a reader needs are in ``tfpipe.shards``.
+complete, which is what ``--resume`` continues from. How many shards and which
+records go where is ``tfpipe.job``'s plan; names are ``tfpipe.shard_names``'s,
+and everything a reader needs is in ``tfpipe.shards``.
 """
 
 from __future__ import annotations

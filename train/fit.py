@@ -233,14 +233,21 @@ def augment_from_args(args: argparse.Namespace) -> Augment:
     from tfpipe.augment import NO_AUGMENT, Augment
 
     given = {f.name: getattr(args, f.name) for f in dataclasses.fields(Augment) if getattr(args, f.name) is not None}
-    if args.no_augment:
-        if given:
-            flags = ", ".join("--" + name.replace("_", "-") for name in given)
-            raise TfpipeError(f"--no-augment turns training augmentation off, and {flags} asks for some; give one")
-        return NO_AUGMENT
     if given.get("crop") == "none":
         given["crop"] = None
+    if args.no_augment:
+        asking = [name for name, value in given.items() if name != "jit" and value != getattr(NO_AUGMENT, name)]
+        if asking:
+            flags = ", ".join(_flag(name, given[name]) for name in asking)
+            raise TfpipeError(f"--no-augment turns training augmentation off, and {flags} asks for some; give one")
+        return dataclasses.replace(NO_AUGMENT, **given)
     return Augment(**given)
+
+
+def _flag(name: str, value: object) -> str:
+    """How a flag of ``name`` was typed for ``value`` (``--no-flip`` for flip False)."""
+    flag = name.replace("_", "-")
+    return f"--no-{flag}" if value is False else f"--{flag}"
 
 
 def check_inputs(cfg: FitConfig) -> None:

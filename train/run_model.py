@@ -23,11 +23,6 @@ from train.run import RunConfig
 KERAS_CONFIG, KERAS_WEIGHTS = "config.json", "model.weights.h5"  # the members of a .keras archive (Keras 2.13+)
 
 
-def read_run_config(run: str) -> RunConfig:
-    """A ``train.fit`` run folder's validated ``RunConfig`` (``train.run``)."""
-    return RunConfig.load(run)
-
-
 def load_run(run: str, config: RunConfig | None = None, swa: bool = False) -> tuple[Any, RunConfig]:
     """(model, run config) of a ``train.fit`` run folder -- its final model, or with ``swa`` its SWA average; the
     model must output the run's classes."""
