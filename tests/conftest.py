@@ -212,6 +212,17 @@ def validation_auc(model_path, records, folds):
     return float(auc.result())
 
 
+@pytest.fixture
+def registry():
+    """The model table (``train.models.MODELS``) as it was, restored after the test."""
+    from train.models import MODELS
+
+    saved = dict(MODELS)
+    yield
+    MODELS.clear()
+    MODELS.update(saved)
+
+
 @pytest.fixture(scope="session")
 def shard_dir(tmp_path_factory):
     """40 labeled images (labels cycle through 5 patterns, one empty) written as 32 px shards, 4 folds.

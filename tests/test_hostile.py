@@ -592,6 +592,8 @@ def test_a_second_fit_into_the_same_run_folder_is_refused_while_the_first_runs(s
         (["--steps-per-execution", "0"], "--steps-per-execution must be at least 1 (got 0)"),
         (["--lr", "-1"], "--lr must be above 0 (got -1.0)"),
         (["--lr", "nan"], "--lr must be above 0 (got nan)"),
+        (["--lr", "inf"], "--lr must be finite (got inf)"),  # trained to NaN before
+        (["--weight-decay", "inf"], "--weight-decay must be finite (got inf)"),
         (["--replicas", "-2"], "--replicas must be at least 1 (got -2)"),
         (["--image-size", "7"], "--image-size 7 is below small-cnn's smallest input (8 px)"),
         (["--val-fraction", "1.5"], "--val-fraction must be between 0 and 1"),

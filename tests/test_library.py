@@ -152,7 +152,7 @@ def test_notebook_cells_are_there_and_compile():
     from IPython.core.inputtransformer2 import TransformerManager
 
     cells = notebook_cells()
-    assert len(cells) == 6
+    assert len(cells) == 7
     install = cells[0].strip().splitlines()
     assert install[-1] == '%pip install -q "{SOURCE}[train]"'
     assert sum(line.startswith("TFPIPE = ") for line in install) == 1  # the line tests/test_install.py replaces
@@ -281,6 +281,8 @@ def test_the_stderr_filter_passes_progress_bars_and_drops_whole_noise_lines():
         b"\rwrite test: 100%|#####| 2/2\n",
         b"2026-11-23 07:13:30.531: W tensorf",  # TensorFlow <= 2.19's format, split over two reads
         b"low/core/x.cc:4] a warning\n",
+        b"*** Begin stack trace ***\n\ttsl::CurrentStackTrace[abi:cxx11]()\n\t\n\txla::ShapeVerifier::Handle(x)\n",
+        b"\t\n*** End stack trace ***\n",  # XLA's trace of a failed compile (train.fit --preflight), blank frames
         b'Traceback (most recent call last):\n  File "x.py", line 1\n',  # indented, but after a line we keep
         b"tfpipe.write: error: x\n",
     ):

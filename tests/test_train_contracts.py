@@ -278,15 +278,6 @@ def test_fitconfig_out_reads_and_sets_run_with_a_warning():
 # ---------------------------------------------------------------------------------- 4: the model registry
 
 
-@pytest.fixture
-def registry():
-    """The model table as it was, restored after the test."""
-    saved = dict(MODELS)
-    yield
-    MODELS.clear()
-    MODELS.update(saved)
-
-
 def tiny_builder(variant, input_shape, weights):
     inputs = keras.Input(input_shape)
     return keras.Model(inputs, keras.layers.Conv2D(2, 3, padding="same")(inputs)), []
@@ -398,7 +389,7 @@ def test_counts_of_one_are_singular(capsys, monkeypatch):
         run.from_dict({"classes": ["a"], "num_classes": 2, "image_size": 8, "single_label": False}, "c.json")
     cfg = FitConfig(batch_size=1, model="small-cnn", image_size=32)
     with pytest.raises(TfpipeError, match="1 image a step, more than the 0 training images"):
-        trainer.check_batch_fits(cfg, tf.distribute.get_strategy(), 0)
+        trainer.check_batch_fits(cfg, 1, 0)
     trainer.announce_build(cfg, tf.distribute.get_strategy(), "cpu", 1, 1, 32)
     assert "1 cpu replica; 1 training image, 1 validation image" in capsys.readouterr().out
 

@@ -436,14 +436,14 @@ def test_every_augment_field_is_a_flag_of_train_fit_and_reads_back_as_in_python(
 @pytest.mark.parametrize(
     "args, needle",
     [
-        (["--mixup", "-1"], "--mixup must be a number >= 0"),  # made the targets NaN
+        (["--mixup", "-1"], "--mixup must be at least 0 (got -1.0)"),  # made the targets NaN
         (["--pad", "-4"], "--pad must be"),  # failed inside the input pipeline
         (["--crop-scale", "1,0.5"], "--crop-scale must be two numbers 0 < low <= high <= 1"),
         (["--crop-scale", "nan,1"], "--crop-scale must be two numbers"),
         (["--crop-ratio", "0,0"], "--crop-ratio must be two numbers 0 < low <= high"),
         (["--erasing-prob", "2"], "--erasing-prob must be a probability"),
         (["--erasing", "-1"], "--erasing must be"),
-        (["--contrast", "inf"], "--contrast must be a number >= 0"),
+        (["--contrast", "inf"], "--contrast must be finite (got inf)"),
         (["--no-augment", "--flip"], "--no-augment turns training augmentation off, and --flip asks for some"),
     ],
 )

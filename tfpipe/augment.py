@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, TypeAlias
 
 from tfpipe.deps import lazy_module
-from tfpipe.errors import TfpipeError, check_count, option
+from tfpipe.errors import TfpipeError, check_at_least, check_count, option
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -83,10 +83,7 @@ def check_augment(aug: Augment) -> None:
     if aug.crop not in (None, "pad", "resized"):
         raise TfpipeError(f"crop must be 'pad', 'resized' or None (got {aug.crop!r})")
     check_count(0, pad=aug.pad, erasing=aug.erasing)
-    numbers = {k: getattr(aug, k) for k in ("brightness", "contrast", "saturation", "mixup", "cutmix")}
-    for name, value in numbers.items():
-        if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
-            raise TfpipeError(f"{option(name)} must be a number >= 0 (got {value!r})")
+    check_at_least(0, **{k: getattr(aug, k) for k in ("brightness", "contrast", "saturation", "mixup", "cutmix")})
     if not (isinstance(aug.erasing_prob, (int, float)) and 0 <= aug.erasing_prob <= 1):
         raise TfpipeError(f"{option('erasing_prob')} must be a probability, 0..1 (got {aug.erasing_prob!r})")
     for name, top in (("crop_scale", 1.0), ("crop_ratio", math.inf)):

@@ -33,9 +33,11 @@ PREAMBLE = b"WARNING: All log messages before absl::InitializeLog()"
 NOISE = re.compile(
     rb"^(?:[IWE]\d{4} [\d:.]+ +\d+ [\w./-]+:\d+\]"  # absl's line prefix: I0000 00:00:17.9 123 f.cc:1]
     rb"|\d{4}-\d\d-\d\d [\d:.]+: [IWE] [\w./-]+:\d+\]"  # TensorFlow <= 2.19's: 2026-11-23 07:13:30.5: E f.cc:4]
-    rb"|" + re.escape(PREAMBLE) + rb"|To enable the following instructions: .* rebuild TensorFlow)"
-)  # cpu_feature_guard's 2nd line
-CONTINUATION = re.compile(rb"^[ \t]+\S")  # an indented line: part of the log message above it (not a bar's \r)
+    rb"|" + re.escape(PREAMBLE) + rb"|To enable the following instructions: .* rebuild TensorFlow"  # cpu_feature_guard
+    rb"|\*\*\* (?:Begin|End) stack trace \*\*\*)"  # XLA's C++ stack trace of a failed compile (its frames indented)
+)
+# An indented line: part of the log message above it (not a bar's \r); a stack trace's frames, blank ones too.
+CONTINUATION = re.compile(rb"^[ \t]+(?:\S|$)")
 # The start of a TensorFlow <= 2.19 line, up to its file name (2026-11-23 07:13:30.5: W tensorflow/core/x.cc:4)
 OLD_FORMAT_START = re.compile(
     rb"\d{1,4}(?:-\d{0,2}(?:-\d{0,2}"  # the date

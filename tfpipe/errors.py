@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import contextvars
 import errno
+import math
 import numbers
 import os
 import sys
@@ -49,12 +50,23 @@ def _shell_word(value: object) -> str:
 
 
 def check_at_least(low: float, **values: float | None) -> None:
-    """Refuses settings below ``low`` (``None`` means "not set" and passes), naming the setting as the user wrote
-    it: ``--epochs must be at least 1 (got 0)``. Every numeric setting with a floor goes through here, so the
-    command line and the Python API refuse the same values."""
+    """Refuses settings below ``low`` and infinite ones (``None`` means "not set" and passes), naming the setting as
+    the user wrote it: ``--epochs must be at least 1 (got 0)``. Every numeric setting with a floor goes through
+    here, so the command line and the Python API refuse the same values."""
     for name, value in values.items():
-        if value is not None and not value >= low:  # "not >=" also refuses NaN
-            raise TfpipeError(f"{option(name)} must be at least {low} (got {value})")
+        if value is not None:
+            check_finite(name, value)
+            if not value >= low:  # "not >=" also refuses NaN
+                raise TfpipeError(f"{option(name)} must be at least {low} (got {value})")
+
+
+def check_finite(name: str, value: object) -> None:
+    """Refuses what is not a real number (a string, a bool) and infinity: ``--lr inf`` or ``--mixup inf`` would
+    turn a whole run into NaN. NaN is left to the range checks, which name the range it misses."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TfpipeError(f"{option(name)} must be a number (got {value!r})")
+    if value in (math.inf, -math.inf):
+        raise TfpipeError(f"{option(name)} must be finite (got {value})")
 
 
 def check_count(low: int, **values: float | None) -> None:
@@ -76,10 +88,12 @@ def check_seed(**values: float | None) -> None:
 
 
 def check_positive(**values: float | None) -> None:
-    """Refuses settings that must be above 0 (learning rates, fractions); ``None`` passes."""
+    """Refuses settings that must be above 0 and finite (learning rates); ``None`` passes."""
     for name, value in values.items():
-        if value is not None and not value > 0:
-            raise TfpipeError(f"{option(name)} must be above 0 (got {value})")
+        if value is not None:
+            check_finite(name, value)
+            if not value > 0:
+                raise TfpipeError(f"{option(name)} must be above 0 (got {value})")
 
 
 def check_fraction(**values: float | None) -> None:
@@ -171,7 +185,8 @@ def run_cli(prog: str, fn: Callable[..., object], *args: object) -> int:
     TensorFlow's start-up lines are held back meanwhile (``tfpipe.console``). A ``TfpipeError`` becomes
     ``prog: error: message`` on stderr and exit code 2, and so does an ``OSError``
     (a full disk, an unreadable file: the machine's problem, not a bug; ``os_error_line`` names the file);
-    Ctrl-C becomes exit code 130. Anything else is a bug and keeps its traceback.
+    Ctrl-C becomes exit code 130. Anything else is a bug and keeps its traceback. ``fn`` may return the exit code
+    of a report it printed (``train.fit --preflight``: 2 when a TPU would refuse the run); else 0.
     """
     from tfpipe.console import quiet_tensorflow
 
@@ -180,7 +195,7 @@ def run_cli(prog: str, fn: Callable[..., object], *args: object) -> int:
             setattr(sys, name, open(os.devnull, "w"))  # noqa: SIM115 -- the command's own stream, for its life
     try:
         with as_command(prog), quiet_tensorflow():  # TensorFlow's start-up lines held back (TFPIPE_VERBOSE=1)
-            fn(*args)
+            code = fn(*args)
     except TfpipeError as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
@@ -190,4 +205,4 @@ def run_cli(prog: str, fn: Callable[..., object], *args: object) -> int:
     except KeyboardInterrupt as e:
         print(f"{prog}: interrupted" + (f": {e}" if str(e) else ""), file=sys.stderr)
         return 130
-    return 0
+    return code if isinstance(code, int) else 0

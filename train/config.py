@@ -11,11 +11,15 @@ import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from tfpipe.deprecations import renamed_arguments, warn_renamed
+from train.tpus import DEFAULT_TPU
 
 if TYPE_CHECKING:
     import tensorflow as tf
 
     from tfpipe.augment import Augment
+
+
+PREFLIGHT_ONLY = ("preflight", "tpu")  # settings of train.preflight's check, not of a training run
 
 
 @dataclasses.dataclass
@@ -58,6 +62,8 @@ class FitConfig:
     report: bool = True  # validation predictions, tuned thresholds and pictures after training
     verbose: int = 2  # 0 silent, 1 Keras' progress bar, 2 lines (one per epoch, and progress every 15 s)
     callbacks: tuple[Any, ...] = ()  # extra Keras callbacks (from Python), run after the built-in ones
+    preflight: bool = False  # compile a step with XLA as a TPU would and report, instead of training (train.preflight)
+    tpu: str = DEFAULT_TPU  # the TPU the preflight checks against: a name of train.tpus.TPUS (v2, v3, v4, v5e)
 
     @property
     def out(self) -> str:

@@ -24,6 +24,7 @@ from tfpipe.errors import ArgumentParser, TfpipeError, check_path, run_cli
 from train.config import FitConfig as FitConfig  # re-exported: train.fit.FitConfig (tfpipe 1.0)
 from train.models import model_names
 from train.names import OPTIMIZERS, PRECISIONS, SCHEDULES, STRATEGIES
+from train.tpus import TPUS
 
 if TYPE_CHECKING:
     from tfpipe.augment import Augment
@@ -39,13 +40,19 @@ ENGINE_NAMES = ("compile_model", "make_auc", "set_trainable")  # the engine's na
 
 @quiet_call
 def fit(cfg: FitConfig) -> dict[str, Any]:
-    """Trains per ``cfg`` (a ``FitConfig``); returns the metrics dict also written to ``metrics.json``.
+    """Trains per ``cfg`` (a ``FitConfig``); returns the metrics dict also written to ``metrics.json``. With
+    ``cfg.preflight``: trains nothing, writes nothing, returns ``train.preflight``'s report (``report["ok"]``).
 
     Example (a notebook on a TPU, or anywhere with ``strategy="cpu", replicas=8``)::
 
         from train.fit import FitConfig, fit
         metrics = fit(FitConfig(records="gs://bucket/train", run="gs://bucket/runs/b0", strategy="tpu"))
     """
+    if cfg.preflight:  # a report of what a TPU would refuse, instead of training
+        from train import preflight
+
+        report: dict[str, Any] = preflight.preflight(cfg)
+        return report
     from train import trainer  # the engine (TensorFlow): imported when training starts, not with the command
 
     metrics: dict[str, Any] = trainer.fit(cfg)
@@ -73,7 +80,20 @@ def build_parser() -> ArgumentParser:
     _training_args(p, d)
     _augment_args(p)
     _run_args(p, d)
+    _preflight_args(p, d)
     return p
+
+
+def _preflight_args(p: ArgumentParser, d: FitConfig) -> None:
+    """The TPU preflight: the same command, checked on a CPU instead of trained."""
+    group = p.add_argument_group("preflight", "before spending TPU time (docs: the training guide, The preflight)")
+    group.add_argument(
+        "--preflight",
+        action="store_true",
+        help="train nothing: compile a training and an evaluation step with XLA as a TPU would, report what a TPU "
+        "would refuse and the memory of a core; exit 2 on a refusal",
+    )
+    group.add_argument("--tpu", choices=tuple(TPUS), default=d.tpu, help="the TPU a --preflight checks for")
 
 
 def _data_args(p: ArgumentParser, d: FitConfig) -> None:
@@ -259,7 +279,7 @@ def check_inputs(cfg: FitConfig) -> None:
     open_shards(cfg.records)
 
 
-def run_command(args: argparse.Namespace) -> None:
+def run_command(args: argparse.Namespace) -> int:
     if args.records is None:  # the demo's folder: say so when it is not there, rather than "no shard files"
         args.records = FitConfig.records
         from tfpipe import fs
@@ -272,6 +292,8 @@ def run_command(args: argparse.Namespace) -> None:
     cfg = config_from_args(args)
     check_inputs(cfg)
     m = fit(cfg)
+    if cfg.preflight:  # the report is printed: exit 2 when a TPU would refuse the run
+        return 0 if m["ok"] else 2
     print(
         f"validation AUC {_headline_auc(m)}{_scores(m)}, {m['epochs']} epoch{'s' * (m['epochs'] != 1)}, "
         f"{m['optimizer_steps']} step{'s' * (m['optimizer_steps'] != 1)}, "
@@ -290,6 +312,7 @@ def run_command(args: argparse.Namespace) -> None:
         from train.evaluation import class_table
 
         print("\n".join(class_table(report)) + f'\n  (every class: {cfg.run}/metrics.json, "report")')
+    return 0
 
 
 def _scores(m: Mapping[str, Any]) -> str:

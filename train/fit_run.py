@@ -19,7 +19,7 @@ from tfpipe.errors import TfpipeError, option
 from tfpipe.locks import LOCK
 from tfpipe.shards import Shards
 from train import run as run_files
-from train.config import FitConfig
+from train.config import PREFLIGHT_ONLY, FitConfig
 from train.run import RunConfig, read_state
 from train.schedules import scaled_lr
 
@@ -173,11 +173,12 @@ def write_run_config(plan: FitConfig, shards: Shards) -> None:
 
 def settings_of(cfg: FitConfig) -> dict[str, Any]:
     """Every setting of ``cfg`` as JSON values, as ``config.json`` records them: a strategy object by its class
-    name, the callbacks left out (``dataclasses.asdict`` would deep-copy both, and the default strategy refuses
-    to be copied)."""
+    name, the callbacks and the preflight's settings left out (``dataclasses.asdict`` would deep-copy a strategy
+    and the callbacks, and the default strategy refuses to be copied)."""
     strategy = cfg.strategy if isinstance(cfg.strategy, str) else type(cfg.strategy).__name__
     fields = dataclasses.asdict(dataclasses.replace(cfg, strategy=strategy, callbacks=()))
-    return dict(json.loads(json.dumps({k: v for k, v in fields.items() if k != "callbacks"}, default=str)))
+    kept = {k: v for k, v in fields.items() if k not in ("callbacks", *PREFLIGHT_ONLY)}  # a run is never a preflight
+    return dict(json.loads(json.dumps(kept, default=str)))
 
 
 @contextlib.contextmanager

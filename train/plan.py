@@ -4,7 +4,6 @@ leaves open decided from the shards (``prepare``), before the run folder is touc
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
 
 from tfpipe import fs
 from tfpipe.augment import Augment
@@ -21,9 +20,7 @@ from tfpipe.shards import Shards
 from train.config import FitConfig
 from train.models import min_image_size
 from train.names import OPTIMIZERS, PRECISIONS, SCHEDULES
-
-if TYPE_CHECKING:
-    import tensorflow as tf
+from train.tpus import TPUS
 
 
 def prepare(cfg: FitConfig, shards: Shards) -> FitConfig:
@@ -95,6 +92,7 @@ def check_names(cfg: FitConfig) -> None:
         ("optimizer", cfg.optimizer, OPTIMIZERS),
         ("schedule", cfg.schedule, SCHEDULES),
         ("precision", cfg.precision, (None, *PRECISIONS)),
+        ("tpu", cfg.tpu, tuple(TPUS)),
     ):
         if value not in known:
             raise TfpipeError(f"unknown {name} {value!r}: use one of {', '.join(k for k in known if k)}")
@@ -141,10 +139,9 @@ def capped_steps_per_execution(plan: FitConfig, steps: int) -> FitConfig:
     return dataclasses.replace(plan, steps_per_execution=steps)
 
 
-def check_batch_fits(plan: FitConfig, strategy: tf.distribute.Strategy, n_train: int) -> None:
-    """A global batch larger than the training set would train on padding-sized nothing (and a huge batch
-    costs gigabytes before failing): refused, naming the numbers."""
-    replicas = strategy.num_replicas_in_sync
+def check_batch_fits(plan: FitConfig, replicas: int, n_train: int) -> None:
+    """A global batch (``plan.batch_size`` on each of ``replicas``) larger than the training set would train on
+    padding-sized nothing (and a huge batch costs gigabytes before failing): refused, naming the numbers."""
     if plan.batch_size * replicas > n_train:
         raise TfpipeError(
             f"{option('batch_size', plan.batch_size)} x {replicas} replica{'s' * (replicas > 1)} = "

@@ -193,12 +193,8 @@ def fit(cfg: FitConfig) -> dict[str, Any]:
     if cfg.report:
         check_installed("matplotlib")  # the pictures come last: a missing package must not cost a whole run
     strategy, kind = resolve_strategy(cfg.strategy, cfg.replicas)  # first: virtual CPUs need a fresh TensorFlow
-    shards = open_shards(cfg.records)
-    check_no_image_twice(shards)
-    plan = prepare(cfg, shards)
+    plan, shards, parts = plan_training(cfg, strategy.num_replicas_in_sync)
     seed_run(plan)  # after prepare's checks (a seed out of range is one line), before the model is built
-    parts = training_parts(shards, plan.fold, plan.val_fraction)  # the fold exists
-    check_batch_fits(plan, strategy, tfpipe.count_examples(parts.train, parts.train_folds))
     # Every check that needs no training has passed: only now is the run folder made and written.
     created = not fs.exists(plan.run)
     try:
@@ -210,6 +206,17 @@ def fit(cfg: FitConfig) -> dict[str, Any]:
         if created:
             remove_if_empty(plan.run)  # made by this job, and nothing in it worth keeping
         raise
+
+
+def plan_training(cfg: FitConfig, replicas: int) -> tuple[FitConfig, Shards, Parts]:
+    """The shards opened and checked, the plan (``prepare``) and the training and validation parts, for a run on
+    ``replicas`` replicas: every check that needs no model. Shared by training and ``train.preflight``."""
+    shards = open_shards(cfg.records)
+    check_no_image_twice(shards)
+    plan = prepare(cfg, shards)
+    parts = training_parts(shards, plan.fold, plan.val_fraction)  # the fold exists
+    check_batch_fits(plan, replicas, tfpipe.count_examples(parts.train, parts.train_folds))
+    return plan, shards, parts
 
 
 def train_and_report(
