@@ -23,6 +23,20 @@ from train.tpus import TPUS, Tpu
 from train.xla_step import buffer_bytes, compile_step
 
 
+@pytest.fixture(autouse=True)
+def op_determinism_off():
+    """TensorFlow's op determinism as a fresh process has it (off): a deterministic training test earlier in this
+    worker turned it on for good, and XLA then refuses MaxPool's gradient -- what a user's process would see too,
+    tested below on its own."""
+    from tensorflow.python.framework import config as tf_config
+
+    was = tf_config.is_op_determinism_enabled()
+    tf_config.disable_op_determinism()
+    yield
+    if was:
+        tf_config.enable_op_determinism()
+
+
 def config(shard_dir, tmp_path, **kw):
     """A preflight of the test shards on one core: 40 images hold no 8-core batch."""
     settings = {"model": "small-cnn", "image_size": 32, "batch_size": 8, "replicas": 1, "verbose": 0}
@@ -141,7 +155,9 @@ def test_the_memory_of_a_step_grows_with_the_batch_and_the_image_as_activations_
 
 @pytest.mark.slow
 def test_a_step_too_big_for_a_core_is_refused_and_the_suggested_batch_fits(shard_dir, tmp_path, monkeypatch):
-    measured = fit(config(shard_dir, tmp_path, batch_size=8))["memory"]["measured"]
+    first = fit(config(shard_dir, tmp_path, batch_size=8))
+    assert first["ok"], first["refuse"]
+    measured = first["memory"]["measured"]
     small = Tpu("tiny", 1, int(measured * 0.6 / preflight_lib.HEADROOM), "a test's TPU")
     monkeypatch.setitem(TPUS, "tiny", small)
     refused = fit(config(shard_dir, tmp_path, batch_size=8, tpu="tiny"))
@@ -174,6 +190,17 @@ def test_an_odd_batch_and_narrow_dense_layers_are_warned_not_refused(shard_dir, 
     assert "\nprecision='mixed_float16': float16 is the GPUs'" in warned
     assert "\nlayer test-narrow/narrow_backbone/narrow: 100 inputs and 96 units, not multiples of 128" in warned
     assert "\nlayer test-narrow/classifier: 96 inputs, not" in warned  # its outputs are the classes: not counted
+
+
+def test_op_determinism_on_in_the_process_is_named_with_its_fix(shard_dir, tmp_path):
+    warned = fit(config(shard_dir, tmp_path, deterministic=True, seed=0))
+    assert any(line.startswith("deterministic=True: not applied by the preflight") for line in warned["warn"])
+    keras.utils.set_random_seed(0)  # what train.fit --deterministic does before switching determinism on
+    tf.config.experimental.enable_op_determinism()
+    report = fit(config(shard_dir, tmp_path))
+    (line,) = report["refuse"]
+    assert line.startswith("layer small-cnn/small_cnn/pool") and "deterministic" in line, line
+    assert line.endswith("leave --deterministic out of a TPU run")
 
 
 def test_what_cannot_be_checked_here_is_one_line(shard_dir, tmp_path):

@@ -171,6 +171,18 @@ def setting_findings(plan: FitConfig, tpu: Tpu) -> list[Finding]:
                 f"use {option('strategy', 'tpu')} (or auto) for the TPU run it checks",
             )
         )
+    if plan.deterministic:
+        found.append(
+            Finding(
+                "warn",
+                option("deterministic", True),
+                "not applied by the preflight (TensorFlow's op determinism is a switch for the whole process, "
+                "never switched off): XLA has no deterministic gradient for some ops (MaxPool's, on every "
+                "backend), so a TPU run may refuse what passes here",
+                "leave it out of a TPU run, or check in a fresh process after "
+                "tf.config.experimental.enable_op_determinism()",
+            )
+        )
     if plan.precision == "mixed_float16":
         found.append(
             Finding(

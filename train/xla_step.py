@@ -25,9 +25,14 @@ PRINT_OPS = ("StringFormat", "PrintV2", "Print")
 PRINT_FIX = "tf.print cannot run inside a TPU step: remove it (print from a Keras callback instead)"
 STRING_FIX = "a TPU has no strings: do string work in the input pipeline (on the host), not in the model"
 OTHER_FIX = "the op has no XLA kernel: replace it, or move it into the input pipeline (on the host)"
+DETERMINISM_FIX = (
+    "TensorFlow's op determinism is on in this process (train.fit --deterministic, or "
+    "tf.config.experimental.enable_op_determinism()) and XLA has no deterministic version of this op: "
+    "leave --deterministic out of a TPU run"
+)
 COMPILE_FIX = (
-    "XLA's message above names what failed; a size computed from the data (top_k's k, a reshape to a computed "
-    "shape) is the usual cause: make it a constant"
+    "XLA's message says what failed (not where: remove layers until it compiles to find it); a size computed "
+    "from the data (top_k's k, a reshape to a computed shape) is the usual cause: make it a constant"
 )
 
 
@@ -111,7 +116,8 @@ def refusals_of_compiler_error(message: str) -> list[Finding]:
     first = message.replace("Failed getting HLO text: ", "").strip(" '\"").splitlines()[0][:300]
     node = re.search(r"\{\{node ([^}]+)\}\}", message)
     culprit = layer_of(node.group(1)) if node else "the step"
-    return [Finding("refuse", culprit, f"XLA cannot compile it: {first}", COMPILE_FIX)]
+    fix = DETERMINISM_FIX if "deterministic" in first else COMPILE_FIX
+    return [Finding("refuse", culprit, f"XLA cannot compile it: {first}", fix)]
 
 
 def layer_of(op_name: str) -> str:
