@@ -3,6 +3,8 @@
     python examples/torch_ddp.py --records records/demo/train --processes 8 --epochs 24 \
         --run runs/torch_ddp --predict records/demo/test --out runs/torch_ddp/submission.csv
     python examples/torch_ddp.py --records records/demo/train --epochs 24 --xla   # a TPU VM / Kaggle TPU
+    torchrun --nnodes 2 --nproc-per-node 4 --rdzv-backend c10d --rdzv-endpoint HOST:PORT \
+        examples/torch_ddp.py --records DIR --run runs/torch_ddp             # on each of 2 machines
 
 The 8-core recipe of the PyTorch/XLA tutorials, with tfpipe's shards as its data. On a machine without TPU cores,
 ``--processes 8`` runs 8 CPU processes (gloo), each a stand-in for one core: a dry run of the TPU configuration.
@@ -22,6 +24,11 @@ there (``train.torch_run``); ``--predict RECORDS`` then predicts those shards on
 ``train.predict``'s submission CSV at ``--out`` (one row per image, labels at probability 0.5).
 ``--xla`` runs the same steps with torch_xla (``xmp.spawn``, ``MpDeviceLoader``,
 ``xm.optimizer_step``) on every device it finds (``PJRT_DEVICE=TPU``, or ``PJRT_DEVICE=CPU``: one CPU device).
+
+Launched by ``torchrun`` (or any launcher that sets ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT``),
+each process is one rank of the launcher's world (gloo, ``env://``) and starts none of its own; ``--processes``
+is then the launcher's world size (given, it must agree). Global rank 0 prints and writes the run folder and the
+submission; the other ranks print nothing but a refusal (one line a machine: its local rank 0).
 """
 
 from __future__ import annotations
@@ -32,7 +39,6 @@ import functools
 import logging
 import os
 import signal
-import socket
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -44,8 +50,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from tfpipe import console
-from tfpipe.errors import ArgumentParser, TfpipeError, as_command, check_count, os_error_line, run_cli
-from tfpipe.processes import die_with_parent, loader_dies_with_this_process
+from tfpipe.errors import ArgumentParser, TfpipeError, as_command, check_count, option, os_error_line, run_cli
+from tfpipe.processes import die_with_parent, free_port, loader_dies_with_this_process
 from tfpipe.shards import open_shards
 from tfpipe.torch import RecordDataset, folds_apart, gather_rows, sync_buffers, unique_rows
 from train.run import RunConfig
@@ -63,7 +69,9 @@ PROG = "torch_ddp"
 
 def build_parser() -> argparse.ArgumentParser:
     p = ArgumentParser(prog=PROG, description="Train on tfpipe shards with PyTorch DDP or PyTorch/XLA.")
-    p.add_argument("--processes", type=int, default=8, help="ranks: one per core of the TPU they stand in for")
+    p.add_argument(
+        "--processes", type=int, help="ranks: one per TPU core they stand in for (default 8; under torchrun: its world)"
+    )
     p.add_argument("--epochs", type=int, default=24, help="passes over the training folds")
     add_recipe_arguments(p, per="process")
     add_run_arguments(p)
@@ -223,11 +231,16 @@ def mesh_rows(xla: Any, names: list[str], *columns: np.ndarray, expected: int) -
 
 
 def run_rank(rank: int, args: argparse.Namespace, config: RunConfig | None, port: int, parent: int) -> None:
-    """One of ``--processes`` CPU processes: a gloo process group, then the loop. Its errors are one line and
-    exit code 2, settings spelt as flags (``as_command``)."""
+    """One of ``--processes`` CPU processes: a gloo process group, then the loop."""
     die_with_parent(parent)
     torch.set_num_threads(1)  # the processes share the machine's cores; more threads each only contend
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=args.processes)
+    train_rank(rank, args, config)
+
+
+def train_rank(rank: int, args: argparse.Namespace, config: RunConfig | None) -> None:
+    """One rank of a started process group: the loop, the predictions, rank 0's run folder. Its errors are one
+    line and exit code 2, settings spelt as flags (``as_command``)."""
     try:
         with as_command(PROG):
             start = time.monotonic()
@@ -260,26 +273,77 @@ def run_xla(index: int, args: argparse.Namespace, config: RunConfig | None, pare
         finish(net.cpu(), auc, args, config, rows, round(time.monotonic() - start, 1))
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def launched() -> tuple[int, int, int] | None:
+    """(rank, world size, local rank) when a launcher started this process as one rank (``torchrun`` sets these
+    variables for ``env://``: the rendezvous it ran); None when run as a plain script."""
+    if not {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"} <= os.environ.keys():
+        return None
+    numbers = {k: os.environ.get(k, "0") for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    if not all(v.isdigit() for v in numbers.values()) or int(numbers["RANK"]) >= int(numbers["WORLD_SIZE"]):
+        shown = ", ".join(f"{k}={v}" for k, v in numbers.items())
+        raise TfpipeError(f"the launcher's environment is not a rank of a world ({shown})")
+    return int(numbers["RANK"]), int(numbers["WORLD_SIZE"]), int(numbers["LOCAL_RANK"])
+
+
+def check_processes(args: argparse.Namespace, world: tuple[int, int, int] | None) -> None:
+    """``args.processes`` becomes the world's size: 8 by default, the launcher's under one (given, it must
+    agree); a launcher's ranks are not torch_xla's devices."""
+    if world is None:
+        args.processes = 8 if args.processes is None else args.processes
+        check_count(1, processes=args.processes)
+        return
+    if args.xla:
+        raise TfpipeError(f"{option('xla')} starts its own processes; run it without torchrun")
+    if args.processes not in (None, world[1]):
+        raise TfpipeError(
+            f"{option('processes', args.processes)} but the launcher started {world[1]} ranks (WORLD_SIZE); "
+            f"leave {option('processes')} out under torchrun"
+        )
+    args.processes = world[1]
 
 
 def run(args: argparse.Namespace) -> None:
-    check_count(1, processes=args.processes, epochs=args.epochs, batch_size=args.batch_size)
-    check_count(0, workers=args.workers)
-    datasets(args, 0, args.processes)  # bad records, folds or model: one line here, before any process starts
-    check_model(args.model)
-    config = prepare(PROG, args)  # the run folder may be written, the test shards fit the run
-    if args.xla:
+    world = launched()
+    try:
+        config = checked(args, world)
+    except (TfpipeError, OSError):
+        if world is not None and world[2] != 0:  # every rank of a machine finds the same: its local rank 0 says it
+            raise SystemExit(2) from None
+        raise
+    if world is not None:
+        run_launched(args, config, world)
+    elif args.xla:
         from tfpipe.deps import require
 
         require("torch_xla")
         import torch_xla.distributed.xla_multiprocessing as xmp
 
         xmp.spawn(run_xla, args=(args, config, os.getpid()))
-        return
+    else:
+        spawn_ranks(args, config)
+
+
+def checked(args: argparse.Namespace, world: tuple[int, int, int] | None) -> RunConfig | None:
+    """Everything that can be refused before a process starts (under a launcher: before its ranks meet), in one
+    line: the settings, the records and folds, the model, the run folder and the shards of ``--predict``."""
+    check_processes(args, world)
+    check_count(1, epochs=args.epochs, batch_size=args.batch_size)
+    check_count(0, workers=args.workers)
+    datasets(args, 0, args.processes)
+    check_model(args.model)
+    return prepare(PROG, args)  # reads only: the run folder may be written, the test shards fit the run
+
+
+def run_launched(args: argparse.Namespace, config: RunConfig | None, world: tuple[int, int, int]) -> None:
+    """This process as one rank of a launcher's world: its process group (``env://``), then the loop. The
+    launcher's agent is the parent: this rank dies with it."""
+    die_with_parent(os.getppid())
+    dist.init_process_group("gloo", init_method="env://", rank=world[0], world_size=world[1])
+    train_rank(world[0], args, config)
+
+
+def spawn_ranks(args: argparse.Namespace, config: RunConfig | None) -> None:
+    """``--processes`` ranks started here, on this machine (gloo over 127.0.0.1); any rank's failure stops all."""
     ranks = torch.multiprocessing.start_processes(
         run_rank, args=(args, config, free_port(), os.getpid()), nprocs=args.processes, join=False, start_method="spawn"
     )

@@ -8,13 +8,12 @@ the others would leave them waiting in the gradient all-reduce: the epoch would 
 
 import json
 import os
-import socket
 import sys
 
 import torch
 import torch.distributed as dist
 
-from tfpipe.processes import die_with_parent
+from tfpipe.processes import die_with_parent, free_port
 from tfpipe.torch import RecordDataset
 from train.torch_models import build_model, model_inputs
 
@@ -50,9 +49,7 @@ def rank_epoch(rank, records, out, ranks, workers, port, parent):
 
 
 def main(records, out, ranks, workers):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     args = (records, out, int(ranks), int(workers), port, os.getpid())
     torch.multiprocessing.spawn(rank_epoch, args=args, nprocs=int(ranks))
 

@@ -192,6 +192,7 @@ def test_an_odd_batch_and_narrow_dense_layers_are_warned_not_refused(shard_dir, 
     assert "\nlayer test-narrow/classifier: 96 inputs, not" in warned  # its outputs are the classes: not counted
 
 
+@pytest.mark.slow
 def test_op_determinism_on_in_the_process_is_named_with_its_fix(shard_dir, tmp_path):
     warned = fit(config(shard_dir, tmp_path, deterministic=True, seed=0))
     assert any(line.startswith("deterministic=True: not applied by the preflight") for line in warned["warn"])

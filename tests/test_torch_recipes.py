@@ -16,15 +16,16 @@ import torch
 import tfpipe
 from tests.conftest import save, write_csv
 from tfpipe.errors import TfpipeError
+from tfpipe.processes import free_port
 from tfpipe.torch import RecordDataset, unique_rows
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 AUC_LINE = re.compile(r"^(SWA )?validation AUC (\d\.\d+)$")
 
 
-def run_python(args, timeout, **kwargs):
+def run_python(args, timeout, env=None, **kwargs):
     """A fresh interpreter (no TensorFlow: DataLoader workers may fork) in the repository."""
-    env = {**os.environ, "PYTHONPATH": ROOT}
+    env = env or {**os.environ, "PYTHONPATH": ROOT}
     return subprocess.run(
         [sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout, **kwargs
     )
@@ -122,6 +123,52 @@ def test_torch_ddp_example_learns_the_demo_on_8_processes_and_submits(demo_shard
     auc = AUC_LINE.match(lines[-1]).group(2)
     assert float(auc) >= 0.85  # chance is 0.5; measured 0.92 on this machine (24 epochs, about 3 minutes)
     check_run_and_submission(run, run / "submission.csv", demo_test_shards, ["model.pt"], auc)
+
+
+@pytest.mark.slow
+def test_torch_ddp_under_torchrun_on_two_nodes_learns_the_demo_and_submits(demo_shards, demo_test_shards, tmp_path):
+    """Two torchrun agents (two "nodes") of 2 ranks each meet at a c10d rendezvous on 127.0.0.1: the script starts
+    no processes of its own, takes its rank and world from torchrun (4 ranks: the run's config says so), and global
+    rank 0 alone prints, saves the run and submits; its ranks listen on 127.0.0.1 only."""
+    run, port = tmp_path / "run", free_port()
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "2",
+                "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "test", "--",
+                "examples/torch_ddp.py", "--records", demo_shards, "--epochs", "24", "--batch-size", "8",
+                "--run", str(run), "--predict", demo_test_shards, "--out", str(run / "submission.csv")]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": ROOT, "GLOO_SOCKET_IFNAME": "lo"}
+    nodes = [subprocess.Popen(torchrun, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]  # fmt: skip
+    try:
+        outputs = [node.communicate(timeout=900) for node in nodes]
+    finally:
+        for node in nodes:
+            node.kill()
+    assert [node.returncode for node in nodes] == [0, 0], outputs[0][1][-3000:] + outputs[1][1][-3000:]
+    printed = [out.strip().splitlines() for out, _ in outputs]
+    lines = max(printed, key=len)  # the node of global rank 0
+    assert min(len(p) for p in printed) == 0  # the other node's ranks print nothing
+    assert len([ln for ln in lines if ln.startswith("epoch ")]) == 24
+    assert lines[-3:-1] == [f"saved {run}/model.pt", f"wrote {run}/submission.csv: 60 rows"]
+    auc = AUC_LINE.match(lines[-1]).group(2)
+    assert float(auc) >= 0.85  # as the 8 processes of the test above
+    check_run_and_submission(run, run / "submission.csv", demo_test_shards, ["model.pt"], auc)
+    assert json.loads((run / "metrics.json").read_text())["ranks"] == 4
+
+
+@pytest.mark.parametrize("local_rank", ["0", "1"])
+def test_torch_ddp_under_a_launcher_refuses_a_disagreeing_processes_once_a_machine(shard_dir, local_rank):
+    """The launcher's world (WORLD_SIZE) and --processes disagree: refused before the ranks meet (no
+    rendezvous: MASTER_PORT is never dialled), in one line from each machine's local rank 0, silently elsewhere."""
+    launcher = {"RANK": local_rank, "WORLD_SIZE": "4", "LOCAL_RANK": local_rank, "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(free_port())}  # fmt: skip
+    done = run_python(
+        ["examples/torch_ddp.py", "--records", shard_dir[0], "--processes", "8"],
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": ROOT, **launcher},
+    )
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    said = "torch_ddp: error: --processes 8 but the launcher started 4 ranks (WORLD_SIZE); leave --processes out"
+    assert done.stderr.startswith(said) if local_rank == "0" else done.stderr == ""
 
 
 @pytest.mark.slow

@@ -18,6 +18,7 @@ else:
 from tfpipe import augment as aug_lib
 from tfpipe.errors import TfpipeError
 from tfpipe.parse import AUTOTUNE, Parser, ReadOptions
+from tfpipe.service import served
 from tfpipe.shards import Shards
 
 
@@ -66,8 +67,10 @@ def training_batches(
     deterministic: bool = False,
     drop_remainder: bool = True,
     options: ReadOptions = ReadOptions(),
+    service: str | None = None,
 ) -> tf.data.Dataset:
-    """Serialized records -> shuffled, repeated, augmented batches of examples (dicts)."""
+    """Serialized records -> shuffled, repeated, augmented batches of examples (dicts); with ``service``
+    (``grpc://HOST:PORT``), the per-image work runs on a tf.data service's workers (``tfpipe.service.served``)."""
     ds = ds.batch(options.parse_batch)
     ds = ds.map(parser.parse, num_parallel_calls=AUTOTUNE, deterministic=deterministic)
     ds = ds.unbatch()
@@ -76,9 +79,16 @@ def training_batches(
             lambda e: dict(e, image=parser.decode(e["image"])), num_parallel_calls=AUTOTUNE, deterministic=deterministic
         )
         ds = ds.cache()  # decode once: later epochs start from pixels in memory
+    if service is not None:  # each epoch a new job on the workers: a seed would replay the first epoch's order
+        seed, deterministic = None, False
     ds = ds.shuffle(options.shuffle_buffer, seed=seed)  # before decoding (when not cached): a buffer of small JPEGs
-    ds = ds.repeat()
-    ds = _augment_images(ds, parser, augment, cached, seed, deterministic)
+    if service is None:
+        ds = ds.repeat()
+        ds = _augment_images(ds, parser, augment, cached, seed, deterministic)
+    else:  # one epoch decoded on the service's workers, repeated here: each epoch a new job, every record once
+        ds = _augment_images(ds, parser, augment, cached, seed, deterministic)
+        ds = served(ds, service)
+        ds = ds.repeat()
     ds = ds.batch(batch_size, drop_remainder=drop_remainder)  # static shapes for the TPU
     per_batch = aug_lib.make_batch_augment(augment, parser.image_size)  # pad crop, flip, colour: one XLA op a batch
     mix = aug_lib.batch_mix(augment)

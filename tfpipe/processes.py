@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import multiprocessing
 import os
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -79,3 +80,10 @@ def worker_dies_with_parent(
         return
     forked_from_main = method in (None, "fork") and (main_thread is None or threading.get_ident() == main_thread)
     die_with_parent(parent_pid, thread_bound=forked_from_main)
+
+
+def free_port() -> int:
+    """A port free on 127.0.0.1 now, for a server or process group this job starts on this machine."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

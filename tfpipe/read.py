@@ -39,6 +39,7 @@ from tfpipe.parse import AUTOTUNE
 from tfpipe.parse import Parser as Parser
 from tfpipe.parse import ReadOptions as ReadOptions
 from tfpipe.parse import targets_from_indices as targets_from_indices
+from tfpipe.service import check_service
 from tfpipe.shards import MANIFEST, Records, Shards, fold_split, open_shards
 
 
@@ -71,6 +72,7 @@ def make_dataset(
     input_context: tf.distribute.InputContext | None = None,
     pad_batches: bool = False,
     options: ReadOptions = ReadOptions(),
+    service: str | None = None,
 ) -> tf.data.Dataset:
     """Builds a ``tf.data.Dataset`` of ``(images, targets)`` batches from shards.
 
@@ -112,26 +114,30 @@ def make_dataset(
         step. Every shape is then static (TPUs need that) and weighted metrics
         still count every real record exactly once.
       options: ``ReadOptions`` (read-ahead, interleave width, parse batch, shuffle buffer, cache budget).
+      service: training only: ``grpc://HOST:PORT`` of a tf.data service dispatcher (``python -m
+        tfpipe.service``); its workers read, decode and augment each image, this process makes the batches.
+        Every record comes once an epoch (all but those a dying worker held); the order is the workers' race, so
+        ``seed`` and ``deterministic`` then fix only the batch-level augmentation; nothing is cached here.
 
     Returns:
       A dataset of ``(images uint8 [B, S, S, 3], targets)`` (plus ``weights`` with
       ``pad_batches``, then ``image_names`` with ``with_ids``).
     """
     check_count(1, batch_size=batch_size)
-    _check_modes(training, pad_batches, cache)
+    _check_modes(training, pad_batches, cache, service)
     shards = open_shards(records, folds)
     if training and not shards.labeled:
         raise TfpipeError(f"{records}: written unlabeled ({MANIFEST}: labeled false); training needs labels")
     parser = Parser.for_shards(
         shards, image_size=image_size, num_classes=num_classes, label_mode=label_mode, records=records
     )
-    cached = use_cache(cache, shards, parser.image_size, options.cache_budget)
+    cached = service is None and use_cache(cache, shards, parser.image_size, options.cache_budget)
     deterministic = deterministic if deterministic is not None else seed is not None
     if training:
         ds = read_shuffled(shards, seed=seed, deterministic=deterministic, input_context=input_context, options=options)
         ds = training_batches(
             ds, parser, batch_size, augment=augment or aug_lib.Augment(), cached=cached, seed=seed,
-            deterministic=deterministic, drop_remainder=drop_remainder is not False, options=options,
+            deterministic=deterministic, drop_remainder=drop_remainder is not False, options=options, service=service,
         )  # fmt: skip
     else:
         ds = read_in_order(shards, input_context=input_context, options=options)
@@ -142,11 +148,18 @@ def make_dataset(
     return ds.prefetch(AUTOTUNE)  # last: overlap the input pipeline with the training step
 
 
-def _check_modes(training: bool, pad_batches: bool, cache: object) -> None:
+def _check_modes(training: bool, pad_batches: bool, cache: object, service: str | None) -> None:
     if training and pad_batches:
         raise TfpipeError("pad_batches is for evaluation (training=False): training batches are never partial")
     if cache not in (True, False, "auto"):
         raise TfpipeError(f"cache must be True, False or 'auto' (got {cache!r})")
+    if service is None:
+        return
+    if not training:
+        raise TfpipeError("service= serves training batches; evaluation is read here (its order, each record once)")
+    if cache is True:
+        raise TfpipeError("cache=True keeps decoded images in this process; with service= the workers decode")
+    check_service(service)
 
 
 def read_in_order(

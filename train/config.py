@@ -34,6 +34,7 @@ class FitConfig:
     run: str = "runs/demo"
     strategy: str | tf.distribute.Strategy = "auto"  # a name (``STRATEGIES``) or a strategy you already made
     replicas: int | None = None
+    data_service: str | None = None  # grpc://HOST:PORT: a tf.data service's workers decode the training images
     model: str = "efficientnet-b0"
     weights: str | None = None  # None (random), "imagenet" (downloads) or a weights file; "none" = None
     image_size: int | None = None

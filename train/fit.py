@@ -103,6 +103,12 @@ def _data_args(p: ArgumentParser, d: FitConfig) -> None:
     add_deprecated_flag(p, "--out", "--run")
     p.add_argument("--strategy", choices=STRATEGIES, default=d.strategy, help="auto: TPU, then GPUs, then CPU")
     p.add_argument("--replicas", type=int, help="with --strategy cpu: N virtual CPU replicas (dry-run a TPU: 8)")
+    p.add_argument(
+        "--data-service",
+        metavar="grpc://HOST:PORT",
+        help="a tf.data service dispatcher (python -m tfpipe.service): its workers read, decode and augment the "
+        "training images",
+    )
 
 
 def _model_args(p: ArgumentParser, d: FitConfig) -> None:

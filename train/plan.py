@@ -16,6 +16,7 @@ from tfpipe.errors import (
     check_seed,
     option,
 )
+from tfpipe.service import check_service
 from tfpipe.shards import Shards
 from train.config import FitConfig
 from train.models import min_image_size
@@ -98,11 +99,23 @@ def check_names(cfg: FitConfig) -> None:
             raise TfpipeError(f"unknown {name} {value!r}: use one of {', '.join(k for k in known if k)}")
     if cfg.weights not in (None, "none", "imagenet") and not fs.exists(cfg.weights):
         raise TfpipeError(f"cannot load weights {cfg.weights!r} for {cfg.model}: no such file")
+    if cfg.data_service is not None:
+        check_data_service(cfg)
     if cfg.resume and cfg.overwrite:
         raise TfpipeError(
             f"{option('resume', True)} continues the run in {cfg.run}, {option('overwrite', True)} replaces it; "
             "choose one"
         )
+
+
+def check_data_service(cfg: FitConfig) -> None:
+    """A dispatcher answers at ``cfg.data_service``, and nothing asked of the input that a service cannot give."""
+    if cfg.deterministic:
+        raise TfpipeError(
+            f"{option('deterministic', True)} fixes the input order, and the workers of {option('data_service')} "
+            "race each other for it; choose one"
+        )
+    check_service(cfg.data_service or "")
 
 
 def check_numbers(cfg: FitConfig) -> None:

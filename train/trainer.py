@@ -84,6 +84,7 @@ def build_datasets(
             augment=cfg.augment,
             seed=cfg.seed,
             input_context=ctx,
+            service=cfg.data_service,
             **common,
         )
 

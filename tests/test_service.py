@@ -1,0 +1,158 @@
+"""The tf.data service (issue #35): ``python -m tfpipe.service`` dispatcher and workers on 127.0.0.1, training
+input through them (``make_dataset(service=...)``, ``train.fit --data-service``), every record once an epoch, and
+what a worker killed mid-epoch costs."""
+
+import collections
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+
+import pytest
+
+import tfpipe
+from tfpipe.errors import TfpipeError
+from tfpipe.processes import free_port
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ENV = {**os.environ, "PYTHONPATH": ROOT}
+# The command in a child that dies with this process (PR_SET_PDEATHSIG), however it ends: no preexec_fn, which
+# is unsafe in a process whose TensorFlow threads run.
+CHILD = (
+    "import runpy, sys; from tfpipe.processes import die_with_parent; die_with_parent(int(sys.argv[1])); "
+    "sys.argv = ['tfpipe.service', *sys.argv[2:]]; runpy.run_module('tfpipe.service', run_name='__main__')"
+)
+
+
+def start(*args):
+    """``python -m tfpipe.service ARGS`` in a child of this process; returns it and the line it printed."""
+    log = tempfile.TemporaryFile("w+")  # not a pipe: nobody reads it while the server runs
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(os.getpid()), *args],
+        cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=log, text=True,
+    )  # fmt: skip
+    line = proc.stdout.readline().strip()
+    if not line:
+        log.seek(0)
+        raise AssertionError(log.read())
+    return proc, line
+
+
+class Service:
+    """A dispatcher and ``workers`` workers, all on 127.0.0.1 at free ports, stopped at the end."""
+
+    def __init__(self, workers, worker_timeout=60):
+        port = free_port()
+        self.dispatcher, said = start("dispatcher", "--port", str(port), "--worker-timeout", str(worker_timeout))
+        assert said == f"tf.data service dispatcher at grpc://{socket.gethostname()}:{port}"
+        self.target = f"grpc://127.0.0.1:{port}"
+        self.workers = [self.add_worker() for _ in range(workers)]
+
+    def add_worker(self, *args):
+        where = ("--dispatcher", self.target.removeprefix("grpc://"), "--address", "127.0.0.1", *args)
+        proc, said = start("worker", *where)
+        assert said.startswith("tf.data service worker at 127.0.0.1:") and said.endswith(f" for {self.target[7:]}")
+        return proc
+
+    def stop(self):
+        for proc in [*self.workers, self.dispatcher]:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture(scope="module")
+def service():
+    running = Service(workers=2)
+    yield running
+    running.stop()
+
+
+def epochs_of_ids(ds, batches, epochs):
+    """The image names of ``epochs`` successive runs of ``batches`` batches of ``ds`` (a repeating pipeline)."""
+    it = iter(ds)
+    return [collections.Counter(n for _ in range(batches) for n in next(it)[2].numpy().tolist()) for _ in range(epochs)]
+
+
+@pytest.mark.slow
+def test_through_two_workers_every_epoch_holds_each_record_once_as_in_process(shard_dir, service):
+    """40 records, batches of 8: each of three epochs through the service yields the records of one epoch of
+    the in-process pipeline (as a multiset: each once), in batches of the same static shapes."""
+    folder, names = shard_dir[0], sorted(shard_dir[1])
+    here = tfpipe.make_dataset(folder, 8, training=True, with_ids=True)
+    there = tfpipe.make_dataset(folder, 8, training=True, with_ids=True, service=service.target)
+    assert there.element_spec == here.element_spec and there.element_spec[0].shape == (8, 32, 32, 3)
+    expected = collections.Counter(n.encode() for n in names)
+    assert epochs_of_ids(here, 5, 1) == [expected]
+    assert epochs_of_ids(there, 5, 3) == [expected] * 3
+
+
+@pytest.mark.slow
+def test_train_fit_trains_through_the_service_and_records_it(shard_dir, service, tmp_path):
+    from train.fit import FitConfig, fit
+
+    run = tmp_path / "run"
+    cfg = FitConfig(records=shard_dir[0], run=str(run), model="small-cnn", epochs=2, batch_size=4,
+                    strategy="cpu", data_service=service.target, report=False, verbose=0)  # fmt: skip
+    fit(cfg)
+    history = (run / "history.csv").read_text().splitlines()
+    assert len(history) == 3 and (run / "model.keras").exists()
+    from train.run import RunConfig
+
+    assert RunConfig.load(str(run)).settings["data_service"] == service.target
+
+
+@pytest.mark.slow
+def test_a_worker_killed_mid_epoch_and_started_again_costs_that_epoch_only_what_it_held(shard_dir):
+    """The documented outcome: the input waits for the worker; started again at its address, the epoch it died
+    in goes on without a record twice (missing at most those it held), and the epochs after it are whole."""
+    folder, names = shard_dir[0], sorted(shard_dir[1])
+    service = Service(workers=1)
+    port = free_port()
+    service.workers.append(service.add_worker("--port", str(port)))
+    try:
+        it = iter(tfpipe.make_dataset(folder, 4, training=True, with_ids=True, service=service.target))
+        seen = [n for _ in range(2) for n in next(it)[2].numpy().tolist()]
+        service.workers[1].kill()  # mid-epoch: 8 of 40 records read
+        service.workers[1].wait()
+        service.workers[1] = service.add_worker("--port", str(port))
+        seen += [n for _ in range(40) for n in next(it)[2].numpy().tolist()]  # 168 records: over 3 epochs more
+    finally:
+        service.stop()
+    every = collections.Counter(n.encode() for n in names)
+    # The dying epoch: the longest start without a record twice; then whole epochs, one after the other.
+    first = next(k for k in range(len(seen)) if seen[k] in seen[:k])
+    assert 8 < first <= len(names)  # it went on after the kill; it lost at most what the worker held
+    for start in range(first, first + 3 * len(names), len(names)):
+        assert collections.Counter(seen[start : start + len(names)]) == every
+
+
+def test_make_dataset_refuses_what_a_service_cannot_give_in_one_line(shard_dir):
+    folder = shard_dir[0]
+    nobody = f"grpc://127.0.0.1:{free_port()}"
+    for kwargs, says in (
+        ({"service": nobody}, "service= serves training batches; evaluation is read here"),
+        ({"service": nobody, "training": True, "cache": True}, "cache=True keeps decoded images in this process"),
+        ({"service": "127.0.0.1:5050", "training": True}, r"service='127.0.0.1:5050': not grpc://HOST:PORT"),
+        ({"service": nobody, "training": True}, f"no tf.data service dispatcher answers at {nobody} "),
+    ):
+        with pytest.raises(TfpipeError, match=says):
+            tfpipe.make_dataset(folder, 4, **kwargs)
+
+
+def test_the_commands_refuse_an_absent_dispatcher_and_a_deterministic_service_in_one_line(shard_dir, tmp_path):
+    from train.fit import FitConfig, fit
+
+    nobody = f"127.0.0.1:{free_port()}"
+    argv = [sys.executable, "-m", "tfpipe.service", "worker", "--dispatcher", nobody]
+    done = subprocess.run(argv, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
+    says = f"tfpipe.service: error: no tf.data service dispatcher answers at grpc://{nobody} "
+    assert done.returncode == 2 and done.stderr.startswith(says) and done.stderr.count("\n") == 1, done.stderr
+    run = str(tmp_path / "r")
+    for extra, says in (
+        ({"deterministic": True}, "deterministic=True fixes the input order, and the workers of data_service race"),
+        ({}, f"no tf.data service dispatcher answers at grpc://{nobody} "),
+    ):
+        with pytest.raises(TfpipeError, match=says):
+            fit(FitConfig(records=shard_dir[0], run=run, data_service=f"grpc://{nobody}", **extra))
+    assert not (tmp_path / "r").exists()

@@ -1,0 +1,129 @@
+"""A tf.data service for tfpipe's training input: a dispatcher and workers that read, decode and augment.
+
+    python -m tfpipe.service dispatcher --port 5050 [--work-dir DIR] [--worker-timeout 60]
+    python -m tfpipe.service worker --dispatcher HOST:5050 [--port 5051] [--address HOST]
+    python -m train.fit ... --data-service grpc://HOST:5050     # or make_dataset(..., service=...)
+
+Thin wrappers over TensorFlow's ``DispatchServer`` and ``WorkerServer``: each prints the address it serves at
+and stays quiet until stopped (Ctrl-C, SIGTERM). A worker registers at the dispatcher under ``--address``
+(default: this machine's host name) -- the address trainers dial to fetch its data; the data must be readable at
+the same path from the workers (``gs://``, a shared disk). TensorFlow's gRPC servers listen on every interface
+of the machine at the port given; a firewall decides who reaches them.
+
+What ``served`` gives a training pipeline (``tfpipe.batches.training_batches``): the workers run one epoch --
+records parsed, shuffled, decoded and augmented per image -- as a ``distributed_epoch`` job
+(``ShardingPolicy.DYNAMIC``: the dispatcher hands each shard file to one worker), so every record of the epoch
+comes once; the trainer repeats it (each epoch a new job) and makes the batches itself, so every batch is
+whole (static shapes) and the epochs follow each other as in one process.
+
+A worker that dies mid-epoch: the trainer's input waits for it -- TensorFlow's client has no timeout -- until a
+worker is started again at the same address (``--address`` and ``--port``; give workers fixed ports for this).
+The epoch then goes on; the records the dead worker held are missed by that epoch (TensorFlow's "at most once"),
+none comes twice, and the next epoch reads every record again. Workers can be added at any time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from tfpipe.deps import require
+from tfpipe.errors import ArgumentParser, TfpipeError, check_count, check_positive, option, run_cli
+
+if TYPE_CHECKING:
+    import tensorflow as tf
+
+PROG = "tfpipe.service"
+GROUP = 32  # images a message from a worker: one gRPC round trip per group, not per image
+WORKER_TIMEOUT = 60  # seconds without a worker's heartbeat before the dispatcher counts it lost
+HEARTBEAT = 10  # seconds between a worker's heartbeats to the dispatcher
+
+
+def served(ds: tf.data.Dataset, service: str) -> tf.data.Dataset:
+    """``ds`` (one epoch of examples) run on the service's workers, each shard file by one of them; examples
+    again here. The groups a worker sends may be partial (its last files'): unbatched here, nothing is lost."""
+    tf_ = require("tensorflow")
+    dynamic = tf_.data.experimental.service.ShardingPolicy.DYNAMIC
+    ds = ds.batch(GROUP)
+    ds = ds.apply(tf_.data.experimental.service.distribute(processing_mode=dynamic, service=service))
+    return ds.unbatch()
+
+
+def check_service(service: str, timeout: float = 5.0) -> str:
+    """``service`` is ``grpc://HOST:PORT`` with a dispatcher answering there (TensorFlow's client would wait for
+    it forever): one line otherwise."""
+    host, _, port = service.removeprefix("grpc://").rpartition(":")
+    if not service.startswith("grpc://") or not host or not port.isdigit():
+        raise TfpipeError(f"{option('data_service', service, python=f'service={service!r}')}: not grpc://HOST:PORT")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError as e:
+        raise TfpipeError(
+            f"no tf.data service dispatcher answers at {service} ({e.strerror or e}); start one with "
+            f"python -m {PROG} dispatcher --port {port}"
+        ) from None
+    return service
+
+
+def dispatcher(args: argparse.Namespace) -> None:
+    tf_ = require("tensorflow")
+    check_count(0, port=args.port)
+    check_positive(worker_timeout=args.worker_timeout)
+    config = tf_.data.experimental.service.DispatcherConfig(
+        port=args.port,
+        work_dir=args.work_dir,
+        fault_tolerant_mode=args.work_dir is not None,  # its journal lets a restarted dispatcher go on
+        worker_timeout_ms=int(args.worker_timeout * 1000),
+        job_gc_check_interval_ms=int(args.worker_timeout * 500),  # the same loop looks for silent workers
+    )
+    server = tf_.data.experimental.service.DispatchServer(config)
+    print(f"tf.data service dispatcher at grpc://{socket.gethostname()}:{bound_port(server)}", flush=True)
+    server.join()
+
+
+def worker(args: argparse.Namespace) -> None:
+    tf_ = require("tensorflow")
+    check_count(0, port=args.port)
+    check_service(f"grpc://{args.dispatcher.removeprefix('grpc://')}")
+    config = tf_.data.experimental.service.WorkerConfig(
+        dispatcher_address=args.dispatcher.removeprefix("grpc://"),
+        worker_address=f"{args.address}:%port%",  # what the dispatcher tells trainers to dial
+        port=args.port,
+        heartbeat_interval_ms=HEARTBEAT * 1000,  # well inside the dispatcher's --worker-timeout
+    )
+    server = tf_.data.experimental.service.WorkerServer(config)
+    print(f"tf.data service worker at {args.address}:{bound_port(server)} for {args.dispatcher}", flush=True)
+    server.join()
+
+
+def bound_port(server: Any) -> int:
+    """The port a server listens at (port 0 asks the system for a free one)."""
+    return int(server._server.bound_port())  # TensorFlow's public API does not say it
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = ArgumentParser(prog=PROG, description="Run a tf.data service dispatcher or worker for tfpipe's input.")
+    roles = p.add_subparsers(dest="role", required=True)
+    d = roles.add_parser("dispatcher", help="hands out the shard files of each epoch to the workers")
+    d.add_argument("--port", type=int, default=5050, help="port to serve at (0: a free one, printed)")
+    d.add_argument("--work-dir", help="a folder for the dispatcher's journal: a restarted dispatcher goes on")
+    d.add_argument(
+        "--worker-timeout", type=float, default=WORKER_TIMEOUT, help="seconds before a silent worker is dropped"
+    )
+    w = roles.add_parser("worker", help="reads, decodes and augments what the dispatcher hands it")
+    w.add_argument("--dispatcher", required=True, help="the dispatcher's HOST:PORT")
+    w.add_argument("--port", type=int, default=0, help="port to serve at (0: a free one, printed)")
+    w.add_argument("--address", default=socket.gethostname(), help="the host name trainers reach this worker by")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return run_cli(PROG, dispatcher if args.role == "dispatcher" else worker, args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
