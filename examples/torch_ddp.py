@@ -255,6 +255,12 @@ def train_rank(rank: int, args: argparse.Namespace, config: RunConfig | None) ->
     except OSError as e:  # a full disk, an unwritable --out: the machine's, not a bug
         print(f"{PROG}: error: {os_error_line(e)}", file=sys.stderr, flush=True)
         sys.exit(2)
+    except RuntimeError as e:  # gloo's: another rank died (killed, out of memory) mid-collective
+        if "gloo" not in str(e):
+            raise
+        first = str(e).strip().splitlines()[0]
+        print(f"{PROG}: error: rank {rank} lost another rank ({first}); stopping", file=sys.stderr, flush=True)
+        sys.exit(2)
     finally:
         dist.destroy_process_group()
 

@@ -4,6 +4,7 @@ what a worker killed mid-epoch costs."""
 
 import collections
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -127,32 +128,69 @@ def test_a_worker_killed_mid_epoch_and_started_again_costs_that_epoch_only_what_
         assert collections.Counter(seen[start : start + len(names)]) == every
 
 
-def test_make_dataset_refuses_what_a_service_cannot_give_in_one_line(shard_dir):
-    folder = shard_dir[0]
+@pytest.fixture()
+def lone_servers():
+    """In this process: a dispatcher with a worker, and one with none; their grpc:// addresses (and the
+    worker's HOST:PORT)."""
+    import tensorflow as tf
+
+    service = tf.data.experimental.service
+    busy, alone = (service.DispatchServer(service.DispatcherConfig(port=0)) for _ in range(2))
+    at = {name: f"127.0.0.1:{server._server.bound_port()}" for name, server in (("busy", busy), ("alone", alone))}
+    worker = service.WorkerServer(service.WorkerConfig(dispatcher_address=at["busy"], port=0))
+    yield f"grpc://{at['busy']}", f"grpc://{at['alone']}", f"127.0.0.1:{worker._server.bound_port()}"
+    for server in (worker, busy, alone):
+        server._stop()
+
+
+def test_make_dataset_refuses_what_a_service_cannot_give_in_one_line(shard_dir, lone_servers):
+    folder, (busy, alone, a_worker) = shard_dir[0], lone_servers
     nobody = f"grpc://127.0.0.1:{free_port()}"
+    assert tfpipe.make_dataset(folder, 4, training=True, service=busy).element_spec[0].shape == (4, 32, 32, 3)
     for kwargs, says in (
-        ({"service": nobody}, "service= serves training batches; evaluation is read here"),
-        ({"service": nobody, "training": True, "cache": True}, "cache=True keeps decoded images in this process"),
-        ({"service": "127.0.0.1:5050", "training": True}, r"service='127.0.0.1:5050': not grpc://HOST:PORT"),
-        ({"service": nobody, "training": True}, f"no tf.data service dispatcher answers at {nobody} "),
+        ({"training": False}, "service= serves training batches; evaluation is read here"),
+        ({"cache": True}, "cache=True keeps decoded images in this process"),
+        ({"deterministic": True, "seed": 1}, "deterministic=True fixes the input order, and the workers of service="),
+        ({"service": "127.0.0.1:5050"}, r"service='127.0.0.1:5050': not grpc://HOST:PORT"),
+        ({"service": "grpc://127.0.0.1:0"}, r"service='grpc://127.0.0.1:0': port 0 cannot be dialled"),
+        ({"service": "grpc://127.0.0.1:99999"}, "port 99999 cannot be dialled"),
+        ({"service": nobody}, r"no tf.data service dispatcher answers \(unavailable\); start one with python -m"),
+        ({"service": alone}, "the dispatcher has no workers; start one with python -m tfpipe.service worker"),
+        ({"service": f"grpc://{a_worker}"}, "what answers there is not a tf.data service dispatcher"),
     ):
+        given = {"service": busy, "training": True, **kwargs}
         with pytest.raises(TfpipeError, match=says):
-            tfpipe.make_dataset(folder, 4, **kwargs)
+            tfpipe.make_dataset(folder, 4, **given)
 
 
-def test_the_commands_refuse_an_absent_dispatcher_and_a_deterministic_service_in_one_line(shard_dir, tmp_path):
+def test_the_commands_refuse_bad_addresses_ports_and_a_deterministic_service_in_one_line(shard_dir, tmp_path):
     from train.fit import FitConfig, fit
 
     nobody = f"127.0.0.1:{free_port()}"
-    argv = [sys.executable, "-m", "tfpipe.service", "worker", "--dispatcher", nobody]
-    done = subprocess.run(argv, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
-    says = f"tfpipe.service: error: no tf.data service dispatcher answers at grpc://{nobody} "
-    assert done.returncode == 2 and done.stderr.startswith(says) and done.stderr.count("\n") == 1, done.stderr
+    for argv, says in (
+        (["worker", "--dispatcher", nobody], f"--dispatcher {nobody}: no tf.data service dispatcher answers"),
+        (["worker", "--dispatcher", "http://127.0.0.1:1"], "--dispatcher http://127.0.0.1:1: not HOST:PORT"),
+        (["dispatcher", "--port", "99999"], "--port 99999: a port is 0 (a free one) to 65535"),
+        (["dispatcher", "--worker-timeout", "1e30"], "--worker-timeout must be at most 86400 seconds"),
+        (["dispatcher", "--worker-timeout", "0.001"], "--worker-timeout must be at least 1"),
+    ):
+        done = subprocess.run([sys.executable, "-m", "tfpipe.service", *argv], cwd=ROOT, env=ENV,
+                              capture_output=True, text=True, timeout=120)  # fmt: skip
+        said = done.stderr.startswith(f"tfpipe.service: error: {says}") and done.stderr.count("\n") == 1
+        assert done.returncode == 2 and said, done.stderr
     run = str(tmp_path / "r")
     for extra, says in (
         ({"deterministic": True}, "deterministic=True fixes the input order, and the workers of data_service race"),
-        ({}, f"no tf.data service dispatcher answers at grpc://{nobody} "),
+        ({}, f"data_service='grpc://{nobody}': no tf.data service dispatcher answers"),
     ):
         with pytest.raises(TfpipeError, match=says):
             fit(FitConfig(records=shard_dir[0], run=run, data_service=f"grpc://{nobody}", **extra))
     assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_a_worker_with_a_line(service):
+    """``server.join()`` waits in C++, where Python's handlers never run: the command sleeps in Python instead."""
+    proc = service.add_worker()
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=30) == 130

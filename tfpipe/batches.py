@@ -79,14 +79,13 @@ def training_batches(
             lambda e: dict(e, image=parser.decode(e["image"])), num_parallel_calls=AUTOTUNE, deterministic=deterministic
         )
         ds = ds.cache()  # decode once: later epochs start from pixels in memory
-    if service is not None:  # each epoch a new job on the workers: a seed would replay the first epoch's order
-        seed, deterministic = None, False
-    ds = ds.shuffle(options.shuffle_buffer, seed=seed)  # before decoding (when not cached): a buffer of small JPEGs
+    here = seed if service is None else None  # each epoch a new job on the workers: a seed would replay its order
+    ds = ds.shuffle(options.shuffle_buffer, seed=here)  # before decoding (when not cached): a buffer of small JPEGs
     if service is None:
         ds = ds.repeat()
         ds = _augment_images(ds, parser, augment, cached, seed, deterministic)
     else:  # one epoch decoded on the service's workers, repeated here: each epoch a new job, every record once
-        ds = _augment_images(ds, parser, augment, cached, seed, deterministic)
+        ds = _augment_images(ds, parser, augment, cached, None, deterministic)
         ds = served(ds, service)
         ds = ds.repeat()
     ds = ds.batch(batch_size, drop_remainder=drop_remainder)  # static shapes for the TPU

@@ -117,14 +117,15 @@ def make_dataset(
       service: training only: ``grpc://HOST:PORT`` of a tf.data service dispatcher (``python -m
         tfpipe.service``); its workers read, decode and augment each image, this process makes the batches.
         Every record comes once an epoch (all but those a dying worker held); the order is the workers' race, so
-        ``seed`` and ``deterministic`` then fix only the batch-level augmentation; nothing is cached here.
+        ``seed`` then fixes only the batch-level augmentation (``deterministic=True`` is refused); nothing is
+        cached here.
 
     Returns:
       A dataset of ``(images uint8 [B, S, S, 3], targets)`` (plus ``weights`` with
       ``pad_batches``, then ``image_names`` with ``with_ids``).
     """
     check_count(1, batch_size=batch_size)
-    _check_modes(training, pad_batches, cache, service)
+    _check_modes(training, pad_batches, cache, service, deterministic)
     shards = open_shards(records, folds)
     if training and not shards.labeled:
         raise TfpipeError(f"{records}: written unlabeled ({MANIFEST}: labeled false); training needs labels")
@@ -148,7 +149,9 @@ def make_dataset(
     return ds.prefetch(AUTOTUNE)  # last: overlap the input pipeline with the training step
 
 
-def _check_modes(training: bool, pad_batches: bool, cache: object, service: str | None) -> None:
+def _check_modes(
+    training: bool, pad_batches: bool, cache: object, service: str | None, deterministic: bool | None
+) -> None:
     if training and pad_batches:
         raise TfpipeError("pad_batches is for evaluation (training=False): training batches are never partial")
     if cache not in (True, False, "auto"):
@@ -159,6 +162,8 @@ def _check_modes(training: bool, pad_batches: bool, cache: object, service: str 
         raise TfpipeError("service= serves training batches; evaluation is read here (its order, each record once)")
     if cache is True:
         raise TfpipeError("cache=True keeps decoded images in this process; with service= the workers decode")
+    if deterministic:
+        raise TfpipeError("deterministic=True fixes the input order, and the workers of service= race for it")
     check_service(service)
 
 

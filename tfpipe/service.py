@@ -27,11 +27,12 @@ from __future__ import annotations
 import argparse
 import socket
 import sys
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from tfpipe.deps import require
-from tfpipe.errors import ArgumentParser, TfpipeError, check_count, check_positive, option, run_cli
+from tfpipe.errors import ArgumentParser, TfpipeError, check_at_least, option, run_cli
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -40,6 +41,9 @@ PROG = "tfpipe.service"
 GROUP = 32  # images a message from a worker: one gRPC round trip per group, not per image
 WORKER_TIMEOUT = 60  # seconds without a worker's heartbeat before the dispatcher counts it lost
 HEARTBEAT = 10  # seconds between a worker's heartbeats to the dispatcher
+DAY = 86400
+MAX_PORT = 65535
+GET_WORKERS = "/tensorflow.data.DispatcherService/GetWorkers"  # TensorFlow's dispatcher.proto
 
 
 def served(ds: tf.data.Dataset, service: str) -> tf.data.Dataset:
@@ -52,26 +56,52 @@ def served(ds: tf.data.Dataset, service: str) -> tf.data.Dataset:
     return ds.unbatch()
 
 
-def check_service(service: str, timeout: float = 5.0) -> str:
-    """``service`` is ``grpc://HOST:PORT`` with a dispatcher answering there (TensorFlow's client would wait for
-    it forever): one line otherwise."""
-    host, _, port = service.removeprefix("grpc://").rpartition(":")
-    if not service.startswith("grpc://") or not host or not port.isdigit():
-        raise TfpipeError(f"{option('data_service', service, python=f'service={service!r}')}: not grpc://HOST:PORT")
-    try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
-    except OSError as e:
-        raise TfpipeError(
-            f"no tf.data service dispatcher answers at {service} ({e.strerror or e}); start one with "
-            f"python -m {PROG} dispatcher --port {port}"
-        ) from None
-    return service
+def check_service(
+    address: str, setting: str = "data_service", python: str = "service", need_workers: bool = True
+) -> None:
+    """``address`` (``grpc://HOST:PORT``; a worker's ``--dispatcher`` may leave out ``grpc://``) is a dispatcher
+    that answers, with a worker when ``need_workers``: TensorFlow's client would wait for either forever. One
+    line otherwise, naming the setting as the user wrote it."""
+    said = option(setting, address, python=f"{python}={address!r}")
+    rest = address.removeprefix("grpc://")
+    host, _, port = rest.rpartition(":")
+    if (setting == "data_service" and rest == address) or "/" in rest or not host or not port.isdigit():
+        raise TfpipeError(f"{said}: not {'grpc://' if setting == 'data_service' else ''}HOST:PORT")
+    if not 1 <= int(port) <= MAX_PORT:
+        raise TfpipeError(f"{said}: port {port} cannot be dialled (1..{MAX_PORT}: the port the dispatcher printed)")
+    problem = dispatcher_problem(rest, need_workers)
+    if problem:
+        raise TfpipeError(f"{said}: {problem}")
+
+
+def dispatcher_problem(target: str, need_workers: bool, timeout: float = 5.0) -> str | None:
+    """What is wrong with ``target`` (HOST:PORT) as a tf.data service dispatcher, asked over gRPC (TensorFlow
+    depends on grpcio) with the dispatcher's own ``GetWorkers`` call; None when nothing is."""
+    import grpc
+
+    with grpc.insecure_channel(target) as channel:
+        try:
+            workers = channel.unary_unary(GET_WORKERS)(b"", timeout=timeout)
+        except grpc.RpcError as e:
+            if e.code() == grpc.StatusCode.UNIMPLEMENTED:
+                return "what answers there is not a tf.data service dispatcher (a worker's port?)"
+            if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                return f"nothing answered there as a tf.data service dispatcher within {timeout:.0f} s"
+            return (
+                f"no tf.data service dispatcher answers ({e.code().name.lower()}); start one with "
+                f"python -m {PROG} dispatcher --port {target.rpartition(':')[2]}"
+            )
+    if need_workers and not workers:  # the reply lists the workers: empty bytes, none
+        return f"the dispatcher has no workers; start one with python -m {PROG} worker --dispatcher {target}"
+    return None
 
 
 def dispatcher(args: argparse.Namespace) -> None:
+    check_port(args.port)
+    check_at_least(1, worker_timeout=args.worker_timeout)
+    if args.worker_timeout > DAY:
+        raise TfpipeError(f"{option('worker_timeout')} must be at most {DAY} seconds (got {args.worker_timeout:g})")
     tf_ = require("tensorflow")
-    check_count(0, port=args.port)
-    check_positive(worker_timeout=args.worker_timeout)
     config = tf_.data.experimental.service.DispatcherConfig(
         port=args.port,
         work_dir=args.work_dir,
@@ -81,13 +111,13 @@ def dispatcher(args: argparse.Namespace) -> None:
     )
     server = tf_.data.experimental.service.DispatchServer(config)
     print(f"tf.data service dispatcher at grpc://{socket.gethostname()}:{bound_port(server)}", flush=True)
-    server.join()
+    serve(server)
 
 
 def worker(args: argparse.Namespace) -> None:
+    check_port(args.port)
+    check_service(args.dispatcher, setting="dispatcher", need_workers=False)
     tf_ = require("tensorflow")
-    check_count(0, port=args.port)
-    check_service(f"grpc://{args.dispatcher.removeprefix('grpc://')}")
     config = tf_.data.experimental.service.WorkerConfig(
         dispatcher_address=args.dispatcher.removeprefix("grpc://"),
         worker_address=f"{args.address}:%port%",  # what the dispatcher tells trainers to dial
@@ -96,7 +126,20 @@ def worker(args: argparse.Namespace) -> None:
     )
     server = tf_.data.experimental.service.WorkerServer(config)
     print(f"tf.data service worker at {args.address}:{bound_port(server)} for {args.dispatcher}", flush=True)
-    server.join()
+    serve(server)
+
+
+def check_port(port: int) -> None:
+    """A port to serve at: 0 (a free one) to 65535; TensorFlow would take 99999 as 34463."""
+    if not 0 <= port <= MAX_PORT:
+        raise TfpipeError(f"{option('port', port)}: a port is 0 (a free one) to {MAX_PORT}")
+
+
+def serve(server: Any) -> None:
+    """Serves until stopped: Python sleeps here so that Ctrl-C reaches it (``server.join()`` waits in C++,
+    where Python's signal handlers never run); the server stops as it is collected."""
+    while server is not None:  # held here: the server lives while this loop runs
+        time.sleep(3600)
 
 
 def bound_port(server: Any) -> int:

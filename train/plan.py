@@ -115,7 +115,7 @@ def check_data_service(cfg: FitConfig) -> None:
             f"{option('deterministic', True)} fixes the input order, and the workers of {option('data_service')} "
             "race each other for it; choose one"
         )
-    check_service(cfg.data_service or "")
+    check_service(cfg.data_service or "", python="data_service")
 
 
 def check_numbers(cfg: FitConfig) -> None:
