@@ -13,6 +13,7 @@ import argparse
 import os
 import subprocess
 import sys
+import tempfile
 import time
 
 from bench.common import dump
@@ -22,24 +23,26 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BATCH = 64
 
 
-def start_service(workers):
-    """A dispatcher and ``workers`` workers on 127.0.0.1; returns (address, processes)."""
+def start_service(workers, procs):
+    """A dispatcher and ``workers`` workers on 127.0.0.1, appended to ``procs`` as they start (the caller stops
+    them, also when one fails to start); returns the dispatcher's address."""
     port = free_port()
     env = dict(os.environ, PYTHONPATH=ROOT)
     roles = [["dispatcher", "--port", str(port)]] + [
         ["worker", "--dispatcher", f"127.0.0.1:{port}", "--address", "127.0.0.1"] for _ in range(workers)
     ]
-    procs = []
     for role in roles:
+        log = tempfile.TemporaryFile("w+")  # noqa: SIM115 -- the server's stderr, for its life
         proc = subprocess.Popen(
             [sys.executable, "-m", "tfpipe.service", *role],
-            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=log, text=True,
             preexec_fn=child_of_this_process(),  # no TensorFlow in this process yet: a fork is safe
         )  # fmt: skip
-        if not proc.stdout.readline():
-            raise SystemExit(f"bench.service: {role[0]} did not start")
         procs.append(proc)
-    return f"grpc://127.0.0.1:{port}", procs
+        if not proc.stdout.readline():
+            log.seek(0)
+            raise SystemExit(f"bench.service: the {role[0]} did not start: {log.read().strip()[-500:]}")
+    return f"grpc://127.0.0.1:{port}"
 
 
 def epoch_rates(ds, steps, epochs):
@@ -54,8 +57,9 @@ def epoch_rates(ds, steps, epochs):
 
 
 def run(records, image_size, workers, reps, epochs):
-    address, procs = start_service(workers)
+    procs = []
     try:
+        address = start_service(workers, procs)
         import tfpipe
 
         steps = max(1, tfpipe.count_examples(records) // BATCH)
@@ -73,6 +77,7 @@ def run(records, image_size, workers, reps, epochs):
     finally:
         for proc in procs:
             proc.kill()
+            proc.wait()
     best = {name: [max(r[e] for r in rs) for e in range(epochs)] for name, rs in runs.items()}
     return {"records": records, "image_size": image_size, "workers": workers, "epochs": best}
 

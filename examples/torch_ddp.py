@@ -310,6 +310,8 @@ def check_processes(args: argparse.Namespace, world: tuple[int, int, int] | None
 
 def run(args: argparse.Namespace) -> None:
     world = launched()
+    if world is not None:  # the launcher's agent is the parent: this rank dies with it, also while checking
+        die_with_parent(os.getppid())
     try:
         config = checked(args, world)
     except (TfpipeError, OSError):
@@ -341,10 +343,15 @@ def checked(args: argparse.Namespace, world: tuple[int, int, int] | None) -> Run
 
 
 def run_launched(args: argparse.Namespace, config: RunConfig | None, world: tuple[int, int, int]) -> None:
-    """This process as one rank of a launcher's world: its process group (``env://``), then the loop. The
-    launcher's agent is the parent: this rank dies with it."""
-    die_with_parent(os.getppid())
-    dist.init_process_group("gloo", init_method="env://", rank=world[0], world_size=world[1])
+    """This process as one rank of a launcher's world: its process group (``env://``), then the loop. Ranks
+    that do not all arrive (another machine refused its command, or was never started) end in one line when
+    torch's wait for them runs out (30 minutes)."""
+    try:
+        dist.init_process_group("gloo", init_method="env://", rank=world[0], world_size=world[1])
+    except (RuntimeError, TimeoutError) as e:  # torch's DistStoreError and gloo's errors are RuntimeErrors
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        where = f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
+        raise TfpipeError(f"rank {world[0]}: the {world[1]} ranks did not meet at {where} ({first})") from None
     train_rank(world[0], args, config)
 
 

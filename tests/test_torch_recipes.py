@@ -128,21 +128,24 @@ def test_torch_ddp_example_learns_the_demo_on_8_processes_and_submits(demo_shard
 @pytest.mark.slow
 def test_torch_ddp_under_torchrun_on_two_nodes_learns_the_demo_and_submits(demo_shards, demo_test_shards, tmp_path):
     """Two torchrun agents (two "nodes") of 2 ranks each meet at a c10d rendezvous on 127.0.0.1: the script starts
-    no processes of its own, takes its rank and world from torchrun (4 ranks: the run's config says so), and global
-    rank 0 alone prints, saves the run and submits; its ranks listen on 127.0.0.1 only."""
+    no processes of its own, takes its rank and world from torchrun (4 ranks: the run's metrics say so), and global
+    rank 0 alone prints, saves the run and submits."""
     run, port = tmp_path / "run", free_port()
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "2",
                 "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "test", "--",
                 "examples/torch_ddp.py", "--records", demo_shards, "--epochs", "24", "--batch-size", "8",
                 "--run", str(run), "--predict", demo_test_shards, "--out", str(run / "submission.csv")]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": ROOT, "GLOO_SOCKET_IFNAME": "lo"}
-    nodes = [subprocess.Popen(torchrun, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for _ in range(2)]  # fmt: skip
+    logs = [(tmp_path / f"node{i}.out", tmp_path / f"node{i}.err") for i in range(2)]  # files: no pipe fills up
+    nodes = [subprocess.Popen(torchrun, cwd=ROOT, env=env, stdout=out.open("w"), stderr=err.open("w"))
+             for out, err in logs]  # fmt: skip
     try:
-        outputs = [node.communicate(timeout=900) for node in nodes]
+        for node in nodes:
+            node.wait(timeout=900)
     finally:
         for node in nodes:
             node.kill()
+    outputs = [(out.read_text(), err.read_text()) for out, err in logs]
     assert [node.returncode for node in nodes] == [0, 0], outputs[0][1][-3000:] + outputs[1][1][-3000:]
     printed = [out.strip().splitlines() for out, _ in outputs]
     lines = max(printed, key=len)  # the node of global rank 0

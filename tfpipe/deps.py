@@ -21,6 +21,7 @@ OPTIONAL = {
     "tensorflow": ("'tfpipe[tensorflow]' (or your platform's own TensorFlow build)", "tf.data and gs:// paths"),
     "torch": ("'tfpipe[write]' (or any torch build)", "the writer's DataLoader workers"),
     "apache_beam": ("'tfpipe[beam]'", "--runner beam"),
+    "grpc": ("'tfpipe[tensorflow]' (TensorFlow brings grpcio)", "a tf.data service"),
     "tensorflow_datasets": ("'tfpipe[tfds]'", "a TFDS source"),
     "efficientnet": ("'tfpipe[train]'", "the EfficientNet models"),
     "matplotlib": ("'tfpipe[train]'", "the run's pictures"),

@@ -126,6 +126,11 @@ def make_dataset(
     """
     check_count(1, batch_size=batch_size)
     _check_modes(training, pad_batches, cache, service, deterministic)
+    if service is not None and input_context is not None and input_context.num_input_pipelines > 1:
+        raise TfpipeError(
+            "service= with several input pipelines (hosts) is not supported: each would run its own job, and "
+            "records shared between pipelines would be kept by each worker's stream; one host consumes a service"
+        )
     shards = open_shards(records, folds)
     if training and not shards.labeled:
         raise TfpipeError(f"{records}: written unlabeled ({MANIFEST}: labeled false); training needs labels")
@@ -133,9 +138,12 @@ def make_dataset(
         shards, image_size=image_size, num_classes=num_classes, label_mode=label_mode, records=records
     )
     cached = service is None and use_cache(cache, shards, parser.image_size, options.cache_budget)
-    deterministic = deterministic if deterministic is not None else seed is not None
-    if training:
-        ds = read_shuffled(shards, seed=seed, deterministic=deterministic, input_context=input_context, options=options)
+    deterministic = deterministic if deterministic is not None else seed is not None and service is None
+    if training:  # a service's workers run each epoch as a new job: a seeded file order would repeat every epoch
+        files_seed = seed if service is None else None
+        ds = read_shuffled(
+            shards, seed=files_seed, deterministic=deterministic, input_context=input_context, options=options
+        )
         ds = training_batches(
             ds, parser, batch_size, augment=augment or aug_lib.Augment(), cached=cached, seed=seed,
             deterministic=deterministic, drop_remainder=drop_remainder is not False, options=options, service=service,

@@ -77,7 +77,7 @@ def check_service(
 def dispatcher_problem(target: str, need_workers: bool, timeout: float = 5.0) -> str | None:
     """What is wrong with ``target`` (HOST:PORT) as a tf.data service dispatcher, asked over gRPC (TensorFlow
     depends on grpcio) with the dispatcher's own ``GetWorkers`` call; None when nothing is."""
-    import grpc
+    grpc = require("grpc")  # TensorFlow's own dependency
 
     with grpc.insecure_channel(target) as channel:
         try:
@@ -87,10 +87,10 @@ def dispatcher_problem(target: str, need_workers: bool, timeout: float = 5.0) ->
                 return "what answers there is not a tf.data service dispatcher (a worker's port?)"
             if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
                 return f"nothing answered there as a tf.data service dispatcher within {timeout:.0f} s"
-            return (
-                f"no tf.data service dispatcher answers ({e.code().name.lower()}); start one with "
-                f"python -m {PROG} dispatcher --port {target.rpartition(':')[2]}"
-            )
+            said = f"no tf.data service dispatcher answers ({e.code().name.lower()})"
+            if e.code() != grpc.StatusCode.UNAVAILABLE:
+                return said
+            return f"{said}; start one with python -m {PROG} dispatcher --port {target.rpartition(':')[2]}"
     if need_workers and not workers:  # the reply lists the workers: empty bytes, none
         return f"the dispatcher has no workers; start one with python -m {PROG} worker --dispatcher {target}"
     return None
@@ -98,7 +98,7 @@ def dispatcher_problem(target: str, need_workers: bool, timeout: float = 5.0) ->
 
 def dispatcher(args: argparse.Namespace) -> None:
     check_port(args.port)
-    check_at_least(1, worker_timeout=args.worker_timeout)
+    check_at_least(3 * HEARTBEAT, worker_timeout=args.worker_timeout)  # three missed heartbeats, not one
     if args.worker_timeout > DAY:
         raise TfpipeError(f"{option('worker_timeout')} must be at most {DAY} seconds (got {args.worker_timeout:g})")
     tf_ = require("tensorflow")
@@ -154,10 +154,13 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--port", type=int, default=5050, help="port to serve at (0: a free one, printed)")
     d.add_argument("--work-dir", help="a folder for the dispatcher's journal: a restarted dispatcher goes on")
     d.add_argument(
-        "--worker-timeout", type=float, default=WORKER_TIMEOUT, help="seconds before a silent worker is dropped"
+        "--worker-timeout",
+        type=float,
+        default=WORKER_TIMEOUT,
+        help=f"seconds before a silent worker is lost (at least {3 * HEARTBEAT}; workers beat every {HEARTBEAT} s)",
     )
     w = roles.add_parser("worker", help="reads, decodes and augments what the dispatcher hands it")
-    w.add_argument("--dispatcher", required=True, help="the dispatcher's HOST:PORT")
+    w.add_argument("--dispatcher", required=True, help="the dispatcher's HOST:PORT (grpc:// may lead)")
     w.add_argument("--port", type=int, default=0, help="port to serve at (0: a free one, printed)")
     w.add_argument("--address", default=socket.gethostname(), help="the host name trainers reach this worker by")
     return p
