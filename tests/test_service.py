@@ -202,7 +202,7 @@ def test_ctrl_c_stops_the_commands_with_a_line():
     try:
         for proc in (service.workers[0], service.dispatcher):
             proc.send_signal(signal.SIGINT)
-            assert proc.wait(timeout=30) == 130
+            assert proc.wait(timeout=60) == 130
             proc.log.seek(0)
             assert proc.log.read().strip().splitlines()[-1] == "tfpipe.service: interrupted"
     finally:
