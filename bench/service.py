@@ -14,13 +14,12 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 
 from bench.common import dump
+from bench.reader import BATCH, epoch_rates
 from tfpipe.processes import child_of_this_process, free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BATCH = 64
 
 
 def start_service(workers, procs):
@@ -45,17 +44,6 @@ def start_service(workers, procs):
     return f"grpc://127.0.0.1:{port}"
 
 
-def epoch_rates(ds, steps, epochs):
-    it = iter(ds)
-    rates = []
-    for _ in range(epochs):
-        start = time.perf_counter()
-        for _ in range(steps):
-            next(it)
-        rates.append(steps * BATCH / (time.perf_counter() - start))
-    return rates
-
-
 def run(records, image_size, workers, reps, epochs):
     procs = []
     try:
@@ -73,7 +61,7 @@ def run(records, image_size, workers, reps, epochs):
         runs = {name: [] for name in contenders}
         for _ in range(reps):  # round-robin: a drift of the machine hits both alike
             for name, make in contenders.items():
-                runs[name].append(epoch_rates(make(), steps, epochs))
+                runs[name].append(epoch_rates(make, steps, epochs))
     finally:
         for proc in procs:
             proc.kill()
