@@ -2,6 +2,7 @@
 
 import io
 import os
+import sys
 import warnings
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -39,6 +40,7 @@ LONGEST_FIRST = (
     "test_lightning_swa_example_learns_the_demo_on_8_processes",
     "test_torch_ddp_example_learns_the_demo_on_8_processes",
     "test_the_examples_of_a_page_run",
+    "test_two_workers_train_stop_together_when_one_dies_and_resume",
     "test_training_killed_mid_epoch_resumes_to_the_same_epochs_and_steps",
     "test_eight_virtual_replicas_with_steps_per_execution",
     "test_notebook_runs_end_to_end",
@@ -197,6 +199,19 @@ def jpeg_bytes(rgb, quality=95):
     buf = io.BytesIO()
     Image.fromarray(rgb).save(buf, "JPEG", quality=quality)
     return buf.getvalue()
+
+
+# A command in a child process that dies with this one (PR_SET_PDEATHSIG), however it ends: no preexec_fn, which
+# is unsafe in a process whose TensorFlow threads run.
+_DIES_WITH_PARENT = (
+    "import runpy, sys; from tfpipe.processes import die_with_parent; die_with_parent(int(sys.argv[1])); "
+    "sys.argv = sys.argv[2:]; runpy.run_module(sys.argv[0], run_name='__main__')"
+)
+
+
+def dies_with_this_process(module, *args):
+    """The argv of ``python -m module ARGS`` in a child that dies with this (the test) process."""
+    return [sys.executable, "-c", _DIES_WITH_PARENT, str(os.getpid()), module, *args]
 
 
 def validation_auc(model_path, records, folds):

@@ -283,6 +283,9 @@ def test_the_stderr_filter_passes_progress_bars_and_drops_whole_noise_lines():
         b"low/core/x.cc:4] a warning\n",
         b"*** Begin stack trace ***\n\ttsl::CurrentStackTrace[abi:cxx11]()\n\t\n\txla::ShapeVerifier::Handle(x)\n",
         b"\t\n*** End stack trace ***\n",  # XLA's trace of a failed compile (train.fit --preflight), blank frames
+        b"E0000 00:00:1.0 7 coordination_service_agent.cc:1] Polled an error: UNAVAILABLE: The following tasks are "
+        b"unhealthy (stopped sending heartbeats):\n/job:worker/replica:0/task:1\nThe tasks have crashed. Check the "
+        b"task logs.\nThe error could be from a previous operation. Restart your program to reset.\n",  # multi-worker
         b'Traceback (most recent call last):\n  File "x.py", line 1\n',  # indented, but after a line we keep
         b"tfpipe.write: error: x\n",
     ):

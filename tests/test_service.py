@@ -14,24 +14,19 @@ import time
 import pytest
 
 import tfpipe
+from tests.conftest import dies_with_this_process
 from tfpipe.errors import TfpipeError
 from tfpipe.processes import free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = {**os.environ, "PYTHONPATH": ROOT}
-# The command in a child that dies with this process (PR_SET_PDEATHSIG), however it ends: no preexec_fn, which
-# is unsafe in a process whose TensorFlow threads run.
-CHILD = (
-    "import runpy, sys; from tfpipe.processes import die_with_parent; die_with_parent(int(sys.argv[1])); "
-    "sys.argv = ['tfpipe.service', *sys.argv[2:]]; runpy.run_module('tfpipe.service', run_name='__main__')"
-)
 
 
 def start(*args):
     """``python -m tfpipe.service ARGS`` in a child of this process; returns it and the line it printed."""
     log = tempfile.TemporaryFile("w+")  # not a pipe: nobody reads it while the server runs
     proc = subprocess.Popen(
-        [sys.executable, "-c", CHILD, str(os.getpid()), *args],
+        dies_with_this_process("tfpipe.service", *args),
         cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=log, text=True,
     )  # fmt: skip
     proc.log = log

@@ -6,6 +6,7 @@ dicts to Keras' tuples at the edge (``as_tuples``)."""
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -132,11 +133,28 @@ def pad_to_replicas(
 ) -> tf.data.Dataset:
     """Pads the last batch to ``batch_size`` (``weight`` 0) and appends blank batches until every replica this
     input pipeline feeds gets one on the last step; real rows get ``weight`` 1. ``ds`` may hold fewer batches
-    than ``shards`` (a ``take`` or ``filter`` before it): the count is rounded up to whole steps all the same."""
-    multiple = (
-        1 if input_context is None else max(1, input_context.num_replicas_in_sync // input_context.num_input_pipelines)
+    than ``shards`` (a ``take`` or ``filter`` before it): the count is rounded up to whole steps all the same.
+    With several input pipelines (hosts, workers) every pipeline yields ``evaluation_steps`` steps, the most any
+    of them needs: each host runs the same number of steps, and none stops before its last record."""
+    multiple = _replicas_per_pipeline(input_context)
+    if input_context is None or input_context.num_input_pipelines == 1:
+        return _pad_batches(ds, batch_size, _local_count(shards, input_context), multiple)
+    batches = evaluation_steps(shards, batch_size, input_context) * multiple
+    return (
+        _pad_batches(ds, batch_size, _local_count(shards, input_context), multiple)
+        .concatenate(_blank_batches(ds, batch_size).repeat())
+        .take(batches)
     )
-    return _pad_batches(ds, batch_size, _local_count(shards, input_context), multiple)
+
+
+def evaluation_steps(shards: Shards, batch_size: int, input_context: tf.distribute.InputContext | None = None) -> int:
+    """Steps of an evaluation over ``shards`` at ``batch_size`` a replica: every record once, each step a batch
+    for every replica. With several input pipelines, the most steps any pipeline's share needs (their shares
+    may differ by whole files)."""
+    multiple = _replicas_per_pipeline(input_context)
+    pipelines = 1 if input_context is None else input_context.num_input_pipelines
+    counts = [_pipeline_count(shards, pipelines, i) for i in range(pipelines)]
+    return max(1, max(math.ceil(math.ceil(n / batch_size) / multiple) for n in counts))
 
 
 def as_tuples(ds: tf.data.Dataset, *, weights: bool = False, ids: bool = False) -> tf.data.Dataset:
@@ -148,15 +166,33 @@ def as_tuples(ds: tf.data.Dataset, *, weights: bool = False, ids: bool = False) 
     return ds.map(lambda b: tuple(b[k] for k in keys))
 
 
+def _replicas_per_pipeline(ctx: tf.distribute.InputContext | None) -> int:
+    return 1 if ctx is None else max(1, ctx.num_replicas_in_sync // ctx.num_input_pipelines)
+
+
 def _local_count(shards: Shards, ctx: tf.distribute.InputContext | None) -> int:
     """Records this input pipeline reads."""
+    if ctx is None:
+        return _pipeline_count(shards, 1, 0)
+    return _pipeline_count(shards, ctx.num_input_pipelines, ctx.input_pipeline_id)
+
+
+def _pipeline_count(shards: Shards, pipelines: int, pipeline: int) -> int:
+    """Records input pipeline ``pipeline`` of ``pipelines`` reads (``shard_for_input``'s split)."""
+    ctx = tf.distribute.InputContext(num_input_pipelines=pipelines, input_pipeline_id=pipeline)
     files, shard_records = shard_for_input(shards.files, ctx)
     total = dataclasses.replace(shards, files=tuple(files)).num_examples if not shard_records else shards.num_examples
     if total is None:
         raise TfpipeError("pad_batches needs record counts (a manifest or counts in the shard names)")
-    if shard_records and ctx is not None:  # shard_records: several pipelines, so a context
-        return len(range(ctx.input_pipeline_id, total, ctx.num_input_pipelines))
+    if shard_records:  # several pipelines reading every file, each keeping every n-th record
+        return len(range(pipeline, total, pipelines))
     return total
+
+
+def _blank_batches(ds: tf.data.Dataset, batch_size: int) -> tf.data.Dataset:
+    """One batch of ``batch_size`` zeros (``weight`` 0) of ``ds``'s structure."""
+    spec = dict(ds.element_spec, weight=tf.TensorSpec([None], tf.float32))
+    return tf.data.Dataset.from_tensors({k: tf.zeros([batch_size, *s.shape[1:]], s.dtype) for k, s in spec.items()})
 
 
 def _pad_batches(ds: tf.data.Dataset, batch_size: int, count: int, multiple: int) -> tf.data.Dataset:
@@ -171,8 +207,7 @@ def _pad_batches(ds: tf.data.Dataset, batch_size: int, count: int, multiple: int
         return {k: tf.ensure_shape(v, [batch_size, *v.shape[1:]]) for k, v in padded.items()}
 
     ds = ds.map(pad, num_parallel_calls=AUTOTUNE)
-    blank = {k: tf.zeros([batch_size, *s.shape[1:]], s.dtype) for k, s in ds.element_spec.items()}
-    blanks = tf.data.Dataset.from_tensors(blank)
+    blanks = _blank_batches(ds, batch_size)
     if count == 0:  # this pipeline reads nothing, yet each of its replicas needs a batch on the last step
         return blanks.repeat(multiple)
     if multiple == 1:

@@ -37,7 +37,13 @@ NOISE = re.compile(
     rb"|\*\*\* (?:Begin|End) stack trace \*\*\*)"  # XLA's C++ stack trace of a failed compile (its frames indented)
 )
 # An indented line: part of the log message above it (not a bar's \r); a stack trace's frames, blank ones too.
-CONTINUATION = re.compile(rb"^[ \t]+(?:\S|$)")
+CONTINUATION = re.compile(
+    rb"^(?:[ \t]+(?:\S|$)"  # indented: a node name, a stack frame
+    # the unindented lines of the distributed runtime's messages (a task, gRPC's and the coordination service's
+    # words) after an error line: a multi-worker job whose peer is gone
+    rb"|/job:\w+(?:/replica:\d+)?/task:\d+\S*$|The tasks have crashed\.|The error could be from a previous operation"
+    rb"|Additional GRPC error information|:\w+:Error received from peer)"
+)
 # The start of a TensorFlow <= 2.19 line, up to its file name (2026-11-23 07:13:30.5: W tensorflow/core/x.cc:4)
 OLD_FORMAT_START = re.compile(
     rb"\d{1,4}(?:-\d{0,2}(?:-\d{0,2}"  # the date

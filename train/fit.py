@@ -42,6 +42,8 @@ ENGINE_NAMES = ("compile_model", "make_auc", "set_trainable")  # the engine's na
 def fit(cfg: FitConfig) -> dict[str, Any]:
     """Trains per ``cfg`` (a ``FitConfig``); returns the metrics dict also written to ``metrics.json``. With
     ``cfg.preflight``: trains nothing, writes nothing, returns ``train.preflight``'s report (``report["ok"]``).
+    On a worker of a multi-worker cluster other than the chief: returns ``{"chief": False, "task": ...}`` (the
+    chief writes the run and returns its metrics).
 
     Example (a notebook on a TPU, or anywhere with ``strategy="cpu", replicas=8``)::
 
@@ -101,7 +103,12 @@ def _data_args(p: ArgumentParser, d: FitConfig) -> None:
     p.add_argument("--records", help=f"shard folder from tfpipe.write (default: {d.records}, where make demo writes)")
     p.add_argument("--run", default=d.run, help="the run folder to write (model, thresholds, history, metrics)")
     add_deprecated_flag(p, "--out", "--run")
-    p.add_argument("--strategy", choices=STRATEGIES, default=d.strategy, help="auto: TPU, then GPUs, then CPU")
+    p.add_argument(
+        "--strategy",
+        choices=STRATEGIES,
+        default=d.strategy,
+        help="auto: TPU, then GPUs, then CPU; multiworker: several machines, the cluster in TF_CONFIG",
+    )
     p.add_argument("--replicas", type=int, help="with --strategy cpu: N virtual CPU replicas (dry-run a TPU: 8)")
     p.add_argument(
         "--data-service",
@@ -298,6 +305,9 @@ def run_command(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     check_inputs(cfg)
     m = fit(cfg)
+    if m.get("chief") is False:  # a multi-worker job's other workers: the chief prints the results
+        print(f"train.fit: {m['task']} done; the chief writes the run in {cfg.run}", flush=True)
+        return 0
     if cfg.preflight:  # the report is printed: exit 2 when a TPU would refuse the run
         return 0 if m["ok"] else 2
     print(
@@ -349,4 +359,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    from train.cluster import in_a_cluster, leave
+
+    if in_a_cluster():
+        leave(code)
+    sys.exit(code)

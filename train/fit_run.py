@@ -257,22 +257,20 @@ def summarise(
     cfg: FitConfig,
     kind: str,
     strategy: tf.distribute.Strategy,
-    global_batch: int,
-    steps: int,
-    n_train: int,
-    n_val: int,
+    sizes: tuple[int, int, int, int, int],
     precision: str,
-    model: keras.Model,
     seconds: float,
     throughput: Throughput,
 ) -> dict[str, Any]:
-    """metrics.json: the run's configuration, speed and validation scores (from history.csv)."""
+    """metrics.json: the run's configuration, speed and validation scores (from history.csv). ``sizes``: (global
+    batch, steps an epoch, training images, validation images, optimizer steps taken)."""
     import pandas as pd
 
     with fs.open(run_files.path(cfg.run, run_files.HISTORY)) as f:
         history = pd.read_csv(f)
     val_cols = [c for c in history.columns if c.startswith("val_")]
     best = history.loc[history["val_auc"].idxmax()] if "val_auc" in history else history.iloc[-1]
+    global_batch, steps, n_train, n_val, optimizer_steps = sizes
     rates = throughput.rates
     if {run_files.IMAGES_PER_SEC, run_files.EPOCH_SECONDS} <= set(history.columns):
         # Every job's epochs, an interrupted run's too (runs before tfpipe 1.1 have only this job's): the epochs'
@@ -297,7 +295,7 @@ def summarise(
         "epochs": len(history),
         "burn_epochs": cfg.burn_epochs,
         "steps_per_epoch": steps,
-        "optimizer_steps": int(model.optimizer.iterations.numpy()),
+        "optimizer_steps": optimizer_steps,
         "train_examples": n_train,
         "val_examples": n_val,
         "fold": cfg.fold,

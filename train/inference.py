@@ -29,6 +29,7 @@ from tfpipe.deprecations import renamed_arguments
 from tfpipe.errors import TfpipeError, check_count, check_fraction, check_path, option
 from tfpipe.shards import Records, Shards
 from train import run as run_files
+from train.cluster import is_multiworker
 from train.predict_scores import evaluate_labeled, seen_rows
 from train.run import RunConfig
 from train.run_model import check_model_present as check_model_present
@@ -202,6 +203,8 @@ def predict(
     checked against each other before the model is loaded; the records are opened once. Labeled shards are
     scored too (``train.evaluation``): printed with ``progress``, and in ``df.attrs["evaluation"]``.
     """
+    if strategy == "multiworker" or is_multiworker(strategy):  # its rows would come back in the workers' order
+        raise TfpipeError(f"predicting runs on one machine: use {option('strategy')} auto, tpu, gpu or cpu")
     labels = check_arguments(run, records, tta, threshold, probabilities, labels, batch_size, replicas)
     strat, _ = resolve_strategy(strategy, replicas)  # first: virtual CPUs need a TensorFlow that has run nothing
     config = RunConfig.load(run)

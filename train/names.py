@@ -4,7 +4,8 @@ The tables behind them (``train.schedules``, ``train.strategy``) are checked aga
 tests. Model names need no copy here: ``train.models`` registers its builders without starting TensorFlow.
 """
 
-STRATEGIES = ("auto", "tpu", "gpu", "cpu")
+STRATEGIES = ("auto", "tpu", "gpu", "cpu", "multiworker")
+ONE_MACHINE = STRATEGIES[:4]  # train.predict's: predicting runs on one machine
 SCHEDULES = ("cosine", "onecycle", "kaggle", "constant")
 OPTIMIZERS = ("adam", "adamw", "sgd")
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")

@@ -39,6 +39,7 @@ def prepare(cfg: FitConfig, shards: Shards) -> FitConfig:
             "training needs labeled shards"
         )
     check_numbers(cfg)
+    check_strategy_settings(cfg)
     check_names(cfg)
     image_size = checked_image_size(cfg, shards)
     if cfg.fold is not None and not shards.num_folds:
@@ -115,7 +116,18 @@ def check_data_service(cfg: FitConfig) -> None:
             f"{option('deterministic', True)} fixes the input order, and the workers of {option('data_service')} "
             "race each other for it; choose one"
         )
+
     check_service(cfg.data_service or "", python="data_service")
+
+
+def check_strategy_settings(cfg: FitConfig) -> None:
+    """Settings a strategy cannot have, checked before the strategy starts (a multi-worker one connects to its
+    cluster)."""
+    if cfg.strategy == "multiworker" and cfg.data_service is not None:
+        raise TfpipeError(
+            f"{option('data_service')} with {option('strategy', 'multiworker')}: each worker would run its own "
+            "job on the service, and records would reach several workers; one trainer consumes a service"
+        )
 
 
 def check_numbers(cfg: FitConfig) -> None:

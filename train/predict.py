@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from tfpipe.console import quiet_call
 from tfpipe.errors import ArgumentParser, check_path, run_cli
-from train.names import STRATEGIES, TTA_VIEW_COUNT
+from train.names import ONE_MACHINE, TTA_VIEW_COUNT
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -126,7 +126,7 @@ def build_parser() -> ArgumentParser:
         "--labels", action="store_const", const=True, help="with --probabilities: the labels column too"
     )  # None when left out: predict's own default (labels unless --probabilities)
     p.add_argument("--id-column", help="name of the id column (default: the CSV's, from the manifest)")
-    p.add_argument("--strategy", choices=STRATEGIES, default="auto", help="auto: TPU, then GPUs, then CPU")
+    p.add_argument("--strategy", choices=ONE_MACHINE, default="auto", help="auto: TPU, then GPUs, then CPU")
     p.add_argument("--replicas", type=int, help="with --strategy cpu: N virtual CPU replicas")
     p.add_argument("--batch-size", type=int, default=32, help="per replica")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar (shown by default)")

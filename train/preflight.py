@@ -162,7 +162,7 @@ def setting_findings(plan: FitConfig, tpu: Tpu) -> list[Finding]:
     """Settings that are not a TPU run's: the preflight checks the run for a TPU whatever ``strategy`` says, and
     a TPU computes in bfloat16, not float16."""
     found = []
-    if plan.strategy in ("gpu", "cpu"):
+    if plan.strategy in ("gpu", "cpu", "multiworker"):
         found.append(
             Finding(
                 "warn",

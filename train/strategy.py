@@ -77,8 +77,9 @@ def resolve_strategy(
         strategy, kind = resolve_strategy("auto", replicas=8)
 
     Args:
-      name: "tpu", "gpu" (MirroredStrategy over all GPUs, or one GPU), "cpu",
-        or "auto" (TPU, then GPUs, then CPU); or a strategy object, returned as it is.
+      name: "tpu", "gpu" (MirroredStrategy over all GPUs, or one GPU), "cpu", "auto" (TPU, then GPUs, then
+        CPU), or "multiworker" (MultiWorkerMirroredStrategy over the cluster in ``TF_CONFIG``: every GPU, else
+        the CPU, of every worker); or a strategy object, returned as it is.
       replicas: with "cpu" (or "auto" where it finds neither a TPU nor a GPU), the number of virtual CPU
         replicas (a dry run of an 8-core TPU: ``replicas=8``); None or 1 is a single CPU device.
     """
@@ -86,11 +87,16 @@ def resolve_strategy(
         return name, strategy_kind(name)
     if name not in STRATEGIES:
         raise TfpipeError(f"unknown strategy {name!r}: use one of {', '.join(STRATEGIES)}")
-    if replicas is not None and replicas != 1 and name in ("tpu", "gpu"):
+    if replicas is not None and replicas != 1 and name in ("tpu", "gpu", "multiworker"):
         raise TfpipeError(
             f"{option('replicas')} sets virtual CPU replicas (--strategy cpu); a {name.upper()} "
             "strategy uses every core or device it finds"
         )
+    if name == "multiworker":
+        from train.cluster import connect
+
+        strategy = connect()
+        return strategy, strategy_kind(strategy)
     if name == "tpu" or (name == "auto" and tpu_present()):
         return connect_tpu(), "tpu"
     gpus = tf.config.list_physical_devices("GPU") if name != "cpu" else []  # lists, starts no device
@@ -119,6 +125,16 @@ def strategy_kind(strategy: tf.distribute.Strategy) -> str:
         devices = ()
     gpu = any("GPU" in d.upper() for d in devices) or (not devices and tf.config.list_physical_devices("GPU"))
     return "gpu" if gpu else "cpu"
+
+
+def input_pipelines(strategy: tf.distribute.Strategy) -> int:
+    """How many input pipelines ``distribute_datasets_from_function`` makes: one a worker of a multi-worker
+    cluster, one a host of a TPU pod, else one."""
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if "MultiWorker" in type(strategy).__name__ and resolver is not None:
+        spec = resolver.cluster_spec()
+        return sum(spec.num_tasks(job) for job in ("chief", "worker") if job in spec.jobs)
+    return int(getattr(strategy.extended, "num_hosts", 1) or 1)
 
 
 def default_precision(kind: str) -> str:

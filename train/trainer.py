@@ -10,8 +10,9 @@ everything, each phase with its callbacks (``train.callbacks``) -> save ``model.
 
 from __future__ import annotations
 
+import dataclasses
 import json
-import math
+import tempfile
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -26,6 +27,7 @@ import tensorflow as tf
 
 import tfpipe
 from tfpipe import console, fs
+from tfpipe.batches import evaluation_steps
 from tfpipe.errors import (
     TfpipeError,
     check_count,
@@ -37,6 +39,7 @@ from tfpipe.read import check_no_image_twice
 from tfpipe.shards import Shards, open_shards
 from train import run as run_files
 from train.callbacks import ShardsUnchanged, Throughput, phase_callbacks
+from train.cluster import copy_for_resume, is_chief, is_multiworker, peers_answering, task_name
 from train.compiling import compile_model as compile_model  # train.fit hands it out (tfpipe 1.0's name)
 from train.compiling import make_auc as make_auc  # train.fit hands it out (tfpipe 1.0's name)
 from train.config import FitConfig
@@ -51,15 +54,12 @@ from train.fit_run import (
     write_run_config,
 )
 from train.models import build_model
-from train.plan import capped_steps_per_execution, check_batch_fits, prepare
-from train.report import learning_curves, validation_report
+from train.outputs import PhaseData, report_arguments, reports
+from train.plan import capped_steps_per_execution, check_batch_fits, check_numbers, check_strategy_settings, prepare
 from train.run import Parts, read_state, training_parts, write_state
 from train.schedules import make_schedule, scaled_lr
-from train.strategy import default_precision, quick_teardown, resolve_strategy
-from train.swa import AverageWeights, recompute_batch_norm
-
-# (training dataset, validation dataset, training steps an epoch, validation steps)
-PhaseData = tuple[tf.distribute.DistributedDataset, tf.distribute.DistributedDataset, int, int]
+from train.strategy import default_precision, input_pipelines, quick_teardown, resolve_strategy
+from train.swa import AverageWeights
 
 
 def build_datasets(
@@ -144,34 +144,6 @@ def set_trainable(backbone: keras.Model, trainable: bool) -> None:
     backbone.trainable = trainable  # a frozen backbone also runs its BatchNorm layers in inference mode
 
 
-def finish_swa(
-    model: keras.Model,
-    swa: AverageWeights,
-    strategy: tf.distribute.Strategy,
-    cfg: FitConfig,
-    data: PhaseData,
-    report_args: dict[str, Any],
-) -> dict[str, Any]:
-    """Loads the averaged weights, re-estimates batch-norm statistics, scores them and saves ``model-swa.keras``."""
-    train_ds, val_ds, steps, val_steps = data
-    model.set_weights(swa.average)
-    recompute_batch_norm(model, train_ds, steps)
-    # Scored with the validation and prediction steps training traced (compiling first would trace both again:
-    # on 8 replicas, seconds each).
-    scores = model.evaluate(val_ds, steps=val_steps, return_dict=True, verbose=0)
-    result: dict[str, Any] = {
-        "model": run_files.MODEL_SWA,  # which model these scores are of: train.predict --swa predicts with it
-        "epochs_averaged": swa.count,
-        **{f"val_{k}": float(v) for k, v in scores.items()},
-    }
-    if cfg.report:
-        result["report"] = validation_report(model, strategy, cfg.run, suffix=run_files.SWA_SUFFIX, **report_args)
-    with strategy.scope():  # saved with a fresh optimizer: the training one's slots belong to other weights
-        compile_model(model, cfg, 0.0, len(report_args["classes"]))
-    save_model(model, run_files.path(cfg.run, run_files.MODEL_SWA))
-    return result
-
-
 def seed_run(plan: FitConfig) -> None:
     """A seed (``prepare`` gives a deterministic run seed 0 when it has none): the initial weights, dropout and
     Python's, NumPy's and TensorFlow's global generators seeded (``keras.utils.set_random_seed``, as a user would);
@@ -191,22 +163,53 @@ def fit(cfg: FitConfig) -> dict[str, Any]:
     started = time.perf_counter()
     check_path(records=cfg.records, run=cfg.run)
     check_count(1, replicas=cfg.replicas)
+    check_numbers(cfg)
+    check_strategy_settings(cfg)  # before a multi-worker strategy connects to its cluster
     if cfg.report:
         check_installed("matplotlib")  # the pictures come last: a missing package must not cost a whole run
     strategy, kind = resolve_strategy(cfg.strategy, cfg.replicas)  # first: virtual CPUs need a fresh TensorFlow
     plan, shards, parts = plan_training(cfg, strategy.num_replicas_in_sync)
     seed_run(plan)  # after prepare's checks (a seed out of range is one line), before the model is built
-    # Every check that needs no training has passed: only now is the run folder made and written.
-    created = not fs.exists(plan.run)
-    try:
-        # One job per run folder: two fits started together would interleave one history.csv and one model.keras.
-        with locked_folder(plan.run, "train.fit", setting="run") as lock, quick_teardown():
-            fresh = check_out(plan, shards)
-            return train_and_report(plan, shards, parts, strategy, kind, lock, started, fresh)
-    except BaseException:
-        if created:
-            remove_if_empty(plan.run)  # made by this job, and nothing in it worth keeping
-        raise
+    with peers_answering(strategy, plan.run):
+        if not is_chief(strategy):
+            return train_as_worker(plan, shards, parts, strategy, kind, started)
+        # Every check that needs no training has passed: only now is the run folder made and written.
+        created = not fs.exists(plan.run)
+        try:
+            # One job per run folder: two fits started together would interleave one history.csv and one model.
+            with locked_folder(plan.run, "train.fit", setting="run") as lock, quick_teardown():
+                fresh = check_out(plan, shards)
+                return train_and_report(plan, shards, parts, strategy, kind, lock, started, fresh)
+        except BaseException:
+            if created:
+                remove_if_empty(plan.run)  # made by this job, and nothing in it worth keeping
+            raise
+
+
+# What a resumed worker other than the chief reads of the chief's run folder (``train.cluster.copy_for_resume``).
+RESUMED = (
+    run_files.CONFIG,
+    run_files.STATE,
+    run_files.HISTORY,
+    run_files.SWA_AVERAGE,
+    run_files.BACKUP,
+    f"{run_files.BURN_DONE}*",
+)
+
+
+def train_as_worker(
+    plan: FitConfig, shards: Shards, parts: Parts, strategy: tf.distribute.Strategy, kind: str, started: float
+) -> dict[str, Any]:
+    """A worker other than the chief: the same training, step for step, in a private temporary folder removed
+    when it ends (on ``resume`` a copy of what the chief's run folder holds to continue from); the chief writes
+    the run. Returns which task this was."""
+    with tempfile.TemporaryDirectory(prefix="tfpipe-worker-") as own:
+        if plan.resume:
+            copy_for_resume(plan.run, own, RESUMED)
+        mine = dataclasses.replace(plan, run=own, verbose=0, overwrite=False)
+        with locked_folder(own, "train.fit", setting="run") as lock, quick_teardown():
+            train_and_report(mine, shards, parts, strategy, kind, lock, started, check_out(mine, shards))
+    return {"chief": False, "task": task_name(strategy), "run": plan.run}
 
 
 def plan_training(cfg: FitConfig, replicas: int) -> tuple[FitConfig, Shards, Parts]:
@@ -235,11 +238,9 @@ def train_and_report(
     rewritten meanwhile stops the run, and no finished run claims classes or records the shards no longer hold.
     In a ``fresh`` (new or empty) folder, a failure before the first epoch is saved removes what the job wrote."""
     precision = plan.precision or default_precision(kind)
-    train_ds, val_ds, n_train, n_val, global_batch = build_datasets(plan, strategy, shards.num_classes, parts)
-    steps = max(1, n_train // global_batch)
-    plan = capped_steps_per_execution(plan, steps)
-    data = (train_ds, val_ds, steps, math.ceil(n_val / global_batch))
-    throughput = Throughput(steps * global_batch)
+    data, n_train, n_val, global_batch = training_data(plan, strategy, shards, parts)
+    plan = capped_steps_per_execution(plan, data[2])
+    throughput = Throughput(data[2] * global_batch)
     with removed_unless_an_epoch_is_saved(plan.run, fresh, throughput):
         write_run_config(plan, shards)
         keras.mixed_precision.set_global_policy(precision)
@@ -247,25 +248,20 @@ def train_and_report(
             announce_build(plan, strategy, kind, n_train, n_val, shards.image_size)
         with strategy.scope(), tfpipe.naming_corrupt_shards(shards), stopping_cleanly(plan, shards):
             model, swa = train_phases(plan, strategy, shards, data, throughput)
+    trained_on, steps, optimizer_steps = strategy, data[2], int(model.optimizer.iterations.numpy())
+    if is_multiworker(strategy):
+        weights = model.get_weights()  # on every worker: a batch-norm statistic is the mean over all replicas
+        if not is_chief(strategy):
+            return {}  # the chief saves, scores and reports
+        model, strategy, data = on_this_machine(plan, shards, parts, weights)
     lock.check()  # on gs:// the lock is advisory: a job that lost it saves nothing
     shards.check_unchanged()
     report_args = report_arguments(plan, shards, parts)
     with unfinished_on_error(plan.run):
         with console.saying("train.fit", f"saving {run_files.MODEL}", "still saving the model", bool(plan.verbose)):
             save_model(model, run_files.path(plan.run, run_files.MODEL))
-        metrics = summarise(
-            plan,
-            kind,
-            strategy,
-            global_batch,
-            steps,
-            n_train,
-            n_val,
-            precision,
-            model,
-            time.perf_counter() - started,
-            throughput,
-        )
+        sizes = (global_batch, steps, n_train, n_val, optimizer_steps)
+        metrics = summarise(plan, kind, trained_on, sizes, precision, time.perf_counter() - started, throughput)
         metrics.update(reports(model, swa, strategy, plan, data, report_args, parts, throughput.last_seconds))
         shards.check_unchanged()
         fs.write_atomic(run_files.path(plan.run, run_files.METRICS), json.dumps(metrics, indent=1) + "\n")
@@ -273,6 +269,35 @@ def train_and_report(
     if fs.exists(run_files.path(plan.run, run_files.BACKUP)):
         fs.rmtree(run_files.path(plan.run, run_files.BACKUP))  # finished: nothing left to resume
     return metrics
+
+
+def training_data(
+    plan: FitConfig, strategy: tf.distribute.Strategy, shards: Shards, parts: Parts
+) -> tuple[PhaseData, int, int, int]:
+    """The distributed datasets and their steps, and (training images, validation images, global batch). A
+    validation pass has the steps the largest input pipeline's share needs (``evaluation_steps``)."""
+    train_ds, val_ds, n_train, n_val, global_batch = build_datasets(plan, strategy, shards.num_classes, parts)
+    context = tf.distribute.InputContext(input_pipelines(strategy), 0, strategy.num_replicas_in_sync)
+    val_steps = evaluation_steps(open_shards(parts.validation, parts.validation_folds), plan.batch_size, context)
+    return (train_ds, val_ds, max(1, n_train // global_batch), val_steps), n_train, n_val, global_batch
+
+
+def on_this_machine(
+    plan: FitConfig, shards: Shards, parts: Parts, weights: list[Any]
+) -> tuple[keras.Model, tf.distribute.Strategy, PhaseData]:
+    """The chief of a multi-worker job once training ends: the trained ``weights`` in a model of its own under
+    the default strategy (no step waits for workers that have ended), with datasets for this machine alone, to
+    save, score and report (and SWA's batch-norm pass). Saved with a fresh optimizer, as the SWA model is."""
+    strategy = tf.distribute.get_strategy()  # outside every scope: the default strategy, this machine
+    assert shards.num_classes is not None and plan.image_size is not None  # prepare() decided them
+    with console.saying("train.fit", None, f"still building {plan.model} on the chief", bool(plan.verbose)):
+        model, _ = build_model(
+            plan.model, shards.num_classes, plan.image_size, weights=None, multi_label=not plan.single_label
+        )
+        compile_model(model, plan, 0.0, shards.num_classes)
+        model.set_weights(weights)
+    data, *_ = training_data(plan, strategy, shards, parts)
+    return model, strategy, data
 
 
 def announce_build(
@@ -287,59 +312,6 @@ def announce_build(
         f"{n_val} validation image{'s' * (n_val != 1)}",
         flush=True,
     )
-
-
-def report_arguments(plan: FitConfig, shards: Shards, parts: Parts) -> dict[str, Any]:
-    """What ``validation_report`` needs besides the model: the classes, the validation records and how to read
-    and score them."""
-    return {
-        "classes": shards.classes,
-        "single_label": plan.single_label,
-        "records": parts.validation,
-        "folds": parts.validation_folds,
-        "image_size": plan.image_size,
-        "batch_size": plan.batch_size,
-        "threshold": plan.threshold,
-    }
-
-
-def reports(
-    model: keras.Model,
-    swa: AverageWeights,
-    strategy: tf.distribute.Strategy,
-    plan: FitConfig,
-    data: PhaseData,
-    report_args: dict[str, Any],
-    parts: Parts,
-    epoch_seconds: float,
-) -> dict[str, Any]:
-    """metrics.json's ``report`` (validation predictions, thresholds and pictures, with ``plan.report``; and the
-    digests of the images trained on, ``parts.train``) and ``swa`` (the averaged model saved and scored, with
-    ``plan.swa_epochs``; its line estimates its time by ``epoch_seconds``, the last epoch's: measured 7 s for a
-    6 s epoch of the demo on 8 replicas)."""
-    found: dict[str, Any] = {}
-    if plan.report:
-        with console.saying(
-            "train.fit",
-            "the report: scoring the validation images with model.keras (val_predictions.csv, thresholds, pictures; "
-            "train_digests.txt)",
-            "still writing the report",
-            bool(plan.verbose),
-        ):
-            found["report"] = {"model": run_files.MODEL, **validation_report(model, strategy, plan.run, **report_args)}
-            learning_curves(plan.run)
-            # what train.predict knows the images trained on by, whatever their names
-            run_files.save_digests(plan.run, tfpipe.image_digests(parts.train, parts.train_folds))
-    if plan.swa_epochs:
-        with console.saying(
-            "train.fit",
-            f"SWA: the weights averaged over {swa.count} epoch{'s' * (swa.count != 1)}, their batch-norm statistics "
-            f"and scores -- about an epoch's time (the last took {epoch_seconds:.0f} s)",
-            "still averaging (SWA)",
-            bool(plan.verbose),
-        ):
-            found["swa"] = finish_swa(model, swa, strategy, plan, data, report_args)
-    return found
 
 
 def train_phases(

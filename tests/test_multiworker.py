@@ -1,0 +1,180 @@
+"""Multi-worker Keras (issue #35): ``train.fit --strategy multiworker`` on two workers at 127.0.0.1 (TF_CONFIG),
+the chief alone writing the run, a killed worker stopping the other in one line, ``--resume`` finishing the run;
+and the cluster settings refused before anything connects."""
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from tests.conftest import dies_with_this_process
+from tfpipe.processes import free_port
+from train import run as run_files
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EPOCHS = 20
+
+
+def tf_config(addresses, index):
+    return json.dumps({"cluster": {"worker": addresses}, "task": {"type": "worker", "index": index}})
+
+
+def start_workers(records, run, tmp, *extra):
+    """``python -m train.fit --strategy multiworker`` twice, one a task of a two-worker cluster on 127.0.0.1 at
+    free ports, each dying with this process; output to files (a full pipe would stall a worker)."""
+    addresses = [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"]
+    args = [
+        "--records", records, "--run", str(run), "--strategy", "multiworker", "--model", "small-cnn",
+        "--batch-size", "8", "--epochs", str(EPOCHS), "--lr", "1.5e-3", "--steps-per-execution", "4", "--swa-epochs", "2",
+        "--seed", "0", "--verbose", "2", *extra,
+    ]  # fmt: skip
+    workers = []
+    for index in range(2):
+        out = open(tmp / f"worker{index}-{'resumed' if '--resume' in extra else 'first'}.log", "w+")
+        env = {**os.environ, "PYTHONPATH": ROOT, "TF_CONFIG": tf_config(addresses, index), "TMPDIR": str(tmp)}
+        proc = subprocess.Popen(
+            dies_with_this_process("train.fit", *args), cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT
+        )
+        proc.log = out
+        workers.append(proc)
+    return workers
+
+
+def output(proc):
+    proc.log.seek(0)
+    return proc.log.read()
+
+
+def epochs_saved(run):
+    path = run / run_files.HISTORY
+    return len(path.read_text().splitlines()) - 1 if path.exists() else 0
+
+
+@pytest.mark.slow
+def test_two_workers_train_stop_together_when_one_dies_and_resume(demo_shards, tmp_path):
+    """Two workers train the demo; worker 1 killed once the chief has saved 2 epochs ends the chief in one line
+    within seconds, nothing of worker 1 left in the run folder; ``--resume`` on both finishes: every epoch once
+    in the chief's history, a validation AUC >= 0.85, the run folder holding what a one-machine run's holds."""
+    from tests.test_train_contracts import small
+    from train.fit import fit
+
+    run, tmp = tmp_path / "run", tmp_path / "tmp"
+    tmp.mkdir()
+    chief, worker = start_workers(demo_shards, run, tmp)
+    deadline = time.monotonic() + 300
+    while epochs_saved(run) < 2 and chief.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert epochs_saved(run) >= 2, output(chief)
+    worker.send_signal(signal.SIGKILL)
+    killed = time.monotonic()
+    assert chief.wait(timeout=120) == 2, output(chief)
+    waited = time.monotonic() - killed  # the chief's next step fails at once: the killed worker's sockets close
+    said = output(chief).strip().splitlines()
+    assert said[-1].startswith("train.fit: error: worker 0: worker 1 (127.0.0.1:") and "--resume" in said[-1], said[-3:]
+    assert "Traceback" not in output(chief) and waited < 60
+    assert [line for line in said if "train.fit: " not in line and "Epoch " not in line and " - " not in line] == []
+    assert not (run / run_files.MODEL).exists() and (run / run_files.BACKUP).exists()
+    saved = epochs_saved(run)
+
+    chief, worker = start_workers(demo_shards, run, tmp, "--resume")
+    assert chief.wait(timeout=600) == 0, output(chief)
+    assert worker.wait(timeout=120) == 0, output(worker)
+    assert output(worker).strip().splitlines()[-1] == f"train.fit: worker 1 done; the chief writes the run in {run}"
+    # TensorFlow's reports of the workers gone (worker 1 ends before the chief's report) are held back
+    assert not [line for line in output(chief).splitlines() if line.startswith(("E0000", "W0000", "/job:", "The "))]
+    history = (run / run_files.HISTORY).read_text().splitlines()[1:]
+    assert [int(row.split(",")[0]) for row in history] == list(range(EPOCHS)) and saved < EPOCHS
+    metrics = json.loads((run / run_files.METRICS).read_text())
+    assert metrics["replicas"] == 2 and metrics["global_batch_size"] == 16
+    assert metrics["strategy_class"] in ("MultiWorkerMirroredStrategy", "CollectiveAllReduceStrategy")  # its alias
+    # chance is 0.5; the exact AUC of the saved model, scored by the chief alone (0.92 here, 2026-11-27)
+    assert metrics["report"]["roc_auc_macro"] >= 0.85, metrics["report"]
+    assert "swa" in metrics and (run / run_files.MODEL_SWA).exists()
+    assert not [n for _, dirs, files in os.walk(run) for n in dirs + files if "workertemp" in n]
+    # worker 1's private folders: the resumed job's removed; the killed job's left (nothing could remove it)
+    assert len([n for n in os.listdir(tmp) if n.startswith("tfpipe-worker-")]) <= 1
+
+    alone = fit(small((demo_shards,), tmp_path / "alone", swa_epochs=1, epochs=1, report=True))
+    assert alone["epochs"] == 1
+    assert sorted(os.listdir(run)) == sorted(os.listdir(tmp_path / "alone"))
+
+
+@pytest.mark.parametrize(
+    "tf_config, says",
+    [
+        (None, "reads the cluster from TF_CONFIG, which is not set"),
+        ("{cluster", "TF_CONFIG is not JSON"),
+        ('{"cluster": {"worker": ["127.0.0.1:1"], "ps": ["127.0.0.1:2"]}, "task": {"type": "worker"}}', "'ps' tasks"),
+        ('{"cluster": {"worker": ["127.0.0.1:1"]}, "task": {"type": "worker", "index": 1}}', "task index is 1"),
+        ('{"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:1"]}, "task": {"type": "worker"}}', "twice"),
+        ('{"cluster": {"worker": ["127.0.0.1"]}, "task": {"type": "worker"}}', "not HOST:PORT"),
+        ('{"cluster": {"worker": ["127.0.0.1:1"]}, "task": {"type": "chief"}}', "task type is 'chief'"),
+    ],
+)
+def test_a_cluster_tensorflow_would_wait_for_is_one_line(shard_dir, tmp_path, monkeypatch, capsys, tf_config, says):
+    """A missing or mistyped TF_CONFIG is refused before TensorFlow connects (it would wait for the cluster
+    forever); nothing is written."""
+    from train.fit import main
+
+    if tf_config is None:
+        monkeypatch.delenv("TF_CONFIG", raising=False)
+    else:
+        monkeypatch.setenv("TF_CONFIG", tf_config)
+    run = tmp_path / "run"
+    assert main(["--records", shard_dir[0], "--run", str(run), "--strategy", "multiworker"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert says in err and len(err.splitlines()) == 1, err
+    assert not run.exists()
+
+
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["--strategy", "multiworker", "--replicas", "2"], "--replicas sets virtual CPU replicas"),
+        (["--strategy", "multiworker", "--data-service", "grpc://127.0.0.1:1"], "one trainer consumes a service"),
+    ],
+)
+def test_multiworker_settings_are_checked_before_connecting(shard_dir, tmp_path, monkeypatch, capsys, args, says):
+    from train.fit import main
+
+    monkeypatch.setenv("TF_CONFIG", tf_config([f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"], 0))
+    assert main(["--records", shard_dir[0], "--run", str(tmp_path / "run"), *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert says in err and len(err.splitlines()) == 1, err
+
+
+def test_workers_of_uneven_shares_validate_the_same_steps_and_every_record_once(shard_dir):
+    """Two input pipelines (workers) whose shares of the validation files differ: each yields the steps the
+    larger share needs (padding weighted 0), so no worker stops before its last record or waits for batches
+    that never come, and together they hold every record once."""
+    import tensorflow as tf
+
+    import tfpipe
+    from tfpipe.batches import evaluation_steps
+
+    shards = tfpipe.open_shards(shard_dir[0], [0, 1, 2])  # 3 files: 2 for pipeline 0, 1 for pipeline 1
+    names, steps = [], []
+    for pipeline in range(2):
+        ctx = tf.distribute.InputContext(2, pipeline, 2)
+        ds = tfpipe.make_dataset(shard_dir[0], 4, folds=[0, 1, 2], pad_batches=True, input_context=ctx, with_ids=True)
+        batches = list(ds)
+        steps.append(len(batches))
+        names += [n for b in batches for n, w in zip(b[3].numpy(), b[2].numpy()) if w == 1]
+    assert steps[0] == steps[1] == evaluation_steps(shards, 4, tf.distribute.InputContext(2, 0, 2))
+    assert sorted(names) == sorted(n for b in tfpipe.make_dataset(shard_dir[0], 4, folds=[0, 1, 2], with_ids=True)
+                                   for n in b[2].numpy())  # fmt: skip
+
+
+def test_predicting_refuses_a_cluster(tmp_path):
+    """Predictions come back in written order from one machine; a multi-worker strategy would return them in
+    the workers' order: refused from Python before anything is read, and not offered on the command line."""
+    from tfpipe.errors import TfpipeError
+    from train.predict import build_parser, predict
+
+    with pytest.raises(TfpipeError, match="predicting runs on one machine"):
+        predict(str(tmp_path / "run"), str(tmp_path / "records"), str(tmp_path / "s.csv"), strategy="multiworker")
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--run", "r", "--records", "x", "--out", "s.csv", "--strategy", "multiworker"])

@@ -1,0 +1,207 @@
+"""Training on several machines with Keras: ``--strategy multiworker`` (``MultiWorkerMirroredStrategy``).
+
+Every worker runs the same command with its own ``TF_CONFIG`` (the cluster and which task it is: the convention
+every launcher writes)::
+
+    TF_CONFIG='{"cluster": {"worker": ["10.0.0.1:12345", "10.0.0.2:12345"]}, "task": {"type": "worker", "index": 0}}' \\
+        python -m train.fit --records gs://bucket/train --run gs://bucket/runs/b0 --strategy multiworker
+
+The chief (``task`` ``chief``, else worker 0) writes the run folder; the other workers train in a private
+temporary folder, removed when they end (on ``--resume`` it starts as a copy of what they need of the chief's:
+the backup of the last epoch, the burn-in's weights, the SWA average), and after training the chief alone scores
+and saves the model. A worker that dies stops every other one, each with one line (its connections close at
+once; a machine gone misses the coordination service's heartbeats).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import sys
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, NoReturn
+
+from tfpipe import fs
+from tfpipe.console import exit_now
+from tfpipe.errors import TfpipeError, option
+
+if TYPE_CHECKING:
+    import tensorflow as tf
+
+JOBS = ("chief", "worker")  # the task types MultiWorkerMirroredStrategy trains with
+EXAMPLE = '{"cluster": {"worker": ["HOST1:PORT", "HOST2:PORT"]}, "task": {"type": "worker", "index": 0}}'
+
+
+def cluster_from_environment() -> dict[str, Any]:
+    """``TF_CONFIG`` read and checked: a cluster of ``chief`` (at most one) and ``worker`` addresses
+    (``HOST:PORT``, none twice) and this process's task in it. One line naming what is wrong otherwise:
+    TensorFlow would wait for a mistyped cluster forever."""
+    text = os.environ.get("TF_CONFIG")
+    if not text:
+        raise TfpipeError(
+            f"{option('strategy', 'multiworker')} reads the cluster from TF_CONFIG, which is not set; set it on every "
+            f"worker (its own task each), e.g. TF_CONFIG='{EXAMPLE}'"
+        )
+    try:
+        config = json.loads(text)
+    except ValueError as e:
+        raise TfpipeError(f"TF_CONFIG is not JSON ({e}); e.g. TF_CONFIG='{EXAMPLE}'") from None
+    cluster = config.get("cluster") if isinstance(config, dict) else None
+    task = config.get("task") if isinstance(config, dict) else None
+    if not isinstance(cluster, dict) or not isinstance(task, dict):
+        raise TfpipeError(f'TF_CONFIG needs a "cluster" and a "task" object; e.g. TF_CONFIG=\'{EXAMPLE}\'')
+    check_cluster(cluster)
+    check_task(task, cluster)
+    return dict(config)
+
+
+def check_cluster(cluster: dict[str, Any]) -> None:
+    """Only chief and worker tasks, each a ``HOST:PORT``, no address twice, at most one chief."""
+    other = sorted(set(cluster) - set(JOBS))
+    if other:
+        raise TfpipeError(
+            f"TF_CONFIG's cluster has {other[0]!r} tasks; {option('strategy', 'multiworker')} trains with "
+            '"chief" and "worker" tasks only (MultiWorkerMirroredStrategy has no parameter servers or evaluators)'
+        )
+    if not cluster.get("worker") and not cluster.get("chief"):
+        raise TfpipeError('TF_CONFIG\'s cluster lists no "worker" addresses')
+    if len(cluster.get("chief") or []) > 1:
+        raise TfpipeError('TF_CONFIG\'s cluster lists more than one "chief"')
+    seen: set[str] = set()
+    for job in JOBS:
+        addresses = cluster.get(job) or []
+        if not isinstance(addresses, list):
+            raise TfpipeError(f'TF_CONFIG\'s cluster {job!r}: a list of "HOST:PORT" addresses, not {addresses!r}')
+        for address in addresses:
+            host, _, port = str(address).rpartition(":")
+            if not isinstance(address, str) or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+                raise TfpipeError(f"TF_CONFIG's cluster {job!r} lists {address!r}: not HOST:PORT (port 1..65535)")
+            if address in seen:
+                raise TfpipeError(f"TF_CONFIG's cluster lists {address} twice: each task needs its own port")
+            seen.add(address)
+
+
+def check_task(task: dict[str, Any], cluster: dict[str, Any]) -> None:
+    """This process's task is one the cluster lists."""
+    kind, index = task.get("type"), task.get("index", 0)
+    if kind not in JOBS or not cluster.get(kind):
+        listed = " or ".join(repr(j) for j in JOBS if cluster.get(j))
+        raise TfpipeError(f"TF_CONFIG's task type is {kind!r}; the cluster lists {listed} tasks")
+    if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < len(cluster[kind]):
+        raise TfpipeError(
+            f"TF_CONFIG's task index is {index!r}; the cluster lists {len(cluster[kind])} {kind} task"
+            f"{'s' * (len(cluster[kind]) != 1)} (index 0..{len(cluster[kind]) - 1})"
+        )
+
+
+def connect() -> tf.distribute.MultiWorkerMirroredStrategy:
+    """The strategy over ``TF_CONFIG``'s cluster: starts this worker's server at its address and waits until
+    every worker has started (TensorFlow's wait, unbounded: said in the docs).
+
+    No collective timeout (``CommunicationOptions(timeout_seconds=...)``): TensorFlow enforces it with a thread
+    per collective op that lives as long as the timeout, measured here at ~400 threads a second a worker (12,000
+    in 40 s of the demo with 60 s) until the workers aborted (``std::system_error``, no thread left to start).
+    A worker that dies is found without it: its connections close, and TensorFlow's coordination service
+    misses its heartbeats."""
+    import tensorflow as tf
+
+    cluster_from_environment()
+    return tf.distribute.MultiWorkerMirroredStrategy()
+
+
+def is_multiworker(strategy: tf.distribute.Strategy) -> bool:
+    return type(strategy).__name__.startswith(("MultiWorkerMirroredStrategy", "CollectiveAllReduceStrategy"))
+
+
+def is_chief(strategy: tf.distribute.Strategy) -> bool:
+    """Whether this process writes the run: every process of one machine, the chief of a cluster."""
+    return not is_multiworker(strategy) or bool(strategy.extended.should_checkpoint)
+
+
+def task_name(strategy: tf.distribute.Strategy) -> str:
+    """``worker 1`` / ``chief 0``: this process in its cluster."""
+    resolver = strategy.cluster_resolver
+    return f"{resolver.task_type} {resolver.task_id}"
+
+
+def peer_named(message: str, strategy: tf.distribute.Strategy) -> str:
+    """The first task other than this one a TensorFlow error names (``/job:worker/replica:0/task:1``), with its
+    address; else "a worker"."""
+    resolver = strategy.cluster_resolver
+    for job, index in re.findall(r"/job:(\w+)(?:/replica:\d+)?/task:(\d+)", message):
+        if (job, int(index)) == (resolver.task_type, resolver.task_id):
+            continue
+        try:
+            return f"{job} {index} ({resolver.cluster_spec().task_address(job, int(index))})"
+        except (ValueError, KeyError):
+            return f"{job} {index}"
+    return "a worker"
+
+
+PEER_ERRORS = ("UnavailableError", "DeadlineExceededError", "CancelledError", "AbortedError")
+
+
+@contextlib.contextmanager
+def peers_answering(strategy: tf.distribute.Strategy, run: str) -> Iterator[None]:
+    """A worker that stops answering ends this one in one line instead of a traceback: a killed worker's
+    connections close at once, a machine gone misses the coordination service's heartbeats."""
+    if not is_multiworker(strategy):
+        yield
+        return
+    import tensorflow as tf
+
+    try:
+        yield
+    except tf.errors.OpError as e:
+        if type(e).__name__ not in PEER_ERRORS:
+            raise
+        text = str(e)
+        what = "stopped answering" if "Deadline" not in type(e).__name__ else "did not answer in time"
+        saved = "the chief's epochs" if not is_chief(strategy) else "the epochs"
+        raise TfpipeError(
+            f"{task_name(strategy)}: {peer_named(text, strategy)} {what}, so the job stopped; {saved} saved in "
+            f"{run} are kept: start every worker again with {option('resume', True)}"
+        ) from None
+
+
+def in_a_cluster() -> bool:
+    """Whether this process joined a multi-worker cluster (TensorFlow's coordination service is configured);
+    asks nothing of a process that has not imported TensorFlow."""
+    if "tensorflow" not in sys.modules:
+        return False
+    from tensorflow.python.eager import context  # the one place that knows
+
+    return getattr(context.context(), "coordination_service", None) is not None
+
+
+def leave(code: int) -> NoReturn:
+    """Ends a command that joined a cluster at once, its output written: TensorFlow's teardown would report the
+    workers that ended before it as failures, in error lines after the command's last (measured on the chief,
+    whose workers end when training does)."""
+    with contextlib.suppress(OSError, ValueError):
+        sys.stdout.flush()
+    exit_now(code)
+
+
+def copy_for_resume(chief_run: str, own: str, names: tuple[str, ...]) -> None:
+    """A worker's private run folder ``own`` starts as a copy of ``names`` (files and folders, those that exist)
+    of the chief's run folder: what a resumed job reads (the last epoch's backup, the burn-in's weights, the SWA
+    average), so every worker continues from the same epoch. The chief changes none of them before every
+    worker has joined its first step."""
+    for name in names:
+        for source in fs.glob(fs.join(chief_run, name)):
+            copy_tree(source, fs.join(own, source[len(chief_run) :].lstrip("/")))
+
+
+def copy_tree(source: str, target: str) -> None:
+    import tensorflow as tf
+
+    if not fs.isdir(source):
+        fs.makedirs(target.rpartition("/")[0])
+        tf.io.gfile.copy(source, target, overwrite=True)
+        return
+    fs.makedirs(target)
+    for name in fs.listdir(source):
+        copy_tree(fs.join(source, name.rstrip("/")), fs.join(target, name.rstrip("/")))
