@@ -3,6 +3,7 @@ the chief alone writing the run, a killed worker stopping the other in one line,
 and the cluster settings refused before anything connects."""
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -22,9 +23,10 @@ def tf_config(addresses, index):
     return json.dumps({"cluster": {"worker": addresses}, "task": {"type": "worker", "index": index}})
 
 
-def start_workers(records, run, tmp, *extra):
+def start_workers(records, run, tmp, *extra, own=((), ())):
     """``python -m train.fit --strategy multiworker`` twice, one a task of a two-worker cluster on 127.0.0.1 at
-    free ports, each dying with this process; output to files (a full pipe would stall a worker)."""
+    free ports, each dying with this process; output to files (a full pipe would stall a worker). ``own``: each
+    worker's own further arguments."""
     addresses = [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"]
     args = [
         "--records", records, "--run", str(run), "--strategy", "multiworker", "--model", "small-cnn",
@@ -36,7 +38,11 @@ def start_workers(records, run, tmp, *extra):
         out = open(tmp / f"worker{index}-{'resumed' if '--resume' in extra else 'first'}.log", "w+")
         env = {**os.environ, "PYTHONPATH": ROOT, "TF_CONFIG": tf_config(addresses, index), "TMPDIR": str(tmp)}
         proc = subprocess.Popen(
-            dies_with_this_process("train.fit", *args), cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT
+            dies_with_this_process("train.fit", *args, *own[index]),
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
         )
         proc.log = out
         workers.append(proc)
@@ -147,25 +153,57 @@ def test_multiworker_settings_are_checked_before_connecting(shard_dir, tmp_path,
 
 
 def test_workers_of_uneven_shares_validate_the_same_steps_and_every_record_once(shard_dir):
-    """Two input pipelines (workers) whose shares of the validation files differ: each yields the steps the
-    larger share needs (padding weighted 0), so no worker stops before its last record or waits for batches
-    that never come, and together they hold every record once."""
+    """Three input pipelines (workers) whose shares of the validation files differ (4 files: 2, 1 and 1): each
+    yields the steps the largest share needs (padding weighted 0), so no worker stops before its last record or
+    waits for batches that never come, and together they hold every record once. The steps from the total (what
+    the trainer used before) are fewer."""
     import tensorflow as tf
 
     import tfpipe
     from tfpipe.batches import evaluation_steps
 
-    shards = tfpipe.open_shards(shard_dir[0], [0, 1, 2])  # 3 files: 2 for pipeline 0, 1 for pipeline 1
+    shards = tfpipe.open_shards(shard_dir[0], [0, 1])
+    assert len(shards.files) == 4 and shards.num_examples == 20
     names, steps = [], []
-    for pipeline in range(2):
-        ctx = tf.distribute.InputContext(2, pipeline, 2)
-        ds = tfpipe.make_dataset(shard_dir[0], 4, folds=[0, 1, 2], pad_batches=True, input_context=ctx, with_ids=True)
+    for pipeline in range(3):
+        ctx = tf.distribute.InputContext(3, pipeline, 3)
+        ds = tfpipe.make_dataset(shard_dir[0], 4, folds=[0, 1], pad_batches=True, input_context=ctx, with_ids=True)
         batches = list(ds)
         steps.append(len(batches))
         names += [n for b in batches for n, w in zip(b[3].numpy(), b[2].numpy()) if w == 1]
-    assert steps[0] == steps[1] == evaluation_steps(shards, 4, tf.distribute.InputContext(2, 0, 2))
-    assert sorted(names) == sorted(n for b in tfpipe.make_dataset(shard_dir[0], 4, folds=[0, 1, 2], with_ids=True)
+    most = evaluation_steps(shards, 4, tf.distribute.InputContext(3, 0, 3))
+    assert steps == [most] * 3 and most == 3 > math.ceil(20 / (4 * 3))  # 10 records: 3 batches of 4
+    assert sorted(names) == sorted(n for b in tfpipe.make_dataset(shard_dir[0], 4, folds=[0, 1], with_ids=True)
                                    for n in b[2].numpy())  # fmt: skip
+
+
+def test_a_cluster_has_one_input_pipeline_a_worker():
+    """The trainer's validation steps count a multi-worker strategy's workers (its class is TensorFlow's
+    CollectiveAllReduceStrategy); one machine's strategy has one pipeline."""
+    import tensorflow as tf
+
+    from train.strategy import input_pipelines
+
+    class Resolver:
+        def cluster_spec(self):
+            return tf.train.ClusterSpec({"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2", "127.0.0.1:3"]})
+
+    cluster = type("CollectiveAllReduceStrategy", (), {"cluster_resolver": Resolver()})()
+    assert input_pipelines(cluster) == 3 and input_pipelines(tf.distribute.get_strategy()) == 1
+
+
+@pytest.mark.slow
+def test_workers_started_unlike_all_refuse_before_training(demo_shards, tmp_path):
+    """Worker 1 given other settings (more epochs): every worker refuses in one line before training, instead of
+    the two training different epochs and waiting for each other's steps; nothing is trained or kept."""
+    run, tmp = tmp_path / "run", tmp_path / "tmp"
+    tmp.mkdir()
+    workers = start_workers(demo_shards, run, tmp, own=((), ("--epochs", "3")))
+    for proc in workers:
+        assert proc.wait(timeout=300) == 2, output(proc)
+        said = output(proc).strip().splitlines()[-1]
+        assert "the workers do not start alike" in said and "Traceback" not in output(proc), said
+    assert not (run / run_files.HISTORY).exists()
 
 
 def test_predicting_refuses_a_cluster(tmp_path):

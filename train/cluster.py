@@ -67,13 +67,13 @@ def check_cluster(cluster: dict[str, Any]) -> None:
         )
     if not cluster.get("worker") and not cluster.get("chief"):
         raise TfpipeError('TF_CONFIG\'s cluster lists no "worker" addresses')
-    if len(cluster.get("chief") or []) > 1:
-        raise TfpipeError('TF_CONFIG\'s cluster lists more than one "chief"')
     seen: set[str] = set()
     for job in JOBS:
         addresses = cluster.get(job) or []
         if not isinstance(addresses, list):
             raise TfpipeError(f'TF_CONFIG\'s cluster {job!r}: a list of "HOST:PORT" addresses, not {addresses!r}')
+        if job == "chief" and len(addresses) > 1:
+            raise TfpipeError('TF_CONFIG\'s cluster lists more than one "chief"')
         for address in addresses:
             host, _, port = str(address).rpartition(":")
             if not isinstance(address, str) or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
@@ -155,14 +155,14 @@ def peers_answering(strategy: tf.distribute.Strategy, run: str) -> Iterator[None
     try:
         yield
     except tf.errors.OpError as e:
-        if type(e).__name__ not in PEER_ERRORS:
-            raise
         text = str(e)
+        if type(e).__name__ not in PEER_ERRORS or "/job:" not in text:  # a bucket's failure is not a peer's
+            raise
         what = "stopped answering" if "Deadline" not in type(e).__name__ else "did not answer in time"
         saved = "the chief's epochs" if not is_chief(strategy) else "the epochs"
         raise TfpipeError(
-            f"{task_name(strategy)}: {peer_named(text, strategy)} {what}, so the job stopped; {saved} saved in "
-            f"{run} are kept: start every worker again with {option('resume', True)}"
+            f"{task_name(strategy)}: {peer_named(text, strategy)} {what} (its own output says why), so this worker "
+            f"stopped; {saved} saved in {run} are kept: {option('resume', True)} on every worker continues them"
         ) from None
 
 
@@ -183,6 +183,30 @@ def leave(code: int) -> NoReturn:
     with contextlib.suppress(OSError, ValueError):
         sys.stdout.flush()
     exit_now(code)
+
+
+def check_same_start(strategy: tf.distribute.Strategy, run: str, start: tuple[int, ...]) -> None:
+    """Every worker starts from the same point: ``start`` (epochs done, the burn-in done, a digest of the
+    settings and the shards) is compared across workers with two sums (equal on every worker exactly when the
+    values are: Cauchy-Schwarz), so all of them agree or all refuse. Workers started with other settings, or a
+    run folder that is not on storage every worker reads (a worker resuming from nothing), would otherwise
+    train different epochs and wait for each other's steps."""
+    import tensorflow as tf
+
+    values = tf.constant(start, tf.float64)
+
+    @tf.function  # run eagerly, a strategy's run warns of its overhead
+    def sums() -> tf.Tensor:
+        return strategy.reduce("SUM", strategy.run(lambda: tf.stack([values, values * values])), axis=None)
+
+    total, squares = tf.unstack(sums())
+    if not bool(tf.reduce_all(total * total == squares * strategy.num_replicas_in_sync)):
+        raise TfpipeError(
+            f"{task_name(strategy)}: the workers do not start alike (this one: {start[0]} epoch"
+            f"{'s' * (start[0] != 1)} done, a digest of its settings {start[2]}); every worker needs the same "
+            f"command, and with {option('resume', True)} the same run folder {run} on storage every worker reads "
+            "(gs://)"
+        )
 
 
 def copy_for_resume(chief_run: str, own: str, names: tuple[str, ...]) -> None:

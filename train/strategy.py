@@ -130,9 +130,10 @@ def strategy_kind(strategy: tf.distribute.Strategy) -> str:
 def input_pipelines(strategy: tf.distribute.Strategy) -> int:
     """How many input pipelines ``distribute_datasets_from_function`` makes: one a worker of a multi-worker
     cluster, one a host of a TPU pod, else one."""
-    resolver = getattr(strategy, "cluster_resolver", None)
-    if "MultiWorker" in type(strategy).__name__ and resolver is not None:
-        spec = resolver.cluster_spec()
+    from train.cluster import is_multiworker
+
+    if is_multiworker(strategy):  # tf.distribute.MultiWorkerMirroredStrategy's class: CollectiveAllReduceStrategy
+        spec = strategy.cluster_resolver.cluster_spec()
         return sum(spec.num_tasks(job) for job in ("chief", "worker") if job in spec.jobs)
     return int(getattr(strategy.extended, "num_hosts", 1) or 1)
 

@@ -14,6 +14,7 @@ import dataclasses
 import json
 import tempfile
 import time
+import zlib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -39,15 +40,17 @@ from tfpipe.read import check_no_image_twice
 from tfpipe.shards import Shards, open_shards
 from train import run as run_files
 from train.callbacks import ShardsUnchanged, Throughput, phase_callbacks
-from train.cluster import copy_for_resume, is_chief, is_multiworker, peers_answering, task_name
+from train.cluster import check_same_start, copy_for_resume, is_chief, is_multiworker, peers_answering, task_name
 from train.compiling import compile_model as compile_model  # train.fit hands it out (tfpipe 1.0's name)
 from train.compiling import make_auc as make_auc  # train.fit hands it out (tfpipe 1.0's name)
 from train.config import FitConfig
 from train.fit_run import (
+    RESUME_KEYS,
     check_out,
     remove_if_empty,
     removed_unless_an_epoch_is_saved,
     save_model,
+    settings_of,
     stopping_cleanly,
     summarise,
     unfinished_on_error,
@@ -179,6 +182,8 @@ def fit(cfg: FitConfig) -> dict[str, Any]:
             # One job per run folder: two fits started together would interleave one history.csv and one model.
             with locked_folder(plan.run, "train.fit", setting="run") as lock, quick_teardown():
                 fresh = check_out(plan, shards)
+                if is_multiworker(strategy):
+                    check_same_start(strategy, plan.run, start_point(plan.run, plan, shards))
                 return train_and_report(plan, shards, parts, strategy, kind, lock, started, fresh)
         except BaseException:
             if created:
@@ -197,6 +202,16 @@ RESUMED = (
 )
 
 
+def start_point(folder: str, plan: FitConfig, shards: Shards) -> tuple[int, int, int]:
+    """Where a worker's training starts, to compare across workers: the epochs its run ``folder`` records, whether
+    the burn-in is done, and a digest of the settings a resumed run keeps and of the shards' dataset id."""
+    settings = settings_of(plan)
+    kept = [settings.get(k) for k in RESUME_KEYS if k != "records"] + [shards.dataset_id]  # paths may differ
+    digest = zlib.crc32(json.dumps(kept, default=str).encode()) % 2**20  # small: exact in float64 sums
+    rows = run_files.read_history(folder) or []
+    return len(rows), int(bool(read_state(folder).get("burn_done"))), digest
+
+
 def train_as_worker(
     plan: FitConfig, shards: Shards, parts: Parts, strategy: tf.distribute.Strategy, kind: str, started: float
 ) -> dict[str, Any]:
@@ -208,7 +223,9 @@ def train_as_worker(
             copy_for_resume(plan.run, own, RESUMED)
         mine = dataclasses.replace(plan, run=own, verbose=0, overwrite=False)
         with locked_folder(own, "train.fit", setting="run") as lock, quick_teardown():
-            train_and_report(mine, shards, parts, strategy, kind, lock, started, check_out(mine, shards))
+            fresh = check_out(mine, shards)
+            check_same_start(strategy, plan.run, start_point(own, mine, shards))
+            train_and_report(mine, shards, parts, strategy, kind, lock, started, fresh)
     return {"chief": False, "task": task_name(strategy), "run": plan.run}
 
 
