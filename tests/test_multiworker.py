@@ -23,7 +23,18 @@ def tf_config(addresses, index):
     return json.dumps({"cluster": {"worker": addresses}, "task": {"type": "worker", "index": index}})
 
 
-def start_workers(records, run, tmp, *extra, own=((), ())):
+@pytest.fixture
+def started():
+    """The workers a test starts, killed and waited for when it ends, however it ends."""
+    procs = []
+    yield procs
+    for proc in procs:
+        proc.kill()
+        proc.wait()
+        proc.log.close()
+
+
+def start_workers(started, records, run, tmp, *extra, own=((), ())):
     """``python -m train.fit --strategy multiworker`` twice, one a task of a two-worker cluster on 127.0.0.1 at
     free ports, each dying with this process; output to files (a full pipe would stall a worker). ``own``: each
     worker's own further arguments."""
@@ -46,6 +57,7 @@ def start_workers(records, run, tmp, *extra, own=((), ())):
         )
         proc.log = out
         workers.append(proc)
+        started.append(proc)
     return workers
 
 
@@ -60,7 +72,7 @@ def epochs_saved(run):
 
 
 @pytest.mark.slow
-def test_two_workers_train_stop_together_when_one_dies_and_resume(demo_shards, tmp_path):
+def test_two_workers_train_stop_together_when_one_dies_and_resume(demo_shards, tmp_path, started):
     """Two workers train the demo; worker 1 killed once the chief has saved 2 epochs ends the chief in one line
     within seconds, nothing of worker 1 left in the run folder; ``--resume`` on both finishes: every epoch once
     in the chief's history, a validation AUC >= 0.85, the run folder holding what a one-machine run's holds."""
@@ -69,7 +81,7 @@ def test_two_workers_train_stop_together_when_one_dies_and_resume(demo_shards, t
 
     run, tmp = tmp_path / "run", tmp_path / "tmp"
     tmp.mkdir()
-    chief, worker = start_workers(demo_shards, run, tmp)
+    chief, worker = start_workers(started, demo_shards, run, tmp)
     deadline = time.monotonic() + 300
     while epochs_saved(run) < 2 and chief.poll() is None and time.monotonic() < deadline:
         time.sleep(0.5)
@@ -85,7 +97,7 @@ def test_two_workers_train_stop_together_when_one_dies_and_resume(demo_shards, t
     assert not (run / run_files.MODEL).exists() and (run / run_files.BACKUP).exists()
     saved = epochs_saved(run)
 
-    chief, worker = start_workers(demo_shards, run, tmp, "--resume")
+    chief, worker = start_workers(started, demo_shards, run, tmp, "--resume")
     assert chief.wait(timeout=600) == 0, output(chief)
     assert worker.wait(timeout=120) == 0, output(worker)
     assert output(worker).strip().splitlines()[-1] == f"train.fit: worker 1 done; the chief writes the run in {run}"
@@ -193,12 +205,12 @@ def test_a_cluster_has_one_input_pipeline_a_worker():
 
 
 @pytest.mark.slow
-def test_workers_started_unlike_all_refuse_before_training(demo_shards, tmp_path):
+def test_workers_started_unlike_all_refuse_before_training(demo_shards, tmp_path, started):
     """Worker 1 given other settings (more epochs): every worker refuses in one line before training, instead of
     the two training different epochs and waiting for each other's steps; nothing is trained or kept."""
     run, tmp = tmp_path / "run", tmp_path / "tmp"
     tmp.mkdir()
-    workers = start_workers(demo_shards, run, tmp, own=((), ("--epochs", "3")))
+    workers = start_workers(started, demo_shards, run, tmp, own=((), ("--epochs", "3")))
     for proc in workers:
         assert proc.wait(timeout=300) == 2, output(proc)
         said = output(proc).strip().splitlines()[-1]

@@ -155,14 +155,13 @@ def peers_answering(strategy: tf.distribute.Strategy, run: str) -> Iterator[None
     try:
         yield
     except tf.errors.OpError as e:
-        text = str(e)
-        if type(e).__name__ not in PEER_ERRORS or "/job:" not in text:  # a bucket's failure is not a peer's
+        peer = peer_named(str(e), strategy)
+        if type(e).__name__ not in PEER_ERRORS or peer == "a worker":  # names no other task: not a peer's failure
             raise
         what = "stopped answering" if "Deadline" not in type(e).__name__ else "did not answer in time"
-        saved = "the chief's epochs" if not is_chief(strategy) else "the epochs"
         raise TfpipeError(
-            f"{task_name(strategy)}: {peer_named(text, strategy)} {what} (its own output says why), so this worker "
-            f"stopped; {saved} saved in {run} are kept: {option('resume', True)} on every worker continues them"
+            f"{task_name(strategy)}: {peer} {what}, so this worker stopped (that task's own output says why); the "
+            f"epochs saved in {run}, if any, are kept: {option('resume', True)} on every worker continues them"
         ) from None
 
 
@@ -210,13 +209,29 @@ def check_same_start(strategy: tf.distribute.Strategy, run: str, start: tuple[in
 
 
 def copy_for_resume(chief_run: str, own: str, names: tuple[str, ...]) -> None:
-    """A worker's private run folder ``own`` starts as a copy of ``names`` (files and folders, those that exist)
-    of the chief's run folder: what a resumed job reads (the last epoch's backup, the burn-in's weights, the SWA
-    average), so every worker continues from the same epoch. The chief changes none of them before every
-    worker has joined its first step."""
-    for name in names:
-        for source in fs.glob(fs.join(chief_run, name)):
-            copy_tree(source, fs.join(own, source[len(chief_run) :].lstrip("/")))
+    """A worker's private run folder ``own`` starts as a copy of ``names`` (files and folders, those that exist;
+    a name ending in ``*``: every file of its folder it begins) of the chief's run folder: what a resumed job
+    reads (the last epoch's backup, the burn-in's weights, the SWA average), so every worker continues from the
+    same epoch. Names are listed, not globbed: a run folder's own ``[`` or ``*`` is a character. A folder this
+    worker cannot read is one line."""
+    import tensorflow as tf
+
+    try:
+        for name in names:
+            folder, _, stem = name.rpartition("/")
+            found = [name] if not stem.endswith("*") else [
+                f"{folder}/{n}" if folder else n
+                for n in (fs.listdir(fs.join(chief_run, folder)) if fs.isdir(fs.join(chief_run, folder)) else [])
+                if n.startswith(stem[:-1])
+            ]  # fmt: skip
+            for relative in found:
+                if fs.exists(fs.join(chief_run, relative)):
+                    copy_tree(fs.join(chief_run, relative), fs.join(own, relative))
+    except tf.errors.OpError as e:
+        raise TfpipeError(
+            f"cannot read the chief's run folder {chief_run} to resume from ({str(e).splitlines()[0][:160]}); every "
+            "worker needs it on storage it reads (gs://)"
+        ) from None
 
 
 def copy_tree(source: str, target: str) -> None:

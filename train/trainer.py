@@ -45,7 +45,6 @@ from train.compiling import compile_model as compile_model  # train.fit hands it
 from train.compiling import make_auc as make_auc  # train.fit hands it out (tfpipe 1.0's name)
 from train.config import FitConfig
 from train.fit_run import (
-    RESUME_KEYS,
     check_out,
     remove_if_empty,
     removed_unless_an_epoch_is_saved,
@@ -59,7 +58,7 @@ from train.fit_run import (
 from train.models import build_model
 from train.outputs import PhaseData, report_arguments, reports
 from train.plan import capped_steps_per_execution, check_batch_fits, check_numbers, check_strategy_settings, prepare
-from train.run import Parts, read_state, training_parts, write_state
+from train.run import Parts, RunConfig, read_state, training_parts, write_state
 from train.schedules import make_schedule, scaled_lr
 from train.strategy import default_precision, input_pipelines, quick_teardown, resolve_strategy
 from train.swa import AverageWeights
@@ -181,9 +180,9 @@ def fit(cfg: FitConfig) -> dict[str, Any]:
         try:
             # One job per run folder: two fits started together would interleave one history.csv and one model.
             with locked_folder(plan.run, "train.fit", setting="run") as lock, quick_teardown():
-                fresh = check_out(plan, shards)
-                if is_multiworker(strategy):
+                if is_multiworker(strategy):  # before check_out, which may replace the run (--overwrite)
                     check_same_start(strategy, plan.run, start_point(plan.run, plan, shards))
+                fresh = check_out(plan, shards)
                 return train_and_report(plan, shards, parts, strategy, kind, lock, started, fresh)
         except BaseException:
             if created:
@@ -202,12 +201,20 @@ RESUMED = (
 )
 
 
+# Settings the workers of one cluster may give differently: where things are and what each prints or is asked
+# to do with the run folder (the chief alone acts on it).
+MAY_DIFFER = ("run", "records", "verbose", "overwrite", "resume", "report")
+
+
 def start_point(folder: str, plan: FitConfig, shards: Shards) -> tuple[int, int, int]:
-    """Where a worker's training starts, to compare across workers: the epochs its run ``folder`` records, whether
-    the burn-in is done, and a digest of the settings a resumed run keeps and of the shards' dataset id."""
+    """Where a worker's training starts, to compare across workers: the epochs its run ``folder`` records (none
+    when ``overwrite`` replaces them), whether the burn-in is done, and a digest of every setting but
+    ``MAY_DIFFER`` and of the shards' dataset id."""
     settings = settings_of(plan)
-    kept = [settings.get(k) for k in RESUME_KEYS if k != "records"] + [shards.dataset_id]  # paths may differ
+    kept = sorted((k, v) for k, v in settings.items() if k not in MAY_DIFFER) + [("shards", shards.dataset_id)]
     digest = zlib.crc32(json.dumps(kept, default=str).encode()) % 2**20  # small: exact in float64 sums
+    if plan.overwrite:
+        return 0, 0, digest
     rows = run_files.read_history(folder) or []
     return len(rows), int(bool(read_state(folder).get("burn_done"))), digest
 
@@ -219,14 +226,26 @@ def train_as_worker(
     when it ends (on ``resume`` a copy of what the chief's run folder holds to continue from); the chief writes
     the run. Returns which task this was."""
     with tempfile.TemporaryDirectory(prefix="tfpipe-worker-") as own:
-        if plan.resume:
-            copy_for_resume(plan.run, own, RESUMED)
-        mine = dataclasses.replace(plan, run=own, verbose=0, overwrite=False)
-        with locked_folder(own, "train.fit", setting="run") as lock, quick_teardown():
-            fresh = check_out(mine, shards)
-            check_same_start(strategy, plan.run, start_point(own, mine, shards))
-            train_and_report(mine, shards, parts, strategy, kind, lock, started, fresh)
+        try:
+            if plan.resume:
+                copy_for_resume(plan.run, own, RESUMED)
+                records_here(own, plan.records)
+            mine = dataclasses.replace(plan, run=own, verbose=0, overwrite=False)
+            with locked_folder(own, "train.fit", setting="run") as lock, quick_teardown():
+                check_same_start(strategy, plan.run, start_point(own, mine, shards))
+                fresh = check_out(mine, shards)
+                train_and_report(mine, shards, parts, strategy, kind, lock, started, fresh)
+        except TfpipeError as e:  # said of the private folder: the user knows the run folder
+            raise TfpipeError(str(e).replace(own, plan.run)) from None
     return {"chief": False, "task": task_name(strategy), "run": plan.run}
+
+
+def records_here(own: str, records: str) -> None:
+    """The copy of the chief's ``config.json`` in a worker's folder ``own`` names this worker's shard folder:
+    a worker may reach the same shards by another path (the dataset id, compared, says they are the same)."""
+    if fs.exists(run_files.path(own, run_files.CONFIG)):
+        config = RunConfig.load(own)
+        dataclasses.replace(config, records=records, settings=dict(config.settings, records=records)).save(own)
 
 
 def plan_training(cfg: FitConfig, replicas: int) -> tuple[FitConfig, Shards, Parts]:
