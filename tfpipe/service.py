@@ -31,6 +31,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from tfpipe.console import exit_now
 from tfpipe.deps import require
 from tfpipe.errors import ArgumentParser, TfpipeError, check_at_least, option, run_cli
 
@@ -137,9 +138,14 @@ def check_port(port: int) -> None:
 
 def serve(server: Any) -> None:
     """Serves until stopped: Python sleeps here so that Ctrl-C reaches it (``server.join()`` waits in C++,
-    where Python's signal handlers never run); the server stops as it is collected."""
-    while server is not None:  # held here: the server lives while this loop runs
-        time.sleep(3600)
+    where Python's signal handlers never run). Ctrl-C ends the process at once after the command's line: the
+    server's own stop, as the process ends normally, took over a minute under CI's load (a test's 60 s ran out)."""
+    try:
+        while server is not None:  # held here: the server lives while this loop runs
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        exit_now(130)  # the line passes TensorFlow's log filter first
 
 
 def bound_port(server: Any) -> int:
