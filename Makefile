@@ -47,7 +47,8 @@ demo: setup
 # pytest on both cores (pytest-xdist): tests that share an expensive session fixture (one trained run, one slow
 # source) run on one worker (conftest.py groups them), so each is built once; the 15 slowest tests are printed.
 PYTEST := $(PY) -m pytest -q -n 2 --dist loadgroup --durations 15
-# The tests that must run alone (the silence test times gaps on 2 cores), after the parallel ones.
+# The tests that must run alone, after the parallel ones: the silence test times gaps on 2 cores; XLA compiles the
+# EfficientNet-B0 preflight on every core (115 s alone, up to 515 s beside the others).
 SERIAL := $(PY) -m pytest -q --durations 15 -m "serial and not install and not xla"
 
 # The default run (goal: under 6 minutes on 2 cores; 3.2 on a clean clone on 2026-11-26, 6.2 on a slow hour: docs/project/tests.md); the slow tests (each over
@@ -69,7 +70,7 @@ test-install: setup
 	$(PYTEST) -m "install and not xla"
 
 # What CI runs after `make test`: test-slow and test-install in one parallel run (apart, each stage's last long test
-# left a core idle until it ended), then the serial test alone.
+# left a core idle until it ended), then the serial tests alone.
 test-slow-install: setup
 	$(PYTEST) -m "(slow or bench or install) and not serial and not xla"
 	$(SERIAL)

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import functools
 import logging
 import os
 import signal
@@ -379,18 +378,6 @@ def _terminated(signum: int, frame: Any) -> None:
     raise SystemExit(143)
 
 
-def _quiet_resource_sharer(previous: Callable[..., None], kind: type, error: BaseException, tb: Any) -> None:
-    """``sys.excepthook`` without the traceback multiprocessing's resource sharer thread prints (through
-    ``sys.excepthook`` itself) when a stopped rank's connection to it breaks; anything else as before."""
-    frames, step = [], tb
-    while step is not None:
-        frames.append(step.tb_frame.f_code.co_filename)
-        step = step.tb_next
-    broken = issubclass(kind, (ConnectionResetError, BrokenPipeError))
-    if not (broken and any(f.endswith("resource_sharer.py") for f in frames)):
-        previous(kind, error, tb)
-
-
 @contextlib.contextmanager
 def ranks_stopped_on_exit(processes: Sequence[Any], grace_seconds: float = 5.0) -> Iterator[None]:
     """However this process leaves the block (Ctrl-C, an error, a SIGTERM: exit 143 with a line, as the Lightning
@@ -398,7 +385,6 @@ def ranks_stopped_on_exit(processes: Sequence[Any], grace_seconds: float = 5.0) 
     them at exit: they are not daemons.) torch's own notes on stopping them are held back: the one line this
     script prints says what happened."""
     logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
-    sys.excepthook = functools.partial(_quiet_resource_sharer, sys.excepthook)  # the sharer calls it directly
     previous = signal.signal(signal.SIGTERM, _terminated)
     try:
         yield

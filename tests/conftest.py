@@ -39,6 +39,7 @@ LONGEST_FIRST = (
     "test_a_model_learns_the_demo_shapes",
     "test_lightning_swa_example_learns_the_demo_on_8_processes",
     "test_torch_ddp_example_learns_the_demo_on_8_processes",
+    "test_torch_ddp_under_torchrun_on_two_nodes_learns_the_demo",
     "test_the_examples_of_a_page_run",
     "test_two_workers_train_stop_together_when_one_dies_and_resume",
     "test_training_killed_mid_epoch_resumes_to_the_same_epochs_and_steps",

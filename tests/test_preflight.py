@@ -237,6 +237,7 @@ def test_an_unknown_tpu_is_one_line(shard_dir, tmp_path, capsys):
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # XLA compiles EfficientNet-B0 on every core: 115 s alone, 392-515 s beside CI's other tests
 def test_efficientnet_b0_passes_the_preflight(shard_dir, tmp_path):
     report = fit(config(shard_dir, tmp_path, model="efficientnet-b0", image_size=64))
     assert report["ok"], report["refuse"]

@@ -196,6 +196,39 @@ def as_list(batch):  # module level: spawned workers unpickle it
     return batch
 
 
+BROKEN_SHARER = """
+import os, socket, sys, time
+import torch
+from multiprocessing import resource_sharer
+from tfpipe.processes import loader_dies_with_this_process
+
+class Consumed(torch.utils.data.IterableDataset):
+    def __iter__(self):  # in the worker: a reader connects to its resource sharer and is gone (stopped)
+        address, _ = resource_sharer.DupFd(os.pipe()[0])._id
+        with socket.socket(socket.AF_UNIX) as reader:
+            reader.connect(address)
+        time.sleep(0.5)  # the sharer's thread meets the broken connection
+        yield 1
+
+init = loader_dies_with_this_process() if sys.argv[1] == "tfpipe" else None
+print(len(list(torch.utils.data.DataLoader(Consumed(), num_workers=1, worker_init_fn=init))))
+"""
+
+
+@pytest.mark.parametrize("init", ["tfpipe", "none"])
+def test_a_worker_whose_reader_is_stopped_prints_no_traceback(init):
+    """A DataLoader worker serves its batches' shared memory through multiprocessing's resource sharer; a reader
+    stopped mid-connection (Ctrl-C to a DDP rank) made the worker print a traceback before it ended with it. With
+    tfpipe's ``worker_init_fn`` nothing is printed; without it (the control) the traceback is, so the test can fail.
+    A fresh process: DataLoader workers are forked, and this one has TensorFlow's threads."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", BROKEN_SHARER, init], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "1", done.stderr
+    assert ("Traceback" in done.stderr) == (init == "none"), done.stderr
+
+
 @pytest.mark.slow
 def test_persistent_workers_see_each_record_once_and_a_new_order_every_epoch(shard_dir):
     ds = RecordDataset(shard_dir[0], folds=[0, 1, 2], shuffle=True, seed=3, with_ids=True, batch_size=4)

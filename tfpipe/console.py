@@ -163,7 +163,10 @@ def exit_now(code: int) -> NoReturn:
     """``os._exit(code)`` that keeps what was written to stderr: for a thread that must end the process while the
     main thread is stuck in C++ (where no Python exception reaches it). Under ``quiet_tensorflow`` fd 2 is a pipe
     whose lines a daemon thread passes on, and ``os._exit`` alone ended that thread before it had (the line that
-    said why was lost): this closes the pipe's end here and waits for the thread to pass the rest on."""
+    said why was lost): this closes the pipe's end here and waits for the thread to pass the rest on. What was
+    printed to stdout is written first."""
+    with contextlib.suppress(OSError, ValueError):
+        sys.stdout.flush()
     with contextlib.suppress(OSError, ValueError):
         sys.stderr.flush()
     forwarders = [thread for thread in threading.enumerate() if thread.name == FORWARDER]

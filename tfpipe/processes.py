@@ -6,12 +6,15 @@ import functools
 import multiprocessing
 import os
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable
+from types import TracebackType
 from typing import NoReturn
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
+MAX_PORT = 65535
 
 
 def die_with_parent(parent_pid: int, poll_seconds: float = 1.0, thread_bound: bool = True) -> None:
@@ -73,13 +76,44 @@ def worker_dies_with_parent(
     that made the loader. Under ``forkserver`` a worker's parent is the server, not that process: torch's own check
     of the loader's process is left to cover it. A forked or spawned worker whose parent is already gone (it died
     while the worker started) exits; one started from another thread than the parent's ``main_thread``, or
-    spawned, is watched by a thread (``die_with_parent``). ``method``: the loader's start method (None: unknown)."""
+    spawned, is watched by a thread (``die_with_parent``). ``method``: the loader's start method (None: unknown).
+    The worker's resource sharer stays quiet when the loader's process stops (``quiet_resource_sharer``)."""
+    quiet_resource_sharer()
     if os.getppid() != parent_pid:
         if method in ("fork", "spawn"):
             os._exit(1)  # the parent died between starting this worker and now
         return
     forked_from_main = method in (None, "fork") and (main_thread is None or threading.get_ident() == main_thread)
     die_with_parent(parent_pid, thread_bound=forked_from_main)
+
+
+def quiet_resource_sharer() -> None:
+    """This process's ``sys.excepthook`` passes on everything but the traceback multiprocessing's resource sharer
+    thread prints when a consumer's connection to it breaks. A DataLoader worker serves its batches' shared memory
+    through that thread, and a process that reads them and is stopped (Ctrl-C, a rank ended by its launcher)
+    breaks the connection: the worker, which is about to end with it, would print 20 lines of traceback first."""
+    sys.excepthook = functools.partial(_without_a_broken_sharer, sys.excepthook)  # the sharer calls it directly
+
+
+def _without_a_broken_sharer(
+    previous: Callable[..., object], kind: type[BaseException], error: BaseException, tb: TracebackType | None
+) -> None:
+    frames, step = [], tb
+    while step is not None:
+        frames.append(step.tb_frame.f_code.co_filename)
+        step = step.tb_next
+    broken = issubclass(kind, (ConnectionResetError, BrokenPipeError))
+    if not (broken and any(f.endswith("resource_sharer.py") for f in frames)):
+        previous(kind, error, tb)
+
+
+def host_and_port(address: object) -> tuple[str, int] | None:
+    """``HOST:PORT`` as (host, port), the port any number (the caller says which it dials); None when ``address``
+    is not of that form (no host, no port, a port that is not digits, not a string)."""
+    if not isinstance(address, str):
+        return None
+    host, _, port = address.rpartition(":")
+    return (host, int(port)) if host and port.isdigit() else None
 
 
 def free_port() -> int:

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 from tfpipe.console import exit_now
 from tfpipe.deps import require
 from tfpipe.errors import ArgumentParser, TfpipeError, check_at_least, option, run_cli
+from tfpipe.processes import MAX_PORT, host_and_port
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -43,7 +44,6 @@ GROUP = 32  # images a message from a worker: one gRPC round trip per group, not
 WORKER_TIMEOUT = 60  # seconds without a worker's heartbeat before the dispatcher counts it lost
 HEARTBEAT = 10  # seconds between a worker's heartbeats to the dispatcher
 DAY = 86400
-MAX_PORT = 65535
 GET_WORKERS = "/tensorflow.data.DispatcherService/GetWorkers"  # TensorFlow's dispatcher.proto
 
 
@@ -65,10 +65,11 @@ def check_service(
     line otherwise, naming the setting as the user wrote it."""
     said = option(setting, address, python=f"{python}={address!r}")
     rest = address.removeprefix("grpc://")
-    host, _, port = rest.rpartition(":")
-    if (setting == "data_service" and rest == address) or "/" in rest or not host or not port.isdigit():
+    parts = host_and_port(rest)
+    if (setting == "data_service" and rest == address) or "/" in rest or parts is None:
         raise TfpipeError(f"{said}: not {'grpc://' if setting == 'data_service' else ''}HOST:PORT")
-    if not 1 <= int(port) <= MAX_PORT:
+    port = parts[1]
+    if not 1 <= port <= MAX_PORT:
         raise TfpipeError(f"{said}: port {port} cannot be dialled (1..{MAX_PORT}: the port the dispatcher printed)")
     problem = dispatcher_problem(rest, need_workers)
     if problem:

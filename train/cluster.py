@@ -21,11 +21,11 @@ import os
 import re
 import sys
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any
 
 from tfpipe import fs
-from tfpipe.console import exit_now
 from tfpipe.errors import TfpipeError, option
+from tfpipe.processes import MAX_PORT, host_and_port
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -75,9 +75,9 @@ def check_cluster(cluster: dict[str, Any]) -> None:
         if job == "chief" and len(addresses) > 1:
             raise TfpipeError('TF_CONFIG\'s cluster lists more than one "chief"')
         for address in addresses:
-            host, _, port = str(address).rpartition(":")
-            if not isinstance(address, str) or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
-                raise TfpipeError(f"TF_CONFIG's cluster {job!r} lists {address!r}: not HOST:PORT (port 1..65535)")
+            parts = host_and_port(address)
+            if parts is None or not 1 <= parts[1] <= MAX_PORT:
+                raise TfpipeError(f"TF_CONFIG's cluster {job!r} lists {address!r}: not HOST:PORT (port 1..{MAX_PORT})")
             if address in seen:
                 raise TfpipeError(f"TF_CONFIG's cluster lists {address} twice: each task needs its own port")
             seen.add(address)
@@ -173,15 +173,6 @@ def in_a_cluster() -> bool:
     from tensorflow.python.eager import context  # the one place that knows
 
     return getattr(context.context(), "coordination_service", None) is not None
-
-
-def leave(code: int) -> NoReturn:
-    """Ends a command that joined a cluster at once, its output written: TensorFlow's teardown would report the
-    workers that ended before it as failures, in error lines after the command's last (measured on the chief,
-    whose workers end when training does)."""
-    with contextlib.suppress(OSError, ValueError):
-        sys.stdout.flush()
-    exit_now(code)
 
 
 def check_same_start(strategy: tf.distribute.Strategy, run: str, start: tuple[int, ...]) -> None:

@@ -360,8 +360,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     code = main()
-    from train.cluster import in_a_cluster, leave
+    from tfpipe.console import exit_now
+    from train.cluster import in_a_cluster
 
-    if in_a_cluster():
-        leave(code)
+    if in_a_cluster():  # TensorFlow's teardown would report the workers that ended first, after our last line
+        exit_now(code)
     sys.exit(code)
