@@ -318,7 +318,12 @@ def run(args: argparse.Namespace) -> None:
             raise SystemExit(2) from None
         raise
     if world is not None:
-        run_launched(args, config, world)
+        try:
+            run_launched(args, config, world)
+        except KeyboardInterrupt:  # Ctrl-C reaches every rank of the terminal's machine: its local rank 0 says it
+            if world[2] != 0:
+                raise SystemExit(130) from None
+            raise
     elif args.xla:
         from tfpipe.deps import require
 

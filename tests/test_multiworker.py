@@ -73,8 +73,8 @@ def epochs_saved(run):
 
 @pytest.mark.slow
 def test_two_workers_train_stop_together_when_one_dies_and_resume(demo_shards, tmp_path, started):
-    """Two workers train the demo; worker 1 killed once the chief has saved 2 epochs ends the chief in one line
-    within seconds, nothing of worker 1 left in the run folder; ``--resume`` on both finishes: every epoch once
+    """Two workers train the demo; worker 1 stopped (SIGTERM, its own line) once the chief has saved 2 epochs
+    ends the chief in one line within seconds, nothing of worker 1 left in the run folder; ``--resume`` on both finishes: every epoch once
     in the chief's history, a validation AUC >= 0.85, the run folder holding what a one-machine run's holds."""
     from tests.test_train_contracts import small
     from train.fit import fit
@@ -86,10 +86,11 @@ def test_two_workers_train_stop_together_when_one_dies_and_resume(demo_shards, t
     while epochs_saved(run) < 2 and chief.poll() is None and time.monotonic() < deadline:
         time.sleep(0.5)
     assert epochs_saved(run) >= 2, output(chief)
-    worker.send_signal(signal.SIGKILL)
+    worker.send_signal(signal.SIGTERM)  # TensorFlow's coordination service took it, and training went on
     killed = time.monotonic()
+    assert worker.wait(timeout=60) == 143 and output(worker).strip().endswith("train.fit: terminated (SIGTERM)")
     assert chief.wait(timeout=120) == 2, output(chief)
-    waited = time.monotonic() - killed  # the chief's next step fails at once: the killed worker's sockets close
+    waited = time.monotonic() - killed  # the chief's next step fails at once: the ended worker's sockets close
     said = output(chief).strip().splitlines()
     assert said[-1].startswith("train.fit: error: worker 0: worker 1 (127.0.0.1:") and "--resume" in said[-1], said[-3:]
     assert "Traceback" not in output(chief) and waited < 60
@@ -100,7 +101,7 @@ def test_two_workers_train_stop_together_when_one_dies_and_resume(demo_shards, t
     chief, worker = start_workers(started, demo_shards, run, tmp, "--resume")
     assert chief.wait(timeout=600) == 0, output(chief)
     assert worker.wait(timeout=120) == 0, output(worker)
-    assert output(worker).strip().splitlines()[-1] == f"train.fit: worker 1 done; the chief writes the run in {run}"
+    assert output(worker).strip().splitlines()[-1] == "train.fit: worker 1 done; worker 0, the chief, writes the run"
     # TensorFlow's reports of the workers gone (worker 1 ends before the chief's report) are held back
     assert not [line for line in output(chief).splitlines() if line.startswith(("E0000", "W0000", "/job:", "The "))]
     history = (run / run_files.HISTORY).read_text().splitlines()[1:]
@@ -112,8 +113,8 @@ def test_two_workers_train_stop_together_when_one_dies_and_resume(demo_shards, t
     assert metrics["report"]["roc_auc_macro"] >= 0.85, metrics["report"]
     assert "swa" in metrics and (run / run_files.MODEL_SWA).exists()
     assert not [n for _, dirs, files in os.walk(run) for n in dirs + files if "workertemp" in n]
-    # worker 1's private folders: the resumed job's removed; the killed job's left (nothing could remove it)
-    assert len([n for n in os.listdir(tmp) if n.startswith("tfpipe-worker-")]) <= 1
+    # worker 1's private folders removed, the stopped job's too (a SIGKILLed one's would be left)
+    assert [n for n in os.listdir(tmp) if n.startswith("tfpipe-worker-")] == []
 
     alone = fit(small((demo_shards,), tmp_path / "alone", swa_epochs=1, epochs=1, report=True))
     assert alone["epochs"] == 1
@@ -130,6 +131,10 @@ def test_two_workers_train_stop_together_when_one_dies_and_resume(demo_shards, t
         ('{"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:1"]}, "task": {"type": "worker"}}', "twice"),
         ('{"cluster": {"worker": ["127.0.0.1"]}, "task": {"type": "worker"}}', "not HOST:PORT"),
         ('{"cluster": {"worker": ["127.0.0.1:1"]}, "task": {"type": "chief"}}', "task type is 'chief'"),
+        ('{"cluster": {"worker": ["127.0.0.1:\u00b2"]}, "task": {"type": "worker"}}', "not HOST:PORT"),  # ² isdigit
+        ('{"cluster": {"worker": ["127.0.0.1:\u0662\u0663"]}, "task": {"type": "worker"}}', "not HOST:PORT"),
+        ('{"cluster": {"chief": [], "worker": ["127.0.0.1:1"]}, "task": {"type": "worker"}}', "'chief': a list"),
+        ('{"cluster": {"worker": ["127.0.0.1:1"]}, "task": {"type": "worker"}, "rpc_layer": "x"}', '"rpc_layer"'),
     ],
 )
 def test_a_cluster_tensorflow_would_wait_for_is_one_line(shard_dir, tmp_path, monkeypatch, capsys, tf_config, says):
@@ -153,13 +158,14 @@ def test_a_cluster_tensorflow_would_wait_for_is_one_line(shard_dir, tmp_path, mo
     [
         (["--strategy", "multiworker", "--replicas", "2"], "--replicas sets virtual CPU replicas"),
         (["--strategy", "multiworker", "--data-service", "grpc://127.0.0.1:1"], "one trainer consumes a service"),
+        (["--strategy", "multiworker", "--run", __file__], "is a file; --run names a folder"),  # a lone worker waited
     ],
 )
 def test_multiworker_settings_are_checked_before_connecting(shard_dir, tmp_path, monkeypatch, capsys, args, says):
     from train.fit import main
 
     monkeypatch.setenv("TF_CONFIG", tf_config([f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"], 0))
-    assert main(["--records", shard_dir[0], "--run", str(tmp_path / "run"), *args]) == 2
+    assert main(["--records", shard_dir[0], "--run", str(tmp_path / "run"), *args]) == 2  # a later --run wins
     err = capsys.readouterr().err.strip()
     assert says in err and len(err.splitlines()) == 1, err
 
@@ -228,3 +234,25 @@ def test_predicting_refuses_a_cluster(tmp_path):
         predict(str(tmp_path / "run"), str(tmp_path / "records"), str(tmp_path / "s.csv"), strategy="multiworker")
     with pytest.raises(SystemExit):
         build_parser().parse_args(["--run", "r", "--records", "x", "--out", "s.csv", "--strategy", "multiworker"])
+
+
+def test_a_worker_that_cannot_listen_at_its_address_is_one_line(shard_dir, tmp_path):
+    """This task's port taken (by a socket on 127.0.0.1 here): TensorFlow's server cannot start, and its
+    traceback becomes one line naming the address; nothing is written. A process of its own: the strategy
+    would otherwise configure this one's cluster."""
+    import socket
+    import sys
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        address = f"127.0.0.1:{taken.getsockname()[1]}"
+        env = {**os.environ, "PYTHONPATH": ROOT, "TF_CONFIG": tf_config([address], 0)}
+        args = ["--records", shard_dir[0], "--run", str(tmp_path / "run"), "--strategy", "multiworker"]
+        done = subprocess.run(
+            [sys.executable, "-m", "train.fit", *args], env=env, cwd=ROOT, capture_output=True, text=True, timeout=300
+        )
+    assert done.returncode == 2, done.stderr[-3000:]
+    said = f"worker 0 cannot listen at {address} (TF_CONFIG): the port is taken, or the address is not this machine's"
+    assert done.stderr.strip() == f"train.fit: error: {said}"
+    assert not (tmp_path / "run").exists()

@@ -22,6 +22,11 @@ class TfpipeError(Exception):
     """Bad input or configuration: shown to the user as one line, no traceback."""
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, where a command turns it into an exception: ended as Ctrl-C is (what it wrote is kept, its own
+    temporaries removed), with its own line and exit code 143."""
+
+
 def option(name: str, value: object = None, python: str | None = None) -> str:
     """A setting as the user wrote it: ``--skip-bad`` / ``--num-folds 4`` / ``--tta`` under a command,
     ``skip_bad=True`` / ``num_folds=4`` / ``tta`` from Python, so an error names what the user can change where
@@ -185,8 +190,9 @@ def run_cli(prog: str, fn: Callable[..., object], *args: object) -> int:
     TensorFlow's start-up lines are held back meanwhile (``tfpipe.console``). A ``TfpipeError`` becomes
     ``prog: error: message`` on stderr and exit code 2, and so does an ``OSError``
     (a full disk, an unreadable file: the machine's problem, not a bug; ``os_error_line`` names the file);
-    Ctrl-C becomes exit code 130. Anything else is a bug and keeps its traceback. ``fn`` may return the exit code
-    of a report it printed (``train.fit --preflight``: 2 when a TPU would refuse the run); else 0.
+    Ctrl-C becomes exit code 130, a ``Terminated`` (SIGTERM, where a command asks for it) 143. Anything else
+    is a bug and keeps its traceback. ``fn`` may return the exit code of a report it printed
+    (``train.fit --preflight``: 2 when a TPU would refuse the run); else 0.
     """
     from tfpipe.console import quiet_tensorflow
 
@@ -202,6 +208,9 @@ def run_cli(prog: str, fn: Callable[..., object], *args: object) -> int:
     except OSError as e:
         print(f"{prog}: error: {os_error_line(e)}", file=sys.stderr)
         return 2
+    except Terminated as e:
+        print(f"{prog}: {e}", file=sys.stderr)
+        return 143
     except KeyboardInterrupt as e:
         print(f"{prog}: interrupted" + (f": {e}" if str(e) else ""), file=sys.stderr)
         return 130

@@ -52,10 +52,14 @@ HELD_HERE = _HeldHere()  # process state by nature, as a threading.Lock is: fill
 def locked_folder(out_dir: str, job: str, fingerprint: str | None = None, setting: str = "out") -> WriteLock:
     """``out_dir`` made (never over a file) and a ``WriteLock`` on it for ``job`` (``tfpipe.write``, ``train.fit``):
     ``with locked_folder(run, "train.fit", setting="run") as lock:``; ``setting`` is what errors call the folder."""
-    if fs.exists(out_dir) and not fs.isdir(out_dir):
-        raise TfpipeError(f"{out_dir} is a file; {option(setting)} names a folder")
+    check_not_a_file(out_dir, setting)
     fs.makedirs(out_dir)
     return WriteLock(out_dir, fingerprint, job)
+
+
+def check_not_a_file(out_dir: str, setting: str) -> None:
+    if fs.exists(out_dir) and not fs.isdir(out_dir):
+        raise TfpipeError(f"{out_dir} is a file; {option(setting)} names a folder")
 
 
 LOCK_TRIES = 20

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import multiprocessing
 import os
+import re
 import socket
 import sys
 import threading
@@ -109,11 +110,11 @@ def _without_a_broken_sharer(
 
 def host_and_port(address: object) -> tuple[str, int] | None:
     """``HOST:PORT`` as (host, port), the port any number (the caller says which it dials); None when ``address``
-    is not of that form (no host, no port, a port that is not digits, not a string)."""
+    is not of that form (no host, no port, a port that is not ASCII digits, not a string)."""
     if not isinstance(address, str):
         return None
     host, _, port = address.rpartition(":")
-    return (host, int(port)) if host and port.isdigit() else None
+    return (host, int(port)) if host and re.fullmatch("[0-9]+", port) else None  # not isdigit: "²" is a digit
 
 
 def free_port() -> int:

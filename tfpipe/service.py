@@ -28,12 +28,13 @@ import argparse
 import socket
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from tfpipe.console import exit_now
 from tfpipe.deps import require
 from tfpipe.errors import ArgumentParser, TfpipeError, check_at_least, option, run_cli
+from tfpipe.locks import check_not_a_file
 from tfpipe.processes import MAX_PORT, host_and_port
 
 if TYPE_CHECKING:
@@ -100,6 +101,8 @@ def dispatcher_problem(target: str, need_workers: bool, timeout: float = 5.0) ->
 
 def dispatcher(args: argparse.Namespace) -> None:
     check_port(args.port)
+    if args.work_dir is not None:
+        check_not_a_file(args.work_dir, "work_dir")
     check_at_least(3 * HEARTBEAT, worker_timeout=args.worker_timeout)  # three missed heartbeats, not one
     if args.worker_timeout > DAY:
         raise TfpipeError(f"{option('worker_timeout')} must be at most {DAY} seconds (got {args.worker_timeout:g})")
@@ -111,7 +114,7 @@ def dispatcher(args: argparse.Namespace) -> None:
         worker_timeout_ms=int(args.worker_timeout * 1000),
         job_gc_check_interval_ms=int(args.worker_timeout * 500),  # the same loop looks for silent workers
     )
-    server = tf_.data.experimental.service.DispatchServer(config)
+    server = started(tf_.data.experimental.service.DispatchServer, config, args.port)
     print(f"tf.data service dispatcher at grpc://{socket.gethostname()}:{bound_port(server)}", flush=True)
     serve(server)
 
@@ -126,7 +129,7 @@ def worker(args: argparse.Namespace) -> None:
         port=args.port,
         heartbeat_interval_ms=HEARTBEAT * 1000,  # well inside the dispatcher's --worker-timeout
     )
-    server = tf_.data.experimental.service.WorkerServer(config)
+    server = started(tf_.data.experimental.service.WorkerServer, config, args.port)
     print(f"tf.data service worker at {args.address}:{bound_port(server)} for {args.dispatcher}", flush=True)
     serve(server)
 
@@ -135,6 +138,17 @@ def check_port(port: int) -> None:
     """A port to serve at: 0 (a free one) to 65535; TensorFlow would take 99999 as 34463."""
     if not 0 <= port <= MAX_PORT:
         raise TfpipeError(f"{option('port', port)}: a port is 0 (a free one) to {MAX_PORT}")
+
+
+def started(server_class: Callable[[Any], Any], config: Any, port: int) -> Any:
+    """The server, or one line: TensorFlow raises RuntimeError (the port is taken, the journal folder cannot
+    be made) or NotImplementedError (the dispatcher did not answer its version) with a C++ message."""
+    try:
+        return server_class(config)
+    except (RuntimeError, NotImplementedError) as e:
+        said = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        where = "a free port" if port == 0 else f"port {port} (taken?)"
+        raise TfpipeError(f"cannot start the {server_class.__name__} at {where}: {said}") from None
 
 
 def serve(server: Any) -> None:

@@ -19,12 +19,14 @@ import contextlib
 import json
 import os
 import re
+import signal
 import sys
+import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from tfpipe import fs
-from tfpipe.errors import TfpipeError, option
+from tfpipe.errors import Terminated, TfpipeError, option
 from tfpipe.processes import MAX_PORT, host_and_port
 
 if TYPE_CHECKING:
@@ -52,6 +54,8 @@ def cluster_from_environment() -> dict[str, Any]:
     task = config.get("task") if isinstance(config, dict) else None
     if not isinstance(cluster, dict) or not isinstance(task, dict):
         raise TfpipeError(f'TF_CONFIG needs a "cluster" and a "task" object; e.g. TF_CONFIG=\'{EXAMPLE}\'')
+    if config.get("rpc_layer", "grpc") != "grpc":  # TensorFlow's servers speak gRPC only
+        raise TfpipeError(f'TF_CONFIG\'s "rpc_layer" is {config["rpc_layer"]!r}; leave it out, or give "grpc"')
     check_cluster(cluster)
     check_task(task, cluster)
     return dict(config)
@@ -70,7 +74,7 @@ def check_cluster(cluster: dict[str, Any]) -> None:
     seen: set[str] = set()
     for job in JOBS:
         addresses = cluster.get(job) or []
-        if not isinstance(addresses, list):
+        if not isinstance(addresses, list) or (job in cluster and not addresses):  # [] would crash TensorFlow
             raise TfpipeError(f'TF_CONFIG\'s cluster {job!r}: a list of "HOST:PORT" addresses, not {addresses!r}')
         if job == "chief" and len(addresses) > 1:
             raise TfpipeError('TF_CONFIG\'s cluster lists more than one "chief"')
@@ -107,8 +111,32 @@ def connect() -> tf.distribute.MultiWorkerMirroredStrategy:
     misses its heartbeats."""
     import tensorflow as tf
 
-    cluster_from_environment()
-    return tf.distribute.MultiWorkerMirroredStrategy()
+    config = cluster_from_environment()
+    try:
+        strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    except tf.errors.UnknownError as e:  # its server could not listen
+        if "Could not start gRPC server" not in str(e):
+            raise
+        task = config["task"]
+        address = config["cluster"][task["type"]][task.get("index", 0)]
+        raise TfpipeError(
+            f"{task['type']} {task.get('index', 0)} cannot listen at {address} (TF_CONFIG): the port is taken, or the "
+            "address is not this machine's"
+        ) from None
+    ends_on_sigterm()
+    return strategy
+
+
+def ends_on_sigterm() -> None:
+    """SIGTERM ends this process as it does on one machine: TensorFlow's coordination service takes the signal
+    for its preemption notice, and training went on to the last epoch (measured). From the main thread only
+    (where Python runs signal handlers); for the process's life, as TensorFlow's own handler was."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _terminated)
+
+
+def _terminated(signum: int, frame: Any) -> None:
+    raise Terminated("terminated (SIGTERM)")
 
 
 def is_multiworker(strategy: tf.distribute.Strategy) -> bool:
@@ -124,6 +152,11 @@ def task_name(strategy: tf.distribute.Strategy) -> str:
     """``worker 1`` / ``chief 0``: this process in its cluster."""
     resolver = strategy.cluster_resolver
     return f"{resolver.task_type} {resolver.task_id}"
+
+
+def chief_name(strategy: tf.distribute.Strategy) -> str:
+    """The task that writes the run: ``chief 0`` when the cluster has one, else ``worker 0``."""
+    return "chief 0" if "chief" in strategy.cluster_resolver.cluster_spec().jobs else "worker 0"
 
 
 def peer_named(message: str, strategy: tf.distribute.Strategy) -> str:

@@ -306,7 +306,7 @@ def run_command(args: argparse.Namespace) -> int:
     check_inputs(cfg)
     m = fit(cfg)
     if m.get("chief") is False:  # a multi-worker job's other workers: the chief prints the results
-        print(f"train.fit: {m['task']} done; the chief writes the run in {cfg.run}", flush=True)
+        print(f"train.fit: {m['task']} done; {m['chief_task']}, the chief, writes the run", flush=True)
         return 0
     if cfg.preflight:  # the report is printed: exit 2 when a TPU would refuse the run
         return 0 if m["ok"] else 2

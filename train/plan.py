@@ -16,6 +16,7 @@ from tfpipe.errors import (
     check_seed,
     option,
 )
+from tfpipe.locks import check_not_a_file
 from tfpipe.service import check_service
 from tfpipe.shards import Shards
 from train.config import FitConfig
@@ -122,7 +123,8 @@ def check_data_service(cfg: FitConfig) -> None:
 
 def check_strategy_settings(cfg: FitConfig) -> None:
     """Settings a strategy cannot have, checked before the strategy starts (a multi-worker one connects to its
-    cluster)."""
+    cluster, and would wait there for a worker that refused)."""
+    check_not_a_file(cfg.run, "run")
     if cfg.strategy == "multiworker" and cfg.data_service is not None:
         raise TfpipeError(
             f"{option('data_service')} with {option('strategy', 'multiworker')}: each worker would run its own "

@@ -40,7 +40,15 @@ from tfpipe.read import check_no_image_twice
 from tfpipe.shards import Shards, open_shards
 from train import run as run_files
 from train.callbacks import ShardsUnchanged, Throughput, phase_callbacks
-from train.cluster import check_same_start, copy_for_resume, is_chief, is_multiworker, peers_answering, task_name
+from train.cluster import (
+    check_same_start,
+    chief_name,
+    copy_for_resume,
+    is_chief,
+    is_multiworker,
+    peers_answering,
+    task_name,
+)
 from train.compiling import compile_model as compile_model  # train.fit hands it out (tfpipe 1.0's name)
 from train.compiling import make_auc as make_auc  # train.fit hands it out (tfpipe 1.0's name)
 from train.config import FitConfig
@@ -237,7 +245,7 @@ def train_as_worker(
                 train_and_report(mine, shards, parts, strategy, kind, lock, started, fresh)
         except TfpipeError as e:  # said of the private folder: the user knows the run folder
             raise TfpipeError(str(e).replace(own, plan.run)) from None
-    return {"chief": False, "task": task_name(strategy), "run": plan.run}
+    return {"chief": False, "task": task_name(strategy), "chief_task": chief_name(strategy), "run": plan.run}
 
 
 def records_here(own: str, records: str) -> None:
