@@ -169,11 +169,24 @@ def test_the_commands_refuse_bad_addresses_ports_and_a_deterministic_service_in_
     from train.fit import FitConfig, fit
 
     nobody = f"127.0.0.1:{free_port()}"
-    taken = socket.socket()
-    taken.bind(("127.0.0.1", 0))
-    taken.listen()
-    port = taken.getsockname()[1]
     (tmp_path / "a-file").write_text("")
+    with socket.socket() as taken:  # a port in use while the commands run
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        refused_in_one_line(nobody, taken.getsockname()[1], tmp_path)
+    run = str(tmp_path / "r")
+    for extra, says in (
+        ({"deterministic": True}, "deterministic=True fixes the input order, and the workers of data_service race"),
+        ({}, f"data_service='grpc://{nobody}': no tf.data service dispatcher answers"),
+        ({"data_service": "grpc://127.0.0.1:\u00b2"}, "not grpc://HOST:PORT"),  # "²".isdigit(), and int() fails
+    ):
+        with pytest.raises(TfpipeError, match=says):
+            fit(FitConfig(**{"records": shard_dir[0], "run": run, "data_service": f"grpc://{nobody}", **extra}))
+    assert not (tmp_path / "r").exists()
+
+
+def refused_in_one_line(nobody, port, tmp_path):
+    """Each ``tfpipe.service`` command refused in one line (``port``: one taken)."""
     for argv, says in (
         (["worker", "--dispatcher", nobody], f"--dispatcher {nobody}: no tf.data service dispatcher answers"),
         (["dispatcher", "--port", str(port)], f"cannot start the DispatchServer at port {port} (taken?): "),
@@ -187,16 +200,6 @@ def test_the_commands_refuse_bad_addresses_ports_and_a_deterministic_service_in_
                               capture_output=True, text=True, timeout=120)  # fmt: skip
         said = done.stderr.startswith(f"tfpipe.service: error: {says}") and done.stderr.count("\n") == 1
         assert done.returncode == 2 and said, done.stderr
-    taken.close()
-    run = str(tmp_path / "r")
-    for extra, says in (
-        ({"deterministic": True}, "deterministic=True fixes the input order, and the workers of data_service race"),
-        ({}, f"data_service='grpc://{nobody}': no tf.data service dispatcher answers"),
-        ({"data_service": "grpc://127.0.0.1:\u00b2"}, "not grpc://HOST:PORT"),  # "²".isdigit(), and int() fails
-    ):
-        with pytest.raises(TfpipeError, match=says):
-            fit(FitConfig(**{"records": shard_dir[0], "run": run, "data_service": f"grpc://{nobody}", **extra}))
-    assert not (tmp_path / "r").exists()
 
 
 @pytest.mark.slow

@@ -63,7 +63,8 @@ def loader_dies_with_this_process(start_method: str | None = None) -> Callable[[
     """The ``worker_init_fn`` of a DataLoader this process iterates: every worker ends with this process, whichever
     thread starts the workers (``persistent_workers`` started in a thread that ends live on) and however late (a
     worker whose parent died while it started exits at once). ``start_method``: the loader's
-    ``multiprocessing_context`` (default: multiprocessing's)."""
+    ``multiprocessing_context`` (default: multiprocessing's). A worker's ``sys.excepthook`` holds back the
+    resource sharer's traceback of a reader stopped mid-connection (``quiet_resource_sharer``)."""
     method = start_method or multiprocessing.get_start_method()
     return functools.partial(
         worker_dies_with_parent, os.getpid(), main_thread=threading.main_thread().ident, method=method
@@ -110,11 +111,11 @@ def _without_a_broken_sharer(
 
 def host_and_port(address: object) -> tuple[str, int] | None:
     """``HOST:PORT`` as (host, port), the port any number (the caller says which it dials); None when ``address``
-    is not of that form (no host, no port, a port that is not ASCII digits, not a string)."""
+    is not of that form (no host, no port, a port that is not 1-5 ASCII digits, not a string)."""
     if not isinstance(address, str):
         return None
     host, _, port = address.rpartition(":")
-    return (host, int(port)) if host and re.fullmatch("[0-9]+", port) else None  # not isdigit: "²" is a digit
+    return (host, int(port)) if host and re.fullmatch("[0-9]{1,5}", port) else None  # "²".isdigit()
 
 
 def free_port() -> int:

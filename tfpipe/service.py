@@ -147,7 +147,8 @@ def started(server_class: Callable[[Any], Any], config: Any, port: int) -> Any:
         return server_class(config)
     except (RuntimeError, NotImplementedError) as e:
         said = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        where = "a free port" if port == 0 else f"port {port} (taken?)"
+        taken = "Could not start gRPC server" in said and port != 0
+        where = "a free port" if port == 0 else f"port {port}{' (taken?)' if taken else ''}"
         raise TfpipeError(f"cannot start the {server_class.__name__} at {where}: {said}") from None
 
 

@@ -75,7 +75,7 @@ def check_cluster(cluster: dict[str, Any]) -> None:
     for job in JOBS:
         addresses = cluster.get(job) or []
         if not isinstance(addresses, list) or (job in cluster and not addresses):  # [] would crash TensorFlow
-            raise TfpipeError(f'TF_CONFIG\'s cluster {job!r}: a list of "HOST:PORT" addresses, not {addresses!r}')
+            raise TfpipeError(f'TF_CONFIG\'s cluster {job!r}: a list of "HOST:PORT" addresses, not {cluster[job]!r}')
         if job == "chief" and len(addresses) > 1:
             raise TfpipeError('TF_CONFIG\'s cluster lists more than one "chief"')
         for address in addresses:
@@ -89,7 +89,7 @@ def check_cluster(cluster: dict[str, Any]) -> None:
 
 def check_task(task: dict[str, Any], cluster: dict[str, Any]) -> None:
     """This process's task is one the cluster lists."""
-    kind, index = task.get("type"), task.get("index", 0)
+    kind, index = task.get("type"), task.get("index")  # TensorFlow has no default index
     if kind not in JOBS or not cluster.get(kind):
         listed = " or ".join(repr(j) for j in JOBS if cluster.get(j))
         raise TfpipeError(f"TF_CONFIG's task type is {kind!r}; the cluster lists {listed} tasks")
@@ -112,27 +112,45 @@ def connect() -> tf.distribute.MultiWorkerMirroredStrategy:
     import tensorflow as tf
 
     config = cluster_from_environment()
-    try:
-        strategy = tf.distribute.MultiWorkerMirroredStrategy()
-    except tf.errors.UnknownError as e:  # its server could not listen
-        if "Could not start gRPC server" not in str(e):
-            raise
-        task = config["task"]
-        address = config["cluster"][task["type"]][task.get("index", 0)]
-        raise TfpipeError(
-            f"{task['type']} {task.get('index', 0)} cannot listen at {address} (TF_CONFIG): the port is taken, or the "
-            "address is not this machine's"
-        ) from None
-    ends_on_sigterm()
+    with sigterm_kept():
+        try:
+            strategy = tf.distribute.MultiWorkerMirroredStrategy()
+        except tf.errors.UnknownError as e:  # its server could not listen
+            if "Could not start gRPC server" not in str(e):
+                raise
+            task = config["task"]
+            address = config["cluster"][task["type"]][task["index"]]
+            raise TfpipeError(
+                f"{task['type']} {task['index']} cannot listen at {address} (TF_CONFIG): the port is taken, or "
+                "the address is not this machine's"
+            ) from None
     return strategy
 
 
-def ends_on_sigterm() -> None:
-    """SIGTERM ends this process as it does on one machine: TensorFlow's coordination service takes the signal
-    for its preemption notice, and training went on to the last epoch (measured). From the main thread only
-    (where Python runs signal handlers); for the process's life, as TensorFlow's own handler was."""
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, _terminated)
+@contextlib.contextmanager
+def sigterm_kept() -> Iterator[None]:
+    """SIGTERM does afterwards what it did before: TensorFlow's coordination service installs its own handler
+    (its preemption notice) and swallows the signal, and a worker told to stop trained on to its last epoch
+    (measured). The handler Python knows is put back (the default: the process ends; ``train.fit``'s own: one
+    line, exit 143). From the main thread only, where Python's handlers are set."""
+    main = threading.current_thread() is threading.main_thread()
+    before = signal.getsignal(signal.SIGTERM) if main else None
+    try:
+        yield
+    finally:
+        if before is not None:  # None: a handler Python did not install, which it cannot put back
+            signal.signal(signal.SIGTERM, before)
+
+
+@contextlib.contextmanager
+def ending_on_sigterm() -> Iterator[None]:
+    """For a command: SIGTERM ends it as Ctrl-C does (what it wrote kept, its temporaries removed), with the line
+    ``PROG: terminated (SIGTERM)`` and exit code 143 (``tfpipe.errors.Terminated``)."""
+    before = signal.signal(signal.SIGTERM, _terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
 
 
 def _terminated(signum: int, frame: Any) -> None:

@@ -12,6 +12,7 @@ reachable from here too (tfpipe 1.0's names).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import sys
 from collections.abc import Mapping, Sequence
@@ -304,7 +305,10 @@ def run_command(args: argparse.Namespace) -> int:
             )
     cfg = config_from_args(args)
     check_inputs(cfg)
-    m = fit(cfg)
+    from train.cluster import ending_on_sigterm
+
+    with ending_on_sigterm() if cfg.strategy == "multiworker" else contextlib.nullcontext():
+        m = fit(cfg)  # a worker stopped (a job scheduler's SIGTERM) says so, and its peers name it
     if m.get("chief") is False:  # a multi-worker job's other workers: the chief prints the results
         print(f"train.fit: {m['task']} done; {m['chief_task']}, the chief, writes the run", flush=True)
         return 0
