@@ -155,7 +155,8 @@ def started(server_class: Callable[[Any], Any], config: Any, port: int) -> Any:
 def serve(server: Any) -> None:
     """Serves until stopped: Python sleeps here so that Ctrl-C reaches it (``server.join()`` waits in C++,
     where Python's signal handlers never run). Ctrl-C ends the process at once after the command's line: the
-    server's own stop, as the process ends normally, took over a minute under CI's load (a test's 60 s ran out)."""
+    server's own stop, as the process ends normally, took over a minute under CI's load (a test's 60 s ran out;
+    so does ``main`` for a Ctrl-C that comes between the server's start and this loop: CI met that too)."""
     try:
         while server is not None:  # held here: the server lives while this loop runs
             time.sleep(3600)
@@ -190,7 +191,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return run_cli(PROG, dispatcher if args.role == "dispatcher" else worker, args)
+    code = run_cli(PROG, dispatcher if args.role == "dispatcher" else worker, args)
+    if code == 130:  # Ctrl-C before ``serve`` took it (its server just made): end now, as ``serve`` does
+        exit_now(code)
+    return code
 
 
 if __name__ == "__main__":
