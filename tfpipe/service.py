@@ -25,9 +25,10 @@ none comes twice, and the next epoch reads every record again. Workers can be ad
 from __future__ import annotations
 
 import argparse
+import contextlib
+import signal
 import socket
 import sys
-import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -46,6 +47,7 @@ WORKER_TIMEOUT = 60  # seconds without a worker's heartbeat before the dispatche
 HEARTBEAT = 10  # seconds between a worker's heartbeats to the dispatcher
 DAY = 86400
 GET_WORKERS = "/tensorflow.data.DispatcherService/GetWorkers"  # TensorFlow's dispatcher.proto
+STOP = {signal.SIGINT, signal.SIGTERM}  # what ends a server
 
 
 def served(ds: tf.data.Dataset, service: str) -> tf.data.Dataset:
@@ -153,16 +155,17 @@ def started(server_class: Callable[[Any], Any], config: Any, port: int) -> Any:
 
 
 def serve(server: Any) -> None:
-    """Serves until stopped: Python sleeps here so that Ctrl-C reaches it (``server.join()`` waits in C++,
-    where Python's signal handlers never run). Ctrl-C ends the process at once after the command's line: the
-    server's own stop, as the process ends normally, took over a minute under CI's load (a test's 60 s ran out;
-    so does ``main`` for a Ctrl-C that comes between the server's start and this loop: CI met that too)."""
-    try:
-        while server is not None:  # held here: the server lives while this loop runs
-            time.sleep(3600)
-    except KeyboardInterrupt:
-        print(f"{PROG}: interrupted", file=sys.stderr)
-        exit_now(130)  # the line passes TensorFlow's log filter first
+    """Serves until Ctrl-C or SIGTERM, then ends the process at once after the command's line.
+
+    ``main`` blocks both signals before any thread starts, so every thread (TensorFlow's, gRPC's) inherits the
+    block and the signal waits, pending, for ``sigwait`` here. A Python handler instead runs only when the main
+    thread does: a signal the kernel handed to another thread left it asleep, and Ctrl-C was lost under CI's
+    load (twice). ``server.join()`` would wait in C++ all the same. Ending at once: the server's own stop, as
+    the process ends normally, took over a minute under that load."""
+    received = signal.sigwait(STOP)
+    print(f"{PROG}: {'interrupted' if received == signal.SIGINT else 'terminated (SIGTERM)'}", file=sys.stderr)
+    del server  # held until here: the server lives while this waits
+    exit_now(130 if received == signal.SIGINT else 143)  # the line passes TensorFlow's log filter first
 
 
 def bound_port(server: Any) -> int:
@@ -191,10 +194,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    code = run_cli(PROG, dispatcher if args.role == "dispatcher" else worker, args)
-    if code == 130:  # Ctrl-C before ``serve`` took it (its server just made): end now, as ``serve`` does
-        exit_now(code)
-    return code
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, STOP)  # for ``serve``'s sigwait, before any thread starts
+    try:
+        return run_cli(PROG, dispatcher if args.role == "dispatcher" else worker, args)
+    finally:  # a refusal: the caller's mask again (a Ctrl-C held meanwhile is dropped: the refusal is the answer)
+        with contextlib.suppress(KeyboardInterrupt):
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
 if __name__ == "__main__":
