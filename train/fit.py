@@ -74,9 +74,10 @@ if not TYPE_CHECKING:  # hidden from type checkers, which see the names above
         return getattr(trainer, name)
 
 
-def build_parser() -> ArgumentParser:
+def build_parser(prog: str = "python -m train.fit", description: str | None = None) -> ArgumentParser:
+    """The command's parser: one flag a field of ``FitConfig`` (``train.cv`` builds on it, with its own ``prog``)."""
     d = FitConfig()
-    p = ArgumentParser(prog="python -m train.fit", description=(__doc__ or "").split("\n\n")[0])
+    p = ArgumentParser(prog=prog, description=description or (__doc__ or "").split("\n\n")[0])
     _data_args(p, d)
     _model_args(p, d)
     _optimizer_args(p, d)

@@ -26,16 +26,19 @@ import tensorflow as tf
 import tfpipe
 from tfpipe import console, fs
 from tfpipe.deprecations import renamed_arguments
-from tfpipe.errors import TfpipeError, check_count, check_fraction, check_path, option
+from tfpipe.errors import TfpipeError, check_count, check_fraction, check_path, in_command, option
 from tfpipe.shards import Records, Shards
 from train import run as run_files
 from train.cluster import is_multiworker
 from train.predict_scores import evaluate_labeled, seen_rows
+from train.predict_target import open_target, target_thresholds, threshold_words
 from train.run import RunConfig
 from train.run_model import check_model_present as check_model_present
 from train.run_model import load_model as load_model  # train.predict hands it out (tfpipe 1.0's name)
 from train.run_model import load_run
 from train.strategy import quick_teardown, resolve_strategy
+from train.tuning import Predictor, describe
+from train.tuning import tune_thresholds as tune_thresholds  # tfpipe 1.0's place of it
 from train.submission import (
     check_column_names,
     check_destination,
@@ -157,29 +160,6 @@ def check_tta(tta: int) -> None:
         raise TfpipeError(f"{option('tta')} must be in 1..{len(TTA_VIEWS)} (got {tta})")
 
 
-def tune_thresholds(
-    probs: npt.NDArray[np.floating[Any]], targets: npt.NDArray[np.floating[Any]], default: float
-) -> list[float]:
-    """Per-class thresholds maximising validation F1 (``default`` for a class with no positive).
-
-    Each lies halfway between the lowest score called positive and the next lower score: the same labels on the
-    validation images, but no validation score sits exactly on a threshold, where float noise of another batch
-    layout or device (1e-7) would flip its label."""
-    from sklearn.metrics import precision_recall_curve
-
-    out = []
-    for c in range(targets.shape[1]):
-        if targets[:, c].sum() == 0:
-            out.append(default)
-            continue
-        precision, recall, thresholds = precision_recall_curve(targets[:, c], probs[:, c])
-        f1 = 2 * precision * recall / np.maximum(precision + recall, 1e-12)
-        best = int(np.argmax(f1[:-1]))
-        below = probs[:, c][probs[:, c] < thresholds[best]]
-        out.append((float(thresholds[best]) + (float(below.max()) if below.size else 0.0)) / 2)
-    return out
-
-
 def predict(
     run: str,
     records: Records,
@@ -195,9 +175,10 @@ def predict(
     id_column: str | None = None,
     overwrite: bool = False,
     progress: bool = True,
-    swa: bool = False,
+    swa: bool | None = None,
 ) -> pd.DataFrame:
-    """Writes the submission of run folder ``run`` on the shards ``records``; returns it as a DataFrame.
+    """Writes the submission of run folder ``run`` (or of a CV folder's fold ensemble) on the shards ``records``;
+    returns it as a DataFrame.
 
     Called through ``train.predict.predict`` (see its example). Everything the run and the shards claim is
     checked against each other before the model is loaded; the records are opened once. Labeled shards are
@@ -207,42 +188,60 @@ def predict(
         raise TfpipeError(f"predicting runs on one machine: use {option('strategy')} auto, tpu, gpu or cpu")
     labels = check_arguments(run, records, tta, threshold, probabilities, labels, batch_size, replicas)
     strat, _ = resolve_strategy(strategy, replicas)  # first: virtual CPUs need a TensorFlow that has run nothing
-    config = RunConfig.load(run)
-    check_model_present(run, swa)
+    target = open_target(run, swa, PROG, say=progress or in_command())
+    config = target.config
     shards = tfpipe.open_shards(records)
     check_destination(out, overwrite)
     check_run_fits_records(config, shards, records)
     if labels:
         check_labels_can_be_joined(config.classes, config.single_label)
     # the labels, and the scores of labeled shards, need thresholds (probabilities alone do not)
-    thresholds = _thresholds(run, config, threshold, swa) if labels or shards.labeled else []
+    predictor = validation_predictor(strat, batch_size, swa=target.swa, views=tta, progress=progress)
+    thresholds = target_thresholds(target, threshold, tta, predictor, PROG) if labels or shards.labeled else []
     id_column = id_column or shards.id_column
     check_column_names(id_column, config.classes, labels, probabilities)
     ids = tfpipe.image_names(shards)
     check_ids_once(ids, records)
     batch_size = _batch_for(_num_examples(shards, records), batch_size, strat.num_replicas_in_sync, progress)
-    model, config = _load_for(strat, run, config, swa, progress)
-    classes = list(config.classes)
-    with tfpipe.naming_corrupt_shards(shards):
-        probs = predict_probabilities(
-            model,
-            shards,
-            strat,
-            batch_size=batch_size,
-            image_size=config.image_size,
-            num_classes=len(classes),
-            tta=tta,
-            progress=progress,
-        )
+    probs = np.mean([_member_probabilities(strat, m, target.swa, shards, batch_size, tta, progress) for m in target.members], axis=0)
     df = submission_table(probs, ids, id_column, config, thresholds if labels else None, probabilities)
     shards.check_unchanged()  # before any score is printed: the predictions are of the shards that were opened
     if shards.labeled:
-        how = (_threshold_words(run, config, threshold, swa), records, progress, seen_rows(run, ids, shards))
+        seen = None if target.cv else seen_rows(run, ids, shards)  # every image of a CV's shards was trained on
+        how = (threshold_words(target, threshold, tta), records, progress, seen, target.cv is None)
         df.attrs["evaluation"] = evaluate_labeled(shards, config, probs, thresholds, *how)
     shards.check_unchanged()  # the ids and predictions above are of the shards that were opened
     if out:
         write_submission(out, df.to_csv(index=False), overwrite)
     return df
+
+
+PROG = "train.predict"
+
+
+def _member_probabilities(
+    strategy: tf.distribute.Strategy,
+    member: tuple[str, RunConfig],
+    swa: bool,
+    shards: Shards,
+    batch_size: int,
+    tta: int,
+    progress: bool,
+) -> npt.NDArray[np.float32]:
+    """One model's probabilities of every record of ``shards``: a run's, or one fold's of a CV."""
+    run, config = member
+    model, config = _load_for(strategy, run, config, swa, progress)
+    with tfpipe.naming_corrupt_shards(shards):
+        return predict_probabilities(
+            model,
+            shards,
+            strategy,
+            batch_size=batch_size,
+            image_size=config.image_size,
+            num_classes=len(config.classes),
+            tta=tta,
+            progress=progress,
+        )
 
 
 def _load_for(
@@ -252,9 +251,34 @@ def _load_for(
     name = run_files.model_files(swa)[0]
     with (
         strategy.scope(),
-        console.saying("train.predict", f"loading {run}/{name}", "still loading the model", progress),
+        console.saying(PROG, f"loading {run}/{name}", "still loading the model", progress),
     ):
         return load_run(run, config, swa)
+
+
+def validation_predictor(
+    strategy: tf.distribute.Strategy, batch_size: int, *, swa: bool, views: int, progress: bool, prog: str = PROG
+) -> Predictor:
+    """How ``train.tuning`` makes the validation predictions a run lacks: its model (final, or ``swa``) loaded
+    under ``strategy``, its validation records predicted over ``views`` views."""
+
+    def predict(run: str, config: RunConfig, records: Shards, folds: list[int] | None) -> npt.NDArray[np.float32]:
+        model, config = _load_for(strategy, run, config, swa, progress)
+        n = tfpipe.count_examples(records, folds)
+        if progress:
+            print(f"{prog}: predicting the {n} validation images of {run} with {describe(swa, views)}", flush=True)
+        return predict_probabilities(
+            model,
+            records,
+            strategy,
+            batch_size=_batch_for(n, batch_size, strategy.num_replicas_in_sync, False),
+            image_size=config.image_size,
+            num_classes=len(config.classes),
+            folds=folds,
+            tta=views,
+        )
+
+    return predict
 
 
 def check_arguments(
@@ -291,18 +315,6 @@ def check_columns(labels: bool | None, probabilities: bool, threshold: float | N
     return labels
 
 
-def _threshold_words(run: str, config: RunConfig, threshold: float | None, swa: bool = False) -> str:
-    """How the predicted labels were decided, for the score lines."""
-    if config.single_label:
-        return "labels by argmax"
-    if threshold is not None:
-        return f"labels at threshold {threshold:g}"
-    tuned = run_files.model_files(swa)[1]
-    if fs.exists(run_files.path(run, tuned)):
-        return f"labels at the run's tuned thresholds ({tuned})"
-    return f"labels at the run's threshold {config.settings.get('threshold', 0.5):g}"
-
-
 def _num_examples(shards: Shards, records: Records) -> int:
     """Records in ``shards``, from the manifest or the counts in the shard names; unknown (foreign shards named
     without counts) is an error naming ``records``, as ``tfpipe.count_examples`` says it."""
@@ -325,20 +337,3 @@ def _batch_for(n: int, batch_size: int, replicas: int, progress: bool) -> int:
             flush=True,
         )
     return most
-
-
-def _thresholds(run: str, config: RunConfig, threshold: float | None, swa: bool = False) -> list[float]:
-    """Per-class thresholds: ``threshold`` for all, else the run's tuned ones (validated; with ``swa`` those of the
-    SWA model's report), else the run's default."""
-    if threshold is not None:
-        return [threshold] * len(config.classes)
-    tuned = run_files.load_thresholds(run, list(config.classes), swa)
-    default = float(config.settings.get("threshold", 0.5))
-    if tuned is None and not config.single_label and config.settings.get("report", True):
-        # train.fit wrote them with its report: labels at one threshold instead would change without a word
-        raise TfpipeError(
-            f"{run_files.path(run, run_files.model_files(swa)[1])} is missing (the tuned per-class thresholds "
-            f"train.fit wrote with its report); copy it with the run, or pass {option('threshold', default)} to "
-            "label every class at one threshold"
-        )
-    return tuned if tuned is not None else [default] * len(config.classes)

@@ -56,16 +56,20 @@ def predict(
     id_column: str | None = None,
     overwrite: bool = False,
     progress: bool = True,
-    swa: bool = False,
+    swa: bool | None = None,
 ) -> pd.DataFrame:
-    """Writes the submission of run folder ``run`` on the shards ``records`` (a shard folder, a glob, files, or
-    ``Shards`` already opened) to ``out``; returns it as a DataFrame.
+    """Writes the submission of run folder ``run`` -- or of a CV folder (``train.cv``): the mean of its fold
+    models' probabilities, labelled at thresholds tuned on its out-of-fold predictions -- on the shards ``records``
+    (a shard folder, a glob, files, or ``Shards`` already opened) to ``out``; returns it as a DataFrame.
 
     The keyword arguments are the command line's flags: ``tta`` views to average, one ``threshold`` for every
     class (default: the run's tuned ones), ``probabilities`` (one column per class instead of the labels;
     ``labels=True`` keeps the labels column too), ``strategy`` (a name or a
     strategy you made) and ``replicas``, ``batch_size`` per replica, ``id_column``, ``overwrite``, ``progress``
-    (a progress bar), ``swa`` (predict with the run's SWA model, ``model-swa.keras``, and its own thresholds).
+    (a progress bar), ``swa`` (True: the run's SWA model, ``model-swa.keras``, with its own thresholds; False: its
+    final model; None: the one with the better validation AUC, said in one line). Thresholds are those tuned for
+    the model and the ``tta`` views predicted (``train.tuning``: tuned on the validation images predicted alike
+    the first time a view count is asked for, and recorded in the run folder).
 
     Example::
 
@@ -109,7 +113,7 @@ if not TYPE_CHECKING:  # hidden from type checkers, which see the names above
 
 def build_parser() -> ArgumentParser:
     p = ArgumentParser(prog="python -m train.predict", description=(__doc__ or "").split("\n\n")[0])
-    p.add_argument("--run", required=True, help="run folder written by train.fit")
+    p.add_argument("--run", required=True, help="run folder written by train.fit, or a CV folder of train.cv")
     p.add_argument("--records", required=True, help="shards to predict (e.g. written with --split test)")
     p.add_argument(
         "--out",
@@ -131,7 +135,10 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--batch-size", type=int, default=32, help="per replica")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar (shown by default)")
     p.add_argument(
-        "--swa", action="store_true", help="predict with the run's SWA model (model-swa.keras, from --swa-epochs)"
+        "--swa",
+        action=argparse.BooleanOptionalAction,
+        help="the run's SWA model (model-swa.keras, from --swa-epochs); --no-swa: its final model (default: the "
+        "one with the better validation AUC, said)",
     )
     return p
 
@@ -140,10 +147,11 @@ def check_inputs(run: str, records: str) -> None:
     """The run folder and the shards, read before the engine starts TensorFlow: a mistyped ``--run`` or
     ``--records`` is answered in 0.3 s instead of ~10 s. The engine reads both again, with every other check."""
     from tfpipe.shards import open_shards  # here, not at the top: --help stays at 0.1 s
+    from train.cv_folder import CVResult, is_cv_folder
     from train.run import RunConfig
 
     check_path(run=run, records=records)
-    RunConfig.load(run)
+    CVResult.load(run) if is_cv_folder(run) else RunConfig.load(run)
     open_shards(records)
 
 

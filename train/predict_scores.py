@@ -75,14 +75,16 @@ def evaluate_labeled(
     records: Records,
     progress: bool,
     seen: Seen | None = None,
+    apart: bool = True,
 ) -> dict[str, Any]:
     """Scores of ``probs`` against the labels ``shards`` hold (``train.evaluation.score``), printed with
     ``progress`` (always under the command): all the images, first. When they are the run's own training shards,
     the rows it held out and the rows it trained on are scored apart as well: only the first say anything about
     unseen images. Other shards holding images the run ``seen`` (the same stored image: its own data written
     again) are scored apart likewise: the images it validated on, trained on, and never saw (``others`` instead
-    of ``unseen`` when the run recorded no training digests: perhaps trained on)."""
-    result = _scores_of_parts(shards, config, probs, thresholds, threshold_words, seen)
+    of ``unseen`` when the run recorded no training digests: perhaps trained on). Without ``apart`` (a CV's fold
+    ensemble, each of whose images some fold trained on) every image is scored together only."""
+    result = _scores_of_parts(shards, config, probs, thresholds, threshold_words, seen, apart)
     if progress or in_command():  # the command prints its scores also with --no-progress (a result, not progress)
         print("\n".join(evaluation_lines(result, records)), flush=True)
     return result
@@ -95,6 +97,7 @@ def _scores_of_parts(
     thresholds: Sequence[float],
     threshold_words: str,
     seen: Seen | None,
+    apart: bool,
 ) -> dict[str, Any]:
     from train.evaluation import score
 
@@ -103,7 +106,7 @@ def _scores_of_parts(
     own = bool(config.dataset_id) and shards.dataset_id == config.dataset_id
     result: dict[str, Any] = {"thresholds": threshold_words, "own_training_shards": own}
     result["all"] = score(probs, targets, classes, thresholds, config.single_label)  # every image given, always
-    parts = _parts(shards, config, own, seen)
+    parts = _parts(shards, config, own, seen) if apart else None
     if parts is None or any(len(rows) != len(probs) for rows in parts.values()):
         return result
     for part, rows in parts.items():

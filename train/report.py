@@ -22,7 +22,8 @@ from tfpipe import fs
 from tfpipe.shards import Records
 from train import evaluation, plots
 from train import run as run_files
-from train.inference import predict_probabilities, tune_thresholds
+from train.inference import predict_probabilities
+from train.tuning import tune_thresholds
 from train.submission import labels_at
 
 if TYPE_CHECKING:

@@ -76,12 +76,32 @@ def swa_name(name: str) -> str:
     return f"{stem}{SWA_SUFFIX}{dot}{ext}"
 
 
+def views_name(name: str, views: int) -> str:
+    """``thresholds.json`` -> ``thresholds-tta4.json``: the file of that name for predictions averaged over
+    ``views`` TTA views (a threshold set belongs to one model and one view count); one view keeps the name."""
+    stem, dot, ext = name.rpartition(".")
+    return name if views == 1 else f"{stem}-tta{views}{dot}{ext}"
+
+
+def variant(name: str, swa: bool = False, views: int = 1) -> str:
+    """A per-model, per-view file's name: ``val_predictions.csv`` -> ``val_predictions-swa-tta4.csv``."""
+    return views_name(swa_name(name) if swa else name, views)
+
+
+TUNED = (VAL_PREDICTIONS, THRESHOLDS)  # the files train.predict tunes for other view counts (train.tuning)
+_VIEWS = re.compile(r"^(?P<stem>.+)-tta[2-8](?P<ext>\.\w+)$")
+
+
 def written_by_fit(name: str) -> bool:
     """Whether ``name`` in a run folder is one train.fit writes (a run file, a report file, one of those under a
-    temporary name): what ``train.fit --overwrite`` replaces, and nothing else."""
+    temporary name, the tuning files for other view counts): what ``train.fit --overwrite`` replaces, and nothing
+    else."""
     m = TEMPORARY.match(name)
     if m:
         name = m["name"] + (m["ext"] or "")
+    viewed = _VIEWS.match(name)
+    if viewed and viewed["stem"] + viewed["ext"] in {variant(n, swa) for n in TUNED for swa in (False, True)}:
+        return True
     return name in WRITTEN or name in REPORT or name in {swa_name(n) for n in REPORT}
 
 
@@ -309,24 +329,29 @@ def read_history(run: str) -> list[dict[str, str]] | None:
     return [dict(zip(header, row)) for row in body]
 
 
-def save_thresholds(run: str, classes: Sequence[str], thresholds: Sequence[float], suffix: str = "") -> None:
+def save_thresholds(
+    run: str, classes: Sequence[str], thresholds: Sequence[float], suffix: str = "", views: int = 1
+) -> None:
+    """``thresholds.json`` (``suffix`` "-swa": the SWA model's; ``views`` > 1: tuned on predictions averaged over
+    that many TTA views) in ``run``, a run folder or a CV folder."""
     fs.write_atomic(
-        path(run, f"thresholds{suffix}.json"),
+        path(run, views_name(f"thresholds{suffix}.json", views)),
         json.dumps(dict(zip(classes, thresholds)), indent=1, ensure_ascii=False) + "\n",
     )
 
 
-def model_files(swa: bool = False) -> tuple[str, str]:
+def model_files(swa: bool = False, views: int = 1) -> tuple[str, str]:
     """(model file, thresholds file) of a run's final model, or with ``swa`` of its SWA average
-    (``train.fit --swa-epochs``), whose report tunes thresholds of its own."""
-    return (MODEL_SWA, f"thresholds{SWA_SUFFIX}.json") if swa else (MODEL, THRESHOLDS)
+    (``train.fit --swa-epochs``), whose report tunes thresholds of its own; the thresholds for predictions
+    averaged over ``views`` TTA views (``thresholds-tta4.json``: ``train.tuning`` tunes them on demand)."""
+    return (MODEL_SWA, variant(THRESHOLDS, True, views)) if swa else (MODEL, variant(THRESHOLDS, False, views))
 
 
-def load_thresholds(run: str, classes: Sequence[str], swa: bool = False) -> list[float] | None:
-    """The tuned per-class thresholds in ``classes`` order (with ``swa``, the SWA model's), or None when the run
-    has none (single-label runs). A file naming other classes (copied from another run) or holding a value outside
-    [0, 1] is an error."""
-    p = path(run, model_files(swa)[1])
+def load_thresholds(run: str, classes: Sequence[str], swa: bool = False, views: int = 1) -> list[float] | None:
+    """The tuned per-class thresholds in ``classes`` order (with ``swa``, the SWA model's; for ``views`` TTA
+    views), or None when the folder has none (single-label runs, views not tuned yet). A file naming other
+    classes (copied from another run) or holding a value outside [0, 1] is an error."""
+    p = path(run, model_files(swa, views)[1])
     if not fs.exists(p):
         return None
     tuned = _read_json(p)

@@ -1,0 +1,88 @@
+"""Cross-validate: train every fold of the shards in turn, score the out-of-fold predictions, tune thresholds on them.
+
+    python -m train.cv --records records/demo/train --run runs/cv --strategy cpu --replicas 8 \
+        --model small-cnn --epochs 4 [--folds 0,1,2] [--tta 2]
+
+Takes every flag of ``train.fit`` (but ``--fold``). ``CV_DIR/fold-K`` is a normal run folder for each fold
+(``train.predict --run CV_DIR/fold-K`` works on it); ``CV_DIR/oof.csv`` holds every validation image once,
+predicted by the model of the fold it validated in; ``CV_DIR/cv.json`` the OOF scores (AUC, exact-match, F1 at
+thresholds tuned on the OOF predictions, ``thresholds.json``) and each fold's. ``--resume`` continues with the
+unfinished fold. Then ``python -m train.predict --run CV_DIR ...`` predicts with the fold ensemble. This module
+is the command line and imports no TensorFlow; ``cross_validate`` runs the engine in ``train.cross_validation``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from tfpipe.console import quiet_call
+from tfpipe.errors import ArgumentParser, TfpipeError, option, run_cli
+from train.config import FitConfig
+from train.fit import build_parser as fit_parser
+from train.fit import check_inputs, config_from_args
+from train.names import TTA_VIEW_COUNT
+
+if TYPE_CHECKING:
+    from train.cv_folder import CVResult
+
+
+@quiet_call
+def cross_validate(cfg: FitConfig, folds: Sequence[int] | None = None, tta: int = 1) -> CVResult:
+    """Trains ``folds`` (default: every fold the shards have) with the settings of ``cfg`` (a ``FitConfig``,
+    ``cfg.run`` the CV folder, ``cfg.fold`` left out) one after another in this process, then scores the
+    out-of-fold predictions over ``tta`` views; returns ``cv.json``'s content, a ``CVResult``
+    (``result.scores_of(swa=False).scores["roc_auc_macro"]``: the OOF AUC).
+
+    Example (a notebook: the Kaggle TPU notebooks' K-fold loop)::
+
+        from train.cv import FitConfig, cross_validate
+        result = cross_validate(FitConfig(records="gs://bucket/train", run="gs://bucket/cv", strategy="tpu"))
+    """
+    from train import cross_validation  # the engine (TensorFlow): imported when training starts
+
+    return cross_validation.cross_validate(cfg, folds, tta)
+
+
+def build_parser() -> ArgumentParser:
+    p = fit_parser("python -m train.cv", (__doc__ or "").split("\n\n")[0])
+    group = p.add_argument_group("cross-validation")
+    group.add_argument("--folds", type=_fold_list, help="the folds to train, e.g. 0,1,2 (default: every fold)")
+    group.add_argument(
+        "--tta",
+        type=int,
+        default=1,
+        help=f"TTA views of the out-of-fold predictions scored and tuned on (1..{TTA_VIEW_COUNT})",
+    )
+    return p
+
+
+def _fold_list(text: str) -> list[int]:
+    """``0,2,3`` -> [0, 2, 3]."""
+    try:
+        return [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"fold numbers separated by commas (e.g. 0,1,2), not {text!r}") from None
+
+
+def run_command(args: argparse.Namespace) -> None:
+    if args.records is None:
+        raise TfpipeError(f"{option('records')} names the shard folder to cross-validate (written with --num-folds)")
+    cfg = config_from_args(args)
+    check_inputs(cfg)
+    result = cross_validate(cfg, args.folds, args.tta)
+    print(
+        f"train.cv: {len(result.folds)} folds -> {cfg.run} (cv.json, {result.scores_of(False).oof}); predict with "  # type: ignore[union-attr]
+        f"the fold ensemble: python -m train.predict --run {cfg.run} --records ...",
+        flush=True,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_cli("train.cv", run_command, build_parser().parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
