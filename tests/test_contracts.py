@@ -356,17 +356,19 @@ def test_an_edited_run_config_is_one_line_before_predicting(trained_run, tmp_pat
 def test_a_model_or_thresholds_from_another_run_are_refused(trained_run, tmp_path):
     from train.predict import load_model, predict
 
+    # model.keras and thresholds.json: the final model (the run has an SWA model too)
+
     run = copy_run(trained_run, tmp_path)
     (run / "thresholds.json").write_text(json.dumps({"x": 0.5, "y": 0.5}))
     with pytest.raises(TfpipeError, match="thresholds.json: names classes x, y, not the run's"):
-        predict(str(run), trained_run[2], str(tmp_path / "s.csv"), strategy="cpu")
+        predict(str(run), trained_run[2], str(tmp_path / "s.csv"), strategy="cpu", swa=False)
     (run / "thresholds.json").write_text(json.dumps({"a": 0.5, "b": 2.0, "c": 0.1}))
     with pytest.raises(TfpipeError, match="threshold of 'b' is 2.0"):
-        predict(str(run), trained_run[2], str(tmp_path / "s.csv"), strategy="cpu")
+        predict(str(run), trained_run[2], str(tmp_path / "s.csv"), strategy="cpu", swa=False)
     # a run uploaded without its thresholds: labels at one threshold instead would change without a word
     (run / "thresholds.json").unlink()
     with pytest.raises(TfpipeError, match=r"thresholds.json is missing .* or pass threshold=0.5 to label every class"):
-        predict(str(run), trained_run[2], str(tmp_path / "s.csv"), strategy="cpu")
+        predict(str(run), trained_run[2], str(tmp_path / "s.csv"), strategy="cpu", swa=False)
     shutil.copy(os.path.join(trained_run[0], "thresholds.json"), run / "thresholds.json")
     from train.models import build_model
 
@@ -374,7 +376,7 @@ def test_a_model_or_thresholds_from_another_run_are_refused(trained_run, tmp_pat
     other.save(str(run / "model.keras"))
     assert load_model(str(run / "model.keras")).output_shape[-1] == 5
     with pytest.raises(TfpipeError, match="outputs 5 classes, but config.json lists 3"):
-        predict(str(run), trained_run[2], str(tmp_path / "s.csv"), strategy="cpu")
+        predict(str(run), trained_run[2], str(tmp_path / "s.csv"), strategy="cpu", swa=False)
     assert not (tmp_path / "s.csv").exists()
 
 
@@ -396,7 +398,15 @@ def test_predict_opens_its_records_once(trained_run, tmp_path, monkeypatch):
     calls = []
     real = tfpipe.shards.check_sizes
     monkeypatch.setattr(tfpipe.shards, "check_sizes", lambda *a: calls.append(a) or real(*a))
-    predict(trained_run[0], trained_run[2], str(tmp_path / "s.csv"), strategy="cpu", tta=2, progress=False)
+    predict(
+        trained_run[0],
+        trained_run[2],
+        str(tmp_path / "s.csv"),
+        strategy="cpu",
+        tta=2,
+        progress=False,
+        probabilities=True,
+    )  # fmt: skip  (labels at 2 views would tune thresholds on the training shards)
     assert len(calls) == 1
 
 
@@ -697,7 +707,7 @@ def test_a_softmax_or_other_size_model_in_a_run_is_refused(trained_run, tmp_path
         model, _ = build_model("small-cnn", 3, kwargs.pop("image_size", 32), **kwargs)
         model.save(str(run / "model.keras"))
         with pytest.raises(TfpipeError, match=needle):
-            predict(str(run), trained_run[2], str(tmp_path / "s.csv"), strategy="cpu", progress=False)
+            predict(str(run), trained_run[2], str(tmp_path / "s.csv"), strategy="cpu", progress=False, swa=False)
 
 
 def test_the_torch_reader_stops_when_its_folder_is_rewritten_between_epochs(shard_dir, tmp_path):

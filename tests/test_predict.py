@@ -95,11 +95,11 @@ def test_submission_has_one_row_per_test_id_in_written_order(trained_run, strate
     run, _, test = trained_run
     out = tmp_path / "submission.csv"
     # per-replica batch 5 on 40 records: a partial last batch, and on 8 replicas blank padding batches
-    df = predict(run, test, str(out), strategy=strategy, replicas=replicas, batch_size=5)
+    df = predict(run, test, str(out), strategy=strategy, replicas=replicas, batch_size=5, swa=False)
     assert list(df.columns) == ["image", "labels"]
     assert list(df["image"]) == tfpipe.image_names(test) and df["image"].is_unique and len(df) == 40
     assert pd.read_csv(out, keep_default_na=False).equals(df.fillna(""))
-    probs = predict(run, test, None, strategy=strategy, replicas=replicas, batch_size=5, probabilities=True)
+    probs = predict(run, test, None, strategy=strategy, replicas=replicas, batch_size=5, probabilities=True, swa=False)
     assert list(probs.columns) == ["image", "a", "b", "c"]
     # rows belong to their ids: the same as a plain forward pass over the records in written order
     model = load_model(f"{run}/model.keras")
@@ -260,6 +260,7 @@ def test_predict_on_its_own_training_shards_scores_the_held_out_fold_apart(train
         str(tmp_path / "both.csv"),
         probabilities=True,
         labels=True,
+        swa=False,  # the report's model: model.keras
         strategy="cpu",
         replicas=8,
         batch_size=1,
@@ -285,7 +286,10 @@ def test_predict_on_its_own_training_shards_scores_the_held_out_fold_apart(train
         f"scores on the images it trained on (they say nothing about unseen ones) ({trained['examples']} images)"
         in said
     )
-    assert "labels at the run's tuned thresholds (thresholds.json)" in said and "exact-match" in said
+    assert (
+        "labels at the run's thresholds tuned for model.keras, 1 view (thresholds.json)" in said
+        and "exact-match" in said
+    )
 
 
 def test_predict_scores_labeled_shards_it_did_not_train_on(trained_run, shard_dir, tmp_path, capsys):

@@ -79,9 +79,9 @@ def plan_cv(cfg: FitConfig, shards: Shards, folds: Sequence[int] | None, tta: in
     from train.inference import check_tta
 
     check_tta(tta)
-    if cfg.fold is not None:
-        raise TfpipeError(f"train.cv trains every fold: choose them with {option('folds')}, not {option('fold')}")
-    if cfg.preflight or cfg.strategy == "multiworker" or not cfg.report or cfg.resume and cfg.overwrite:
+    if cfg.fold is not None:  # from Python (the command's --fold is the folds' list)
+        raise TfpipeError("cross_validate trains a run for each fold of folds=[...]; leave FitConfig.fold out")
+    if cfg.preflight or cfg.strategy == "multiworker" or not cfg.report or (cfg.resume and cfg.overwrite):
         raise TfpipeError(_refused_setting(cfg))
     if not shards.num_folds:
         raise TfpipeError(f"{cfg.records}: written without folds; write the shards with --num-folds to cross-validate")
@@ -89,16 +89,16 @@ def plan_cv(cfg: FitConfig, shards: Shards, folds: Sequence[int] | None, tta: in
     wrong = [k for k in chosen if not 0 <= k < shards.num_folds]
     if wrong or not chosen or len(set(chosen)) != len(chosen):
         raise TfpipeError(
-            f"{option('folds')} {','.join(map(str, chosen)) or '(none)'}: {cfg.records} has folds "
+            f"{option('fold')} {','.join(map(str, chosen)) or '(none)'}: the folds of {cfg.records} are "
             f"0..{shards.num_folds - 1}; name each at most once"
         )
     decided = prepare(dataclasses.replace(cfg, fold=chosen[0]), shards)
-    twice = sorted(set(OOF_COLUMNS) & set(shards.classes))
+    twice = sorted(set(OOF_COLUMNS) & set(shards.classes or ()))
     if twice:
         raise TfpipeError(f"a class is named {twice[0]!r}, a column oof.csv has of its own; rename the class")
     assert shards.dataset_id is not None and decided.single_label is not None  # prepare refuses foreign shards
     return CVResult(
-        cfg.records, shards.dataset_id, shards.num_folds, tuple(chosen), tuple(shards.classes),
+        cfg.records, shards.dataset_id, shards.num_folds, tuple(chosen), tuple(shards.classes or ()),
         decided.single_label, tta, shared_settings(settings_of(decided)),
     )  # fmt: skip
 
@@ -121,7 +121,7 @@ def check_out_cv(cfg: FitConfig, plan: CVResult) -> None:
         return
     if CV_FILE not in names:
         raise TfpipeError(
-            f"{cfg.run} holds files train.cv did not write ({', '.join(names[:3])}); choose a new or empty "
+            f"{cfg.run}: it holds files train.cv did not write ({', '.join(names[:3])}); choose a new or empty "
             f"{option('run')} folder"
         )
     before = CVResult.load(cfg.run)
@@ -132,13 +132,13 @@ def check_out_cv(cfg: FitConfig, plan: CVResult) -> None:
             f"{cfg.run} already holds a cross-validation; pass {option('resume', True)} to continue it or "
             f"{option('overwrite', True)} to replace it, or choose another {option('run')} folder"
         )
-    elif before.finished:
-        raise TfpipeError(
-            f"{cfg.run} holds a finished cross-validation; {option('resume', True)} continues an interrupted one "
-            f"-- pass {option('overwrite', True)} to replace it"
-        )
     else:
         check_same_plan(cfg.run, before, plan)
+        if before.finished:
+            raise TfpipeError(
+                f"{cfg.run} holds a finished cross-validation; {option('resume', True)} continues an interrupted "
+                f"one -- pass {option('overwrite', True)} to replace it"
+            )
 
 
 def check_same_plan(cv: str, before: CVResult, plan: CVResult) -> None:
@@ -151,7 +151,9 @@ def check_same_plan(cv: str, before: CVResult, plan: CVResult) -> None:
     for what, old, new in (("folds", before.folds, plan.folds), ("tta", before.tta, plan.tta)):
         if old != new:
             raise TfpipeError(f"{cv} was started with {what} {old}, not {new}; {option('resume', True)} continues it")
-    changed = [k for k in sorted(set(before.settings) | set(plan.settings)) if before.settings.get(k) != plan.settings.get(k)]
+    changed = [
+        k for k in sorted(set(before.settings) | set(plan.settings)) if before.settings.get(k) != plan.settings.get(k)
+    ]
     if changed:
         k = changed[0]
         raise TfpipeError(
@@ -168,7 +170,7 @@ def replace_cv(cv: str, before: CVResult, names: Sequence[str]) -> None:
         if fs.isdir(run):
             replace_run(run, fs.listdir(run), progress=False)
             remove_if_empty(run)
-    own = [n for n in names if run_files.written_by_fit(n) or n.startswith("oof") and n.endswith(".csv")]
+    own = [n for n in names if run_files.written_by_fit(n) or (n.startswith("oof") and n.endswith(".csv"))]
     for name in sorted(own, key=lambda n: n == CV_FILE) + [CV_FILE]:
         if fs.exists(run_files.path(cv, name)) and not fs.isdir(run_files.path(cv, name)):
             fs.remove(run_files.path(cv, name))
@@ -194,7 +196,7 @@ def train_fold(cfg: FitConfig, plan: CVResult, fold: int, index: int, strategy: 
     auc = report["roc_auc_macro"]
     print(
         f"{where}: validation AUC {'-' if auc is None else f'{auc:.4f}'} (exact, {describe(False, 1)}), "
-        f"exact-match {report['exact_match']:.3f} on {report['examples']} images, {time.perf_counter() - begun:.0f} s",
+        f"exact-match {report['exact_match']:.3f} on {report['examples']} image{'s' * (report['examples'] != 1)}, {time.perf_counter() - begun:.0f} s",
         flush=True,
     )
 
@@ -238,9 +240,7 @@ def oof_scores(cfg: FitConfig, plan: CVResult, strategy: tf.distribute.Strategy,
     return result
 
 
-def oof_thresholds_now(
-    cfg: FitConfig, plan: CVResult, found: Predictions, swa: bool
-) -> tuple[list[float], str | None]:
+def oof_thresholds_now(cfg: FitConfig, plan: CVResult, found: Predictions, swa: bool) -> tuple[list[float], str | None]:
     """Thresholds tuned on the OOF predictions ``found`` and recorded in the CV folder (none for single-label
     runs, labelled by argmax), and their file's name."""
     if plan.single_label:
@@ -260,11 +260,15 @@ def oof_line(plan: CVResult, m: ModelScores, n: int) -> str:
 
     auc = m.scores["roc_auc_macro"]
     spread = m.spread().get("roc_auc_macro")
-    folds = f"; fold AUC {spread['mean']:.4f} +- {spread['sd']:.4f} ({spread['min']:.4f}..{spread['max']:.4f})"
+    folds = (
+        f"; fold AUC {spread['mean']:.4f} +- {spread['sd']:.4f} ({spread['min']:.4f}..{spread['max']:.4f})"
+        if spread
+        else ""
+    )
     return (
-        f"{PROG}: OOF of {describe(m.model == run_files.MODEL_SWA, m.views)} ({n} images, "
+        f"{PROG}: OOF of {describe(m.model == run_files.MODEL_SWA, m.views)} ({n} image{'s' * (n != 1)}, "
         f"{described_folds(plan.folds)}): AUC {'-' if auc is None else f'{auc:.4f}'} (exact, macro), "
-        f"{headline(m.scores)} at thresholds tuned on them{folds if spread else ''}"
+        f"{headline(m.scores)} at thresholds tuned on them{folds}"
     )
 
 

@@ -1,9 +1,9 @@
 """Cross-validate: train every fold of the shards in turn, score the out-of-fold predictions, tune thresholds on them.
 
     python -m train.cv --records records/demo/train --run runs/cv --strategy cpu --replicas 8 \
-        --model small-cnn --epochs 4 [--folds 0,1,2] [--tta 2]
+        --model small-cnn --epochs 4 [--fold 0,1,2] [--tta 2]
 
-Takes every flag of ``train.fit`` (but ``--fold``). ``CV_DIR/fold-K`` is a normal run folder for each fold
+Takes every flag of ``train.fit``; ``--fold`` names the validation folds to train a run for (default: all). ``CV_DIR/fold-K`` is a normal run folder for each fold
 (``train.predict --run CV_DIR/fold-K`` works on it); ``CV_DIR/oof.csv`` holds every validation image once,
 predicted by the model of the fold it validated in; ``CV_DIR/cv.json`` the OOF scores (AUC, exact-match, F1 at
 thresholds tuned on the OOF predictions, ``thresholds.json``) and each fold's. ``--resume`` continues with the
@@ -48,8 +48,10 @@ def cross_validate(cfg: FitConfig, folds: Sequence[int] | None = None, tta: int 
 
 def build_parser() -> ArgumentParser:
     p = fit_parser("python -m train.cv", (__doc__ or "").split("\n\n")[0])
+    fold = next(a for a in p._actions if "--fold" in a.option_strings)  # train.fit's: one validation fold
+    fold.type, fold.metavar = _fold_list, "K,K,..."
+    fold.help = "the validation folds to train a run for, one after another, e.g. 0,1,2 (default: every fold)"
     group = p.add_argument_group("cross-validation")
-    group.add_argument("--folds", type=_fold_list, help="the folds to train, e.g. 0,1,2 (default: every fold)")
     group.add_argument(
         "--tta",
         type=int,
@@ -70,11 +72,12 @@ def _fold_list(text: str) -> list[int]:
 def run_command(args: argparse.Namespace) -> None:
     if args.records is None:
         raise TfpipeError(f"{option('records')} names the shard folder to cross-validate (written with --num-folds)")
+    folds, args.fold = args.fold, None  # the CV's folds; each fold's run gets its own
     cfg = config_from_args(args)
     check_inputs(cfg)
-    result = cross_validate(cfg, args.folds, args.tta)
+    result = cross_validate(cfg, folds, args.tta)
     print(
-        f"train.cv: {len(result.folds)} folds -> {cfg.run} (cv.json, {result.scores_of(False).oof}); predict with "  # type: ignore[union-attr]
+        f"train.cv: {len(result.folds)} fold{'s' * (len(result.folds) != 1)} -> {cfg.run} (cv.json, {result.scores_of(False).oof}); predict with "  # type: ignore[union-attr]
         f"the fold ensemble: python -m train.predict --run {cfg.run} --records ...",
         flush=True,
     )

@@ -154,16 +154,17 @@ def from_dict(data: Any, p: str) -> CVResult:
     """Validates a ``cv.json``'s content (``p`` names it in errors)."""
     if not isinstance(data, dict):
         raise TfpipeError(f"{p}: not a JSON object; the CV folder is damaged")
-    version = data.get("cv_version")
+    version: Any = data.get("cv_version")
     _check(p, data, "cv_version", type(version) is int and version >= 1, "must be a whole number >= 1")
     if version > CV_VERSION:
         raise TfpipeError(f"{p}: CV version {version} was written by a newer tfpipe; upgrade tfpipe")
-    n, folds = data.get("num_folds"), data.get("folds")
+    n: Any = data.get("num_folds")
+    folds: Any = data.get("folds")
     _check(p, data, "num_folds", type(n) is int and n >= 2, "must be a whole number >= 2")
     _check(p, data, "folds", _fold_list(folds, n), f"must list distinct folds in 0..{n - 1}")
     for key in ("records", "dataset_id"):
         _check(p, data, key, isinstance(data.get(key), str) and bool(data[key]), "must be a non-empty string")
-    classes = data.get("classes")
+    classes: Any = data.get("classes")
     _check(p, data, "classes", _names(classes), "must list the class names")
     _check(p, data, "single_label", type(data.get("single_label")) is bool, "must be true or false")
     _check(p, data, "tta", type(data.get("tta")) is int and 1 <= data["tta"] <= 8, "must be in 1..8")
@@ -209,7 +210,7 @@ def _model(data: Any, p: str) -> ModelScores:
     thresholds = data.get("thresholds")
     _check(p, data, "thresholds", thresholds is None or _plain_name(thresholds), "must name a file in the CV folder")
     _check(p, data, "scores", isinstance(data.get("scores"), dict), "must be an object")
-    folds = data.get("folds")
+    folds: Any = data.get("folds")
     _check(p, data, "folds", isinstance(folds, list), "must list the folds' scores")
     return ModelScores(
         data["model"], data["views"], data["oof"], thresholds, data["scores"], tuple(_fold(f, p) for f in folds)

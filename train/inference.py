@@ -24,7 +24,7 @@ else:
 import tensorflow as tf
 
 import tfpipe
-from tfpipe import console, fs
+from tfpipe import console
 from tfpipe.deprecations import renamed_arguments
 from tfpipe.errors import TfpipeError, check_count, check_fraction, check_path, in_command, option
 from tfpipe.shards import Records, Shards
@@ -37,8 +37,6 @@ from train.run_model import check_model_present as check_model_present
 from train.run_model import load_model as load_model  # train.predict hands it out (tfpipe 1.0's name)
 from train.run_model import load_run
 from train.strategy import quick_teardown, resolve_strategy
-from train.tuning import Predictor, describe
-from train.tuning import tune_thresholds as tune_thresholds  # tfpipe 1.0's place of it
 from train.submission import (
     check_column_names,
     check_destination,
@@ -48,6 +46,8 @@ from train.submission import (
     submission_table,
     write_submission,
 )
+from train.tuning import Predictor, describe
+from train.tuning import tune_thresholds as tune_thresholds  # tfpipe 1.0's place of it
 
 ZOOM = 0.875  # TTA crops keep 87.5% of the side (the usual 224/256)
 # TTA views, in order: (crop box [y1, x1, y2, x2] in relative coordinates, horizontal flip).
@@ -203,7 +203,9 @@ def predict(
     ids = tfpipe.image_names(shards)
     check_ids_once(ids, records)
     batch_size = _batch_for(_num_examples(shards, records), batch_size, strat.num_replicas_in_sync, progress)
-    probs = np.mean([_member_probabilities(strat, m, target.swa, shards, batch_size, tta, progress) for m in target.members], axis=0)
+    probs = np.mean(
+        [_member_probabilities(strat, m, target.swa, shards, batch_size, tta, progress) for m in target.members], axis=0
+    )
     df = submission_table(probs, ids, id_column, config, thresholds if labels else None, probabilities)
     shards.check_unchanged()  # before any score is printed: the predictions are of the shards that were opened
     if shards.labeled:
@@ -266,7 +268,10 @@ def validation_predictor(
         model, config = _load_for(strategy, run, config, swa, progress)
         n = tfpipe.count_examples(records, folds)
         if progress:
-            print(f"{prog}: predicting the {n} validation images of {run} with {describe(swa, views)}", flush=True)
+            print(
+                f"{prog}: predicting the validation image{'s' * (n != 1)} of {run} ({n}) with {describe(swa, views)}",
+                flush=True,
+            )
         return predict_probabilities(
             model,
             records,

@@ -23,8 +23,8 @@ from tfpipe.shards import Records
 from train import evaluation, plots
 from train import run as run_files
 from train.inference import predict_probabilities
-from train.tuning import tune_thresholds
 from train.submission import labels_at
+from train.tuning import tune_thresholds
 
 if TYPE_CHECKING:
     import tensorflow as tf

@@ -169,7 +169,7 @@ def tuned_thresholds(
     except (OSError, TfpipeError) as e:
         kept = f"not recorded ({folder} cannot be written: {str(e)[:60]}); tuned again next time"
     print(
-        f"{prog}: thresholds for {describe(swa, views)} tuned on {len(found.probs)} images predicted alike {kept}",
+        f"{prog}: thresholds for {describe(swa, views)} tuned on {len(found.probs)} image{'s' * (len(found.probs) != 1)} predicted alike {kept}",
         flush=True,
     )
     return thresholds

@@ -1,0 +1,236 @@
+"""Cross-validation (issue #51): every fold trained in one process (train.cv), the out-of-fold predictions and
+their scores, thresholds tuned for the model and views that predict, the fold ensemble, blending. One CV of the
+demo's shapes (3 folds, 16 px, SWA) is trained once and shared."""
+
+import dataclasses
+import json
+import os
+import shutil
+
+import numpy as np
+import pandas as pd
+import pytest
+
+
+@pytest.fixture(scope="session")
+def cv_shards(tmp_path_factory):
+    """The demo's shapes at 16 px: 150 labeled images in 3 folds, and 40 labeled held-back images."""
+    import tfpipe
+    from tfpipe.demo import make_demo
+
+    root = tmp_path_factory.mktemp("cvdemo")
+    make_demo(str(root / "data"), train=190, test=0)
+    table = pd.read_csv(root / "data" / "train.csv", dtype=str, keep_default_na=False)
+    table[:150].to_csv(root / "train.csv", index=False)
+    table[150:].to_csv(root / "heldback.csv", index=False)
+    spec = tfpipe.ImageSpec(image_size=16)
+    out = {}
+    for name, folds in (("train", 3), ("heldback", 0)):
+        source = tfpipe.Source(str(root / "data" / "images"), csv=str(root / f"{name}.csv"))
+        out[name] = str(root / name)
+        tfpipe.write_shards(source, out[name], spec=spec, num_folds=folds, workers=0, progress=False)
+    return out
+
+
+def cv_config(records, run, **changes):
+    from tfpipe.augment import NO_AUGMENT
+    from train.config import FitConfig
+
+    settings = dict(records=records, run=run, strategy="cpu", model="small-cnn", batch_size=16, epochs=2, lr=3e-3)
+    settings.update(steps_per_execution=2, swa_epochs=1, augment=NO_AUGMENT, verbose=0, seed=3, **changes)
+    return FitConfig(**settings)
+
+
+@pytest.fixture(scope="session")
+def cv_run(cv_shards, tmp_path_factory):
+    """A finished CV of every fold; (folder, its CVResult)."""
+    from train.cv import cross_validate
+
+    folder = str(tmp_path_factory.mktemp("cv") / "cv")
+    return folder, cross_validate(cv_config(cv_shards["train"], folder))
+
+
+def test_oof_holds_every_image_once_scored_by_the_model_that_never_trained_on_it(cv_run, cv_shards):
+    import tfpipe
+    from sklearn.metrics import roc_auc_score
+    from train.run import load_digests
+
+    folder, result = cv_run
+    oof = pd.read_csv(os.path.join(folder, "oof.csv"), dtype={"image_digest": str}, keep_default_na=False)
+    assert sorted(oof["image_digest"]) == sorted(tfpipe.image_digests(cv_shards["train"]))  # each image once
+    for k in range(3):
+        trained = load_digests(os.path.join(folder, f"fold-{k}"))
+        rows = oof[oof["fold"] == k]
+        assert len(rows) and not set(rows["image_digest"]) & trained
+        assert set(rows["image_digest"]) == set(tfpipe.image_digests(cv_shards["train"], folds=[k]))
+    classes = list(result.classes)
+    truth = np.array([[c in labels.split() for c in classes] for labels in oof["labels"]])
+    both = [c for c in range(len(classes)) if 0 < truth[:, c].sum() < len(truth)]
+    expected = np.mean([roc_auc_score(truth[:, c], oof[classes[c]]) for c in both])
+    written = json.loads(open(os.path.join(folder, "cv.json")).read())
+    final = written["models"][0]
+    assert final["model"] == "model.keras" and final["views"] == 1
+    assert final["scores"]["roc_auc_macro"] == pytest.approx(expected, abs=1e-9)
+    assert [f["fold"] for f in final["folds"]] == [0, 1, 2] and sum(f["examples"] for f in final["folds"]) == 150
+    assert written["models"][1]["model"] == "model-swa.keras"  # SWA's OOF too, and the better one submits
+    better = max(written["models"], key=lambda m: m["scores"]["roc_auc_macro"])["model"]
+    assert written["submits"] == better
+
+
+def test_the_fold_ensemble_is_the_mean_of_the_fold_models_at_the_oof_thresholds(cv_run, cv_shards, capsys):
+    from train.predict import predict
+    from train.run import load_thresholds
+
+    folder, result = cv_run
+    common = dict(probabilities=True, labels=True, strategy="cpu", swa=False, progress=False)
+    ensemble = predict(folder, cv_shards["heldback"], "", **common)
+    classes = list(result.classes)
+    own = [predict(f"{folder}/fold-{k}", cv_shards["heldback"], "", **common)[classes].to_numpy() for k in range(3)]
+    np.testing.assert_allclose(ensemble[classes].to_numpy(), np.mean(own, axis=0), atol=1e-6)
+    thresholds = load_thresholds(folder, classes)  # tuned on oof.csv, not a fold's validation
+    assert thresholds != load_thresholds(f"{folder}/fold-0", classes)
+    expected = [" ".join(c for c, t in zip(classes, thresholds) if row[c] >= t) for _, row in ensemble.iterrows()]
+    assert list(ensemble["labels"]) == expected
+    scores = ensemble.attrs["evaluation"]
+    assert set(scores) == {"thresholds", "own_training_shards", "all"} and scores["all"]["examples"] == 40
+
+
+def test_thresholds_are_tuned_for_the_views_that_predict(cv_run, cv_shards, capsys):
+    """A run's --tta 2 labels at thresholds tuned on 2-view predictions of its validation images (recorded once,
+    then reused), not the report's single-view ones; the prediction at each view count used its own."""
+    from train.predict import predict
+    from train.run import load_thresholds
+
+    folder, result = cv_run
+    run = f"{folder}/fold-1"
+    classes = list(result.classes)
+    for views in (2, 1, 2):
+        df = predict(run, cv_shards["heldback"], "", tta=views, probabilities=True, labels=True, strategy="cpu",
+                     swa=False, progress=False)  # fmt: skip
+        used = load_thresholds(run, classes, views=views)
+        expected = [" ".join(c for c, t in zip(classes, used) if row[c] >= t) for _, row in df.iterrows()]
+        assert list(df["labels"]) == expected
+    said = capsys.readouterr().out
+    assert said.count("thresholds for model.keras, 2 TTA views tuned on 50 images") == 1  # tuned once, then read
+    assert load_thresholds(run, classes, views=2) != load_thresholds(run, classes, views=1)
+    validation = pd.read_csv(f"{run}/val_predictions-tta2.csv")
+    assert len(validation) == 50 and not np.allclose(
+        validation[classes], pd.read_csv(f"{run}/val_predictions.csv")[classes]
+    )
+
+
+def test_the_default_model_follows_validation_and_says_so(cv_run, cv_shards, capsys):
+    from train.predict import predict
+
+    folder, result = cv_run
+    df = predict(folder, cv_shards["heldback"], "", probabilities=True, strategy="cpu", progress=False)
+    chosen = result.submits
+    said = capsys.readouterr().out
+    other = "model.keras" if chosen == "model-swa.keras" else "model-swa.keras"
+    assert f"predicting with the fold models' {chosen}" in said and f"for {other}" in said
+    flag = chosen == "model-swa.keras"
+    again = predict(folder, cv_shards["heldback"], "", probabilities=True, strategy="cpu", progress=False, swa=flag)
+    pd.testing.assert_frame_equal(df, again)
+
+
+def test_a_cv_interrupted_in_its_last_fold_resumes_there(cv_run, cv_shards, tmp_path):
+    """Folds 0 and 1 finished, fold 2 stopped after its first epoch (Ctrl-C, a notebook's time limit): --resume
+    keeps the finished folds untouched and continues fold 2, ending with the folder an uninterrupted CV has."""
+    import tf_keras as keras
+    from train.cv import cross_validate
+    from train.cv_folder import CVResult
+
+    folder, _ = cv_run
+    copy = str(tmp_path / "cv")
+    shutil.copytree(folder, copy)
+    shutil.rmtree(f"{copy}/fold-2")
+    plan = CVResult.load(copy)
+    dataclasses.replace(plan, models=(), submits=None).save(copy)  # as while fold 2 trained
+    for name in os.listdir(copy):
+        if name.startswith(("oof", "thresholds")):
+            os.remove(f"{copy}/{name}")
+    kept = {k: os.stat(f"{copy}/fold-{k}/model.keras").st_mtime_ns for k in (0, 1)}
+
+    class Stop(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        cross_validate(cv_config(cv_shards["train"], copy, resume=True, callbacks=(Stop(),)))
+    assert sorted(os.listdir(f"{copy}/fold-2")).count("model.keras") == 0 and not CVResult.load(copy).finished
+    result = cross_validate(cv_config(cv_shards["train"], copy, resume=True))
+    assert result.finished and {k: os.stat(f"{copy}/fold-{k}/model.keras").st_mtime_ns for k in (0, 1)} == kept
+    assert sorted(os.listdir(copy)) == sorted(os.listdir(folder))
+    history = pd.read_csv(f"{copy}/fold-2/history.csv")
+    assert list(history["epoch"]) == [0, 1]  # each epoch once
+
+
+@pytest.mark.parametrize(
+    "change, line",
+    [
+        ({"folds": [0, 3]}, "--fold 0,3: the folds of {train} are 0..2"),
+        ({"settings": {"lr": 0.01}, "resume": True}, "was started with lr=0.003, not 0.01; a CV folder never mixes"),
+        ({"resume": True}, "holds a finished cross-validation; --resume continues an interrupted one"),
+        ({}, "already holds a cross-validation; pass --resume to continue it or --overwrite"),
+        ({"folds": [1, 1]}, "--fold 1,1: the folds of {train} are 0..2; name each at most once"),
+    ],
+    ids=["fold-out-of-range", "other-settings", "resume-finished", "no-resume", "fold-twice"],
+)
+def test_what_bad_input_gets(cv_run, cv_shards, capsys, change, line):
+    from train.cv import main
+
+    folder, _ = cv_run
+    before = {n: os.stat(f"{folder}/{n}").st_mtime_ns for n in os.listdir(folder)}
+    flags = {"lr": 0.003, **change.get("settings", {})}
+    argv = ["--records", cv_shards["train"], "--run", folder, "--strategy", "cpu", "--model", "small-cnn"]
+    argv += [a for k, v in flags.items() for a in (f"--{k}", str(v))]
+    argv += ["--resume"] * change.get("resume", False)
+    argv += ["--fold", ",".join(map(str, change["folds"]))] if "folds" in change else []
+    argv += ["--batch-size", "16", "--epochs", "2", "--steps-per-execution", "2", "--swa-epochs", "1"]
+    argv += ["--no-augment", "--seed", "3", "--verbose", "0"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and line.format(train=cv_shards["train"]) in err[0], err
+    assert {n: os.stat(f"{folder}/{n}").st_mtime_ns for n in os.listdir(folder)} == before  # nothing written
+
+
+def test_a_blend_is_the_weighted_mean_scored_on_oof_and_refuses_what_disagrees(cv_run, cv_shards, tmp_path, capsys):
+    """Two models of one dataset (the CV's final and SWA fold models): their OOF and test predictions blended
+    with weights 1:3 are the weighted means, labelled at thresholds tuned on the blended OOF; other classes or
+    other ids are one line each."""
+    from train.blend import main
+    from train.evaluation import score
+    from train.predict import predict
+    from train.tuning import tune_thresholds
+
+    folder, result = cv_run
+    classes = list(result.classes)
+    tests = []
+    for swa in (False, True):
+        tests.append(str(tmp_path / f"test-{swa}.csv"))
+        predict(folder, cv_shards["heldback"], tests[-1], probabilities=True, strategy="cpu", swa=swa, progress=False)
+    oofs = [f"{folder}/oof.csv", f"{folder}/oof-swa.csv"]
+    out = str(tmp_path / "blend.csv")
+    argv = ["--oof", *oofs, "--test", *tests, "--out", out, "--weights", "1,3", "--probabilities"]
+    assert main(argv) == 0
+    a, b = (pd.read_csv(p) for p in oofs)
+    mixed = 0.25 * a[classes].to_numpy() + 0.75 * b[classes].to_numpy()
+    truth = np.array([[c in str(row).split() for c in classes] for row in a["labels"].fillna("")], np.float32)
+    thresholds = tune_thresholds(mixed, truth, 0.5)
+    expected = score(mixed, truth, classes, thresholds, False)
+    said = capsys.readouterr().out
+    assert f"the blend (weights 0.250, 0.750): AUC {expected['roc_auc_macro']:.4f}" in said
+    written = pd.read_csv(out, keep_default_na=False)
+    ta, tb = (pd.read_csv(p)[classes].to_numpy() for p in tests)
+    blended = 0.25 * ta + 0.75 * tb
+    np.testing.assert_allclose(written[classes].to_numpy(), blended, atol=1e-6)
+    expected_labels = [" ".join(c for c, t, v in zip(classes, thresholds, row) if v >= t) for row in blended]
+    assert list(written["labels"]) == expected_labels
+    swapped = str(tmp_path / "swapped.csv")
+    b[["image_name", "image_digest", "fold", *classes[::-1], "labels"]].to_csv(swapped, index=False)
+    fewer = str(tmp_path / "fewer.csv")
+    b[1:].to_csv(fewer, index=False)
+    for bad, line in ((swapped, "classes"), (fewer, "the ids are not")):
+        assert main(["--oof", oofs[0], bad]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and bad in err[0] and line in err[0], err

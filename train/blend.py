@@ -1,0 +1,240 @@
+"""Blend: the weighted mean of several models' probabilities -- runs, CV folders, the PyTorch recipes' -- scored
+on their out-of-fold predictions, with thresholds tuned on the blend, and applied to their test predictions.
+
+    python -m train.blend --oof runs/cv-b0/oof.csv runs/cv-b3/oof-tta2.csv --weights 0.4,0.6 \
+        --test b0.csv b3.csv --out blend.csv
+
+``--oof`` files are ``train.cv``'s ``oof.csv`` (or any CSV with ``image_name``, one probability column per
+class and the true ``labels``); ``--test`` files are submissions written with ``--probabilities`` (the id column
+first, then one column per class), given in the same order. Rows are matched by id; the class columns must be the
+same, in the same order, and the ids the same set, else one line names the file. Each OOF's score and the
+blend's are printed (AUC, exact-match and F1 at thresholds tuned on the blended OOF predictions); the blended
+test predictions are labelled at those thresholds. No TensorFlow here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from tfpipe import fs
+from tfpipe.errors import ArgumentParser, TfpipeError, check_path, option, run_cli
+from train.cv_folder import OOF_COLUMNS
+from train.evaluation import headline, score
+
+LABELS = "labels"
+
+
+@dataclasses.dataclass(frozen=True)
+class Blend:
+    """What ``blend`` found: the weights (summing to 1), the class names, the thresholds tuned on the blended
+    OOF predictions, each input's OOF scores and the blend's (``train.evaluation.score``'s form), and the
+    blended test submission (None without test files)."""
+
+    weights: tuple[float, ...]
+    classes: tuple[str, ...]
+    thresholds: tuple[float, ...]
+    scores: tuple[dict[str, Any], ...]  # of each OOF file, at thresholds tuned on it
+    blended: dict[str, Any]
+    submission: Any = None  # a pandas DataFrame
+
+
+def blend(
+    oof: Sequence[str],
+    test: Sequence[str] = (),
+    out: str | None = None,
+    *,
+    weights: Sequence[float] | None = None,
+    single_label: bool = False,
+    probabilities: bool = False,
+    overwrite: bool = False,
+) -> Blend:
+    """Blends the OOF files ``oof`` (and, given, the test files ``test``, one per OOF file in the same order,
+    written to ``out``) with ``weights`` (default: equal). Example::
+
+        from train.blend import blend
+        found = blend(["runs/cv-a/oof.csv", "runs/cv-b/oof.csv"], ["a.csv", "b.csv"], "blend.csv", weights=[1, 2])
+        found.blended["roc_auc_macro"]
+    """
+    check_inputs(oof, test, out)
+    w = normalised(weights, len(oof))
+    tables = [read_table(p, oof=True) for p in oof]
+    classes, ids, truth = agreed(tables, oof, oof=True)
+    probs = [aligned(t, ids, classes) for t in tables]
+    alone = tuple(score(p, truth, classes, _tuned(p, truth, single_label), single_label) for p in probs)
+    mixed = np.tensordot(np.asarray(w), np.stack(probs), axes=1)
+    thresholds = _tuned(mixed, truth, single_label)
+    found = Blend(w, tuple(classes), tuple(thresholds), alone, score(mixed, truth, classes, thresholds, single_label))
+    if test:
+        found = dataclasses.replace(
+            found, submission=blend_test(test, out, found, single_label, probabilities, overwrite)
+        )
+    return found
+
+
+def _tuned(probs: Any, truth: Any, single_label: bool) -> list[float]:
+    from train.tuning import tune_thresholds
+
+    return [0.5] * probs.shape[1] if single_label else tune_thresholds(probs, truth, 0.5)
+
+
+def check_inputs(oof: Sequence[str], test: Sequence[str], out: str | None) -> None:
+    if len(oof) < 2:
+        raise TfpipeError(f"a blend needs the OOF predictions of at least two models ({option('oof')}; got {len(oof)})")
+    if test and len(test) != len(oof):
+        raise TfpipeError(
+            f"{option('test')}: {len(test)} test file{'s' * (len(test) != 1)} for {len(oof)} OOF file"
+            f"{'s' * (len(oof) != 1)}; give each model's test predictions, in the same order"
+        )
+    if test and not out:
+        raise TfpipeError(f"{option('test')} blends test predictions: {option('out')} names the CSV to write")
+    check_path(out=out)
+
+
+def normalised(weights: Sequence[float] | None, n: int) -> tuple[float, ...]:
+    """The weights as given, scaled to sum to 1 (equal when None); each must be a number >= 0, some above 0."""
+    if weights is None:
+        return (1 / n,) * n
+    if len(weights) != n or not all(isinstance(x, (int, float)) and np.isfinite(x) and x >= 0 for x in weights):
+        raise TfpipeError(f"{option('weights')} takes {n} numbers >= 0, one a file (got {list(weights)})")
+    total = float(sum(weights))
+    if total <= 0:
+        raise TfpipeError(f"{option('weights')} are all 0; give some weight")
+    return tuple(float(x) / total for x in weights)
+
+
+def read_table(path: str, oof: bool) -> Any:
+    """A probabilities CSV: an OOF file (``image_name`` ... ``labels``) or a submission with ``--probabilities``
+    (the id column first), as a DataFrame indexed by id with only its class columns (and, for OOF, labels)."""
+    import pandas as pd
+
+    if not fs.exists(path):
+        raise TfpipeError(f"{path} does not exist")
+    with fs.open(path) as f:
+        try:
+            table = pd.read_csv(f, dtype=str, keep_default_na=False)
+        except (ValueError, pd.errors.ParserError) as e:
+            raise TfpipeError(f"{path}: not a CSV file ({str(e)[:80]})") from None
+    key = "image_name" if oof else table.columns[0] if len(table.columns) else None
+    if key not in table.columns or (oof and LABELS not in table.columns):
+        what = f"image_name and {LABELS} columns (train.cv's oof.csv)" if oof else "an id column and class columns"
+        raise TfpipeError(f"{path}: not a predictions file: no {what}")
+    if table[key].duplicated().any():
+        raise TfpipeError(f"{path}: the id {table[key][table[key].duplicated()].iloc[0]!r} is in two rows")
+    dropped = [c for c in table.columns if c in OOF_COLUMNS and (c != LABELS or not oof) or c == key]
+    return table.drop(columns=dropped).set_index(pd.Index(table[key], name=key))
+
+
+def agreed(tables: Sequence[Any], paths: Sequence[str], oof: bool) -> tuple[list[str], list[str], Any]:
+    """The class names, ids (the first file's order) and, for OOF files, the multi-hot truth: the same in every
+    file, else one line naming the first that differs."""
+    first = tables[0]
+    classes = [c for c in first.columns if c != LABELS]
+    if not classes:
+        raise TfpipeError(f"{paths[0]}: no probability columns")
+    ids = list(first.index)
+    for table, path in zip(tables[1:], paths[1:]):
+        theirs = [c for c in table.columns if c != LABELS]
+        if theirs != classes:
+            raise TfpipeError(
+                f"{path}: classes {', '.join(theirs[:6])} are not {paths[0]}'s ({', '.join(classes[:6])})"
+            )
+        missing = sorted(set(ids) ^ set(table.index))
+        if missing:
+            raise TfpipeError(f"{path}: the ids are not {paths[0]}'s (e.g. {missing[0]!r} is in one only)")
+        if oof and list(table.loc[ids, LABELS]) != list(first[LABELS]):
+            bad = next(i for i in ids if table.loc[i, LABELS] != first.loc[i, LABELS])
+            raise TfpipeError(f"{path}: the labels of {bad!r} are not {paths[0]}'s; these are not OOF of one dataset")
+    truth = np.array([[c in set(row.split()) for c in classes] for row in first[LABELS]], np.float32) if oof else None
+    return classes, ids, truth
+
+
+def aligned(table: Any, ids: Sequence[str], classes: Sequence[str]) -> Any:
+    """The probabilities [N, C] of ``table`` in the order of ``ids``, checked to be probabilities."""
+    import pandas as pd
+
+    values = table.loc[list(ids), list(classes)].apply(pd.to_numeric, errors="coerce").to_numpy(np.float64)
+    if not np.all((values >= 0) & (values <= 1)):
+        raise TfpipeError("a value that is not a probability in [0, 1] (or not a number) in the blend's inputs")
+    return values
+
+
+def blend_test(
+    test: Sequence[str], out: str | None, found: Blend, single_label: bool, probabilities: bool, overwrite: bool
+) -> Any:
+    """The blended test predictions, labelled at the blend's thresholds, written to ``out``."""
+    import pandas as pd
+
+    from train.submission import check_destination, labels_at, write_submission
+
+    assert out is not None
+    check_destination(out, overwrite)
+    tables = [read_table(p, oof=False) for p in test]
+    classes, ids, _ = agreed(tables, test, oof=False)
+    if classes != list(found.classes):
+        raise TfpipeError(f"{test[0]}: its classes are not the OOF files' ({', '.join(found.classes[:6])})")
+    mixed = np.tensordot(np.asarray(found.weights), np.stack([aligned(t, ids, classes) for t in tables]), axes=1)
+    df = pd.DataFrame({tables[0].index.name: ids})  # the first file's id column, as it names it
+    df[LABELS] = labels_at(mixed, classes, found.thresholds, single_label)
+    if probabilities:
+        df = pd.concat([df, pd.DataFrame(mixed.astype(np.float32), columns=classes)], axis=1)
+    write_submission(out, df.to_csv(index=False), overwrite)
+    return df
+
+
+def lines(found: Blend, oof: Sequence[str]) -> list[str]:
+    """What the command prints: each OOF file's score, then the blend's."""
+
+    def auc(s: dict[str, Any]) -> str:
+        return "-" if s["roc_auc_macro"] is None else f"{s['roc_auc_macro']:.4f}"
+
+    said = [f"train.blend: {p}: AUC {auc(s)} (exact, macro), {headline(s)}" for p, s in zip(oof, found.scores)]
+    weights = ", ".join(f"{w:.3f}" for w in found.weights)
+    said.append(
+        f"train.blend: the blend (weights {weights}): AUC {auc(found.blended)} (exact, macro), {headline(found.blended)}"
+        " (each at thresholds tuned on its own OOF predictions)"
+    )
+    return said
+
+
+def build_parser() -> ArgumentParser:
+    p = ArgumentParser(prog="python -m train.blend", description=(__doc__ or "").split("\n\n")[0])
+    p.add_argument("--oof", nargs="+", required=True, help="OOF files (train.cv's oof.csv), one a model")
+    p.add_argument("--test", nargs="+", default=[], help="test predictions (--probabilities), one an OOF file")
+    p.add_argument("--out", help="the blended submission to write (with --test)")
+    p.add_argument("--weights", type=_numbers, help="one weight a file, e.g. 0.4,0.6 (default: equal)")
+    p.add_argument("--single-label", action="store_true", help="labels by argmax (one class an image)")
+    p.add_argument("--probabilities", action="store_true", help="the blended probabilities after the labels")
+    p.add_argument("--overwrite", action="store_true", help="replace --out whatever it holds")
+    return p
+
+
+def _numbers(text: str) -> list[float]:
+    try:
+        return [float(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"numbers separated by commas (e.g. 0.4,0.6), not {text!r}") from None
+
+
+def run_command(args: argparse.Namespace) -> None:
+    found = blend(
+        args.oof, args.test, args.out, weights=args.weights, single_label=args.single_label,
+        probabilities=args.probabilities, overwrite=args.overwrite,
+    )  # fmt: skip
+    print("\n".join(lines(found, args.oof)), flush=True)
+    if args.test:
+        n = len(found.submission)
+        print(f"train.blend: wrote {n} row{'s' * (n != 1)} -> {args.out}", flush=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_cli("train.blend", run_command, build_parser().parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
