@@ -25,7 +25,7 @@ def cv_shards(tmp_path_factory):
     table[150:].to_csv(root / "heldback.csv", index=False)
     spec = tfpipe.ImageSpec(image_size=16)
     out = {}
-    for name, folds in (("train", 3), ("heldback", 0)):
+    for name, folds in (("train", 3), ("heldback", None)):
         source = tfpipe.Source(str(root / "data" / "images"), csv=str(root / f"{name}.csv"))
         out[name] = str(root / name)
         tfpipe.write_shards(source, out[name], spec=spec, num_folds=folds, workers=0, progress=False)
@@ -36,7 +36,15 @@ def cv_config(records, run, **changes):
     from tfpipe.augment import NO_AUGMENT
     from train.config import FitConfig
 
-    settings = dict(records=records, run=run, strategy="cpu", model="small-cnn", batch_size=16, epochs=2, lr=3e-3)
+    settings = {
+        "records": records,
+        "run": run,
+        "strategy": "cpu",
+        "model": "small-cnn",
+        "batch_size": 16,
+        "epochs": 2,
+        "lr": 3e-3,
+    }
     settings.update(steps_per_execution=2, swa_epochs=1, augment=NO_AUGMENT, verbose=0, seed=3, **changes)
     return FitConfig(**settings)
 
@@ -51,8 +59,9 @@ def cv_run(cv_shards, tmp_path_factory):
 
 
 def test_oof_holds_every_image_once_scored_by_the_model_that_never_trained_on_it(cv_run, cv_shards):
-    import tfpipe
     from sklearn.metrics import roc_auc_score
+
+    import tfpipe
     from train.run import load_digests
 
     folder, result = cv_run
@@ -82,7 +91,7 @@ def test_the_fold_ensemble_is_the_mean_of_the_fold_models_at_the_oof_thresholds(
     from train.run import load_thresholds
 
     folder, result = cv_run
-    common = dict(probabilities=True, labels=True, strategy="cpu", swa=False, progress=False)
+    common = {"probabilities": True, "labels": True, "strategy": "cpu", "swa": False, "progress": False}
     ensemble = predict(folder, cv_shards["heldback"], "", **common)
     classes = list(result.classes)
     own = [predict(f"{folder}/fold-{k}", cv_shards["heldback"], "", **common)[classes].to_numpy() for k in range(3)]
@@ -98,6 +107,7 @@ def test_the_fold_ensemble_is_the_mean_of_the_fold_models_at_the_oof_thresholds(
 def test_thresholds_are_tuned_for_the_views_that_predict(cv_run, cv_shards, capsys):
     """A run's --tta 2 labels at thresholds tuned on 2-view predictions of its validation images (recorded once,
     then reused), not the report's single-view ones; the prediction at each view count used its own."""
+    import tfpipe
     from train.predict import predict
     from train.run import load_thresholds
 
@@ -111,10 +121,11 @@ def test_thresholds_are_tuned_for_the_views_that_predict(cv_run, cv_shards, caps
         expected = [" ".join(c for c, t in zip(classes, used) if row[c] >= t) for _, row in df.iterrows()]
         assert list(df["labels"]) == expected
     said = capsys.readouterr().out
-    assert said.count("thresholds for model.keras, 2 TTA views tuned on 50 images") == 1  # tuned once, then read
+    n = tfpipe.count_examples(cv_shards["train"], folds=[1])
+    assert said.count(f"thresholds for model.keras, 2 TTA views tuned on {n} images") == 1  # tuned once, then read
     assert load_thresholds(run, classes, views=2) != load_thresholds(run, classes, views=1)
     validation = pd.read_csv(f"{run}/val_predictions-tta2.csv")
-    assert len(validation) == 50 and not np.allclose(
+    assert len(validation) == n and not np.allclose(
         validation[classes], pd.read_csv(f"{run}/val_predictions.csv")[classes]
     )
 
@@ -123,8 +134,9 @@ def test_the_default_model_follows_validation_and_says_so(cv_run, cv_shards, cap
     from train.predict import predict
 
     folder, result = cv_run
-    df = predict(folder, cv_shards["heldback"], "", probabilities=True, strategy="cpu", progress=False)
+    df = predict(folder, cv_shards["heldback"], "", probabilities=True, strategy="cpu")
     chosen = result.submits
+    assert df.attrs["model"] == f"the mean of 3 fold models ({chosen}, 1 view each)"
     said = capsys.readouterr().out
     other = "model.keras" if chosen == "model-swa.keras" else "model-swa.keras"
     assert f"predicting with the fold models' {chosen}" in said and f"for {other}" in said
@@ -137,6 +149,7 @@ def test_a_cv_interrupted_in_its_last_fold_resumes_there(cv_run, cv_shards, tmp_
     """Folds 0 and 1 finished, fold 2 stopped after its first epoch (Ctrl-C, a notebook's time limit): --resume
     keeps the finished folds untouched and continues fold 2, ending with the folder an uninterrupted CV has."""
     import tf_keras as keras
+
     from train.cv import cross_validate
     from train.cv_folder import CVResult
 

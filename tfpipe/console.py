@@ -343,3 +343,8 @@ def saying(prefix: str, line: str | None, still: str, enabled: bool = True) -> I
         print(f"{prefix}: {line}", flush=True)
     with heartbeat(prefix, still):
         yield
+
+
+def counted(n: int, noun: str) -> str:
+    """``1 image`` / ``3 images``: a count and its noun, in the plural unless it is one."""
+    return f"{n} {noun}{'s' * (n != 1)}"

@@ -126,7 +126,7 @@ def read_table(path: str, oof: bool) -> Any:
         raise TfpipeError(f"{path}: not a predictions file: no {what}")
     if table[key].duplicated().any():
         raise TfpipeError(f"{path}: the id {table[key][table[key].duplicated()].iloc[0]!r} is in two rows")
-    dropped = [c for c in table.columns if c in OOF_COLUMNS and (c != LABELS or not oof) or c == key]
+    dropped = [c for c in table.columns if (c in OOF_COLUMNS and (c != LABELS or not oof)) or c == key]
     return table.drop(columns=dropped).set_index(pd.Index(table[key], name=key))
 
 
@@ -196,8 +196,8 @@ def lines(found: Blend, oof: Sequence[str]) -> list[str]:
     said = [f"train.blend: {p}: AUC {auc(s)} (exact, macro), {headline(s)}" for p, s in zip(oof, found.scores)]
     weights = ", ".join(f"{w:.3f}" for w in found.weights)
     said.append(
-        f"train.blend: the blend (weights {weights}): AUC {auc(found.blended)} (exact, macro), {headline(found.blended)}"
-        " (each at thresholds tuned on its own OOF predictions)"
+        f"train.blend: the blend (weights {weights}): AUC {auc(found.blended)} (exact, macro), "
+        f"{headline(found.blended)} (each at thresholds tuned on its own OOF predictions)"
     )
     return said
 

@@ -21,6 +21,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfpipe import fs
+from tfpipe.console import counted
 from tfpipe.errors import TfpipeError, option
 from tfpipe.locks import LOCK, locked_folder
 from tfpipe.shards import Shards, open_shards
@@ -196,7 +197,8 @@ def train_fold(cfg: FitConfig, plan: CVResult, fold: int, index: int, strategy: 
     auc = report["roc_auc_macro"]
     print(
         f"{where}: validation AUC {'-' if auc is None else f'{auc:.4f}'} (exact, {describe(False, 1)}), "
-        f"exact-match {report['exact_match']:.3f} on {report['examples']} image{'s' * (report['examples'] != 1)}, {time.perf_counter() - begun:.0f} s",
+        f"exact-match {report['exact_match']:.3f} on {counted(report['examples'], 'image')}, "
+        f"{time.perf_counter() - begun:.0f} s",
         flush=True,
     )
 
@@ -266,7 +268,7 @@ def oof_line(plan: CVResult, m: ModelScores, n: int) -> str:
         else ""
     )
     return (
-        f"{PROG}: OOF of {describe(m.model == run_files.MODEL_SWA, m.views)} ({n} image{'s' * (n != 1)}, "
+        f"{PROG}: OOF of {describe(m.model == run_files.MODEL_SWA, m.views)} ({counted(n, 'image')}, "
         f"{described_folds(plan.folds)}): AUC {'-' if auc is None else f'{auc:.4f}'} (exact, macro), "
         f"{headline(m.scores)} at thresholds tuned on them{folds}"
     )

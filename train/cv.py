@@ -3,12 +3,13 @@
     python -m train.cv --records records/demo/train --run runs/cv --strategy cpu --replicas 8 \
         --model small-cnn --epochs 4 [--fold 0,1,2] [--tta 2]
 
-Takes every flag of ``train.fit``; ``--fold`` names the validation folds to train a run for (default: all). ``CV_DIR/fold-K`` is a normal run folder for each fold
-(``train.predict --run CV_DIR/fold-K`` works on it); ``CV_DIR/oof.csv`` holds every validation image once,
-predicted by the model of the fold it validated in; ``CV_DIR/cv.json`` the OOF scores (AUC, exact-match, F1 at
-thresholds tuned on the OOF predictions, ``thresholds.json``) and each fold's. ``--resume`` continues with the
-unfinished fold. Then ``python -m train.predict --run CV_DIR ...`` predicts with the fold ensemble. This module
-is the command line and imports no TensorFlow; ``cross_validate`` runs the engine in ``train.cross_validation``.
+Takes every flag of ``train.fit``; ``--fold`` names the validation folds to train a run for (default: all).
+``CV_DIR/fold-K`` is a normal run folder for each fold (``train.predict --run CV_DIR/fold-K`` works on it);
+``CV_DIR/oof.csv`` holds every validation image once, predicted by the model of the fold it validated in;
+``CV_DIR/cv.json`` the OOF scores (AUC, exact-match, F1 at thresholds tuned on the OOF predictions,
+``thresholds.json``) and each fold's. ``--resume`` continues with the unfinished fold. Then
+``python -m train.predict --run CV_DIR ...`` predicts with the fold ensemble. This module is the command line
+and imports no TensorFlow; ``cross_validate`` runs the engine in ``train.cross_validation``.
 """
 
 from __future__ import annotations
@@ -18,9 +19,10 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from tfpipe.console import quiet_call
+from tfpipe.console import counted, quiet_call
 from tfpipe.errors import ArgumentParser, TfpipeError, option, run_cli
 from train.config import FitConfig
+from train.cv_folder import oof_name
 from train.fit import build_parser as fit_parser
 from train.fit import check_inputs, config_from_args
 from train.names import TTA_VIEW_COUNT
@@ -77,8 +79,8 @@ def run_command(args: argparse.Namespace) -> None:
     check_inputs(cfg)
     result = cross_validate(cfg, folds, args.tta)
     print(
-        f"train.cv: {len(result.folds)} fold{'s' * (len(result.folds) != 1)} -> {cfg.run} (cv.json, {result.scores_of(False).oof}); predict with "  # type: ignore[union-attr]
-        f"the fold ensemble: python -m train.predict --run {cfg.run} --records ...",
+        f"train.cv: {counted(len(result.folds), 'fold')} -> {cfg.run} (cv.json, {oof_name(False, result.tta)}); "
+        f"predict with the fold ensemble: python -m train.predict --run {cfg.run} --records ...",
         flush=True,
     )
 

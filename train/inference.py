@@ -25,6 +25,7 @@ import tensorflow as tf
 
 import tfpipe
 from tfpipe import console
+from tfpipe.console import counted
 from tfpipe.deprecations import renamed_arguments
 from tfpipe.errors import TfpipeError, check_count, check_fraction, check_path, in_command, option
 from tfpipe.shards import Records, Shards
@@ -207,6 +208,7 @@ def predict(
         [_member_probabilities(strat, m, target.swa, shards, batch_size, tta, progress) for m in target.members], axis=0
     )
     df = submission_table(probs, ids, id_column, config, thresholds if labels else None, probabilities)
+    df.attrs["model"] = target.describe(tta)  # which model and views the predictions are of
     shards.check_unchanged()  # before any score is printed: the predictions are of the shards that were opened
     if shards.labeled:
         seen = None if target.cv else seen_rows(run, ids, shards)  # every image of a CV's shards was trained on
@@ -269,7 +271,7 @@ def validation_predictor(
         n = tfpipe.count_examples(records, folds)
         if progress:
             print(
-                f"{prog}: predicting the validation image{'s' * (n != 1)} of {run} ({n}) with {describe(swa, views)}",
+                f"{prog}: predicting {run}'s {counted(n, 'validation image')} with {describe(swa, views)}",
                 flush=True,
             )
         return predict_probabilities(

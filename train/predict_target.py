@@ -83,7 +83,7 @@ def cv_choice(cv: CVResult, swa: bool | None) -> tuple[bool, str | None]:
         return bool(swa), None
     chosen = cv.submits == run_files.MODEL_SWA
     auc = final.scores.get("roc_auc_macro"), averaged.scores.get("roc_auc_macro")
-    return chosen, "the fold models' " + choice_line(chosen, auc[0], auc[1], "OOF").replace("predicting with ", "", 1)
+    return chosen, choice_line(chosen, auc[0], auc[1], "OOF", whose="the fold models' ")
 
 
 def target_thresholds(
@@ -142,7 +142,11 @@ def run_thresholds(run: str, config: RunConfig, swa: bool) -> list[float]:
 
 
 def threshold_words(target: Target, threshold: float | None, views: int) -> str:
-    """How the predicted labels were decided, for the score lines."""
+    """Which model and views predicted, and how the labels were decided, for the score lines."""
+    return f"{target.describe(views)}, {_labels_words(target, threshold, views)}"
+
+
+def _labels_words(target: Target, threshold: float | None, views: int) -> str:
     config = target.config
     if config.single_label:
         return "labels by argmax"
@@ -152,5 +156,5 @@ def threshold_words(target: Target, threshold: float | None, views: int) -> str:
     if target.cv is not None:
         return f"labels at the CV's thresholds tuned on {oof_name(target.swa, views)} ({name})"
     if fs.exists(run_files.path(target.folder, name)):
-        return f"labels at the run's thresholds tuned for {describe(target.swa, views)} ({name})"
+        return f"labels at the run's thresholds tuned for it ({name})"
     return f"labels at the run's threshold {config.settings.get('threshold', 0.5):g}"

@@ -23,6 +23,7 @@ import numpy.typing as npt
 
 import tfpipe
 from tfpipe import fs
+from tfpipe.console import counted
 from tfpipe.errors import TfpipeError, in_command, option
 from tfpipe.shards import Shards
 from train import run as run_files
@@ -169,7 +170,8 @@ def tuned_thresholds(
     except (OSError, TfpipeError) as e:
         kept = f"not recorded ({folder} cannot be written: {str(e)[:60]}); tuned again next time"
     print(
-        f"{prog}: thresholds for {describe(swa, views)} tuned on {len(found.probs)} image{'s' * (len(found.probs) != 1)} predicted alike {kept}",
+        f"{prog}: thresholds for {describe(swa, views)} tuned on {counted(len(found.probs), 'image')} predicted "
+        f"alike {kept}",
         flush=True,
     )
     return thresholds
@@ -259,17 +261,19 @@ def _auc(report: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
-def choice_line(chosen: bool, final_auc: float | None, swa_auc: float | None, what: str) -> str:
-    """``predicting with model-swa.keras: its validation AUC 0.9812 beats model.keras's 0.9790 (--no-swa ...)``."""
+def choice_line(chosen: bool, final_auc: float | None, swa_auc: float | None, what: str, whose: str = "") -> str:
+    """``predicting with model-swa.keras: its validation AUC 0.9812 beats model.keras's 0.9790 (--no-swa ...)``;
+    ``whose`` ("the fold models' ") before the model's name."""
     shown = {True: swa_auc, False: final_auc}
     name, other = run_files.model_files(chosen)[0], run_files.model_files(not chosen)[0]
     why = (
-        f"its {what} AUC {_f(shown[chosen])} {'beats' if chosen else 'is at least'} {other}'s {_f(shown[not chosen])}"
+        f"{'their' if whose else 'its'} {what} AUC {_f(shown[chosen])} {'beats' if chosen else 'is at least'} "
+        f"{other}'s {_f(shown[not chosen])}"
         if final_auc is not None and swa_auc is not None
         else f"{what} AUC of both not recorded"
     )
     flag = ("--no-swa" if chosen else "--swa") if in_command() else f"swa={not chosen}"
-    return f"predicting with {name}: {why} ({flag} for {other})"
+    return f"predicting with {whose}{name}: {why} ({flag} for {other})"
 
 
 def _f(x: float | None) -> str:
