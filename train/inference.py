@@ -7,8 +7,10 @@ strategy: batches are padded to static shapes and the padding rows are dropped.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -235,7 +237,7 @@ def _member_probabilities(
     """One model's probabilities of every record of ``shards``: a run's, or one fold's of a CV."""
     run, config = member
     model, config = _load_for(strategy, run, config, swa, progress)
-    with tfpipe.naming_corrupt_shards(shards):
+    with tfpipe.naming_corrupt_shards(shards), forgotten_after():
         return predict_probabilities(
             model,
             shards,
@@ -246,6 +248,21 @@ def _member_probabilities(
             tta=tta,
             progress=progress,
         )
+
+
+@contextlib.contextmanager
+def forgotten_after() -> Iterator[None]:
+    """One model of several (a fold ensemble's) predicting: TensorFlow's warning that a prediction function is
+    traced again held back (each new model traces its own, and TensorFlow counts them together: a warning from
+    the sixth on, with nothing to fix), and Keras' global state cleared after it, its memory freed."""
+    logger = tf.get_logger()
+    level = logger.level
+    logger.setLevel(max(level, logging.ERROR))
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+        keras.backend.clear_session()
 
 
 def _load_for(
@@ -274,16 +291,17 @@ def validation_predictor(
                 f"{prog}: predicting {run}'s {counted(n, 'validation image')} with {describe(swa, views)}",
                 flush=True,
             )
-        return predict_probabilities(
-            model,
-            records,
-            strategy,
-            batch_size=_batch_for(n, batch_size, strategy.num_replicas_in_sync, False),
-            image_size=config.image_size,
-            num_classes=len(config.classes),
-            folds=folds,
-            tta=views,
-        )
+        with forgotten_after():
+            return predict_probabilities(
+                model,
+                records,
+                strategy,
+                batch_size=_batch_for(n, batch_size, strategy.num_replicas_in_sync, False),
+                image_size=config.image_size,
+                num_classes=len(config.classes),
+                folds=folds,
+                tta=views,
+            )
 
     return predict
 
