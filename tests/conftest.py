@@ -26,7 +26,7 @@ from PIL import Image
 # Session fixtures that take tens of seconds to build. `make test` runs on two pytest-xdist workers with
 # `--dist loadgroup`: every test that uses one of these runs on the same worker, so each is built once per run, as
 # in a plain one-process run.
-SHARED_FIXTURES = ("trained_run", "slow_source")
+SHARED_FIXTURES = ("trained_run", "slow_source", "cv_run")
 
 
 # The tests that take minutes, longest first (as measured alone: docs/project/tests.md, "Where the minutes go"),

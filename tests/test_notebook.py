@@ -23,6 +23,8 @@ EPOCHS = 1
 BATCH_SIZE = 2
 STEPS_PER_EXECUTION = 2
 WORKERS = 0
+CV_RUN = "cv"
+FOLDS = [0, 1]
 """
 
 
@@ -53,3 +55,6 @@ def test_notebook_runs_end_to_end(tmp_path, monkeypatch):
     assert len(images) == 4  # contact sheet, curves, ROC, prediction grid
     submission = pd.read_csv(tmp_path / "submission.csv", keep_default_na=False)
     assert len(submission) == 12 and submission["image"].is_unique
+    assert "train.cv: OOF of model.keras, 1 view" in outputs and "OOF AUC" in outputs  # cell 8: two folds
+    ensemble = pd.read_csv(tmp_path / "submission-cv.csv", keep_default_na=False)
+    assert list(ensemble["image"]) == list(submission["image"])

@@ -171,17 +171,22 @@ def test_the_cleanup_removes_only_the_names_a_run_writes():
 # ------------------------------------------------------------------------------- 2: typed public entry points
 
 
-def test_predict_mirrors_the_engines_keywords_and_types():
+def test_predict_mirrors_its_config():
+    """``predict(run, records, out, **options)`` takes exactly ``PredictConfig``'s fields, with its defaults, and
+    the engine takes the config (one signature, not two)."""
+    import dataclasses
     import inspect
 
     from train import inference
     from train import predict as front
 
-    ours, engine = inspect.signature(front.predict), inspect.signature(inference.predict)
-    assert list(ours.parameters) == list(engine.parameters)
+    ours = inspect.signature(front.predict)
+    fields = {f.name: f for f in dataclasses.fields(front.PredictConfig)}
+    assert list(ours.parameters) == list(fields) == list(front.PARAMETERS)
     for name, p in ours.parameters.items():
-        q = engine.parameters[name]
-        assert (p.kind, p.default, p.annotation) == (q.kind, q.default, q.annotation), name
+        f = fields[name]
+        assert (p.default, p.annotation) == (f.default if f.default is not dataclasses.MISSING else p.empty, f.type)
+    assert list(inspect.signature(inference.predict).parameters) == ["cfg"]
     assert ours.parameters["records"].annotation == "Records"
     assert all(p.kind is p.KEYWORD_ONLY for p in list(ours.parameters.values())[3:])
     assert not any(p.kind is p.VAR_KEYWORD for p in ours.parameters.values())

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     import tensorflow as tf
 
     from tfpipe.augment import Augment
+    from tfpipe.shards import Records
 
 
 PREFLIGHT_ONLY = ("preflight", "tpu")  # settings of train.preflight's check, not of a training run
@@ -76,6 +77,32 @@ class FitConfig:
     def out(self, value: str) -> None:
         warn_renamed("FitConfig.out", "FitConfig.run")
         self.run = value
+
+
+@dataclasses.dataclass(frozen=True)
+class PredictConfig:
+    """Everything ``train.predict.predict`` needs; the command line maps one flag to each field (``--run``,
+    ``--records``, ``--out``, ``--tta``, ...), and ``predict(run, records, out, **options)`` builds one.
+
+    ``run`` is a run folder of ``train.fit`` or a CV folder of ``train.cv`` (its fold ensemble); ``records`` the
+    shards to predict (a folder, a glob, files or ``Shards``); ``out`` the CSV to write (None or "": none).
+    ``swa``: True the SWA model, False the final one, None the one with the better validation AUC (said).
+    """
+
+    run: str
+    records: Records
+    out: str | None = "submission.csv"
+    tta: int = 1  # TTA views to average (train.inference.TTA_VIEWS)
+    threshold: float | None = None  # one threshold for every class (default: those tuned for the model and views)
+    probabilities: bool = False  # one probability column per class instead of the labels
+    labels: bool | None = None  # the labels column (default: unless probabilities)
+    strategy: str | tf.distribute.Strategy = "auto"
+    replicas: int | None = None
+    batch_size: int = 32  # per replica
+    id_column: str | None = None  # default: the CSV's, from the manifest
+    overwrite: bool = False  # replace out whatever it holds
+    progress: bool = True  # a progress bar and the lines saying what happens
+    swa: bool | None = None
 
 
 FitConfig.__init__ = renamed_arguments(where="FitConfig", out="run")(FitConfig.__init__)  # type: ignore[method-assign]

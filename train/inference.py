@@ -33,8 +33,9 @@ from tfpipe.errors import TfpipeError, check_count, check_fraction, check_path, 
 from tfpipe.shards import Records, Shards
 from train import run as run_files
 from train.cluster import is_multiworker
+from train.config import PredictConfig
 from train.predict_scores import evaluate_labeled, seen_rows
-from train.predict_target import open_target, target_thresholds, threshold_words
+from train.predict_target import Target, open_target, target_thresholds, threshold_words
 from train.run import RunConfig
 from train.run_model import check_model_present as check_model_present
 from train.run_model import load_model as load_model  # train.predict hands it out (tfpipe 1.0's name)
@@ -163,63 +164,60 @@ def check_tta(tta: int) -> None:
         raise TfpipeError(f"{option('tta')} must be in 1..{len(TTA_VIEWS)} (got {tta})")
 
 
-def predict(
-    run: str,
-    records: Records,
-    out: str = "submission.csv",
-    *,
-    tta: int = 1,
-    threshold: float | None = None,
-    probabilities: bool = False,
-    labels: bool | None = None,
-    strategy: str | tf.distribute.Strategy = "auto",
-    replicas: int | None = None,
-    batch_size: int = 32,
-    id_column: str | None = None,
-    overwrite: bool = False,
-    progress: bool = True,
-    swa: bool | None = None,
-) -> pd.DataFrame:
-    """Writes the submission of run folder ``run`` (or of a CV folder's fold ensemble) on the shards ``records``;
-    returns it as a DataFrame.
+def predict(cfg: PredictConfig) -> pd.DataFrame:
+    """Writes the submission of ``cfg.run`` (a run folder, or a CV folder's fold ensemble) on the shards
+    ``cfg.records`` to ``cfg.out``; returns it as a DataFrame.
 
     Called through ``train.predict.predict`` (see its example). Everything the run and the shards claim is
     checked against each other before the model is loaded; the records are opened once. Labeled shards are
     scored too (``train.evaluation``): printed with ``progress``, and in ``df.attrs["evaluation"]``.
     """
-    if strategy == "multiworker" or is_multiworker(strategy):  # its rows would come back in the workers' order
+    if cfg.strategy == "multiworker" or is_multiworker(cfg.strategy):  # rows would come in the workers' order
         raise TfpipeError(f"predicting runs on one machine: use {option('strategy')} auto, tpu, gpu or cpu")
-    labels = check_arguments(run, records, tta, threshold, probabilities, labels, batch_size, replicas)
-    strat, _ = resolve_strategy(strategy, replicas)  # first: virtual CPUs need a TensorFlow that has run nothing
-    target = open_target(run, swa, PROG, say=progress or in_command())
+    labels = check_arguments(
+        cfg.run, cfg.records, cfg.tta, cfg.threshold, cfg.probabilities, cfg.labels, cfg.batch_size, cfg.replicas
+    )
+    strategy, _ = resolve_strategy(cfg.strategy, cfg.replicas)  # first: virtual CPUs need a fresh TensorFlow
+    target = open_target(cfg.run, cfg.swa, PROG, say=cfg.progress or in_command())
     config = target.config
-    shards = tfpipe.open_shards(records)
-    check_destination(out, overwrite)
-    check_run_fits_records(config, shards, records)
+    shards = tfpipe.open_shards(cfg.records)
+    check_destination(cfg.out or "", cfg.overwrite)
+    check_run_fits_records(config, shards, cfg.records)
     if labels:
         check_labels_can_be_joined(config.classes, config.single_label)
     # the labels, and the scores of labeled shards, need thresholds (probabilities alone do not)
-    predictor = validation_predictor(strat, batch_size, swa=target.swa, views=tta, progress=progress)
-    thresholds = target_thresholds(target, threshold, tta, predictor, PROG) if labels or shards.labeled else []
-    id_column = id_column or shards.id_column
-    check_column_names(id_column, config.classes, labels, probabilities)
+    predictor = validation_predictor(strategy, cfg.batch_size, swa=target.swa, views=cfg.tta, progress=cfg.progress)
+    needed = labels or shards.labeled
+    thresholds = target_thresholds(target, cfg.threshold, cfg.tta, predictor, PROG) if needed else []
+    id_column = cfg.id_column or shards.id_column
+    check_column_names(id_column, config.classes, labels, cfg.probabilities)
     ids = tfpipe.image_names(shards)
-    check_ids_once(ids, records)
-    batch_size = _batch_for(_num_examples(shards, records), batch_size, strat.num_replicas_in_sync, progress)
-    probs = np.mean(
-        [_member_probabilities(strat, m, target.swa, shards, batch_size, tta, progress) for m in target.members], axis=0
-    )
-    df = submission_table(probs, ids, id_column, config, thresholds if labels else None, probabilities)
-    df.attrs["model"] = target.describe(tta)  # which model and views the predictions are of
+    check_ids_once(ids, cfg.records)
+    probs = ensemble_probabilities(cfg, strategy, target, shards)
+    df = submission_table(probs, ids, id_column, config, thresholds if labels else None, cfg.probabilities)
+    df.attrs["model"] = target.describe(cfg.tta)  # which model and views the predictions are of
     shards.check_unchanged()  # before any score is printed: the predictions are of the shards that were opened
     if shards.labeled:
-        seen = None if target.cv else seen_rows(run, ids, shards)  # every image of a CV's shards was trained on
-        how = (threshold_words(target, threshold, tta), records, progress, seen, target.cv is None)
+        seen = None if target.cv else seen_rows(cfg.run, ids, shards)  # every image of a CV's was trained on
+        how = (threshold_words(target, cfg.threshold, cfg.tta), cfg.records, cfg.progress, seen, target.cv is None)
         df.attrs["evaluation"] = evaluate_labeled(shards, config, probs, thresholds, *how)
     shards.check_unchanged()  # the ids and predictions above are of the shards that were opened
-    if out:
-        write_submission(out, df.to_csv(index=False), overwrite)
+    if cfg.out:
+        write_submission(cfg.out, df.to_csv(index=False), cfg.overwrite)
     return df
+
+
+def ensemble_probabilities(
+    cfg: PredictConfig, strategy: tf.distribute.Strategy, target: Target, shards: Shards
+) -> npt.NDArray[np.float32]:
+    """The probabilities of every record of ``shards``: the run's model's, or the mean of a CV's fold models'."""
+    n = _num_examples(shards, cfg.records)
+    batch_size = _batch_for(n, cfg.batch_size, strategy.num_replicas_in_sync, cfg.progress)
+    found = [
+        _member_probabilities(strategy, m, target.swa, shards, batch_size, cfg.tta, cfg.progress)
+        for m in target.members
+    ]
+    return np.mean(found, axis=0).astype(np.float32)
 
 
 PROG = "train.predict"

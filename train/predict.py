@@ -15,13 +15,14 @@ reachable from here too.
 from __future__ import annotations
 
 import argparse
-import inspect
+import dataclasses
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from tfpipe.console import quiet_call
 from tfpipe.errors import ArgumentParser, check_path, run_cli
+from train.config import PredictConfig as PredictConfig  # re-exported: train.predict.PredictConfig
 from train.names import ONE_MACHINE, TTA_VIEW_COUNT
 
 if TYPE_CHECKING:
@@ -44,7 +45,7 @@ ENGINE_NAMES = ("TTA_VIEWS", "load_model", "predict_probabilities", "tta_view") 
 def predict(
     run: str,
     records: Records,
-    out: str = "submission.csv",
+    out: str | None = "submission.csv",
     *,
     tta: int = 1,
     threshold: float | None = None,
@@ -78,25 +79,11 @@ def predict(
     """
     from train import inference  # the engine (TensorFlow): imported when predicting, not with the command
 
-    return inference.predict(
-        run,
-        records,
-        out,
-        tta=tta,
-        threshold=threshold,
-        probabilities=probabilities,
-        labels=labels,
-        strategy=strategy,
-        replicas=replicas,
-        batch_size=batch_size,
-        id_column=id_column,
-        overwrite=overwrite,
-        progress=progress,
-        swa=swa,
-    )
+    options = {k: v for k, v in locals().items() if k in PARAMETERS}  # every parameter, by its field's name
+    return inference.predict(PredictConfig(**options))
 
 
-PARAMETERS = tuple(inspect.signature(predict).parameters)  # the command's flags' dests: one flag each
+PARAMETERS = tuple(f.name for f in dataclasses.fields(PredictConfig))  # predict's parameters, the command's dests
 
 
 if not TYPE_CHECKING:  # hidden from type checkers, which see the names above
@@ -158,7 +145,7 @@ def check_inputs(run: str, records: str) -> None:
 def run_command(args: argparse.Namespace) -> None:
     check_path(out=args.out)
     check_inputs(args.run, args.records)
-    df = predict(**{name: getattr(args, name) for name in PARAMETERS})
+    df = predict(**{name: getattr(args, name) for name in PARAMETERS})  # PredictConfig's fields, one flag each
     print(f"wrote {len(df)} row{'s' * (len(df) != 1)} ({args.tta} view{'s' if args.tta > 1 else ''}) -> {args.out}")
 
 
