@@ -160,7 +160,7 @@ def test_notebook_cells_are_there_and_compile():
         compile(TransformerManager().transform_cell(cell), "<notebook cell>", "exec")
 
 
-COMMANDS = ("tfpipe.write", "tfpipe.inspect", "tfpipe.demo", "train.fit", "train.predict")
+COMMANDS = ("tfpipe.write", "tfpipe.inspect", "tfpipe.demo", "train.fit", "train.predict", "train.cv", "train.blend")
 
 
 @pytest.mark.parametrize("command", COMMANDS)
