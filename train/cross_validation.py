@@ -17,7 +17,6 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
 import tensorflow as tf
 
 from tfpipe import fs
@@ -272,8 +271,3 @@ def oof_line(plan: CVResult, m: ModelScores, n: int) -> str:
         f"{described_folds(plan.folds)}): AUC {'-' if auc is None else f'{auc:.4f}'} (exact, macro), "
         f"{headline(m.scores)} at thresholds tuned on them{folds}"
     )
-
-
-def fold_probabilities(folds: Sequence[np.ndarray]) -> np.ndarray:
-    """The fold ensemble: the mean of the fold models' probabilities [N, C]."""
-    return np.mean(np.stack(folds), axis=0).astype(np.float32)

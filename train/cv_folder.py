@@ -22,7 +22,7 @@ from typing import Any
 from tfpipe import fs
 from tfpipe.errors import TfpipeError, option
 from train import run as run_files
-from train.run import RunConfig
+from train.run import RunConfig, same_setting
 
 CV_FILE = "cv.json"
 OOF = "oof.csv"
@@ -229,9 +229,11 @@ def _fold(data: Any, p: str) -> FoldScores:
 
 
 def check_fold_run(run: str, config: RunConfig, cv: CVResult) -> None:
-    """A fold's run folder (its ``config``) must be of CV ``cv``: its shards and every shared setting alike."""
+    """A fold's run folder (its ``config``) must be of CV ``cv``: its shards and every shared setting alike (but
+    a ``steps_per_execution`` cut to an epoch's steps, which train.fit records as used: a fold's epoch may be
+    shorter than the CV's setting)."""
     shards = config.dataset_id != cv.dataset_id
-    if shards or any(config.settings.get(k) != v for k, v in cv.settings.items()):
+    if shards or any(not same_setting(k, config.settings.get(k), v) for k, v in cv.settings.items()):
         raise TfpipeError(
             f"{run} holds a run of other {'shards' if shards else 'settings'} than its CV's ({CV_FILE}); a CV "
             f"folder never mixes them -- move it away, or replace the CV with {option('overwrite', True)}"

@@ -20,7 +20,7 @@ from tfpipe.locks import LOCK
 from tfpipe.shards import Shards
 from train import run as run_files
 from train.config import PREFLIGHT_ONLY, FitConfig
-from train.run import RunConfig, read_state
+from train.run import RunConfig, read_state, same_setting
 from train.schedules import scaled_lr
 
 if TYPE_CHECKING:
@@ -96,7 +96,11 @@ def check_resume_fits(cfg: FitConfig, shards: Shards, config: RunConfig) -> None
         )
     before = config.settings
     now = dict(settings_of(cfg), classes=shards.classes)
-    changed = [k for k in RESUME_KEYS if k in before and json.loads(json.dumps(now[k], default=str)) != before[k]]
+    changed = [
+        k
+        for k in RESUME_KEYS
+        if k in before and not same_setting(k, before[k], json.loads(json.dumps(now[k], default=str)))
+    ]
     if changed:
         k = changed[0]
         raise TfpipeError(

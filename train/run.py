@@ -378,6 +378,15 @@ def _short(names: Any, most: int = 6) -> str:
     return ", ".join(map(str, names[:most])) + (f", ... {len(names)} in all" if len(names) > most else "")
 
 
+def same_setting(key: str, used: Any, planned: Any) -> bool:
+    """Whether a setting a run recorded (``used``, from its ``config.json``) is the one ``planned`` now: equal, or
+    for ``steps_per_execution`` cut to an epoch's steps (train.fit records the value used, never more than
+    planned)."""
+    if key == "steps_per_execution" and type(used) is int and type(planned) is int:
+        return 1 <= used <= planned
+    return bool(used == planned)
+
+
 class Parts(NamedTuple):
     """The records a run trains on and validates on: shards, and the fold ids to read (None: all)."""
 
