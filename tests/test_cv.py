@@ -225,7 +225,7 @@ def test_a_blend_is_the_weighted_mean_scored_on_oof_and_refuses_what_disagrees(c
         predict(folder, cv_shards["heldback"], tests[-1], probabilities=True, strategy="cpu", swa=swa, progress=False)
     oofs = [f"{folder}/oof.csv", f"{folder}/oof-swa.csv"]
     out = str(tmp_path / "blend.csv")
-    argv = ["--oof", *oofs, "--test", *tests, "--out", out, "--weights", "1,3", "--probabilities"]
+    argv = ["--oof", *oofs, "--test", *tests, "--out", out, "--weights", "5e307,1.5e308", "--probabilities"]  # 1:3
     assert main(argv) == 0
     a, b = (pd.read_csv(p) for p in oofs)
     mixed = 0.25 * a[classes].to_numpy() + 0.75 * b[classes].to_numpy()
@@ -244,7 +244,61 @@ def test_a_blend_is_the_weighted_mean_scored_on_oof_and_refuses_what_disagrees(c
     b[["image_name", "image_digest", "fold", *classes[::-1], "labels"]].to_csv(swapped, index=False)
     fewer = str(tmp_path / "fewer.csv")
     b[1:].to_csv(fewer, index=False)
-    for bad, line in ((swapped, "classes"), (fewer, "the ids are not")):
-        assert main(["--oof", oofs[0], bad]) == 2
+    for argv, bad, line in (
+        ([oofs[0], swapped], swapped, "classes"),
+        ([oofs[0], fewer], fewer, "the ids are not"),
+        ([*oofs, "--test", *tests, "--out", tests[1]], tests[1], "is one of the blend's inputs"),
+    ):
+        assert main(["--oof", *argv]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and bad in err[0] and line in err[0], err
+
+
+@pytest.mark.parametrize(
+    "edit, field",
+    [
+        (lambda d: d.update(folds=[0, 1]), "'folds' must be the folds each model was scored on"),
+        (lambda d: d.update(submits=next(m for m in ("model.keras", "model-swa.keras") if m != d["submits"])),
+         "'submits' must name the model with the better OOF AUC"),
+        (lambda d: d["models"][0]["scores"].update(roc_auc_macro=float("nan")), "'scores' must hold the OOF scores"),
+        (lambda d: d.update(replicas=0), "'replicas' must be a count"),
+    ],
+    ids=["fewer-folds", "submits-flipped", "nan", "replicas"],
+)  # fmt: skip
+def test_an_edited_cv_json_is_refused_naming_the_field(cv_run, tmp_path, edit, field):
+    from tfpipe.errors import TfpipeError
+    from train.cv_folder import CVResult
+
+    folder, _ = cv_run
+    data = json.loads(open(f"{folder}/cv.json").read())
+    edit(data)
+    (tmp_path / "cv.json").write_text(json.dumps(data))
+    with pytest.raises(TfpipeError, match=f"cv.json: field {field}"):
+        CVResult.load(str(tmp_path))
+
+
+def test_a_fold_folder_of_another_fold_or_with_a_users_file_is_refused_before_anything_changes(
+    cv_run, cv_shards, tmp_path, capsys
+):
+    """A fold's run copied over another fold's folder would make the ensemble one fold twice; a user's file in a
+    fold folder made --overwrite remove the other folds' runs, then refuse. Both: one line, nothing changed."""
+    from tfpipe.errors import TfpipeError
+    from train.cv import main
+    from train.predict import predict
+
+    folder, _ = cv_run
+    copy = str(tmp_path / "cv")
+    shutil.copytree(folder, copy)
+    shutil.rmtree(f"{copy}/fold-2")
+    shutil.copytree(f"{copy}/fold-0", f"{copy}/fold-2")
+    with pytest.raises(TfpipeError, match="fold-2 holds the run of fold 0 .*, not of fold 2"):
+        predict(copy, cv_shards["heldback"], "", probabilities=True, strategy="cpu", progress=False)
+    shutil.rmtree(f"{copy}/fold-2")
+    shutil.copytree(f"{folder}/fold-2", f"{copy}/fold-2")
+    (tmp_path / "cv" / "fold-1" / "notes.txt").write_text("mine")
+    before = sorted(str(p.relative_to(copy)) for p in (tmp_path / "cv").rglob("*"))
+    argv = ["--records", cv_shards["train"], "--run", copy, "--strategy", "cpu", "--model", "small-cnn", "--overwrite"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "fold-1/notes.txt is not a file train.fit writes" in err[0], err
+    assert sorted(str(p.relative_to(copy)) for p in (tmp_path / "cv").rglob("*")) == before

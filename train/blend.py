@@ -65,7 +65,7 @@ def blend(
     w = normalised(weights, len(oof))
     tables = [read_table(p, oof=True) for p in oof]
     classes, ids, truth = agreed(tables, oof, oof=True)
-    probs = [aligned(t, ids, classes) for t in tables]
+    probs = [aligned(t, ids, classes, p) for t, p in zip(tables, oof)]
     alone = tuple(score(p, truth, classes, _tuned(p, truth, single_label), single_label) for p in probs)
     mixed = np.tensordot(np.asarray(w), np.stack(probs), axes=1)
     thresholds = _tuned(mixed, truth, single_label)
@@ -94,6 +94,16 @@ def check_inputs(oof: Sequence[str], test: Sequence[str], out: str | None) -> No
     if test and not out:
         raise TfpipeError(f"{option('test')} blends test predictions: {option('out')} names the CSV to write")
     check_path(out=out)
+    if out and any(_same_file(out, p) for p in (*oof, *test)):
+        raise TfpipeError(f"{option('out')} {out} is one of the blend's inputs; write the blend to another file")
+
+
+def _same_file(a: str, b: str) -> bool:
+    import os
+
+    if fs.is_remote(a) or fs.is_remote(b):
+        return a == b
+    return os.path.realpath(a) == os.path.realpath(b)
 
 
 def normalised(weights: Sequence[float] | None, n: int) -> tuple[float, ...]:
@@ -102,10 +112,11 @@ def normalised(weights: Sequence[float] | None, n: int) -> tuple[float, ...]:
         return (1 / n,) * n
     if len(weights) != n or not all(isinstance(x, (int, float)) and np.isfinite(x) and x >= 0 for x in weights):
         raise TfpipeError(f"{option('weights')} takes {n} numbers >= 0, one a file (got {list(weights)})")
-    total = float(sum(weights))
-    if total <= 0:
+    top = float(max(weights))
+    if top <= 0:
         raise TfpipeError(f"{option('weights')} are all 0; give some weight")
-    return tuple(float(x) / total for x in weights)
+    scaled = [float(x) / top for x in weights]  # first to at most 1: a sum of huge weights would overflow
+    return tuple(x / sum(scaled) for x in scaled)
 
 
 def read_table(path: str, oof: bool) -> Any:
@@ -133,10 +144,11 @@ def read_table(path: str, oof: bool) -> Any:
 def agreed(tables: Sequence[Any], paths: Sequence[str], oof: bool) -> tuple[list[str], list[str], Any]:
     """The class names, ids (the first file's order) and, for OOF files, the multi-hot truth: the same in every
     file, else one line naming the first that differs."""
+    for table, path in zip(tables, paths):
+        if not [c for c in table.columns if c != LABELS]:
+            raise TfpipeError(f"{path}: no probability columns (write the predictions with --probabilities)")
     first = tables[0]
     classes = [c for c in first.columns if c != LABELS]
-    if not classes:
-        raise TfpipeError(f"{paths[0]}: no probability columns")
     ids = list(first.index)
     for table, path in zip(tables[1:], paths[1:]):
         theirs = [c for c in table.columns if c != LABELS]
@@ -154,13 +166,14 @@ def agreed(tables: Sequence[Any], paths: Sequence[str], oof: bool) -> tuple[list
     return classes, ids, truth
 
 
-def aligned(table: Any, ids: Sequence[str], classes: Sequence[str]) -> Any:
-    """The probabilities [N, C] of ``table`` in the order of ``ids``, checked to be probabilities."""
+def aligned(table: Any, ids: Sequence[str], classes: Sequence[str], path: str) -> Any:
+    """The probabilities [N, C] of ``table`` (read from ``path``) in the order of ``ids``, checked to be
+    probabilities."""
     import pandas as pd
 
     values = table.loc[list(ids), list(classes)].apply(pd.to_numeric, errors="coerce").to_numpy(np.float64)
     if not np.all((values >= 0) & (values <= 1)):
-        raise TfpipeError("a value that is not a probability in [0, 1] (or not a number) in the blend's inputs")
+        raise TfpipeError(f"{path}: a value that is not a probability in [0, 1] (or not a number)")
     return values
 
 
@@ -178,7 +191,8 @@ def blend_test(
     classes, ids, _ = agreed(tables, test, oof=False)
     if classes != list(found.classes):
         raise TfpipeError(f"{test[0]}: its classes are not the OOF files' ({', '.join(found.classes[:6])})")
-    mixed = np.tensordot(np.asarray(found.weights), np.stack([aligned(t, ids, classes) for t in tables]), axes=1)
+    probs = np.stack([aligned(t, ids, classes, p) for t, p in zip(tables, test)])
+    mixed = np.tensordot(np.asarray(found.weights), probs, axes=1)
     df = pd.DataFrame({tables[0].index.name: ids})  # the first file's id column, as it names it
     df[LABELS] = labels_at(mixed, classes, found.thresholds, single_label)
     if probabilities:

@@ -31,6 +31,7 @@ from train.cv_folder import (
     OOF_COLUMNS,
     CVResult,
     ModelScores,
+    better_model,
     check_fold_run,
     described_folds,
     fold_run,
@@ -44,7 +45,7 @@ from train.inference import validation_predictor
 from train.plan import prepare
 from train.run import RunConfig, read_state
 from train.strategy import resolve_strategy
-from train.tuning import Predictions, better_model, describe, out_of_fold, tune_thresholds, write_oof
+from train.tuning import Predictions, describe, out_of_fold, tune_thresholds, write_oof
 
 PROG = "train.cv"
 
@@ -53,8 +54,8 @@ def cross_validate(cfg: FitConfig, folds: Sequence[int] | None = None, tta: int 
     """Trains ``folds`` (default: every fold of the shards) with the settings of ``cfg`` into the CV folder
     ``cfg.run``, then scores the out-of-fold predictions over ``tta`` views; returns ``cv.json``'s content.
     Called through ``train.cv.cross_validate`` (see its example)."""
-    plan = plan_cv(cfg, open_shards(cfg.records), folds, tta)
     strategy, kind = resolve_strategy(cfg.strategy, cfg.replicas)  # once: one TPU connection for every fold
+    plan = plan_cv(cfg, open_shards(cfg.records), folds, tta, strategy.num_replicas_in_sync)
     created = not fs.exists(cfg.run)
     try:
         with locked_folder(cfg.run, PROG, setting="run"):
@@ -73,9 +74,9 @@ def cross_validate(cfg: FitConfig, folds: Sequence[int] | None = None, tta: int 
         raise
 
 
-def plan_cv(cfg: FitConfig, shards: Shards, folds: Sequence[int] | None, tta: int) -> CVResult:
+def plan_cv(cfg: FitConfig, shards: Shards, folds: Sequence[int] | None, tta: int, replicas: int) -> CVResult:
     """``cv.json``'s plan, every check made before anything trains: shards with folds, the folds to train among
-    theirs, settings a CV can use, class names that fit ``oof.csv``'s columns."""
+    theirs, settings a CV can use, class names that fit ``oof.csv``'s columns; every fold on ``replicas``."""
     from train.inference import check_tta
 
     check_tta(tta)
@@ -99,7 +100,7 @@ def plan_cv(cfg: FitConfig, shards: Shards, folds: Sequence[int] | None, tta: in
     assert shards.dataset_id is not None and decided.single_label is not None  # prepare refuses foreign shards
     return CVResult(
         cfg.records, shards.dataset_id, shards.num_folds, tuple(chosen), tuple(shards.classes or ()),
-        decided.single_label, tta, shared_settings(settings_of(decided)),
+        decided.single_label, tta, shared_settings(settings_of(decided)), replicas,
     )  # fmt: skip
 
 
@@ -119,6 +120,11 @@ def check_out_cv(cfg: FitConfig, plan: CVResult) -> None:
     names = sorted(n for n in fs.listdir(cfg.run) if n != LOCK)
     if not names:
         return
+    if CV_FILE in names:  # every fold folder this job trains into or replaces holds train.fit's files only
+        folds = set(plan.folds) | (set(CVResult.load(cfg.run).folds) if cfg.overwrite else set())
+        check_fold_folders(cfg.run, sorted(folds), cfg.overwrite)
+    if CV_FILE not in names and run_files.CONFIG in names:
+        raise TfpipeError(f"{cfg.run} is a run folder of train.fit; choose a new or empty {option('run')} folder")
     if CV_FILE not in names:
         raise TfpipeError(
             f"{cfg.run}: it holds files train.cv did not write ({', '.join(names[:3])}); choose a new or empty "
@@ -141,6 +147,25 @@ def check_out_cv(cfg: FitConfig, plan: CVResult) -> None:
             )
 
 
+def check_fold_folders(cv: str, folds: Sequence[int], overwrite: bool) -> None:
+    """Before anything is trained or removed: a fold folder holding files train.fit did not write is refused
+    (train.fit would refuse it at that fold, after the folds before it; ``overwrite`` would have removed the
+    others' runs first)."""
+    for k in folds:
+        run = fold_run(cv, k)
+        if not fs.isdir(run):
+            continue
+        names = [n for n in fs.listdir(run) if n != LOCK]
+        started = run_files.CONFIG in names
+        foreign = [n for n in names if not run_files.written_by_fit(n)] + run_files.foreign_in_folders(run)
+        if foreign and (overwrite or not started):
+            doing = f"that {option('overwrite', True)} replaces" if overwrite else "train.cv trains into"
+            raise TfpipeError(
+                f"{run_files.path(run, foreign[0])} is not a file train.fit writes, in the fold folder {doing}; move "
+                "it out of the CV folder first"
+            )
+
+
 def check_same_plan(cv: str, before: CVResult, plan: CVResult) -> None:
     """A resumed CV trains the shards, folds, views and settings it started with."""
     if before.dataset_id != plan.dataset_id:
@@ -151,6 +176,12 @@ def check_same_plan(cv: str, before: CVResult, plan: CVResult) -> None:
     for what, old, new in (("folds", before.folds, plan.folds), ("tta", before.tta, plan.tta)):
         if old != new:
             raise TfpipeError(f"{cv} was started with {what} {old}, not {new}; {option('resume', True)} continues it")
+    if before.replicas != plan.replicas:  # the global batch and the scaled LR follow the replicas
+        raise TfpipeError(
+            f"{cv} trains its folds on {counted(before.replicas, 'replica')}, and this strategy has "
+            f"{plan.replicas}: the folds would differ in global batch and learning rate; resume it where it has "
+            f"{before.replicas} ({option('strategy')}, {option('replicas')})"
+        )
     changed = [
         k for k in sorted(set(before.settings) | set(plan.settings)) if before.settings.get(k) != plan.settings.get(k)
     ]
@@ -185,7 +216,7 @@ def train_fold(cfg: FitConfig, plan: CVResult, fold: int, index: int, strategy: 
     where = f"{PROG}: fold {fold} ({index + 1} of {len(plan.folds)})"
     started = fs.exists(run_files.path(run, run_files.CONFIG))
     if started:
-        check_fold_run(run, RunConfig.load(run), plan)
+        check_fold_run(run, RunConfig.load(run), plan, fold)
         if read_state(run).get("finished"):
             print(f"{where}: trained earlier -> {run}", flush=True)
             return

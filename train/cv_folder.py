@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import math
 import statistics
 from collections.abc import Sequence
 from typing import Any
@@ -32,6 +31,12 @@ FOLD_RUN = "fold-{}"  # a fold's run folder inside the CV folder
 PER_FOLD = ("run", "fold", "resume", "overwrite", "verbose", "strategy", "replicas")
 OOF_COLUMNS = ("image_name", "image_digest", "fold", "labels")  # oof.csv's columns besides the classes
 SPREAD = ("roc_auc_macro", "exact_match")  # the fold figures whose spread cv.json gives
+
+
+def better_model(final_auc: float | None, swa_auc: float | None) -> bool:
+    """Whether the SWA model is the better by validation AUC (exact, macro); a tie or an unknown score keeps the
+    final model."""
+    return final_auc is not None and swa_auc is not None and swa_auc > final_auc
 
 
 def fold_run(cv: str, fold: int) -> str:
@@ -107,6 +112,7 @@ class CVResult:
     single_label: bool
     tta: int  # the TTA views of the OOF predictions cv.json scores
     settings: dict[str, Any]  # the shared settings (``shared_settings``)
+    replicas: int  # the replicas every fold trains on (the global batch and the scaled LR follow them)
     models: tuple[ModelScores, ...] = ()  # the final models' OOF scores, then the SWA models' (when trained)
     submits: str | None = None  # the model train.predict uses by default: the better OOF AUC
 
@@ -169,17 +175,31 @@ def from_dict(data: Any, p: str) -> CVResult:
     _check(p, data, "single_label", type(data.get("single_label")) is bool, "must be true or false")
     _check(p, data, "tta", type(data.get("tta")) is int and 1 <= data["tta"] <= 8, "must be in 1..8")
     _check(p, data, "settings", isinstance(data.get("settings"), dict), "must be an object")
+    _check(p, data, "replicas", type(data.get("replicas")) is int and data["replicas"] >= 1, "must be a count")
     settings = shared_settings(data["settings"])
     _check(p, data, "settings_digest", data.get("settings_digest") == settings_digest(settings), "must be the digest")
     models = data.get("models", [])
     _check(p, data, "models", isinstance(models, list) and len(models) <= 2, "must list at most two models")
     parsed = tuple(_model(m, p) for m in models)
+    names = [m.model for m in parsed]
+    _check(p, data, "models", names in ([], [run_files.MODEL], [run_files.MODEL, run_files.MODEL_SWA]), "in order")
+    for m in parsed:
+        _check(p, data, "folds", [f.fold for f in m.folds] == folds, "must be the folds each model was scored on")
+        _check(p, data, "tta", m.views == data["tta"], "must be the views of the models' scores")
     submits = data.get("submits")
-    _check(p, data, "submits", submits in (None, *(m.model for m in parsed)), "must name a scored model")
+    _check(p, data, "submits", submits == _submits(parsed), "must name the model with the better OOF AUC")
     return CVResult(
         data["records"], data["dataset_id"], n, tuple(folds), tuple(classes), data["single_label"], data["tta"],
-        settings, parsed, submits,
+        settings, data["replicas"], parsed, submits,
     )  # fmt: skip
+
+
+def _submits(models: Sequence[ModelScores]) -> str | None:
+    """The model a CV submits with: the SWA models when their OOF AUC beats the final ones'; None unscored."""
+    if not models:
+        return None
+    auc = [m.scores.get("roc_auc_macro") for m in models]
+    return run_files.model_files(len(models) == 2 and better_model(auc[0], auc[-1]))[0]
 
 
 def _fold_list(folds: Any, n: Any) -> bool:
@@ -209,12 +229,30 @@ def _model(data: Any, p: str) -> ModelScores:
     _check(p, data, "oof", _plain_name(data.get("oof")), "must name a file in the CV folder")
     thresholds = data.get("thresholds")
     _check(p, data, "thresholds", thresholds is None or _plain_name(thresholds), "must name a file in the CV folder")
-    _check(p, data, "scores", isinstance(data.get("scores"), dict), "must be an object")
+    _check(p, data, "scores", _scores(data.get("scores")), "must hold the OOF scores (numbers in [0, 1] or null)")
     folds: Any = data.get("folds")
     _check(p, data, "folds", isinstance(folds, list), "must list the folds' scores")
     return ModelScores(
         data["model"], data["views"], data["oof"], thresholds, data["scores"], tuple(_fold(f, p) for f in folds)
     )
+
+
+SCORES = ("roc_auc_macro", "roc_auc_micro", "exact_match", "f1_micro", "f1_macro")  # train.evaluation.score's
+
+
+def _scores(scores: Any) -> bool:
+    """``train.evaluation.score``'s form: its figures each null or a number in [0, 1], its image count, the
+    per-class table."""
+    return (
+        isinstance(scores, dict)
+        and type(scores.get("examples")) is int
+        and isinstance(scores.get("per_class"), dict)
+        and all(_fraction(scores.get(k, 0.0)) for k in SCORES)
+    )
+
+
+def _fraction(x: Any) -> bool:
+    return x is None or (isinstance(x, (int, float)) and not isinstance(x, bool) and 0 <= x <= 1)
 
 
 def _fold(data: Any, p: str) -> FoldScores:
@@ -223,15 +261,22 @@ def _fold(data: Any, p: str) -> FoldScores:
         raise _bad(p, "folds", f"must hold objects of {', '.join(fields)}", data)
     numbers = [data[k] for k in fields[2:]]
     ok = type(data["fold"]) is int and type(data["examples"]) is int
-    if not ok or not all(v is None or (isinstance(v, float) and math.isfinite(v)) for v in numbers):
+    if not ok or not all(_fraction(v) for v in numbers):
         raise _bad(p, "folds", "must hold a fold, its image count and numbers", data)
     return FoldScores(**data)
 
 
-def check_fold_run(run: str, config: RunConfig, cv: CVResult) -> None:
-    """A fold's run folder (its ``config``) must be of CV ``cv``: its shards and every shared setting alike (but
-    a ``steps_per_execution`` cut to an epoch's steps, which train.fit records as used: a fold's epoch may be
-    shorter than the CV's setting)."""
+def check_fold_run(run: str, config: RunConfig, cv: CVResult, fold: int) -> None:
+    """A fold's run folder (its ``config``) must be of CV ``cv`` and of fold ``fold``: validated on that fold,
+    its classes, shards and every shared setting alike (but a ``steps_per_execution`` cut to an epoch's steps,
+    which train.fit records as used: a fold's epoch may be shorter than the CV's setting)."""
+    if config.fold != fold:
+        raise TfpipeError(
+            f"{run} holds the run of fold {config.fold} (its {run_files.CONFIG}), not of fold {fold}; a fold folder "
+            f"was copied or renamed -- put the fold's own run back, or replace the CV with {option('overwrite', True)}"
+        )
+    if tuple(config.classes) != cv.classes:
+        raise TfpipeError(f"{run}: its classes are not those of {CV_FILE}; one of the two was edited or damaged")
     shards = config.dataset_id != cv.dataset_id
     if shards or any(not same_setting(k, config.settings.get(k), v) for k, v in cv.settings.items()):
         raise TfpipeError(

@@ -20,6 +20,7 @@ from tfpipe.locks import LOCK
 from tfpipe.shards import Shards
 from train import run as run_files
 from train.config import PREFLIGHT_ONLY, FitConfig
+from train.cv_folder import CV_FILE
 from train.run import RunConfig, read_state, same_setting
 from train.schedules import scaled_lr
 
@@ -55,6 +56,11 @@ def check_out(cfg: FitConfig, shards: Shards) -> bool:
     not write (no valid ``config.json``) is never trained into. Each is an error naming the way out. Called
     holding the folder's lock; returns True for a new or empty folder (no earlier run in it)."""
     others = sorted(n for n in fs.listdir(cfg.run) if n != LOCK)
+    if CV_FILE in others:
+        raise TfpipeError(
+            f"{cfg.run} is a CV folder of train.cv (its {CV_FILE}); continue it with train.cv "
+            f"{option('resume', True)}, or choose another {option('run')} folder"
+        )
     if others and not fs.exists(run_files.path(cfg.run, run_files.CONFIG)):
         listed = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
         files = "files" if len(others) > 1 else "a file"

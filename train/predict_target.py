@@ -68,7 +68,7 @@ def fold_member(cv_folder: str, cv: CVResult, fold: int, swa: bool) -> tuple[str
     if not fs.exists(run_files.path(run, run_files.CONFIG)):
         raise TfpipeError(f"{run}: fold {fold}'s run is missing from the cross-validation {cv_folder}")
     config = RunConfig.load(run)
-    check_fold_run(run, config, cv)
+    check_fold_run(run, config, cv, fold)
     if not run_files.read_state(run).get("finished"):
         raise TfpipeError(f"{run}: fold {fold} did not finish; continue it with train.cv {option('resume', True)}")
     check_model_present(run, swa)

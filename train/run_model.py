@@ -39,13 +39,19 @@ def check_model_present(run: str, swa: bool) -> None:
     name = run_files.model_files(swa)[0]
     if fs.exists(run_files.path(run, name)):
         return
-    recipe = RunConfig.load(run).recipe
+    recipe = RunConfig.load(run).recipe  # read first: a recipe's run has no Keras model at all
     if recipe:
         raise TfpipeError(
             f"{run} is a run of the PyTorch recipe {recipe} (model.pt): train.predict predicts train.fit's runs; "
             "predict with the recipe's --predict"
         )
+    config = RunConfig.load(run)
     finished = run_files.read_state(run).get("finished", False)
+    if swa and finished and config.settings.get("swa_epochs"):
+        raise TfpipeError(
+            f"{run}: no {name}, though the run was trained with {option('swa_epochs', config.settings['swa_epochs'])}; "
+            f"it was removed or not copied with the run (predict with its model.keras: {option('swa', False)})"
+        )
     if swa and finished:
         raise TfpipeError(
             f"{run}: no {name}; the run was trained without {option('swa_epochs')} (predict with its model.keras)"

@@ -27,7 +27,7 @@ from tfpipe.console import counted
 from tfpipe.errors import TfpipeError, in_command, option
 from tfpipe.shards import Shards
 from train import run as run_files
-from train.cv_folder import CVResult, fold_run, oof_name
+from train.cv_folder import CVResult, better_model, fold_run, oof_name
 from train.run import RunConfig, training_parts
 
 Array = npt.NDArray[Any]
@@ -54,8 +54,9 @@ def validation_shards(run: str, config: RunConfig, why: str) -> tuple[Shards, li
     shards = tfpipe.open_shards(config.records)
     if config.dataset_id and shards.dataset_id != config.dataset_id:
         raise TfpipeError(
-            f"{why} needs the validation images of {run}, but {config.records} was rewritten since it trained "
-            f"(dataset id {config.dataset_id}, now {shards.dataset_id}); pass {option('threshold')} instead"
+            f"{why} needs the validation images of {run}, but {config.records} holds other shards than it trained "
+            f"on (dataset id {shards.dataset_id}, the run's {config.dataset_id}): rewritten since, or a relative "
+            f"path resolved from another folder than the run's; pass {option('threshold')} instead"
         )
     parts = training_parts(shards, config.fold, float(config.settings.get("val_fraction", 0.2)))
     return parts.validation, parts.validation_folds
@@ -232,12 +233,6 @@ def oof_thresholds(
 def describe(swa: bool, views: int) -> str:
     """``model.keras, 1 view`` / ``model-swa.keras, 4 TTA views``: which model and views a score belongs to."""
     return f"{run_files.model_files(swa)[0]}, {views} {'TTA views' if views > 1 else 'view'}"
-
-
-def better_model(final_auc: float | None, swa_auc: float | None) -> bool:
-    """Whether the SWA model is the better by validation AUC (exact, macro); a tie or an unknown score keeps the
-    final model."""
-    return final_auc is not None and swa_auc is not None and swa_auc > final_auc
 
 
 def run_choice(run: str, swa: bool | None) -> tuple[bool, str | None]:
