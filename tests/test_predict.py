@@ -73,7 +73,11 @@ def test_predict_with_the_swa_model_uses_it_and_its_own_thresholds(trained_run, 
 
     plain = tmp_path / "plain"
     shutil.copytree(run, plain)
-    os.remove(plain / "model-swa.keras")
+    os.remove(plain / "model-swa.keras")  # a run copied without it
+    with pytest.raises(TfpipeError, match="no model-swa.keras, though the run was trained with swa_epochs=2; it was"):
+        predict(str(plain), test, "", strategy="cpu", swa=True)
+    config = json.loads((plain / "config.json").read_text())
+    (plain / "config.json").write_text(json.dumps(dict(config, swa_epochs=0)))  # as a run trained without SWA
     with pytest.raises(TfpipeError, match="no model-swa.keras; the run was trained without swa_epochs"):
         predict(str(plain), test, "", strategy="cpu", swa=True)
 
