@@ -36,6 +36,7 @@ IMAGES, TRAIN_CSV = f"{DATA}/images", f"{DATA}/train.csv"
 TEST_IMAGES, TEST_CSV = f"{DATA}/images", f"{DATA}/test.csv"
 RECORDS, RUN = "nbrecords", "nbrun"
 IMAGE_SIZE, MODEL, WEIGHTS, EPOCHS, BATCH_SIZE, STEPS_PER_EXECUTION = 32, "small-cnn", None, 1, 2, 2
+FOLDS = [0, 1]
 from tfpipe.demo import make_demo
 make_demo(DATA, train=64, test=8)
 """
