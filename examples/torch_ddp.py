@@ -234,12 +234,19 @@ def run_rank(rank: int, args: argparse.Namespace, config: RunConfig | None, port
     die_with_parent(parent)
     torch.set_num_threads(1)  # the processes share the machine's cores; more threads each only contend
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=args.processes)
-    train_rank(rank, args, config)
+    train_rank(rank, args, config, supervised=True)
 
 
-def train_rank(rank: int, args: argparse.Namespace, config: RunConfig | None) -> None:
+# A rank started by spawn_ranks whose collective failed because another rank is gone exits with this code and says
+# nothing: its parent names the rank that went first (a rank killed by a signal), which only it can see. Before,
+# the surviving rank's "lost another rank" line could reach the parent before the killed rank's death did.
+LOST_A_RANK = 3
+
+
+def train_rank(rank: int, args: argparse.Namespace, config: RunConfig | None, supervised: bool = False) -> None:
     """One rank of a started process group: the loop, the predictions, rank 0's run folder. Its errors are one
-    line and exit code 2, settings spelt as flags (``as_command``)."""
+    line and exit code 2, settings spelt as flags (``as_command``); a ``supervised`` rank (spawn_ranks') that lost
+    another rank exits with ``LOST_A_RANK`` instead, its parent saying why."""
     try:
         with as_command(PROG):
             start = time.monotonic()
@@ -257,6 +264,8 @@ def train_rank(rank: int, args: argparse.Namespace, config: RunConfig | None) ->
     except RuntimeError as e:  # gloo's: another rank died (killed, out of memory) mid-collective
         if "gloo" not in str(e):
             raise
+        if supervised:
+            sys.exit(LOST_A_RANK)
         first = str(e).strip().splitlines()[0]
         print(f"{PROG}: error: rank {rank} lost another rank ({first}); stopping", file=sys.stderr, flush=True)
         sys.exit(2)
@@ -371,11 +380,30 @@ def spawn_ranks(args: argparse.Namespace, config: RunConfig | None) -> None:
         except torch.multiprocessing.ProcessExitedException as e:
             if e.exit_code == 2:  # a rank said why on stderr
                 raise SystemExit(2) from None
-            how = f"was killed by {e.signal_name}" if e.signal_name else f"exited with code {e.exit_code}"
-            raise TfpipeError(f"rank {e.error_index} {how}; the other ranks were stopped") from None
+            index, how = _first_gone(ranks.processes, e)
+            if how is None:  # that rank said why on stderr
+                raise SystemExit(2) from None
+            raise TfpipeError(f"rank {index} {how}; the other ranks were stopped") from None
         except torch.multiprocessing.ProcessRaisedException as e:  # its traceback is in the message: the last line
             last = [line for line in str(e).splitlines() if line.strip()][-1]
             raise TfpipeError(f"rank {e.error_index} failed: {last}; the other ranks were stopped") from None
+
+
+def _first_gone(processes: Sequence[Any], e: Any, wait_seconds: float = 5.0) -> tuple[int, str | None]:
+    """(rank, how it ended) of the rank that ended first: the one ``e`` names, unless it only lost another rank
+    (``LOST_A_RANK``), whose end is then waited for (it is already gone: at most ``wait_seconds``). None: that
+    rank ended with exit code 2, having said why itself."""
+    if e.exit_code != LOST_A_RANK:
+        return e.error_index, f"was killed by {e.signal_name}" if e.signal_name else f"exited with code {e.exit_code}"
+    deadline = time.monotonic() + wait_seconds
+    for index, process in enumerate(processes):
+        process.join(max(0.0, deadline - time.monotonic()))
+        code = process.exitcode
+        if code is not None and code < 0:
+            return index, f"was killed by {signal.Signals(-code).name}"
+        if code not in (None, 0, LOST_A_RANK):
+            return index, None if code == 2 else f"exited with code {code}"
+    return e.error_index, "lost another rank (gloo)"
 
 
 def _terminated(signum: int, frame: Any) -> None:
