@@ -23,7 +23,7 @@ from tfpipe.shards import Records
 from train import evaluation, plots
 from train import run as run_files
 from train.inference import predict_probabilities
-from train.submission import labels_at
+from train.submission import label_strings, labels_at
 from train.tuning import tune_thresholds
 
 if TYPE_CHECKING:
@@ -56,7 +56,7 @@ def validation_report(
     targets = tfpipe.read_targets(records, len(classes), folds)
     thresholds = [threshold] * len(classes) if single_label else tune_thresholds(probs, targets, threshold)
     predicted = labels_at(probs, classes, thresholds, single_label)
-    truth = [" ".join(c for c, on in zip(classes, row) if on) for row in targets > 0]
+    truth = label_strings(targets > 0, classes)
     ids = tfpipe.image_names(records, folds)
     digests = tfpipe.image_digests(records, folds)  # what train.predict knows these images by, whatever their names
     table = pd.DataFrame({"image_name": ids, "image_digest": digests, "true": truth, "predicted": predicted})

@@ -36,7 +36,12 @@ def labels_at(
 ) -> list[str]:
     """Space-separated predicted class names per row: argmax for single-label, else every class at or above its
     threshold (``train.evaluation.predicted_hits``, what the scores count)."""
-    return [" ".join(c for c, on in zip(classes, row) if on) for row in predicted_hits(probs, thresholds, single_label)]
+    return label_strings(predicted_hits(probs, thresholds, single_label), classes)
+
+
+def label_strings(hits: npt.NDArray[np.bool_], classes: Sequence[str]) -> list[str]:
+    """Space-separated class names of each row of boolean ``hits`` [N, C]: a labels column (predicted or true)."""
+    return [" ".join(c for c, on in zip(classes, row) if on) for row in hits]
 
 
 def check_column_names(id_column: str, classes: Sequence[str], labels: bool, probabilities: bool) -> None:

@@ -29,6 +29,7 @@ from tfpipe.shards import Shards
 from train import run as run_files
 from train.cv_folder import CVResult, better_model, fold_run, oof_name
 from train.run import RunConfig, training_parts
+from train.submission import label_strings
 
 Array = npt.NDArray[Any]
 
@@ -118,7 +119,7 @@ def write_predictions(
     probability column per class."""
     import pandas as pd
 
-    truth = [" ".join(c for c, on in zip(classes, row) if on) for row in targets > 0]
+    truth = label_strings(targets > 0, classes)
     table = pd.DataFrame({"image_name": list(names), "image_digest": list(digests), "true": truth})
     fs.write_atomic(path, pd.concat([table, pd.DataFrame(probs, columns=list(classes))], axis=1).to_csv(index=False))
 
@@ -209,7 +210,7 @@ def write_oof(path: str, found: Predictions, fold_of: Array, classes: Sequence[s
     import pandas as pd
 
     table = pd.DataFrame({"image_name": found.names, "image_digest": found.digests, "fold": fold_of})
-    labels = [" ".join(c for c, on in zip(classes, row) if on) for row in found.targets > 0]
+    labels = label_strings(found.targets > 0, classes)
     table = pd.concat([table, pd.DataFrame(found.probs, columns=list(classes))], axis=1)
     fs.write_atomic(path, table.assign(labels=labels).to_csv(index=False))
 
