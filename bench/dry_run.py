@@ -20,7 +20,7 @@ import sys
 import time
 
 from bench.common import dump
-from tfpipe.processes import child_of_this_process
+from tfpipe.lifecycle import child_of_this_process
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FULL = {

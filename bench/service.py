@@ -17,7 +17,8 @@ import tempfile
 
 from bench.common import dump
 from bench.reader import BATCH, epoch_rates
-from tfpipe.processes import child_of_this_process, free_port
+from tfpipe.lifecycle import child_of_this_process
+from tfpipe.net import free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

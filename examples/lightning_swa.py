@@ -43,10 +43,10 @@ import pytorch_lightning as pl
 from lightning_fabric.strategies.launchers.subprocess_script import _ChildProcessObserver
 from pytorch_lightning.strategies.launchers import subprocess_script as lightning_launcher
 
-from tfpipe import console
+from tfpipe import console, lifecycle
 from tfpipe.errors import ArgumentParser, TfpipeError, check_count, run_cli
+from tfpipe.lifecycle import die_with_parent, loader_dies_with_this_process
 from tfpipe.lightning import ShardDataModule
-from tfpipe.processes import die_with_parent, loader_dies_with_this_process
 from tfpipe.shards import open_shards
 from tfpipe.torch import RecordDataset, gather_rows, sync_buffers
 from train.run import RunConfig
@@ -241,7 +241,7 @@ class RankObserver(_ChildProcessObserver):
             line = rank_died_line(*self.watch.first_dead)
             if line:
                 print(line, file=sys.stderr, flush=True)
-            console.exit_now(2)  # rank 0 is stuck (waiting for the ranks to meet): no exception would reach it
+            lifecycle.exit_now(2)  # rank 0 is stuck (waiting for the ranks to meet): no exception would reach it
 
 
 @contextlib.contextmanager

@@ -50,7 +50,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 from tfpipe import console
 from tfpipe.errors import ArgumentParser, TfpipeError, as_command, check_count, option, os_error_line, run_cli
-from tfpipe.processes import die_with_parent, free_port, loader_dies_with_this_process
+from tfpipe.lifecycle import Terminated, die_with_parent, loader_dies_with_this_process, stop_processes
+from tfpipe.net import free_port
 from tfpipe.shards import open_shards
 from tfpipe.torch import RecordDataset, folds_apart, gather_rows, sync_buffers, unique_rows
 from train.run import RunConfig
@@ -406,32 +407,19 @@ def _first_gone(processes: Sequence[Any], e: Any, wait_seconds: float = 5.0) -> 
     return e.error_index, "lost another rank (gloo)"
 
 
-def _terminated(signum: int, frame: Any) -> None:
-    print(f"{PROG}: terminated (SIGTERM); every rank stopped", file=sys.stderr, flush=True)
-    raise SystemExit(143)
-
-
 @contextlib.contextmanager
 def ranks_stopped_on_exit(processes: Sequence[Any], grace_seconds: float = 5.0) -> Iterator[None]:
-    """However this process leaves the block (Ctrl-C, an error, a SIGTERM: exit 143 with a line, as the Lightning
-    recipe), no rank trains on: SIGTERM, then SIGKILL after ``grace_seconds``. (Python would otherwise wait for
-    them at exit: they are not daemons.) torch's own notes on stopping them are held back: the one line this
-    script prints says what happened."""
+    """However this process leaves the block (Ctrl-C, an error, a SIGTERM: exit 143 with a line, as every
+    command), no rank trains on (``tfpipe.lifecycle.stop_processes``: SIGTERM, then SIGKILL after
+    ``grace_seconds``; Python would otherwise wait for them at exit: they are not daemons). torch's own notes on
+    stopping them are held back: the one line this script prints says what happened."""
     logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
-    previous = signal.signal(signal.SIGTERM, _terminated)
     try:
         yield
+    except Terminated as e:  # run_cli's SIGTERM: the line says the ranks went with it
+        raise Terminated(f"{e}; every rank stopped", e.signum) from None
     finally:
-        signal.signal(signal.SIGTERM, previous)
-        for p in processes:
-            if p.is_alive():
-                p.terminate()
-        deadline = time.monotonic() + grace_seconds
-        for p in processes:
-            p.join(max(0.0, deadline - time.monotonic()))
-            if p.is_alive():
-                p.kill()
-                p.join()
+        stop_processes(processes, grace_seconds)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -205,7 +205,7 @@ def jpeg_bytes(rgb, quality=95):
 # A command in a child process that dies with this one (PR_SET_PDEATHSIG), however it ends: no preexec_fn, which
 # is unsafe in a process whose TensorFlow threads run.
 _DIES_WITH_PARENT = (
-    "import runpy, sys; from tfpipe.processes import die_with_parent; die_with_parent(int(sys.argv[1])); "
+    "import runpy, sys; from tfpipe.lifecycle import die_with_parent; die_with_parent(int(sys.argv[1])); "
     "sys.argv = sys.argv[2:]; runpy.run_module(sys.argv[0], run_name='__main__')"
 )
 

@@ -13,7 +13,8 @@ import sys
 import torch
 import torch.distributed as dist
 
-from tfpipe.processes import die_with_parent, free_port
+from tfpipe.lifecycle import die_with_parent
+from tfpipe.net import free_port
 from tfpipe.torch import RecordDataset
 from train.torch_models import build_model, model_inputs
 

@@ -729,7 +729,7 @@ def test_a_benchmark_child_dies_with_its_parent(tmp_path):
     child_code = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(600)"
     script = tmp_path / "parent.py"
     script.write_text(
-        "import subprocess, sys\nfrom tfpipe.processes import child_of_this_process\n"
+        "import subprocess, sys\nfrom tfpipe.lifecycle import child_of_this_process\n"
         f"subprocess.run([sys.executable, '-c', {child_code!r}], preexec_fn=child_of_this_process())\n"
     )
     parent = subprocess.Popen([sys.executable, str(script)], env=ENV, cwd=ROOT)

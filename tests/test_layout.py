@@ -6,12 +6,31 @@ import os
 import pathlib
 
 import pytest
+import tomllib
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PACKAGES = ("tfpipe", "train")
-COMMANDS = {"tfpipe.write", "tfpipe.inspect", "tfpipe.demo"}  # entry points: nothing in tfpipe may import them
 MAX_FUNCTION_LINES = 40  # body lines after the docstring
 MAX_MODULE_LINES = 450  # a room one can read (issue #33)
+
+
+def commands():
+    """Every command (the console scripts of pyproject.toml, each a ``python -m`` module): nothing in ``tfpipe``
+    may import one."""
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    return {target.split(":")[0] for target in scripts.values()}
+
+
+def test_every_command_is_listed():
+    """A module that runs as a command (``if __name__ == "__main__":``) is one of the console scripts, so the
+    layout's command list cannot miss one (it missed ``tfpipe.service``)."""
+
+    def runs_as_main(path):
+        tests = [node.test for node in ast.parse(path.read_text()).body if isinstance(node, ast.If)]
+        return any(isinstance(t, ast.Compare) and getattr(t.left, "id", None) == "__name__" for t in tests)
+
+    mains = {name for name, path in modules().items() if runs_as_main(path)}
+    assert mains - commands() == set()
 
 
 def modules():
@@ -76,7 +95,7 @@ def test_core_depends_on_neither_commands_nor_train():
     known = modules()
     for name, path in known.items():
         if name.startswith("tfpipe"):
-            wrong = {m for m in imports(path, known) if m in COMMANDS or m.startswith("train")} - {name}
+            wrong = {m for m in imports(path, known) if m in commands() or m.startswith("train")} - {name}
             assert not wrong, f"{name} imports {sorted(wrong)}"
 
 

@@ -330,15 +330,15 @@ def test_a_quiet_call_holds_back_cpp_log_lines_and_changes_nothing_after(capfd, 
 
 
 def test_a_thread_that_ends_the_process_under_the_filter_keeps_its_last_line():
-    """console.exit_now from a thread while the main thread is stuck: the line it printed reaches stderr (with
+    """lifecycle.exit_now from a thread while the main thread is stuck: the line it printed reaches stderr (with
     os._exit alone the filter's thread died first and the line was lost, as rank 0's watch in the Lightning recipe
     found)."""
     code = (
         "import sys, threading, time\n"
-        "from tfpipe import console\n"
+        "from tfpipe import console, lifecycle\n"
         "def end():\n"
         "    print('the last line', file=sys.stderr, flush=True)\n"
-        "    console.exit_now(3)\n"
+        "    lifecycle.exit_now(3)\n"
         "with console.quiet_tensorflow(environment=False):\n"
         "    print('the first line', file=sys.stderr, flush=True)\n"
         "    threading.Timer(0.2, end).start()\n"

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from tests.conftest import dies_with_this_process
-from tfpipe.processes import free_port
+from tfpipe.net import free_port
 from train import run as run_files
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -261,7 +261,7 @@ def test_a_worker_that_cannot_listen_at_its_address_is_one_line(shard_dir, tmp_p
 
 SIGTERM_KEPT = """
 import json, os, signal, sys
-from tfpipe.processes import free_port
+from tfpipe.net import free_port
 from train.cluster import connect
 os.environ["TF_CONFIG"] = json.dumps({"cluster": {"worker": [f"127.0.0.1:{free_port()}"]}, "task": {"type": "worker", "index": 0}})
 signal.signal(signal.SIGTERM, lambda *_: print("the user's handler"))
@@ -269,32 +269,46 @@ connect()
 os.kill(os.getpid(), signal.SIGTERM)
 """
 
+# train.fit's command line, with a callback that sends the process SIGTERM after epoch 2's first step
+STOPPED_IN_EPOCH_2 = """
+import dataclasses, sys
+from tests.test_preemption import SignalInEpoch
+from tfpipe.errors import run_cli
+from tfpipe.lifecycle import exit_now
+from train.fit import build_parser, config_from_args, fit
+cfg = config_from_args(build_parser().parse_args(sys.argv[1:]))
+exit_now(run_cli("train.fit", fit, dataclasses.replace(cfg, callbacks=(SignalInEpoch(1),))))
+"""
 
-@pytest.mark.slow  # two processes that join a cluster (one trains), about 30 s
-def test_sigterm_ends_a_worker_in_a_line_and_a_library_user_keeps_their_handler(shard_dir, tmp_path):
+
+@pytest.mark.slow  # three processes that join a cluster (two train), about 45 s
+def test_sigterm_mid_epoch_on_a_worker_ends_in_a_line_resume_continues_and_a_user_keeps_their_handler(
+    shard_dir, tmp_path
+):
     """TensorFlow's coordination service takes SIGTERM (a preemption notice) and swallows it: a worker told to
-    stop by its job scheduler trained on to its last epoch. ``train.fit`` ends in one line, exit 143, the saved
-    epochs kept for ``--resume``; a Python user's own SIGTERM handler is theirs again once the strategy is made."""
+    stop by its job scheduler trained on to its last epoch. ``train.fit`` stops at the step it was at in epoch 2
+    of 3 (``--save-every 2``: a backup there), in one line, exit 143; ``--resume`` says ``epoch 2, step 2`` and
+    records each epoch once. A Python user's own SIGTERM handler is theirs again once the strategy is made."""
     import sys
 
     env = {**os.environ, "PYTHONPATH": ROOT, "TF_CONFIG": tf_config([f"127.0.0.1:{free_port()}"], 0)}
     run = tmp_path / "run"
     args = ["--records", shard_dir[0], "--run", str(run), "--strategy", "multiworker", "--model", "small-cnn",
-            "--image-size", "32", "--batch-size", "4", "--epochs", "50", "--verbose", "0"]  # fmt: skip
-    with open(tmp_path / "out.log", "w+") as out:
-        proc = subprocess.Popen(dies_with_this_process("train.fit", *args), cwd=ROOT, env=env, stdout=out, stderr=out)
-        try:
-            deadline = time.monotonic() + 240
-            while epochs_saved(run) < 1 and proc.poll() is None and time.monotonic() < deadline:
-                time.sleep(0.2)
-            proc.send_signal(signal.SIGTERM)
-            code = proc.wait(timeout=60)
-        finally:
-            proc.kill()
-        out.seek(0)
-        said = out.read()
-    assert code == 143 and said.strip().splitlines()[-1] == "train.fit: terminated (SIGTERM)", said[-2000:]
-    assert "Traceback" not in said and 1 <= epochs_saved(run) < 50 and (run / run_files.BACKUP).exists()
+            "--image-size", "32", "--batch-size", "4", "--epochs", "3", "--steps-per-execution", "1",
+            "--save-every", "2", "--no-report", "--verbose", "2"]  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", STOPPED_IN_EPOCH_2, *args], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 143, done.stderr[-2000:]
+    assert done.stderr.strip().splitlines()[-1] == (
+        "train.fit: terminated (SIGTERM) at epoch 2, step 2; saved: --resume continues there"
+    ), done.stderr[-2000:]
+    assert "Traceback" not in done.stderr and epochs_saved(run) == 1
+    done = subprocess.run([sys.executable, "-m", "train.fit", *args, "--resume"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "train.fit: resuming at epoch 2, step 2\n" in done.stdout, done.stdout[-2000:]
+    assert [line.split(",")[0] for line in (run / "history.csv").read_text().splitlines()[1:]] == ["0", "1", "2"]
+    assert json.loads((run / "metrics.json").read_text())["interrupted"] == 1
 
     env.pop("TF_CONFIG")
     done = subprocess.run([sys.executable, "-c", SIGTERM_KEPT], env=env, cwd=ROOT, capture_output=True, text=True,

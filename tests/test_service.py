@@ -16,7 +16,7 @@ import pytest
 import tfpipe
 from tests.conftest import dies_with_this_process
 from tfpipe.errors import TfpipeError
-from tfpipe.processes import free_port
+from tfpipe.net import free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = {**os.environ, "PYTHONPATH": ROOT}

@@ -160,7 +160,7 @@ def test_dataloader_workers_under_forkserver_live(shard_dir):
     """The workers' die-with-parent hook: under forkserver a worker's parent is the server, not this process."""
     import functools
 
-    from tfpipe.processes import worker_dies_with_parent
+    from tfpipe.lifecycle import worker_dies_with_parent
 
     ds = RecordDataset(shard_dir[0], folds=[0], with_ids=True)
     loader = torch.utils.data.DataLoader(
@@ -200,7 +200,7 @@ BROKEN_SHARER = """
 import os, socket, sys, time
 import torch
 from multiprocessing import resource_sharer
-from tfpipe.processes import loader_dies_with_this_process
+from tfpipe.lifecycle import loader_dies_with_this_process
 
 class Consumed(torch.utils.data.IterableDataset):
     def __iter__(self):  # in the worker: a reader connects to its resource sharer and is gone (stopped)

@@ -16,7 +16,7 @@ import torch
 import tfpipe
 from tests.conftest import save, write_csv
 from tfpipe.errors import TfpipeError
-from tfpipe.processes import free_port
+from tfpipe.net import free_port
 from tfpipe.torch import RecordDataset, unique_rows
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -381,29 +381,3 @@ def test_the_lightning_recipes_watch_stops_the_other_ranks_and_leaves_rank_zero_
     assert recipe.RankObserver(watch, os.getpid(), ranks)._run() is True  # one look, as Lightning's thread takes
     assert watch.first_dead == (2, -9)
     assert [p.wait(10) for p in ranks] == [-9, -9, -9]
-
-
-@pytest.mark.slow
-def test_torch_ddp_says_a_sigterm_and_leaves_no_rank(shard_dir, tmp_path):
-    """SIGTERM to the command (a scheduler stopping it): exit 143 and one line, as the Lightning recipe; the
-    ranks are stopped with it."""
-    import signal
-    import time
-
-    env = {**os.environ, "PYTHONPATH": ROOT}
-    proc = subprocess.Popen([sys.executable, "examples/torch_ddp.py", "--records", shard_dir[0], "--processes", "2",
-                             "--epochs", "50"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)  # fmt: skip
-    assert proc.stdout is not None
-    while not proc.stdout.readline().startswith("epoch 1/50"):  # the ranks train (heartbeat lines may come first)
-        assert proc.poll() is None
-    children = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
-    proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=60)
-    assert (
-        proc.returncode == 143 and err.strip().splitlines()[-1] == "torch_ddp: terminated (SIGTERM); every rank stopped"
-    )
-    deadline = time.monotonic() + 30  # Python's resource tracker, the third child, takes a few seconds to clean up
-    while [c for c in children if os.path.exists(f"/proc/{c}")] and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert len(children) == 3 and not [c for c in children if os.path.exists(f"/proc/{c}")]

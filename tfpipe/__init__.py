@@ -22,7 +22,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__version__ = "1.0.0"
+from tfpipe.version import __version__ as __version__
 
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time each name is imported when first used
     from tfpipe.augment import Augment

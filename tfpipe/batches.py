@@ -17,9 +17,9 @@ if TYPE_CHECKING:
 else:
     tf = require("tensorflow")  # or one line saying what to install
 from tfpipe import augment as aug_lib
+from tfpipe.data_service import served
 from tfpipe.errors import TfpipeError
 from tfpipe.parse import AUTOTUNE, Parser, ReadOptions
-from tfpipe.service import served
 from tfpipe.shards import Shards
 
 
@@ -71,7 +71,7 @@ def training_batches(
     service: str | None = None,
 ) -> tf.data.Dataset:
     """Serialized records -> shuffled, repeated, augmented batches of examples (dicts); with ``service``
-    (``grpc://HOST:PORT``), the per-image work runs on a tf.data service's workers (``tfpipe.service.served``)."""
+    (``grpc://HOST:PORT``), the per-image work runs on a tf.data service's workers (``tfpipe.data_service.served``)."""
     ds = ds.batch(options.parse_batch)
     ds = ds.map(parser.parse, num_parallel_calls=AUTOTUNE, deterministic=deterministic)
     ds = ds.unbatch()

@@ -23,7 +23,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import NoReturn, ParamSpec, TextIO, TypeVar
+from typing import ParamSpec, TextIO, TypeVar
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -157,24 +157,6 @@ def _forward(read_end: int, real: int) -> None:
                 os.write(real, out)
     if pending and not NOISE.match(pending) and not (after_noise and CONTINUATION.match(pending)):
         os.write(real, pending)
-
-
-def exit_now(code: int) -> NoReturn:
-    """``os._exit(code)`` that keeps what was written to stderr: for a thread that must end the process while the
-    main thread is stuck in C++ (where no Python exception reaches it). Under ``quiet_tensorflow`` fd 2 is a pipe
-    whose lines a daemon thread passes on, and ``os._exit`` alone ended that thread before it had (the line that
-    said why was lost): this closes the pipe's end here and waits for the thread to pass the rest on. What was
-    printed to stdout is written first."""
-    with contextlib.suppress(OSError, ValueError):
-        sys.stdout.flush()
-    with contextlib.suppress(OSError, ValueError):
-        sys.stderr.flush()
-    forwarders = [thread for thread in threading.enumerate() if thread.name == FORWARDER]
-    if forwarders:
-        os.close(2)  # the thread reads to the end (a child still holding the pipe: its lines so far, then the wait)
-        for thread in forwarders:
-            thread.join(timeout=FORWARD_SECONDS)
-    os._exit(code)
 
 
 def _could_be_noise(start: bytes) -> bool:

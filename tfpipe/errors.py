@@ -13,6 +13,9 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NoReturn
 
+from tfpipe.lifecycle import Terminated as Terminated  # its old home
+from tfpipe.lifecycle import ending, stopping_on_signals
+
 _COMMAND: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "tfpipe_command", default=None
 )  # the running command's name, under run_cli
@@ -20,11 +23,6 @@ _COMMAND: contextvars.ContextVar[str | None] = contextvars.ContextVar(
 
 class TfpipeError(Exception):
     """Bad input or configuration: shown to the user as one line, no traceback."""
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, where a command turns it into an exception: ended as Ctrl-C is (what it wrote is kept, its own
-    temporaries removed), with its own line and exit code 143."""
 
 
 def option(name: str, value: object = None, python: str | None = None) -> str:
@@ -190,7 +188,8 @@ def run_cli(prog: str, fn: Callable[..., object], *args: object) -> int:
     TensorFlow's start-up lines are held back meanwhile (``tfpipe.console``). A ``TfpipeError`` becomes
     ``prog: error: message`` on stderr and exit code 2, and so does an ``OSError``
     (a full disk, an unreadable file: the machine's problem, not a bug; ``os_error_line`` names the file);
-    Ctrl-C becomes exit code 130, a ``Terminated`` (SIGTERM, where a command asks for it) 143. Anything else
+    Ctrl-C becomes exit code 130 and SIGTERM 143, each with its line (``tfpipe.lifecycle``'s table, installed
+    here for every command; a command that stops at a safe point says where). Anything else
     is a bug and keeps its traceback. ``fn`` may return the exit code of a report it printed
     (``train.fit --preflight``: 2 when a TPU would refuse the run); else 0.
     """
@@ -200,7 +199,8 @@ def run_cli(prog: str, fn: Callable[..., object], *args: object) -> int:
         if getattr(sys, name) is None:
             setattr(sys, name, open(os.devnull, "w"))  # noqa: SIM115 -- the command's own stream, for its life
     try:
-        with as_command(prog), quiet_tensorflow():  # TensorFlow's start-up lines held back (TFPIPE_VERBOSE=1)
+        # TensorFlow's start-up lines held back (TFPIPE_VERBOSE=1); SIGTERM ends the command as Ctrl-C does
+        with as_command(prog), quiet_tensorflow(), stopping_on_signals():
             code = fn(*args)
     except TfpipeError as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
@@ -208,10 +208,8 @@ def run_cli(prog: str, fn: Callable[..., object], *args: object) -> int:
     except OSError as e:
         print(f"{prog}: error: {os_error_line(e)}", file=sys.stderr)
         return 2
-    except Terminated as e:
-        print(f"{prog}: {e}", file=sys.stderr)
-        return 143
-    except KeyboardInterrupt as e:
-        print(f"{prog}: interrupted" + (f": {e}" if str(e) else ""), file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:  # Ctrl-C, or a Terminated (SIGTERM)
+        code, words = ending(e)
+        print(f"{prog}: {words}", file=sys.stderr)
+        return code
     return code if isinstance(code, int) else 0

@@ -28,7 +28,7 @@ from torch.utils.data import DataLoader
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from tfpipe.errors import check_count, check_seed
-from tfpipe.processes import loader_dies_with_this_process
+from tfpipe.lifecycle import loader_dies_with_this_process
 from tfpipe.shards import Records, open_shards
 from tfpipe.torch import RecordDataset, folds_apart
 

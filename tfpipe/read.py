@@ -33,13 +33,13 @@ from tfpipe.columns import image_digests as image_digests
 from tfpipe.columns import image_names as image_names
 from tfpipe.columns import naming_corrupt_shards as naming_corrupt_shards
 from tfpipe.columns import read_targets as read_targets
+from tfpipe.data_service import check_service
 from tfpipe.deprecations import removed_arguments
 from tfpipe.errors import TfpipeError, check_count
 from tfpipe.parse import AUTOTUNE
 from tfpipe.parse import Parser as Parser
 from tfpipe.parse import ReadOptions as ReadOptions
 from tfpipe.parse import targets_from_indices as targets_from_indices
-from tfpipe.service import check_service
 from tfpipe.shards import MANIFEST, Records, Shards, fold_split, open_shards
 
 

@@ -26,7 +26,7 @@ from tfpipe.encode import encode_item
 from tfpipe.errors import TfpipeError, option
 from tfpipe.images import ImageSpec
 from tfpipe.job import Job
-from tfpipe.processes import loader_dies_with_this_process
+from tfpipe.lifecycle import loader_dies_with_this_process, with_detail
 from tfpipe.sources import Item
 from tfpipe.staging import StagedShards
 
@@ -266,10 +266,11 @@ def _write_local(
     bar = tqdm(total=len(job.items), initial=start, unit="img", disable=not shown, desc=f"write {job.split}")
     try:
         return _write_records(batches, staged, job, settings.on_bad_image, bar)
-    except KeyboardInterrupt:
-        raise KeyboardInterrupt(
+    except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM
+        raise with_detail(
+            e,
             f"{len(staged.finished)} of {len(job.shard_plan)} shards were finished and "
-            f"are kept in {out}/.staging; continue with {option('resume', True)}"
+            f"are kept in {out}/.staging; continue with {option('resume', True)}",
         ) from None
 
 

@@ -10,95 +10,28 @@ and stays quiet until stopped (Ctrl-C, SIGTERM). A worker registers at the dispa
 the same path from the workers (``gs://``, a shared disk). TensorFlow's gRPC servers listen on every interface
 of the machine at the port given; a firewall decides who reaches them.
 
-What ``served`` gives a training pipeline (``tfpipe.batches.training_batches``): the workers run one epoch --
-records parsed, shuffled, decoded and augmented per image -- as a ``distributed_epoch`` job
-(``ShardingPolicy.DYNAMIC``: the dispatcher hands each shard file to one worker), so every record of the epoch
-comes once; the trainer repeats it (each epoch a new job) and makes the batches itself, so every batch is
-whole (static shapes) and the epochs follow each other as in one process.
-
-A worker that dies mid-epoch: the trainer's input waits for it -- TensorFlow's client has no timeout -- until a
-worker is started again at the same address (``--address`` and ``--port``; give workers fixed ports for this).
-The epoch then goes on; the records the dead worker held are missed by that epoch (TensorFlow's "at most once"),
-none comes twice, and the next epoch reads every record again. Workers can be added at any time.
+The engine, what a training pipeline calls: ``tfpipe.data_service``.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import signal
 import socket
 import sys
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from tfpipe.console import exit_now
+from tfpipe.data_service import check_service
 from tfpipe.deps import require
 from tfpipe.errors import ArgumentParser, TfpipeError, check_at_least, option, run_cli
+from tfpipe.lifecycle import signals_held, wait_for_a_stop
 from tfpipe.locks import check_not_a_file
-from tfpipe.processes import MAX_PORT, host_and_port
-
-if TYPE_CHECKING:
-    import tensorflow as tf
+from tfpipe.net import MAX_PORT
 
 PROG = "tfpipe.service"
-GROUP = 32  # images a message from a worker: one gRPC round trip per group, not per image
 WORKER_TIMEOUT = 60  # seconds without a worker's heartbeat before the dispatcher counts it lost
 HEARTBEAT = 10  # seconds between a worker's heartbeats to the dispatcher
 DAY = 86400
-GET_WORKERS = "/tensorflow.data.DispatcherService/GetWorkers"  # TensorFlow's dispatcher.proto
-STOP = {signal.SIGINT, signal.SIGTERM}  # what ends a server
-
-
-def served(ds: tf.data.Dataset, service: str) -> tf.data.Dataset:
-    """``ds`` (one epoch of examples) run on the service's workers, each shard file by one of them; examples
-    again here. The groups a worker sends may be partial (its last files'): unbatched here, nothing is lost."""
-    tf_ = require("tensorflow")
-    dynamic = tf_.data.experimental.service.ShardingPolicy.DYNAMIC
-    ds = ds.batch(GROUP)
-    ds = ds.apply(tf_.data.experimental.service.distribute(processing_mode=dynamic, service=service))
-    return ds.unbatch()
-
-
-def check_service(
-    address: str, setting: str = "data_service", python: str = "service", need_workers: bool = True
-) -> None:
-    """``address`` (``grpc://HOST:PORT``; a worker's ``--dispatcher`` may leave out ``grpc://``) is a dispatcher
-    that answers, with a worker when ``need_workers``: TensorFlow's client would wait for either forever. One
-    line otherwise, naming the setting as the user wrote it."""
-    said = option(setting, address, python=f"{python}={address!r}")
-    rest = address.removeprefix("grpc://")
-    parts = host_and_port(rest)
-    if (setting == "data_service" and rest == address) or "/" in rest or parts is None:
-        raise TfpipeError(f"{said}: not {'grpc://' if setting == 'data_service' else ''}HOST:PORT")
-    port = parts[1]
-    if not 1 <= port <= MAX_PORT:
-        raise TfpipeError(f"{said}: port {port} cannot be dialled (1..{MAX_PORT}: the port the dispatcher printed)")
-    problem = dispatcher_problem(rest, need_workers)
-    if problem:
-        raise TfpipeError(f"{said}: {problem}")
-
-
-def dispatcher_problem(target: str, need_workers: bool, timeout: float = 5.0) -> str | None:
-    """What is wrong with ``target`` (HOST:PORT) as a tf.data service dispatcher, asked over gRPC (TensorFlow
-    depends on grpcio) with the dispatcher's own ``GetWorkers`` call; None when nothing is."""
-    grpc = require("grpc")  # TensorFlow's own dependency
-
-    with grpc.insecure_channel(target) as channel:
-        try:
-            workers = channel.unary_unary(GET_WORKERS)(b"", timeout=timeout)
-        except grpc.RpcError as e:
-            if e.code() == grpc.StatusCode.UNIMPLEMENTED:
-                return "what answers there is not a tf.data service dispatcher (a worker's port?)"
-            if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
-                return f"nothing answered there as a tf.data service dispatcher within {timeout:.0f} s"
-            said = f"no tf.data service dispatcher answers ({e.code().name.lower()})"
-            if e.code() != grpc.StatusCode.UNAVAILABLE:
-                return said
-            return f"{said}; start one with python -m {PROG} dispatcher --port {target.rpartition(':')[2]}"
-    if need_workers and not workers:  # the reply lists the workers: empty bytes, none
-        return f"the dispatcher has no workers; start one with python -m {PROG} worker --dispatcher {target}"
-    return None
 
 
 def dispatcher(args: argparse.Namespace) -> None:
@@ -155,17 +88,9 @@ def started(server_class: Callable[[Any], Any], config: Any, port: int) -> Any:
 
 
 def serve(server: Any) -> None:
-    """Serves until Ctrl-C or SIGTERM, then ends the process at once after the command's line.
-
-    ``main`` blocks both signals before any thread starts, so every thread (TensorFlow's, gRPC's) inherits the
-    block and the signal waits, pending, for ``sigwait`` here. A Python handler instead runs only when the main
-    thread does: a signal the kernel handed to another thread left it asleep, and Ctrl-C was lost under CI's
-    load (twice). ``server.join()`` would wait in C++ all the same. Ending at once: the server's own stop, as
-    the process ends normally, took over a minute under that load."""
-    received = signal.sigwait(STOP)
-    print(f"{PROG}: {'interrupted' if received == signal.SIGINT else 'terminated (SIGTERM)'}", file=sys.stderr)
-    del server  # held until here: the server lives while this waits
-    exit_now(130 if received == signal.SIGINT else 143)  # the line passes TensorFlow's log filter first
+    """Serves until Ctrl-C or SIGTERM, then ends the process at once after the command's line
+    (``tfpipe.lifecycle.wait_for_a_stop``: ``main`` held both signals before any thread started)."""
+    wait_for_a_stop(PROG)  # the server lives while this waits: ``server`` is held until the process ends
 
 
 def bound_port(server: Any) -> int:
@@ -194,12 +119,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    held = signal.pthread_sigmask(signal.SIG_BLOCK, STOP)  # for ``serve``'s sigwait, before any thread starts
-    try:
+    with signals_held():  # for ``serve``'s sigwait, before any thread starts (a refusal puts the mask back)
         return run_cli(PROG, dispatcher if args.role == "dispatcher" else worker, args)
-    finally:  # a refusal: the caller's mask again (a Ctrl-C held meanwhile is dropped: the refusal is the answer)
-        with contextlib.suppress(KeyboardInterrupt):
-            signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
 if __name__ == "__main__":

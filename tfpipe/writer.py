@@ -13,7 +13,7 @@ import sys
 import time
 from collections.abc import Sequence
 
-from tfpipe import __version__, schema
+from tfpipe import schema
 from tfpipe.copies import Copy, copy_lines, find_copies
 from tfpipe.deprecations import changed_arguments
 from tfpipe.errors import TfpipeError, check_count, check_path, check_seed, option
@@ -28,6 +28,7 @@ from tfpipe.shards import check_split
 from tfpipe.sources import Source, SourceProtocol
 from tfpipe.staging import StagedShards, check_destination, finish_commit
 from tfpipe.tfds_source import TfdsSource
+from tfpipe.version import __version__
 
 MAX_LISTED_SKIPS = 5  # how many skipped files the summary line names
 

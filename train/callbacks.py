@@ -7,6 +7,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TextIO
 
 from tfpipe.deps import require_keras
@@ -17,29 +18,45 @@ else:
     keras = require_keras()  # tf-keras of TensorFlow's release, or MissingDependency saying what to install
 
 from tfpipe import console
+from tfpipe.errors import option
+from tfpipe.lifecycle import Deferred
 from tfpipe.shards import Shards
 from train import run as run_files
 from train.config import FitConfig
 from train.swa import sync_batch_norm
 
 
+@dataclass(frozen=True)
+class Phase:
+    """A training phase as its callbacks see it: its ``name`` (its backup's folder), the ``steps`` of an epoch,
+    the run's ``epochs`` in all, the ``replicas``, whether it trains on several machines (``multiworker``: a
+    backup is then a collective every worker joins, and TensorFlow's preemption notice is asked for), the
+    deferred stop the phase stops at (``stop``) and the epochs ``history.csv`` records."""
+
+    name: str
+    steps: int
+    epochs: int
+    replicas: int
+    multiworker: bool
+    stop: Deferred
+    recorded: int  # the epochs history.csv records (finished, whatever their backup says)
+
+
 def phase_callbacks(
-    cfg: FitConfig,
-    name: str,
-    steps: int,
-    epochs: int,
-    replicas: int,
-    throughput: Throughput,
-    first: Sequence[keras.callbacks.Callback],
+    cfg: FitConfig, phase: Phase, throughput: Throughput, first: Sequence[keras.callbacks.Callback]
 ) -> tuple[list[keras.callbacks.Callback], list[Progress]]:
-    """The callbacks of the phase ``name`` of a run of ``epochs`` epochs in all, and the ``Progress`` among them
-    (the caller closes its heartbeat when fit ends). ``first``: callbacks that run before the epoch's backup."""
-    progress = [Progress(replicas, cfg.steps_per_execution, steps, epochs, bar=cfg.verbose == 1)] if cfg.verbose else []
+    """The callbacks of ``phase``, and the ``Progress`` among them (the caller closes its heartbeat when fit
+    ends). ``first``: callbacks that run before the epoch's backup."""
+    progress = (
+        [Progress(phase.replicas, cfg.steps_per_execution, phase.steps, phase.epochs, bar=cfg.verbose == 1)]
+        if cfg.verbose
+        else []
+    )
     callbacks = [
         SyncBatchNorm(),
         *progress,
         *first,
-        keep_backup(run_files.path(cfg.run, f"{run_files.BACKUP}/{name}")),
+        Backup(run_files.path(cfg.run, f"{run_files.BACKUP}/{phase.name}"), phase, cfg.save_every, cfg.verbose > 0),
         throughput,  # after the backup (it counts the epochs saved), before the CSV logger (it adds columns)
         LogLearningRate(),
         keras.callbacks.CSVLogger(run_files.path(cfg.run, run_files.HISTORY), append=True),
@@ -62,9 +79,10 @@ class Throughput(keras.callbacks.Callback):
     CSV logger, after ``BackupAndRestore``); ``epochs_saved``, the epochs of this job that ended with their backup
     saved; ``seconds``, this job's seconds in epochs."""
 
-    def __init__(self, images_per_epoch: int) -> None:
+    def __init__(self, images_per_step: int) -> None:
         super().__init__()
-        self.images_per_epoch = images_per_epoch
+        self.images_per_step = images_per_step
+        self.steps = 0  # this epoch's steps in this job (a resumed epoch's are fewer)
         self.rates: list[float] = []
         self.epochs_saved = 0
         self.seconds = self.last_seconds = 0.0
@@ -73,10 +91,17 @@ class Throughput(keras.callbacks.Callback):
 
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         self._start = self._began = time.perf_counter()
+        self.steps, self._group_start = 0, 0
+
+    def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        self._group_start = batch
+
+    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        self.steps += batch + 1 - self._group_start
 
     def on_test_begin(self, logs: dict[str, Any] | None = None) -> None:
         if self._start is not None:
-            self.rates.append(self.images_per_epoch / (time.perf_counter() - self._start))
+            self.rates.append(self.steps * self.images_per_step / (time.perf_counter() - self._start))
             self._start = None
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
@@ -160,6 +185,7 @@ class Progress(keras.callbacks.Callback):
             self.beat.start(f"epoch {epoch + 1}/{self.epochs}: step 0/{self.steps}{waited}")
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        batch = int(batch)  # a resumed epoch's steps are NumPy integers
         self._bar_open = self.bar  # Keras' bar (the first callback) has just drawn this step
         if batch < self.spe:  # the epoch's first execution
             self._first_wait = time.perf_counter() - self._epoch_began
@@ -205,11 +231,89 @@ class LogLearningRate(keras.callbacks.Callback):
             logs["lr"] = float(keras.backend.get_value(self.model.optimizer.learning_rate))
 
 
-def keep_backup(folder: str) -> keras.callbacks.BackupAndRestore:
-    """Backs a phase up every epoch, kept after the phase (``delete_checkpoint=False``) until the whole job has
-    finished: a job interrupted after its last epoch (saving the model, in the report) resumes from it with
-    nothing left to train, never from scratch."""
-    return keras.callbacks.BackupAndRestore(folder, save_freq="epoch", delete_checkpoint=False)
+SAVE_SECONDS = 600.0  # the backup's default interval within an epoch (--save-every not given): ten minutes
+
+
+class Backup(keras.callbacks.BackupAndRestore):
+    """Keras' backup of a phase (weights, optimizer, the epoch and step reached), which ``--resume`` restores.
+
+    Saved at every epoch's end; within an epoch every ``every`` steps (None: at the first step group after
+    ``SAVE_SECONDS``; 0: never); and at the step a stop was asked at (``phase.stop``: SIGTERM, Ctrl-C), after
+    which the job ends saying where. Kept after the phase (``delete_checkpoint=False``) until the whole job has
+    finished: a job interrupted after its last epoch (in the report) resumes with nothing left to train.
+
+    On several machines a save is a collective (reading the batch-norm statistics sums over every worker): saves
+    come at the same steps on every worker or not at all. There ``every`` None means epoch ends only, and a stop
+    ends the job at its step without saving (the others may not stop at the same step), saying which backup
+    ``--resume`` continues from.
+
+    Keras records a step when it begins; with ``steps_per_execution`` K that is a group's first step, and a
+    resume redid K - 1 steps. Here the step saved is the group's last (the one ``on_train_batch_end`` is given).
+    ``save_before_preemption`` (TensorFlow's preemption notice) is Keras' own, which it uses for multi-worker
+    runs on Google Cloud only."""
+
+    def __init__(self, folder: str, phase: Phase, every: int | None, say: bool) -> None:
+        # an int save_freq: Keras then resumes within an epoch (with "epoch" it redoes the whole epoch)
+        super().__init__(folder, save_freq=max(1, every or phase.steps), delete_checkpoint=False)
+        self.save_before_preemption = phase.multiworker
+        self.phase, self.say = phase, say
+        self.every = 0 if every is None and phase.multiworker else every
+        self._since, self._group_start, self._saved_at = 0, 0, time.monotonic()
+        self.last: tuple[int, int] | None = None  # (epoch, step) of the last backup, 0-based; the step: done
+
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+        super().on_train_begin(logs)  # restores the backup, if any
+        state = self._training_state
+        if 0 <= int(state._ckpt_saved_epoch.numpy()) < self.phase.recorded:  # history.csv has that epoch's row:
+            state._ckpt_saved_batch.assign(self.phase.steps - 1)  # a backup of tfpipe 1.1 (the last group's start)
+        epoch, step = self.model._maybe_load_initial_counters_from_ckpt(self.phase.steps, -1)
+        if epoch >= 0:
+            self.last = (epoch, step)
+        if self.say and 0 <= epoch < self.phase.epochs:
+            print(f"train.fit: resuming at epoch {epoch + 1}, step {step}", flush=True)
+
+    def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        self._group_start = batch  # recorded at the group's end (the class docstring)
+
+    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        self._training_state.backup_if_preempted()  # a no-op unless Keras turned the preemption notice on
+        batch = int(batch)  # a resumed epoch's steps are NumPy integers
+        self._since += batch + 1 - self._group_start
+        due = (self.every and self._since >= self.every) or (
+            self.every is None and time.monotonic() - self._saved_at >= SAVE_SECONDS
+        )
+        stopping = self.phase.stop.received is not None
+        if due or (stopping and not self.phase.multiworker):
+            self.save_step(self._current_epoch, batch)
+        if stopping:
+            here, at = self.position(self._current_epoch, batch), f"epoch {self._current_epoch + 1}, step {batch + 1}"
+            self.phase.stop.stop(f"at {at}; {self.continues(here)}", at)
+
+    def position(self, epoch: int, step: int) -> tuple[int, int]:
+        """Where training goes on after ``step`` of ``epoch`` (0-based): (epoch, steps done), 0-based."""
+        return (epoch + 1, 0) if step == self.phase.steps - 1 else (epoch, step + 1)
+
+    def continues(self, here: tuple[int, int]) -> str:
+        """Where ``--resume`` goes on: ``here`` when it was saved, else at the last backup."""
+        resume = option("resume", True)
+        if self.last is None:
+            return f"nothing of this phase was saved: {resume} starts it again"
+        if self.last == here:
+            return f"saved: {resume} continues there"
+        return f"{resume} continues from the last backup (epoch {self.last[0] + 1}, step {self.last[1]})"
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        self.save_step(epoch, self.phase.steps - 1)  # the epoch's last step: a resume starts the next epoch
+        if self.phase.stop.received is not None:
+            self.model.stop_training = True  # the epoch's other callbacks run first (history.csv's row)
+
+    def save_step(self, epoch: int, step: int) -> None:
+        """Backs up the weights and optimizer as they are after ``step`` (0-based) of ``epoch`` (0-based)."""
+        self._training_state._ckpt_saved_epoch.assign(epoch)
+        self._training_state._ckpt_saved_batch.assign(step)
+        self._backup(epoch=epoch, batch=step)
+        self._since, self._saved_at = 0, time.monotonic()
+        self.last = self.position(epoch, step)
 
 
 class ShardsUnchanged(keras.callbacks.Callback):

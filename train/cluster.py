@@ -26,8 +26,8 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from tfpipe import fs
-from tfpipe.errors import Terminated, TfpipeError, option
-from tfpipe.processes import MAX_PORT, host_and_port
+from tfpipe.errors import TfpipeError, option
+from tfpipe.net import MAX_PORT, host_and_port
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -132,7 +132,7 @@ def sigterm_kept() -> Iterator[None]:
     """SIGTERM does afterwards what it did before: TensorFlow's coordination service installs its own handler
     (its preemption notice) and swallows the signal, and a worker told to stop trained on to its last epoch
     (measured). The handler Python knows is put back (the default: the process ends; ``train.fit``'s own: one
-    line, exit 143). From the main thread only, where Python's handlers are set."""
+    line, exit 143: ``tfpipe.lifecycle``). From the main thread only, where Python's handlers are set."""
     main = threading.current_thread() is threading.main_thread()
     before = signal.getsignal(signal.SIGTERM) if main else None
     try:
@@ -140,21 +140,6 @@ def sigterm_kept() -> Iterator[None]:
     finally:
         if before is not None:  # None: a handler Python did not install, which it cannot put back
             signal.signal(signal.SIGTERM, before)
-
-
-@contextlib.contextmanager
-def ending_on_sigterm() -> Iterator[None]:
-    """For a command: SIGTERM ends it as Ctrl-C does (what it wrote kept, its temporaries removed), with the line
-    ``PROG: terminated (SIGTERM)`` and exit code 143 (``tfpipe.errors.Terminated``)."""
-    before = signal.signal(signal.SIGTERM, _terminated)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, before)
-
-
-def _terminated(signum: int, frame: Any) -> None:
-    raise Terminated("terminated (SIGTERM)")
 
 
 def is_multiworker(strategy: tf.distribute.Strategy) -> bool:

@@ -59,6 +59,7 @@ class FitConfig:
     seed: int | None = None
     deterministic: bool = False  # seeded input order and augmentation, deterministic TensorFlow ops (slower)
     resume: bool = False
+    save_every: int | None = None  # back up within an epoch every N steps; None: every 10 minutes; 0: epoch ends
     overwrite: bool = False  # replace the run in ``run`` (the files train.fit wrote there; others stay)
     swa_epochs: int = 0  # average the weights of the last N epochs (stochastic weight averaging)
     report: bool = True  # validation predictions, tuned thresholds and pictures after training

@@ -28,7 +28,7 @@ OOF = "oof.csv"
 CV_VERSION = 1
 FOLD_RUN = "fold-{}"  # a fold's run folder inside the CV folder
 # Settings each fold's run has of its own; every other setting is the CV's, the same for every fold.
-PER_FOLD = ("run", "fold", "resume", "overwrite", "verbose", "strategy", "replicas")
+PER_FOLD = ("run", "fold", "resume", "overwrite", "verbose", "strategy", "replicas", "save_every")
 OOF_COLUMNS = ("image_name", "image_digest", "fold", "labels")  # oof.csv's columns besides the classes
 SPREAD = ("roc_auc_macro", "exact_match")  # the fold figures whose spread cv.json gives
 

@@ -12,7 +12,6 @@ reachable from here too (tfpipe 1.0's names).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import sys
 from collections.abc import Mapping, Sequence
@@ -84,6 +83,7 @@ def build_parser(prog: str = "python -m train.fit", description: str | None = No
     _training_args(p, d)
     _augment_args(p)
     _run_args(p, d)
+    _resume_args(p)
     _preflight_args(p, d)
     return p
 
@@ -238,7 +238,6 @@ def _run_args(p: ArgumentParser, d: FitConfig) -> None:
         action="store_false",
         help="skip the validation report (by default written after training: predictions, thresholds, pictures)",
     )
-    p.add_argument("--resume", action="store_true", help="continue the run in --run from its last epoch")
     p.add_argument(
         "--overwrite",
         action="store_true",
@@ -250,6 +249,21 @@ def _run_args(p: ArgumentParser, d: FitConfig) -> None:
         choices=(0, 1, 2),
         help="0 silent, 1 a progress bar, 2 lines (one per epoch, and where an epoch is every 15 s) "
         "(default: 1 on a terminal, else 2)",
+    )
+
+
+def _resume_args(p: ArgumentParser) -> None:
+    """Resuming, and the backups it resumes from."""
+    p.add_argument(
+        "--resume", action="store_true", help="continue the run in --run where it stopped (its epoch and step)"
+    )
+    p.add_argument(
+        "--save-every",
+        type=int,
+        metavar="STEPS",
+        help="back the run up within an epoch every STEPS steps, for --resume after a kill; 0: at epoch ends only "
+        "(default: every 10 minutes; with --strategy multiworker, epoch ends only). SIGTERM and Ctrl-C always "
+        "save the step they stop at (on one machine)",
     )
 
 
@@ -306,10 +320,7 @@ def run_command(args: argparse.Namespace) -> int:
             )
     cfg = config_from_args(args)
     check_inputs(cfg)
-    from train.cluster import ending_on_sigterm
-
-    with ending_on_sigterm() if cfg.strategy == "multiworker" else contextlib.nullcontext():
-        m = fit(cfg)  # a worker stopped (a job scheduler's SIGTERM) says so, and its peers name it
+    m = fit(cfg)  # a worker stopped (a job scheduler's SIGTERM) says so, and its peers name it
     if m.get("chief") is False:  # a multi-worker job's other workers: the chief prints the results
         print(f"train.fit: {m['task']} done; {m['chief_task']}, the chief, writes the run", flush=True)
         return 0
@@ -365,7 +376,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     code = main()
-    from tfpipe.console import exit_now
+    from tfpipe.lifecycle import exit_now
     from train.cluster import in_a_cluster
 
     if in_a_cluster():  # TensorFlow's teardown would report the workers that ended first, after our last line

@@ -10,6 +10,7 @@ import errno
 import json
 import os
 import shutil
+import signal
 import statistics
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
@@ -191,16 +192,42 @@ def settings_of(cfg: FitConfig) -> dict[str, Any]:
     return dict(json.loads(json.dumps(kept, default=str)))
 
 
+def stops_of(run_dir: str) -> dict[str, Any]:
+    """metrics.json's count of the jobs a signal stopped before this one finished the run, and where each
+    stopped (``state.json``'s record)."""
+    stops = read_state(run_dir).get("stops", [])
+    return {"interrupted": len(stops), "stops": stops}
+
+
+@contextlib.contextmanager
+def stops_recorded(run_dir: str) -> Iterator[None]:
+    """A job stopped by a signal (SIGTERM, Ctrl-C) in a run that can be resumed is added to ``state.json``'s
+    stops, which ``metrics.json`` counts: where (the step, when it stopped at one) and by what."""
+    try:
+        yield
+    except KeyboardInterrupt as e:
+        if fs.exists(run_files.path(run_dir, run_files.CONFIG)):  # else nothing is left to resume
+            signum = getattr(e, "signum", signal.SIGINT)
+            with contextlib.suppress(TfpipeError, OSError):  # the stop's own line matters more
+                run_files.record_stop(run_dir, signal.Signals(signum).name, getattr(e, "at", ""))
+        raise
+
+
+def backup_saved(run_dir: str) -> bool:
+    """Whether a phase's backup (an epoch's or a step's) is in ``run_dir``: something ``--resume`` continues."""
+    return bool(tf.io.gfile.glob(run_files.path(run_dir, f"{run_files.BACKUP}/*/chief/checkpoint")))
+
+
 @contextlib.contextmanager
 def removed_unless_an_epoch_is_saved(run_dir: str, fresh: bool, throughput: Throughput) -> Iterator[None]:
-    """A job that fails before its first epoch is saved (the model cannot be built: ImageNet weights offline) in a
-    ``fresh`` folder (new or empty when it started) removes the run files it wrote there: nothing could be
+    """A job that fails before its first epoch or step is saved (the model cannot be built: ImageNet weights
+    offline) in a ``fresh`` folder (new or empty when it started) removes the run files it wrote there: nothing could be
     resumed, and they would make the corrected command refuse the folder. Nothing else is touched: not a file of
     another name, never a folder that held a run before this job."""
     try:
         yield
     except BaseException:
-        if fresh and not throughput.epochs_saved:
+        if fresh and not throughput.epochs_saved and not backup_saved(run_dir):
             for name in run_files.WRITTEN:
                 p = run_files.path(run_dir, name)
                 if fs.isdir(p):
@@ -287,8 +314,7 @@ def summarise(
         # seconds, plus this job's outside its epochs (start, saving, report; earlier jobs' are not recorded).
         rates = list(history[run_files.IMAGES_PER_SEC].dropna())
         seconds = float(history[run_files.EPOCH_SECONDS].sum()) + seconds - throughput.seconds
-    rates = rates[1:] or rates  # the first epoch includes tracing and compilation (a resumed job's first epoch
-    # does too: the median outvotes it)
+    rates = rates[1:] or rates  # the first epoch compiles (a resumed job's first too: the median outvotes it)
     return {
         "strategy": kind,
         "strategy_class": type(strategy).__name__,
@@ -311,6 +337,7 @@ def summarise(
         "fold": cfg.fold,
         "images_per_sec": round(statistics.median(rates), 1) if rates else None,
         "seconds": round(seconds, 1),
+        **stops_of(cfg.run),
         "final": {c: float(history[c].iloc[-1]) for c in val_cols},
         "best": dict({c: float(best[c]) for c in val_cols}, epoch=int(best["epoch"]) + 1),
     }

@@ -7,6 +7,7 @@ import dataclasses
 
 from tfpipe import fs
 from tfpipe.augment import Augment
+from tfpipe.data_service import check_service
 from tfpipe.errors import (
     TfpipeError,
     check_at_least,
@@ -17,7 +18,6 @@ from tfpipe.errors import (
     option,
 )
 from tfpipe.locks import check_not_a_file
-from tfpipe.service import check_service
 from tfpipe.shards import Shards
 from train.config import FitConfig
 from train.models import min_image_size
@@ -141,7 +141,7 @@ def check_numbers(cfg: FitConfig) -> None:
         steps_per_execution=cfg.steps_per_execution,
         replicas=cfg.replicas,
     )
-    check_count(0, burn_epochs=cfg.burn_epochs, swa_epochs=cfg.swa_epochs, fold=cfg.fold)
+    check_count(0, burn_epochs=cfg.burn_epochs, swa_epochs=cfg.swa_epochs, fold=cfg.fold, save_every=cfg.save_every)
     check_at_least(
         0, warmup_epochs=cfg.warmup_epochs, weight_decay=cfg.weight_decay, label_smoothing=cfg.label_smoothing
     )

@@ -256,19 +256,41 @@ def _classes(data: dict[str, Any], p: str) -> list[str]:
     return classes
 
 
-def read_state(run: str) -> dict[str, bool]:
-    """``state.json`` (``burn_done``, ``finished``: booleans), or {} before the first phase ends."""
+def read_state(run: str) -> dict[str, Any]:
+    """``state.json``: ``burn_done``, ``finished`` (booleans) and ``stops``, the jobs stopped by a signal
+    (``{"signal": "SIGTERM", "at": "epoch 2, step 5"}`` each, ``at`` empty when not at a step); {} before the
+    first phase ends or stop."""
     p = path(run, STATE)
     if not fs.exists(p):
         return {}
     state = _read_json(p)
-    if not isinstance(state, dict) or not all(isinstance(v, bool) for v in state.values()):
-        raise TfpipeError(f"{p}: expected an object of true/false flags (got {state!r}); the run folder is damaged")
+    flags = {k: v for k, v in state.items() if k != "stops"} if isinstance(state, dict) else None
+    stops = state.get("stops", []) if isinstance(state, dict) else None
+    if flags is None or not all(isinstance(v, bool) for v in flags.values()) or not _stops(stops):
+        raise TfpipeError(
+            f"{p}: expected an object of true/false flags and a list of stops (got {state!r}); the run folder is "
+            "damaged"
+        )
     return state
 
 
-def write_state(run: str, state: dict[str, bool]) -> None:
+def _stops(stops: object) -> bool:
+    """Whether ``stops`` is a list of {"signal": a signal's name, "at": text}."""
+    return isinstance(stops, list) and all(
+        isinstance(s, dict) and set(s) == {"signal", "at"} and s["signal"] in ("SIGINT", "SIGTERM")
+        and isinstance(s["at"], str)
+        for s in stops
+    )  # fmt: skip
+
+
+def write_state(run: str, state: dict[str, Any]) -> None:
     fs.write_atomic(path(run, STATE), json.dumps(state))
+
+
+def record_stop(run: str, signal_name: str, at: str) -> None:
+    """Adds a job stopped by ``signal_name`` (at ``at``: "epoch 2, step 5", or "") to ``state.json``'s stops."""
+    state = read_state(run)
+    write_state(run, dict(state, stops=[*state.get("stops", []), {"signal": signal_name, "at": at}]))
 
 
 def save_digests(run: str, digests: Sequence[str]) -> None:

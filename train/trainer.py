@@ -35,11 +35,12 @@ from tfpipe.errors import (
     check_path,
     option,
 )
+from tfpipe.lifecycle import deferred_stops
 from tfpipe.locks import WriteLock, locked_folder
 from tfpipe.read import check_no_image_twice
 from tfpipe.shards import Shards, open_shards
 from train import run as run_files
-from train.callbacks import ShardsUnchanged, Throughput, phase_callbacks
+from train.callbacks import Phase, ShardsUnchanged, Throughput, phase_callbacks
 from train.cluster import (
     check_same_start,
     chief_name,
@@ -59,6 +60,7 @@ from train.fit_run import (
     save_model,
     settings_of,
     stopping_cleanly,
+    stops_recorded,
     summarise,
     unfinished_on_error,
     write_run_config,
@@ -126,28 +128,39 @@ def run_phase(
     throughput: Throughput,
     first: Sequence[keras.callbacks.Callback] = (),
 ) -> None:
-    """Compiles and fits one phase, backed up every epoch so ``--resume`` continues it.
+    """Compiles and fits one phase, backed up at every epoch's end and within epochs, so ``--resume`` continues
+    it. A stop asked meanwhile (SIGTERM, Ctrl-C) waits for the step, or the epoch's end, to be saved
+    (``train.callbacks.Backup``); then the job ends saying where.
 
     ``first``: callbacks that run before the backup at the end of an epoch.
     """
     train_ds, val_ds, steps, val_steps = data
     compile_model(model, cfg, lr_schedule, num_classes)
-    replicas = model.distribute_strategy.num_replicas_in_sync
-    callbacks, progress = phase_callbacks(cfg, name, steps, initial_epoch + epochs, replicas, throughput, first)
-    try:
-        model.fit(
-            train_ds,
-            epochs=initial_epoch + epochs,
-            initial_epoch=initial_epoch,
-            steps_per_epoch=steps,
-            validation_data=val_ds,
-            validation_steps=val_steps,
-            callbacks=callbacks,
-            verbose=cfg.verbose,
-        )
-    finally:
-        for p in progress:  # also when fit fails: a heartbeat must not keep talking
-            p.beat.close()
+    strategy = model.distribute_strategy
+    with deferred_stops() as stop:
+        recorded = len(run_files.read_history(cfg.run) or [])
+        phase = Phase(name, steps, initial_epoch + epochs, strategy.num_replicas_in_sync, is_multiworker(strategy),
+                      stop, recorded)  # fmt: skip
+        callbacks, progress = phase_callbacks(cfg, phase, throughput, first)
+        try:
+            history = model.fit(
+                train_ds,
+                epochs=initial_epoch + epochs,
+                initial_epoch=initial_epoch,
+                steps_per_epoch=steps,
+                validation_data=val_ds,
+                validation_steps=val_steps,
+                callbacks=callbacks,
+                verbose=cfg.verbose,
+            )
+        finally:
+            for p in progress:  # also when fit fails: a heartbeat must not keep talking
+                p.beat.close()
+        if stop.received is not None:  # asked during validation or an epoch's end: the epoch was saved whole
+            done = history.epoch[-1] + 1 if history.epoch else initial_epoch
+            stop.stop(
+                f"after epoch {done}; saved: {option('resume', True)} continues there", f"the end of epoch {done}"
+            )
 
 
 def set_trainable(backbone: keras.Model, trainable: bool) -> None:
@@ -211,7 +224,8 @@ RESUMED = (
 
 # Settings the workers of one cluster may give differently: where things are and what each prints or is asked
 # to do with the run folder (the chief alone acts on it).
-MAY_DIFFER = ("run", "records", "verbose", "overwrite", "resume", "report")
+MAY_DIFFER = ("run", "records", "verbose", "overwrite", "resume", "report")  # save_every may not: a save is a
+# collective every worker joins at the same steps
 
 
 def start_point(folder: str, plan: FitConfig, shards: Shards) -> tuple[int, int, int]:
@@ -284,8 +298,8 @@ def train_and_report(
     precision = plan.precision or default_precision(kind)
     data, n_train, n_val, global_batch = training_data(plan, strategy, shards, parts)
     plan = capped_steps_per_execution(plan, data[2])
-    throughput = Throughput(data[2] * global_batch)
-    with removed_unless_an_epoch_is_saved(plan.run, fresh, throughput):
+    throughput = Throughput(global_batch)
+    with stops_recorded(plan.run), removed_unless_an_epoch_is_saved(plan.run, fresh, throughput):
         write_run_config(plan, shards)
         keras.mixed_precision.set_global_policy(precision)
         if plan.verbose:

@@ -1,0 +1,162 @@
+"""Every command ends the same way (``tfpipe.lifecycle``): Ctrl-C (SIGINT) exit 130, SIGTERM 143, one last line
+naming the stop, no process of ours left behind, and nothing half-written -- a write's folder resumable and said
+so, a training run's step saved and said so. One table: command x signal."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+
+from tests.conftest import sigint_as_a_terminal_sends_it
+from tests.test_reliability import finished_shards
+from tests.test_whole_job import processes_marked
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY_FIT = ["--model", "small-cnn", "--batch-size", "1", "--epochs", "50", "--steps-per-execution", "1",
+            "--verbose", "2"]  # fmt: skip
+COMPILED = "compiled; the first"  # train.fit's line once its steps run
+
+
+def at_work(proc, out, marker, tmp_path):
+    """Reads the command's output until ``marker`` (a line's start or part; a callable: a check of the folder
+    ``tmp_path``) says it is at work."""
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        if callable(marker):
+            if marker(tmp_path):
+                return
+            time.sleep(0.01)
+            continue
+        line = proc.stdout.readline()
+        out.append(line)
+        if marker in line:
+            return
+        assert line or proc.poll() is None, "".join(out)[-3000:]
+    raise AssertionError("never at work: " + "".join(out)[-3000:])
+
+
+def fit_left_a_step(tmp_path, line):
+    assert "saved: --resume continues there" in line and (tmp_path / "run" / "backup").is_dir()
+
+
+def cv_left_a_step(tmp_path, line):
+    assert "saved: --resume continues there" in line and (tmp_path / "cv" / "fold-0" / "backup").is_dir()
+
+
+def write_is_resumable(tmp_path, line):
+    out = tmp_path / "out"
+    assert "--resume" in line and not list(out.glob("*.tfrec")) and not (out / "manifest.json").exists()
+    assert finished_shards(str(out)) >= 2
+
+
+# command: (argv after python, what says it is at work, what the last line starts with after the stop's words,
+# what it left)
+COMMANDS = {
+    "tfpipe.write": (
+        lambda d, tmp: [
+            "-m",
+            "tfpipe.write",
+            *d["slow"][0],
+            "--out",
+            str(tmp / "out"),
+            "--workers",
+            "1",
+            "--no-progress",
+        ],
+        lambda tmp: finished_shards(str(tmp / "out")) >= 2,
+        ": ",
+        write_is_resumable,
+    ),
+    "train.fit": (
+        lambda d, tmp: [
+            "-m",
+            "train.fit",
+            "--records",
+            d["shards"],
+            "--run",
+            str(tmp / "run"),
+            "--strategy",
+            "cpu",
+            "--no-report",
+            *TINY_FIT,
+        ],
+        COMPILED,
+        " at epoch 1, step ",
+        fit_left_a_step,
+    ),
+    "train.cv": (
+        lambda d, tmp: [
+            "-m",
+            "train.cv",
+            "--records",
+            d["shards"],
+            "--run",
+            str(tmp / "cv"),
+            "--fold",
+            "0",
+            "--strategy",
+            "cpu",
+            *TINY_FIT,
+        ],
+        COMPILED,
+        " at epoch 1, step ",
+        cv_left_a_step,
+    ),
+    "tfpipe.service": (
+        lambda d, tmp: ["-m", "tfpipe.service", "dispatcher", "--port", "0"],
+        "tf.data service dispatcher at",
+        "",
+        None,
+    ),
+    "torch_ddp": (
+        lambda d, tmp: ["examples/torch_ddp.py", "--records", d["shards"], "--processes", "2", "--epochs", "50"],
+        "epoch 1/50",
+        "",
+        None,
+    ),
+    "lightning_swa": (
+        lambda d, tmp: ["examples/lightning_swa.py", "--records", d["shards"], "--devices", "2", "--epochs", "50"],
+        "epoch 1/50",
+        "",
+        None,
+    ),
+}
+
+
+@pytest.mark.slow  # each a command started, stopped at work and watched until its processes are gone: 5-25 s
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_a_stopped_command_exits_with_the_tables_code_one_line_no_process_and_nothing_half_written(
+    command, signum, shard_dir, slow_source, tmp_path
+):
+    from tfpipe.lifecycle import STOPS
+
+    argv, marker, after, left = COMMANDS[command]
+    mark = uuid.uuid4().hex
+    env = {**os.environ, "PYTHONPATH": ROOT, "TFPIPE_TEST_MARK": mark}
+    sigint_as_a_terminal_sends_it()
+    proc = subprocess.Popen([sys.executable, *argv({"shards": shard_dir[0], "slow": slow_source}, tmp_path)],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)  # fmt: skip
+    out = []
+    try:
+        at_work(proc, out, marker, tmp_path)
+        proc.send_signal(signum)
+        rest, _ = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    said = "".join(out) + rest
+    code, words = STOPS[signum]
+    last = said.strip().splitlines()[-1]
+    assert proc.returncode == code and last.startswith(f"{command}: {words}{after}"), said[-3000:]
+    assert said.count(f"{command}: {words}") == 1 and "Traceback" not in said, said[-3000:]
+    deadline = time.monotonic() + 30  # ranks, DataLoader workers, Python's resource tracker
+    while processes_marked(mark) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert processes_marked(mark) == []
+    if left:
+        left(tmp_path, last)
