@@ -23,15 +23,11 @@ line at least every 15 s between (``console.Heartbeat``), and Lightning's tips a
 from __future__ import annotations
 
 import argparse
-import contextlib
-import logging
 import os
-import signal
 import sys
-import threading
 import warnings
-from collections.abc import Iterator, Sequence
-from typing import Any, NoReturn
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -40,13 +36,12 @@ from tfpipe.deps import require
 
 require("pytorch_lightning")  # or one line saying what to install
 import pytorch_lightning as pl
-from lightning_fabric.strategies.launchers.subprocess_script import _ChildProcessObserver
-from pytorch_lightning.strategies.launchers import subprocess_script as lightning_launcher
 
-from tfpipe import console, lifecycle
+from tfpipe import console
 from tfpipe.errors import ArgumentParser, TfpipeError, check_count, run_cli
-from tfpipe.lifecycle import die_with_parent, loader_dies_with_this_process
+from tfpipe.lifecycle import loader_dies_with_this_process
 from tfpipe.lightning import ShardDataModule
+from tfpipe.lightning_ranks import StopOnSigterm, ranks_end_with_rank_zero, supervised, without_tips
 from tfpipe.shards import open_shards
 from tfpipe.torch import RecordDataset, gather_rows, sync_buffers
 from train.run import RunConfig
@@ -61,7 +56,6 @@ from train.torch_run import (
 )
 
 PROG = "lightning_swa"
-PARENT_PID = "TFPIPE_LIGHTNING_PARENT_PID"  # rank 0's pid, for the ranks it starts
 SWA_LR = 0.1  # the constant LR of the SWA epochs, as a fraction of the peak
 
 
@@ -173,150 +167,6 @@ class LineProgress(pl.Callback):
         self.beat.stop()
 
 
-class Terminated(SystemExit):
-    """Raised by ``StopOnSigterm``'s handler: the job was told to stop."""
-
-
-class StopOnSigterm(pl.Callback):
-    """SIGTERM without collectives: Lightning's own handler broadcasts a tensor from inside the signal handler,
-    which can meet another rank's all-reduce and wait for good (seen once in CI: no exit within 60 s). Once
-    Lightning has installed its handler (at each stage's start), this one replaces it: rank 0 passes the signal to
-    the ranks it started, and every rank raises ``Terminated`` (exit 143, said once by rank 0)."""
-
-    def _install(self, trainer: pl.Trainer, *args: Any) -> None:
-        def handler(signum: int, frame: Any) -> None:
-            launcher = trainer.strategy.launcher
-            if launcher is not None and trainer.is_global_zero:
-                launcher.kill(signum)
-            raise Terminated(143)
-
-        signal.signal(signal.SIGTERM, handler)
-
-    on_train_start = on_validation_start = on_predict_start = _install
-
-
-class NoTips(logging.Filter):
-    """Lightning's advertisements ("💡 Tip: ... try installing ...") out of the log, its ``max_epochs=N+1
-    reached`` (N+1: SWA's batch-norm pass counts as an epoch) and its watch's "Child process ... terminated ...
-    Forcefully terminating all other processes" (rank 0 says it in one line); its other lines stay."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        text = str(record.msg)
-        return not (
-            text.startswith(("💡 Tip", "`Trainer.fit` stopped: `max_epochs=")) or "Forcefully terminating" in text
-        )
-
-
-PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")  # gloo, another rank died
-RANK_ZERO_GRACE_SECONDS = 20.0  # for rank 0 to notice a dead rank and say so, before the watch says it
-
-
-class RankWatch:
-    """What rank 0 and its watch over the ranks share: ``leaving`` (rank 0 is saying why it stops, or has
-    finished with the ranks) and ``first_dead`` (the rank that ended first, and its code)."""
-
-    def __init__(self) -> None:
-        self.leaving = threading.Event()
-        self.first_dead: tuple[int, int] | None = None
-
-
-class RankObserver(_ChildProcessObserver):
-    """Lightning's watch over the ranks it starts (every 5 s), which says why instead of SIGKILLing rank 0.
-    Lightning's own, once a rank has ended with a non-zero code, SIGKILLs the other ranks *and rank 0*: rank 0
-    then ends with -9 and no line -- also while it was saying why itself (a Ctrl-C in CI: "interrupted" printed,
-    exit -9) or waiting at the start for a rank that died (exit 137, silent). This one stops the other ranks as
-    Lightning does (a rank waiting in a collective ignores SIGTERM), then leaves rank 0 to say why; a rank 0 that
-    has not begun to within ``RANK_ZERO_GRACE_SECONDS`` (still waiting for the ranks to meet) is ended here, with
-    the line naming the rank."""
-
-    def __init__(self, watch: RankWatch, main_pid: int, child_processes: list[Any]) -> None:
-        super().__init__(main_pid=main_pid, child_processes=child_processes)
-        self.watch = watch
-
-    def _terminate_all(self) -> None:
-        self.watch.first_dead = first_dead_rank(self._child_processes)
-        for proc in self._child_processes:
-            proc.send_signal(signal.SIGKILL)  # a no-op for a rank already ended
-        if not self.watch.leaving.wait(RANK_ZERO_GRACE_SECONDS) and self.watch.first_dead:
-            line = rank_died_line(*self.watch.first_dead)
-            if line:
-                print(line, file=sys.stderr, flush=True)
-            lifecycle.exit_now(2)  # rank 0 is stuck (waiting for the ranks to meet): no exception would reach it
-
-
-@contextlib.contextmanager
-def ranks_watched(watch: RankWatch) -> Iterator[None]:
-    """Lightning's launcher starts ``RankObserver`` instead of its own observer, while this lasts (rank 0)."""
-    own = lightning_launcher._launch_process_observer
-    lightning_launcher._launch_process_observer = lambda procs: RankObserver(watch, os.getpid(), procs).start()
-    try:
-        yield
-    finally:
-        lightning_launcher._launch_process_observer = own
-
-
-def first_dead_rank(procs: Sequence[Any]) -> tuple[int, int] | None:
-    """The first rank Lightning started (1, 2, ...) that has ended with a non-zero code, and the code."""
-    return next(((rank, p.returncode) for rank, p in enumerate(procs, start=1) if p.poll() not in (None, 0)), None)
-
-
-def rank_died_line(rank: int, code: int) -> str | None:
-    """The error line naming a rank that ended with ``code``; None for code 2, a rank that said why itself."""
-    if code == 2:
-        return None
-    how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
-    return f"{PROG}: error: rank {rank} {how}; the other ranks were stopped"
-
-
-@contextlib.contextmanager
-def one_line_when_a_process_dies(trainer: pl.Trainer, watch: RankWatch) -> Iterator[None]:
-    """A rank or DataLoader worker that dies is one line, not every rank's traceback: the rank whose worker died
-    says so; when a rank dies, rank 0 names it (its exit code or signal, from Lightning's launcher) and the others
-    leave quietly. Ctrl-C, which Lightning turns into ``exit(1)`` after stopping the ranks, is exit code 130 and
-    SIGTERM 143 (the codes a shell gives), said once, by rank 0."""
-    try:
-        try:
-            yield
-        finally:
-            watch.leaving.set()  # rank 0 says why itself (or is done with the ranks): the watch ends no process
-    except Terminated:  # StopOnSigterm's
-        terminated(trainer)
-    except SystemExit:
-        if not trainer.interrupted:
-            raise
-        if trainer.received_sigterm:
-            terminated(trainer)
-        if not trainer.is_global_zero:
-            raise SystemExit(130) from None  # rank 0 says it
-        raise KeyboardInterrupt from None
-    except RuntimeError as e:
-        if trainer.received_sigterm:  # a rank that the SIGTERM stopped mid-start (gloo, a worker): told to stop
-            terminated(trainer)
-        text = str(e)
-        last = [line for line in text.splitlines() if line.strip()][-1:] or [""]
-        if "DataLoader worker" in text:
-            say(f"rank {trainer.global_rank}: {last[0].strip()}")
-        elif not any(words in text for words in PEER_GONE):
-            raise  # a bug: its traceback
-        elif trainer.is_global_zero:
-            dead = watch.first_dead or first_dead_rank(getattr(trainer.strategy.launcher, "procs", []))
-            line = rank_died_line(*dead) if dead else None
-            if line:
-                print(line, file=sys.stderr, flush=True)
-        raise SystemExit(2) from None
-
-
-def terminated(trainer: pl.Trainer) -> NoReturn:
-    """SIGTERM (Lightning forwards it to every rank): exit 143, the code a shell gives, said once by rank 0."""
-    if trainer.is_global_zero:
-        print(f"{PROG}: terminated (SIGTERM); every rank stopped", file=sys.stderr, flush=True)
-    raise SystemExit(143) from None
-
-
-def say(line: str) -> None:
-    print(f"{PROG}: error: {line}", file=sys.stderr, flush=True)
-
-
 def run(args: argparse.Namespace) -> None:
     check_count(1, devices=args.devices, epochs=args.epochs, swa_epochs=args.swa_epochs)
     if args.swa_epochs >= args.epochs:
@@ -340,8 +190,7 @@ def run(args: argparse.Namespace) -> None:
         callbacks=[swa, StopOnSigterm(), *([] if bar else [LineProgress(args.epochs)])], enable_progress_bar=bar,
         enable_checkpointing=False, logger=False, enable_model_summary=False, num_sanity_val_steps=0,
     )  # fmt: skip
-    watch = RankWatch()
-    with ranks_watched(watch), one_line_when_a_process_dies(trainer, watch):
+    with supervised(trainer, PROG):  # a rank or worker that dies, Ctrl-C, SIGTERM: one line (tfpipe.lightning_ranks)
         trainer.fit(model, datamodule=data)
         last = model.auc[args.epochs - 1]  # the last epoch's weights (SWA's batch-norm pass may add an epoch)
         model.auc.clear()
@@ -380,14 +229,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     warnings.filterwarnings("ignore", "SWA is currently only supported every epoch")
     warnings.filterwarnings("ignore", "predict returned None")  # predict_step keeps the rows itself, for all ranks
     warnings.filterwarnings("ignore", r"`isinstance\(treespec, LeafSpec\)` is deprecated")  # Lightning vs torch
-    for logger in ("pytorch_lightning.utilities.rank_zero", _ChildProcessObserver.__module__):
-        logging.getLogger(logger).addFilter(NoTips())
-    if os.environ.get("LOCAL_RANK", "0") != "0":  # a rank Lightning started (or torchrun): ends with its parent
-        # by the pid rank 0 left in the environment: a parent that died while this rank imported torch is gone
-        # already, and os.getppid() would name init, whose death never comes
-        die_with_parent(int(os.environ.get(PARENT_PID, os.getppid())))
-    else:
-        os.environ[PARENT_PID] = str(os.getpid())  # inherited by the ranks Lightning starts from this process
+    without_tips()  # Lightning's advertisements out of the log
+    ranks_end_with_rank_zero()
     return run_cli(PROG, run, build_parser().parse_args(argv))
 
 

@@ -34,13 +34,10 @@ submission; the other ranks print nothing but a refusal (one line a machine: its
 from __future__ import annotations
 
 import argparse
-import contextlib
-import logging
 import os
-import signal
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -50,8 +47,9 @@ from torch.nn.parallel import DistributedDataParallel
 
 from tfpipe import console
 from tfpipe.errors import ArgumentParser, TfpipeError, as_command, check_count, option, os_error_line, run_cli
-from tfpipe.lifecycle import Terminated, die_with_parent, loader_dies_with_this_process, stop_processes
+from tfpipe.lifecycle import die_with_parent, loader_dies_with_this_process
 from tfpipe.net import free_port
+from tfpipe.ranks import LOST_A_RANK, spawn_ranks
 from tfpipe.shards import open_shards
 from tfpipe.torch import RecordDataset, folds_apart, gather_rows, sync_buffers, unique_rows
 from train.run import RunConfig
@@ -238,16 +236,10 @@ def run_rank(rank: int, args: argparse.Namespace, config: RunConfig | None, port
     train_rank(rank, args, config, supervised=True)
 
 
-# A rank started by spawn_ranks whose collective failed because another rank is gone exits with this code and says
-# nothing: its parent names the rank that went first (a rank killed by a signal), which only it can see. Before,
-# the surviving rank's "lost another rank" line could reach the parent before the killed rank's death did.
-LOST_A_RANK = 3
-
-
 def train_rank(rank: int, args: argparse.Namespace, config: RunConfig | None, supervised: bool = False) -> None:
     """One rank of a started process group: the loop, the predictions, rank 0's run folder. Its errors are one
     line and exit code 2, settings spelt as flags (``as_command``); a ``supervised`` rank (spawn_ranks') that lost
-    another rank exits with ``LOST_A_RANK`` instead, its parent saying why."""
+    another rank exits with ``tfpipe.ranks.LOST_A_RANK`` instead, its parent saying why."""
     try:
         with as_command(PROG):
             start = time.monotonic()
@@ -342,7 +334,8 @@ def run(args: argparse.Namespace) -> None:
 
         xmp.spawn(run_xla, args=(args, config, os.getpid()))
     else:
-        spawn_ranks(args, config)
+        # any rank's failure stops all, in one line (tfpipe.ranks: the launcher side of tfpipe.lifecycle)
+        spawn_ranks(run_rank, (args, config, free_port(), os.getpid()), args.processes)
 
 
 def checked(args: argparse.Namespace, world: tuple[int, int, int] | None) -> RunConfig | None:
@@ -367,59 +360,6 @@ def run_launched(args: argparse.Namespace, config: RunConfig | None, world: tupl
         where = f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
         raise TfpipeError(f"rank {world[0]}: the {world[1]} ranks did not meet at {where} ({first})") from None
     train_rank(world[0], args, config)
-
-
-def spawn_ranks(args: argparse.Namespace, config: RunConfig | None) -> None:
-    """``--processes`` ranks started here, on this machine (gloo over 127.0.0.1); any rank's failure stops all."""
-    ranks = torch.multiprocessing.start_processes(
-        run_rank, args=(args, config, free_port(), os.getpid()), nprocs=args.processes, join=False, start_method="spawn"
-    )
-    with ranks_stopped_on_exit(ranks.processes):
-        try:
-            while not ranks.join():
-                pass
-        except torch.multiprocessing.ProcessExitedException as e:
-            if e.exit_code == 2:  # a rank said why on stderr
-                raise SystemExit(2) from None
-            index, how = _first_gone(ranks.processes, e)
-            if how is None:  # that rank said why on stderr
-                raise SystemExit(2) from None
-            raise TfpipeError(f"rank {index} {how}; the other ranks were stopped") from None
-        except torch.multiprocessing.ProcessRaisedException as e:  # its traceback is in the message: the last line
-            last = [line for line in str(e).splitlines() if line.strip()][-1]
-            raise TfpipeError(f"rank {e.error_index} failed: {last}; the other ranks were stopped") from None
-
-
-def _first_gone(processes: Sequence[Any], e: Any, wait_seconds: float = 5.0) -> tuple[int, str | None]:
-    """(rank, how it ended) of the rank that ended first: the one ``e`` names, unless it only lost another rank
-    (``LOST_A_RANK``), whose end is then waited for (it is already gone: at most ``wait_seconds``). None: that
-    rank ended with exit code 2, having said why itself."""
-    if e.exit_code != LOST_A_RANK:
-        return e.error_index, f"was killed by {e.signal_name}" if e.signal_name else f"exited with code {e.exit_code}"
-    deadline = time.monotonic() + wait_seconds
-    for index, process in enumerate(processes):
-        process.join(max(0.0, deadline - time.monotonic()))
-        code = process.exitcode
-        if code is not None and code < 0:
-            return index, f"was killed by {signal.Signals(-code).name}"
-        if code not in (None, 0, LOST_A_RANK):
-            return index, None if code == 2 else f"exited with code {code}"
-    return e.error_index, "lost another rank (gloo)"
-
-
-@contextlib.contextmanager
-def ranks_stopped_on_exit(processes: Sequence[Any], grace_seconds: float = 5.0) -> Iterator[None]:
-    """However this process leaves the block (Ctrl-C, an error, a SIGTERM: exit 143 with a line, as every
-    command), no rank trains on (``tfpipe.lifecycle.stop_processes``: SIGTERM, then SIGKILL after
-    ``grace_seconds``; Python would otherwise wait for them at exit: they are not daemons). torch's own notes on
-    stopping them are held back: the one line this script prints says what happened."""
-    logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
-    try:
-        yield
-    except Terminated as e:  # run_cli's SIGTERM: the line says the ranks went with it
-        raise Terminated(f"{e}; every rank stopped", e.signum) from None
-    finally:
-        stop_processes(processes, grace_seconds)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

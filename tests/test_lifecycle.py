@@ -133,15 +133,38 @@ COMMANDS = {
 def test_a_stopped_command_exits_with_the_tables_code_one_line_no_process_and_nothing_half_written(
     command, signum, shard_dir, slow_source, tmp_path
 ):
+    argv, marker, after, left = COMMANDS[command]
+    last = stopped(command, argv({"shards": shard_dir[0], "slow": slow_source}, tmp_path), marker, after, signum,
+                   tmp_path)  # fmt: skip
+    if left:
+        left(tmp_path, last)
+
+
+@pytest.mark.slow  # a prediction on 8 replicas stopped at work, 10-20 s each
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_stopped_prediction_leaves_no_submission_and_no_process(signum, trained_run, tmp_path):
+    """The table's row for ``train.predict`` (apart: it needs the session's trained run): ``--out`` absent, not
+    half-written, and the run folder untouched (``--threshold``: nothing to tune and record)."""
+    run, _, test = trained_run
+    before = sorted(os.listdir(run))
+    out = tmp_path / "submission.csv"
+    argv = ["-m", "train.predict", "--run", run, "--records", test, "--out", str(out), "--strategy", "cpu",
+            "--replicas", "8", "--tta", "8", "--threshold", "0.5"]  # fmt: skip
+    stopped("train.predict", argv, "train.predict: view 1/8", "", signum, tmp_path)
+    assert sorted(os.listdir(tmp_path)) == [] and sorted(os.listdir(run)) == before
+
+
+def stopped(command, argv, marker, after, signum, tmp_path):
+    """Runs ``python ARGV``, sends ``signum`` once ``marker`` says it is at work, and checks the table's exit
+    code, one last line (``COMMAND: WORDS`` then ``after``), no traceback and no process of ours left; returns
+    that line."""
     from tfpipe.lifecycle import STOPS
 
-    argv, marker, after, left = COMMANDS[command]
     mark = uuid.uuid4().hex
     env = {**os.environ, "PYTHONPATH": ROOT, "TFPIPE_TEST_MARK": mark}
     sigint_as_a_terminal_sends_it()
-    proc = subprocess.Popen([sys.executable, *argv({"shards": shard_dir[0], "slow": slow_source}, tmp_path)],
-                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)  # fmt: skip
+    proc = subprocess.Popen([sys.executable, *argv], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
     out = []
     try:
         at_work(proc, out, marker, tmp_path)
@@ -158,5 +181,4 @@ def test_a_stopped_command_exits_with_the_tables_code_one_line_no_process_and_no
     while processes_marked(mark) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert processes_marked(mark) == []
-    if left:
-        left(tmp_path, last)
+    return last

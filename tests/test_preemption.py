@@ -62,3 +62,27 @@ def test_sigterm_mid_epoch_saves_the_step_and_resume_trains_only_the_rest(shard_
     assert m["swa"]["epochs_averaged"] == 2 and m["burn_epochs"] == 1
     assert m["interrupted"] == 1 and m["stops"] == [{"signal": "SIGTERM", "at": "epoch 2, step 2"}]
     assert not (run / "backup").exists()
+
+
+@pytest.mark.slow  # two jobs of a tiny model on 8 virtual replicas, about 25 s
+def test_ctrl_c_inside_the_burn_in_saves_its_step_and_resume_continues_it(shard_dir, tmp_path, capsys):
+    """Ctrl-C (SIGINT) in the burn-in's epoch: exit 130, its step saved in the burn-in's own backup; ``--resume``
+    continues the burn-in at that step, then fine-tunes; each epoch once, the stop recorded as Ctrl-C's."""
+    run = tmp_path / "run"
+    settings = {"burn_epochs": 1, "burn_lr": 1e-2, "epochs": 1, "steps_per_execution": 1, "save_every": 0,
+                "report": False, "verbose": 2}  # fmt: skip
+    code = run_cli(
+        "train.fit", fit, tiny_config(shard_dir, run, callbacks=(SignalInEpoch(0, signal.SIGINT),), **settings)
+    )
+    said = capsys.readouterr()
+    assert code == 130 and said.err.strip().splitlines()[-1] == (
+        "train.fit: interrupted at epoch 1, step 2; saved: --resume continues there"
+    ), said.err[-2000:]
+    assert not (run / "history.csv").exists() or history(run) == []
+    assert (run / "backup" / "burn").is_dir()
+
+    assert run_cli("train.fit", fit, tiny_config(shard_dir, run, resume=True, **settings)) == 0
+    assert "train.fit: resuming at epoch 1, step 2\n" in capsys.readouterr().out
+    assert [int(r["epoch"]) for r in history(run)] == [0, 1]
+    m = json.loads((run / "metrics.json").read_text())
+    assert m["stops"] == [{"signal": "SIGINT", "at": "epoch 1, step 2"}]

@@ -365,19 +365,15 @@ def test_a_folder_named_like_a_run_file_is_not_the_runs_and_a_deleted_submission
 
 def test_the_lightning_recipes_watch_stops_the_other_ranks_and_leaves_rank_zero_to_say_why():
     """Lightning's own watch SIGKILLs rank 0 too once a rank has ended (exit -9, no line, even mid-"interrupted");
-    the recipe's stops the other ranks, notes which ended first, and leaves rank 0 (here: this process) alone."""
-    import importlib.util
+    the recipe's (``tfpipe.lightning_ranks``) stops the other ranks, notes which ended first, and leaves rank 0
+    (here: this process) alone."""
+    from tfpipe.lightning_ranks import RankObserver, RankWatch
 
-    spec = importlib.util.spec_from_file_location(
-        "lightning_swa", Path(tfpipe.__file__).parents[1] / "examples/lightning_swa.py"
-    )
-    recipe = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(recipe)
     ranks = [subprocess.Popen(["sleep", "60"]) for _ in range(3)]
     ranks[1].kill()
     ranks[1].wait()
-    watch = recipe.RankWatch()
+    watch = RankWatch("lightning_swa")
     watch.leaving.set()  # rank 0 is saying why itself
-    assert recipe.RankObserver(watch, os.getpid(), ranks)._run() is True  # one look, as Lightning's thread takes
+    assert RankObserver(watch, os.getpid(), ranks)._run() is True  # one look, as Lightning's thread takes
     assert watch.first_dead == (2, -9)
     assert [p.wait(10) for p in ranks] == [-9, -9, -9]

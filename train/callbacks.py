@@ -276,8 +276,9 @@ class Backup(keras.callbacks.BackupAndRestore):
         self._group_start = batch  # recorded at the group's end (the class docstring)
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
-        self._training_state.backup_if_preempted()  # a no-op unless Keras turned the preemption notice on
         batch = int(batch)  # a resumed epoch's steps are NumPy integers
+        self._training_state._ckpt_saved_batch.assign(batch)  # before any save: Keras' preemption save too
+        self._training_state.backup_if_preempted()  # a no-op unless Keras turned the preemption notice on
         self._since += batch + 1 - self._group_start
         due = (self.every and self._since >= self.every) or (
             self.every is None and time.monotonic() - self._saved_at >= SAVE_SECONDS

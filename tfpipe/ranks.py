@@ -1,0 +1,82 @@
+"""Ranks a command starts on this machine (``examples/torch_ddp.py --processes N``): spawned together, watched
+together, stopped together, and one line naming the rank that went first.
+
+    spawn_ranks(run_rank, (args, config, free_port(), os.getpid()), nprocs=8)
+
+The launcher side of ``tfpipe.lifecycle``: however the command leaves (a rank's error, Ctrl-C, SIGTERM) no rank
+trains on, and a rank that only lost another one (gloo's error in a collective) exits with ``LOST_A_RANK`` and
+says nothing, so its launcher names the rank that really went first (killed by a signal, out of memory), which
+only the launcher can see. torch is imported where it is used: tfpipe itself does not need it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from tfpipe.errors import TfpipeError
+from tfpipe.lifecycle import Terminated, stop_processes
+
+# A rank started by spawn_ranks whose collective failed because another rank is gone exits with this code and says
+# nothing: its parent names the rank that went first. Before, the surviving rank's "lost another rank" line could
+# reach the parent before the killed rank's death did.
+LOST_A_RANK = 3
+SAID_WHY = 2  # a rank's exit code after it printed its own one line (a TfpipeError, a full disk)
+
+
+def spawn_ranks(fn: Callable[..., None], args: tuple[Any, ...], nprocs: int) -> None:
+    """Runs ``fn(rank, *args)`` in ``nprocs`` spawned processes and waits for them; any rank's failure stops
+    every other one, in one line (``TfpipeError``; ``SystemExit(2)`` when that rank said why itself)."""
+    import torch.multiprocessing as mp
+
+    ranks = mp.start_processes(fn, args=args, nprocs=nprocs, join=False, start_method="spawn")
+    with ranks_stopped_on_exit(ranks.processes):
+        try:
+            while not ranks.join():
+                pass
+        except mp.ProcessExitedException as e:
+            if e.exit_code == SAID_WHY:
+                raise SystemExit(SAID_WHY) from None
+            index, how = first_gone(ranks.processes, e)
+            if how is None:  # that rank said why on stderr
+                raise SystemExit(SAID_WHY) from None
+            raise TfpipeError(f"rank {index} {how}; the other ranks were stopped") from None
+        except mp.ProcessRaisedException as e:  # its traceback is in the message: the last line
+            last = [line for line in str(e).splitlines() if line.strip()][-1]
+            raise TfpipeError(f"rank {e.error_index} failed: {last}; the other ranks were stopped") from None
+
+
+def first_gone(processes: Sequence[Any], e: Any, wait_seconds: float = 5.0) -> tuple[int, str | None]:
+    """(rank, how it ended) of the rank that ended first: the one ``e`` names, unless it only lost another rank
+    (``LOST_A_RANK``), whose end is then waited for (it is already gone: at most ``wait_seconds``). None: that
+    rank ended with exit code 2, having said why itself."""
+    if e.exit_code != LOST_A_RANK:
+        return e.error_index, f"was killed by {e.signal_name}" if e.signal_name else f"exited with code {e.exit_code}"
+    deadline = time.monotonic() + wait_seconds
+    for index, process in enumerate(processes):
+        process.join(max(0.0, deadline - time.monotonic()))
+        code = process.exitcode
+        if code is not None and code < 0:
+            return index, f"was killed by {signal.Signals(-code).name}"
+        if code not in (None, 0, LOST_A_RANK):
+            return index, None if code == SAID_WHY else f"exited with code {code}"
+    return e.error_index, "lost another rank (gloo)"
+
+
+@contextlib.contextmanager
+def ranks_stopped_on_exit(processes: Sequence[Any], grace_seconds: float = 5.0) -> Iterator[None]:
+    """However this process leaves the block (Ctrl-C, an error, a SIGTERM: exit 143 with a line, as every
+    command), no rank trains on (``tfpipe.lifecycle.stop_processes``: SIGTERM, then SIGKILL after
+    ``grace_seconds``; Python would otherwise wait for them at exit: they are not daemons). torch's own notes on
+    stopping them are held back: the one line the command prints says what happened."""
+    logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
+    try:
+        yield
+    except Terminated as e:  # run_cli's SIGTERM: the line says the ranks went with it
+        raise Terminated(f"{e}; every rank stopped", e.signum) from None
+    finally:
+        stop_processes(processes, grace_seconds)
