@@ -146,6 +146,7 @@ class Progress(keras.callbacks.Callback):
         self._epoch = 0
         self._first_wait: float | None = None  # seconds from an epoch's start to its first steps (the last epoch's)
         self._first_step_seen = self._validation_seen = False
+        self._group_start = 0  # the first step of the step group running
         self._bar_open = False  # Keras' bar has drawn this epoch's line and not ended it yet
 
     def _say(self, text: str) -> None:
@@ -184,6 +185,9 @@ class Progress(keras.callbacks.Callback):
             waited = f" (the last epoch's first steps came after {wait:.0f} s)" if wait >= SLOW_START_SECONDS else ""
             self.beat.start(f"epoch {epoch + 1}/{self.epochs}: step 0/{self.steps}{waited}")
 
+    def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        self._group_start = int(batch)  # a resumed epoch starts at the step saved
+
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         batch = int(batch)  # a resumed epoch's steps are NumPy integers
         self._bar_open = self.bar  # Keras' bar (the first callback) has just drawn this step
@@ -192,8 +196,8 @@ class Progress(keras.callbacks.Callback):
         where = f"epoch {self._epoch + 1}/{self.epochs}: step {batch + 1}/{self.steps}"
         if not self._first_step_seen:
             self._first_step_seen = True
-            now = time.perf_counter()
-            self._say(f"compiled; the first {batch + 1} step{'s' * (batch > 0)} done after {now - self._start:.0f} s")
+            now, done = time.perf_counter(), batch + 1 - self._group_start
+            self._say(f"compiled; the first {done} step{'s' * (done > 1)} done after {now - self._start:.0f} s")
             self.beat.stop() if self.bar else self.beat.start(where)
         elif not self.bar:
             self.beat.update(where)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from tfpipe import fs
 from tfpipe.errors import TfpipeError, option
+from tfpipe.lifecycle import with_detail
 from tfpipe.locks import LOCK
 from tfpipe.shards import Shards
 from train import run as run_files
@@ -200,16 +201,16 @@ def stops_of(run_dir: str) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def stops_recorded(run_dir: str) -> Iterator[None]:
+def stops_recorded(run_dir: str, where: str = "") -> Iterator[None]:
     """A job stopped by a signal (SIGTERM, Ctrl-C) in a run that can be resumed is added to ``state.json``'s
-    stops, which ``metrics.json`` counts: where (the step, when it stopped at one) and by what."""
+    stops, which ``metrics.json`` counts: where (the step it stopped at, else ``where``) and by what."""
     try:
         yield
     except KeyboardInterrupt as e:
         if fs.exists(run_files.path(run_dir, run_files.CONFIG)):  # else nothing is left to resume
             signum = getattr(e, "signum", signal.SIGINT)
             with contextlib.suppress(TfpipeError, OSError):  # the stop's own line matters more
-                run_files.record_stop(run_dir, signal.Signals(signum).name, getattr(e, "at", ""))
+                run_files.record_stop(run_dir, signal.Signals(signum).name, getattr(e, "at", "") or where)
         raise
 
 
@@ -280,13 +281,18 @@ def remove_temporaries(folder: str) -> int:
 @contextlib.contextmanager
 def unfinished_on_error(run_dir: str) -> Iterator[None]:
     """After model.keras is saved, a failure (the shards rewritten, a crash in the report) removes the models
-    this job saved, so the folder never holds a model that looks finished but is not."""
+    this job saved, so the folder never holds a model that looks finished but is not. A stop (SIGTERM, Ctrl-C)
+    says that the training is kept and ``--resume`` finishes the run."""
     try:
         yield
-    except BaseException:
+    except BaseException as e:
         for name in (run_files.MODEL, run_files.MODEL_SWA):
             if fs.exists(run_files.path(run_dir, name)):
                 fs.remove(run_files.path(run_dir, name))
+        if isinstance(e, KeyboardInterrupt):
+            raise with_detail(
+                e, f"every epoch is saved; {option('resume', True)} writes the model and report"
+            ) from None
         raise
 
 
