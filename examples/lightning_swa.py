@@ -6,7 +6,8 @@
 The Lightning recipe (a LightningModule, ``Trainer(devices=8, strategy="ddp")``, Lightning's own
 ``StochasticWeightAveraging``) with ``tfpipe.lightning.ShardDataModule`` as its data: the folds of a shard folder
 as training and validation, every rank the same number of batches, a new order every epoch. On a machine without
-accelerators ``--devices 8`` runs 8 CPU processes. The learning rate is ``--lr`` times the number of devices.
+accelerators ``--devices 8`` runs 8 CPU processes; under ``torchrun`` each machine runs the ranks torchrun started
+(``--devices`` and the number of machines come from it). The learning rate is ``--lr`` times the number of ranks.
 
 The last two lines are the validation fold's exact macro AUC, over all ranks' predictions:
 ``validation AUC <x>`` of the weights of the last epoch, then ``SWA validation AUC <x>`` of the weights averaged
@@ -38,10 +39,10 @@ require("pytorch_lightning")  # or one line saying what to install
 import pytorch_lightning as pl
 
 from tfpipe import console
-from tfpipe.errors import ArgumentParser, TfpipeError, check_count, run_cli
+from tfpipe.errors import ArgumentParser, TfpipeError, check_count, option, run_cli
 from tfpipe.lifecycle import loader_dies_with_this_process
 from tfpipe.lightning import ShardDataModule
-from tfpipe.lightning_ranks import StopOnSigterm, ranks_end_with_rank_zero, supervised, without_tips
+from tfpipe.lightning_ranks import SameStart, StopOnSigterm, ranks_end_with_rank_zero, supervised, without_tips
 from tfpipe.shards import open_shards
 from tfpipe.torch import RecordDataset, gather_rows, sync_buffers
 from train.run import RunConfig
@@ -52,6 +53,7 @@ from train.torch_run import (
     add_run_arguments,
     prepare,
     save_run,
+    start_settings,
     write_predictions,
 )
 
@@ -61,7 +63,9 @@ SWA_LR = 0.1  # the constant LR of the SWA epochs, as a fraction of the peak
 
 def build_parser() -> argparse.ArgumentParser:
     p = ArgumentParser(prog=PROG, description="Train on tfpipe shards with PyTorch Lightning and SWA.")
-    p.add_argument("--devices", type=int, default=8, help="ranks: one process per device")
+    p.add_argument(
+        "--devices", type=int, help="ranks on this machine: one process per device (default 8; under torchrun: its own)"
+    )
     p.add_argument("--epochs", type=int, default=24, help="epochs in all, the SWA epochs included")
     p.add_argument("--swa-epochs", type=int, default=4, help="the last epochs whose weights are averaged")
     add_recipe_arguments(p, per="device")
@@ -118,7 +122,7 @@ class Classifier(pl.LightningModule):
         self.rows.clear()
 
     def configure_optimizers(self) -> Any:
-        """AdamW at lr x devices on one cycle that ends where SWA starts (SWA then swaps in its own SWALR)."""
+        """AdamW at lr x ranks on one cycle that ends where SWA starts (SWA then swaps in its own SWALR)."""
         peak = self.lr * self.trainer.world_size
         optimizer = torch.optim.AdamW(self.parameters(), lr=peak)
         steps = self.swa_start * len(self.trainer.datamodule.train_dataloader())  # RecordDataset's len()
@@ -167,7 +171,25 @@ class LineProgress(pl.Callback):
         self.beat.stop()
 
 
+def torchrun_nodes(args: argparse.Namespace) -> int:
+    """The machines (Lightning's ``num_nodes``): under torchrun (``LOCAL_WORLD_SIZE``, ``WORLD_SIZE``) its world
+    over its ranks a machine, which ``--devices`` becomes (given, it must agree); 1 elsewhere (``--devices`` 8 by
+    default)."""
+    local, world = os.environ.get("LOCAL_WORLD_SIZE", ""), os.environ.get("WORLD_SIZE", "")
+    if not (local.isdigit() and world.isdigit() and int(local) > 0):
+        args.devices = 8 if args.devices is None else args.devices
+        return 1
+    if args.devices not in (None, int(local)):
+        raise TfpipeError(
+            f"{option('devices', args.devices)} but the launcher started {local} ranks on this machine "
+            f"(LOCAL_WORLD_SIZE); leave {option('devices')} out under torchrun"
+        )
+    args.devices = int(local)
+    return max(1, int(world) // int(local))
+
+
 def run(args: argparse.Namespace) -> None:
+    nodes = torchrun_nodes(args)
     check_count(1, devices=args.devices, epochs=args.epochs, swa_epochs=args.swa_epochs)
     if args.swa_epochs >= args.epochs:
         raise TfpipeError(f"--swa-epochs {args.swa_epochs} must leave epochs to train first (--epochs {args.epochs})")
@@ -182,12 +204,15 @@ def run(args: argparse.Namespace) -> None:
     )
     model = Classifier(args.model, data.num_classes, args.lr, args.epochs - args.swa_epochs, args.epochs)
     swa = pl.callbacks.StochasticWeightAveraging(
-        swa_lrs=args.lr * args.devices * SWA_LR, swa_epoch_start=args.epochs - args.swa_epochs, annealing_epochs=1
+        swa_lrs=args.lr * args.devices * nodes * SWA_LR,
+        swa_epoch_start=args.epochs - args.swa_epochs,
+        annealing_epochs=1,
     )
     bar = console.on_terminal()  # Lightning's bar for a person; lines for a log
+    alike = SameStart(start_settings(args))  # every rank the same flags and shards, or none trains
     trainer = pl.Trainer(
-        accelerator="cpu", devices=args.devices, strategy="ddp", max_epochs=args.epochs,
-        callbacks=[swa, StopOnSigterm(), *([] if bar else [LineProgress(args.epochs)])], enable_progress_bar=bar,
+        accelerator="cpu", devices=args.devices, num_nodes=nodes, strategy="ddp", max_epochs=args.epochs,
+        callbacks=[swa, StopOnSigterm(), alike, *([] if bar else [LineProgress(args.epochs)])], enable_progress_bar=bar,
         enable_checkpointing=False, logger=False, enable_model_summary=False, num_sanity_val_steps=0,
     )  # fmt: skip
     with supervised(trainer, PROG):  # a rank or worker that dies, Ctrl-C, SIGTERM: one line (tfpipe.lightning_ranks)
@@ -198,7 +223,8 @@ def run(args: argparse.Namespace) -> None:
         if args.predict:
             trainer.predict(model, dataloaders=test_loader(args, trainer), return_predictions=False)
     if trainer.is_global_zero:
-        finish(args, config, model, {"validation_auc": last, "swa_validation_auc": model.auc[trainer.current_epoch]})
+        metrics = {"validation_auc": last, "swa_validation_auc": model.auc[trainer.current_epoch]}
+        finish(args, config, model, dict(metrics, ranks=trainer.world_size))
 
 
 def test_loader(args: argparse.Namespace, trainer: pl.Trainer) -> torch.utils.data.DataLoader:
@@ -210,11 +236,11 @@ def test_loader(args: argparse.Namespace, trainer: pl.Trainer) -> torch.utils.da
     return torch.utils.data.DataLoader(test, batch_size=args.batch_size, **workers)
 
 
-def finish(args: argparse.Namespace, config: RunConfig | None, model: Classifier, metrics: dict[str, float]) -> None:
+def finish(args: argparse.Namespace, config: RunConfig | None, model: Classifier, metrics: dict[str, Any]) -> None:
     """Rank 0 at the end: the run folder, the submission (the SWA model's), then the two AUC lines (the last)."""
     if args.run and config is not None:
         weights = {MODEL: model.last_weights, MODEL_SWA: model.net.state_dict()}
-        save_run(args.run, config, weights, dict(metrics, epochs=args.epochs, ranks=args.devices))
+        save_run(args.run, config, weights, dict(metrics, epochs=args.epochs))
         print(f"saved {args.run}/{MODEL} and {MODEL_SWA}", flush=True)
     if args.predict and config is not None and model.predicted is not None:
         print(write_predictions(config, args, open_shards(args.predict), *model.predicted) + " (SWA model)", flush=True)

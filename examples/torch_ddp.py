@@ -49,7 +49,7 @@ from tfpipe import console
 from tfpipe.errors import ArgumentParser, TfpipeError, as_command, check_count, option, os_error_line, run_cli
 from tfpipe.lifecycle import die_with_parent, loader_dies_with_this_process
 from tfpipe.net import free_port
-from tfpipe.ranks import LOST_A_RANK, spawn_ranks
+from tfpipe.ranks import LOST_A_RANK, check_same_start, spawn_ranks
 from tfpipe.shards import open_shards
 from tfpipe.torch import RecordDataset, folds_apart, gather_rows, sync_buffers, unique_rows
 from train.run import RunConfig
@@ -59,6 +59,7 @@ from train.torch_run import (
     add_run_arguments,
     prepare,
     save_run,
+    start_settings,
     write_predictions,
 )
 
@@ -242,6 +243,7 @@ def train_rank(rank: int, args: argparse.Namespace, config: RunConfig | None, su
     another rank exits with ``tfpipe.ranks.LOST_A_RANK`` instead, its parent saying why."""
     try:
         with as_command(PROG):
+            check_same_start(start_settings(args), rank)  # the same flags and shards on every rank, or none trains
             start = time.monotonic()
             net, auc = fit(rank, args.processes, args, torch.device("cpu"))
             rows = test_rows(net, args, torch.device("cpu"), None) if args.predict else None

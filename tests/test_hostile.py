@@ -328,6 +328,27 @@ def test_label_cells_read_one_way_only_or_are_named(labeled_folder, tmp_path, ca
     assert not (tmp_path / "o").exists() or not tfrec_files(tmp_path / "o")
 
 
+@pytest.mark.parametrize("column", ["image", "class"])
+def test_one_missing_value_rule_for_every_column_read(labeled_folder, tmp_path, capsys, column):
+    """Ids and a class column refuse pandas' missing-value spellings as labels and groups do (issue #53): one
+    line naming the row and the column, never a real id or class named 'nan'."""
+    rows = [(name, cell.split()[0] if cell else "cat") for name, cell in labeled_folder["rows"]]
+    rows[2] = ("NaN", rows[2][1]) if column == "image" else (rows[2][0], "<NA>")
+    csv_path = str(write_csv(tmp_path / "labels.csv", ["image", "class"], rows))
+    args = [
+        "--csv",
+        csv_path,
+        "--images",
+        labeled_folder["images"],
+        "--out",
+        str(tmp_path / "o"),
+        "--class-col",
+        "class",
+    ]
+    assert write(args) == 2
+    one_line_error(capsys, f"labels.csv: row 3, column '{column}': ", "is a missing-value spelling, not a")
+
+
 def test_python_list_cells_are_read_as_lists_when_asked(labeled_folder, tmp_path):
     cells = ["['cat', 'dog']", "[]", "['dog']", "", "['bird', 'cat']"]
     csv_path = _labels_csv(labeled_folder, tmp_path, cells)

@@ -132,6 +132,19 @@ def test_a_batch_dimension_that_is_not_static_is_refused_naming_it(shard_dir):
     assert "a dimension is not static" in finding.why and "images uint8[3, None, 32, 3]" in finding.culprit
 
 
+@pytest.mark.parametrize("dtype", [tf.int64, tf.uint64])
+def test_every_64_bit_integer_type_is_warned_in_the_input_and_in_the_step(dtype):
+    """A TPU emulates 64-bit integers, signed or not (uint64 passed as all clear before issue #53)."""
+    from train.xla_step import compile_step, dtype_and_shape_findings
+
+    spec = (tf.TensorSpec([4, 8, 8, 3], tf.uint8), tf.TensorSpec([4, 2], dtype))
+    (finding,) = preflight_lib.input_findings(spec, "training batches")
+    assert (finding.level, finding.why) == ("warn", "64-bit input") and dtype.name in finding.culprit
+    step = compile_step(lambda x: tf.cast(tf.cast(x * 100, dtype) + tf.constant(3, dtype), tf.float32), tf.ones([4, 3]))
+    found = dtype_and_shape_findings(step.lowered)  # one a layer (here: an op of no layer each)
+    assert found and all(f.level == "warn" and f.why.startswith(f"{dtype.name} tensor [4,3]") for f in found)
+
+
 def step_bytes(batch_size, image_size):
     """(all, not growing with the batch) bytes of small-cnn's compiled training step."""
     model, _ = build_model("small-cnn", 5, image_size)

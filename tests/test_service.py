@@ -73,10 +73,12 @@ def epochs_of_ids(ds, batches, epochs):
 
 
 @pytest.mark.slow
-def test_through_two_workers_every_epoch_holds_each_record_once_as_in_process(shard_dir, service):
+def test_through_two_workers_every_epoch_holds_each_record_once_as_in_process(shard_dir, service, monkeypatch):
     """40 records, batches of 8: each of three epochs through the service yields the records of one epoch of
-    the in-process pipeline (as a multiset: each once), in batches of the same static shapes."""
-    folder, names = shard_dir[0], sorted(shard_dir[1])
+    the in-process pipeline (as a multiset: each once), in batches of the same static shapes. The folder is given
+    relative to this process's folder, not the workers' (issue #53: they resolved it in their own)."""
+    monkeypatch.chdir(os.path.dirname(shard_dir[0]))
+    folder, names = os.path.basename(shard_dir[0]), sorted(shard_dir[1])
     # the reference in a fixed order: unordered parallel maps after ``repeat`` may pass a record of the next epoch
     # before one of this epoch (measured once in five runs beside other tests), and the epochs would not be exact
     here = tfpipe.make_dataset(folder, 8, training=True, with_ids=True, deterministic=True)
@@ -165,6 +167,60 @@ def test_make_dataset_refuses_what_a_service_cannot_give_in_one_line(shard_dir, 
         given = {"service": busy, "training": True, **kwargs}
         with pytest.raises(TfpipeError, match=says):
             tfpipe.make_dataset(folder, 4, **given)
+
+
+def test_a_worker_this_machine_cannot_dial_is_refused_and_a_worker_gone_mid_training_ends_it(shard_dir):
+    """Issue #53: a worker registered under an address the trainer cannot dial (a mistyped --address, a dead
+    worker still listed) passed the check and the trainer waited forever. It is refused in one line naming the
+    worker; and while training, ``WorkerWatch`` ends the job in one line once a worker has been silent for its
+    time while no step ended (steps still ending: it waits)."""
+    import tensorflow as tf
+
+    from tfpipe.data_service import WorkerWatch
+
+    service = tf.data.experimental.service
+    dispatcher = service.DispatchServer(service.DispatcherConfig(port=0))
+    target = f"127.0.0.1:{dispatcher._server.bound_port()}"
+    unreachable = service.WorkerServer(service.WorkerConfig(dispatcher_address=target, worker_address="127.0.0.1:1"))
+    try:
+        with pytest.raises(TfpipeError, match=r"its worker 127.0.0.1:1 does not answer from this machine \(unavail"):
+            tfpipe.make_dataset(shard_dir[0], 4, training=True, service=f"grpc://{target}")
+    finally:
+        unreachable._stop()
+        dispatcher._stop()
+    dispatcher = service.DispatchServer(service.DispatcherConfig(port=0))
+    target = f"127.0.0.1:{dispatcher._server.bound_port()}"
+    worker = service.WorkerServer(service.WorkerConfig(dispatcher_address=target, port=0))
+    address = f"localhost:{worker._server.bound_port()}"
+    ended = []
+    watch = WorkerWatch(f"grpc://{target}", "train.fit", gone_seconds=1.0, poll=0.2, end=ended.append)
+    assert watch.check() is None  # the live worker answers
+    watch.start()
+    worker._stop()
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline:  # steps still end: a silent worker the trainer does not need is waited for
+        watch.stepped()
+        time.sleep(0.05)
+    assert ended == []
+    deadline = time.monotonic() + 10
+    while not ended and time.monotonic() < deadline:
+        time.sleep(0.1)
+    watch.stop()
+    dispatcher._stop()
+    assert len(ended) == 1 and ended[0].startswith(
+        f"train.fit: error: the tf.data service worker {address} has not ans"
+    )
+    assert "start it again at that address" in ended[0] and "resume=True continues from the last backup" in ended[0]
+
+
+def test_a_shard_the_reading_process_cannot_find_though_it_is_here_is_not_called_a_rewrite(shard_dir):
+    import tensorflow as tf
+
+    shard = tfpipe.open_shards(shard_dir[0]).files[0]
+    with pytest.raises(TfpipeError, match=r"a process reading for this job found no such file, though it is here"):
+        with tfpipe.naming_corrupt_shards(shard_dir[0]):
+            raise tf.errors.NotFoundError(None, None, f"{shard}; No such file or directory")
+    assert tfpipe.open_shards(os.path.relpath(shard_dir[0])).absolute().files[0] == shard
 
 
 def test_the_commands_refuse_bad_addresses_ports_and_a_deterministic_service_in_one_line(shard_dir, tmp_path):

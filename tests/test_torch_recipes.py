@@ -125,6 +125,22 @@ def test_torch_ddp_example_learns_the_demo_on_8_processes_and_submits(demo_shard
     check_run_and_submission(run, run / "submission.csv", demo_test_shards, ["model.pt"], auc)
 
 
+def torchrun_nodes(commands, tmp_path, timeout):
+    """Runs each torchrun command (a "node") at once, waits for all, kills any left; returns them and their
+    (stdout, stderr) log files (files: no pipe fills up)."""
+    env = {**os.environ, "PYTHONPATH": ROOT, "GLOO_SOCKET_IFNAME": "lo"}
+    logs = [(tmp_path / f"node{i}.out", tmp_path / f"node{i}.err") for i in range(len(commands))]
+    nodes = [subprocess.Popen(command, cwd=ROOT, env=env, stdout=out.open("w"), stderr=err.open("w"))
+             for command, (out, err) in zip(commands, logs)]  # fmt: skip
+    try:
+        for node in nodes:
+            node.wait(timeout=timeout)
+    finally:
+        for node in nodes:
+            node.kill()
+    return nodes, logs
+
+
 @pytest.mark.slow
 def test_torch_ddp_under_torchrun_on_two_nodes_learns_the_demo_and_submits(demo_shards, demo_test_shards, tmp_path):
     """Two torchrun agents (two "nodes") of 2 ranks each meet at a c10d rendezvous on 127.0.0.1: the script starts
@@ -135,16 +151,7 @@ def test_torch_ddp_under_torchrun_on_two_nodes_learns_the_demo_and_submits(demo_
                 "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "test", "--",
                 "examples/torch_ddp.py", "--records", demo_shards, "--epochs", "24", "--batch-size", "8",
                 "--run", str(run), "--predict", demo_test_shards, "--out", str(run / "submission.csv")]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": ROOT, "GLOO_SOCKET_IFNAME": "lo"}
-    logs = [(tmp_path / f"node{i}.out", tmp_path / f"node{i}.err") for i in range(2)]  # files: no pipe fills up
-    nodes = [subprocess.Popen(torchrun, cwd=ROOT, env=env, stdout=out.open("w"), stderr=err.open("w"))
-             for out, err in logs]  # fmt: skip
-    try:
-        for node in nodes:
-            node.wait(timeout=900)
-    finally:
-        for node in nodes:
-            node.kill()
+    nodes, logs = torchrun_nodes([torchrun, torchrun], tmp_path, timeout=900)
     outputs = [(out.read_text(), err.read_text()) for out, err in logs]
     assert [node.returncode for node in nodes] == [0, 0], outputs[0][1][-3000:] + outputs[1][1][-3000:]
     printed = [out.strip().splitlines() for out, _ in outputs]
@@ -156,6 +163,30 @@ def test_torch_ddp_under_torchrun_on_two_nodes_learns_the_demo_and_submits(demo_
     assert float(auc) >= 0.85  # as the 8 processes of the test above
     check_run_and_submission(run, run / "submission.csv", demo_test_shards, ["model.pt"], auc)
     assert json.loads((run / "metrics.json").read_text())["ranks"] == 4
+
+
+@pytest.mark.parametrize(
+    "script", ["examples/torch_ddp.py", pytest.param("examples/lightning_swa.py", marks=pytest.mark.slow)]
+)
+def test_torchrun_nodes_started_with_other_settings_are_refused_on_every_rank(shard_dir, tmp_path, script):
+    """Two torchrun nodes whose commands differ in --lr (issue #53: they trained together and exited 0, the
+    ranks' weights drifting apart): every rank refuses before the first step, in one line naming the setting
+    and both values; no run folder is written."""
+    port = free_port()
+    commands = [[sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+                 "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "alike", "--",
+                 script, "--records", shard_dir[0], "--epochs", "2", "--lr", lr, "--run", str(tmp_path / f"run{i}"),
+                 *(["--swa-epochs", "1"] if "lightning" in script else [])]
+                for i, lr in enumerate(["0.001", "0.05"])]  # fmt: skip
+    nodes, logs = torchrun_nodes(commands, tmp_path, timeout=300)
+    prog = os.path.basename(script).removesuffix(".py")
+    for i, (out, err) in enumerate(logs):
+        said = [ln for ln in err.read_text().splitlines() if ln.startswith(f"{prog}: error: ")]
+        assert nodes[i].returncode != 0 and said == [
+            f"{prog}: error: rank {i}: the ranks do not start alike: --lr is 0.05 on rank 1 and 0.001 on rank 0; "
+            "start every rank with the same command (paths may differ between machines, the shards they name may not)"
+        ], err.read_text()[-3000:]
+        assert "epoch 1" not in out.read_text() and not (tmp_path / f"run{i}" / "model.pt").exists()
 
 
 @pytest.mark.parametrize("local_rank", ["0", "1"])

@@ -472,6 +472,86 @@ def test_a_tf_data_pass_read_across_a_rewrite_ends_in_an_error_naming_the_folder
             list(ds)
 
 
+def cut_shard(path, keep):
+    """Rewrites the shard at ``path`` with its records ``keep`` (a slice or list of indices): a shard cut short
+    at a record boundary, or grown, in place -- what a copy in place or a file still being written leaves."""
+    from tfpipe.tfrecord import RecordWriter, read_records
+
+    records = list(read_records(str(path)))
+    with RecordWriter(str(path)) as w:
+        for i in keep if isinstance(keep, list) else range(len(records))[keep]:
+            w.write(records[i])
+
+
+def test_a_pass_over_a_shard_cut_short_or_grown_after_it_was_opened_is_refused_naming_it(tmp_path):
+    """Each shard's record count is checked in TensorFlow ops as a pass reaches its end (issue #53): a shard cut
+    at a record boundary, or grown by a record, after the folder was opened ends every pass -- make_dataset's,
+    the columns' -- in one line naming the shard and both counts, never a pass of 11 records."""
+    from tfpipe.read import read_in_order
+
+    source, out = small_source(tmp_path / "src"), tmp_path / "out"
+    write(source, out, num_shards=3, classes=["a", "b"])
+    shards = tfpipe.open_shards(str(out))
+    second = shards.files[1]
+    evaluation = tfpipe.make_dataset(shards, 4)
+    cut_shard(second, slice(0, 3))  # 4 records -> 3
+    for a_pass in (lambda: list(evaluation), lambda: tfpipe.image_names(shards), lambda: list(read_in_order(shards))):
+        with pytest.raises(TfpipeError, match=rf"{re.escape(second)}: holds 3 records, expected 4: it changed while"):
+            with tfpipe.naming_corrupt_shards(shards):
+                a_pass()
+    cut_shard(second, [0, 1, 2, 2, 1])  # 5 records
+    training = tfpipe.make_dataset(shards, 4, training=True, seed=0, image_size=16)
+    with pytest.raises(TfpipeError, match=rf"{re.escape(second)}: holds 5 records, expected 4"):
+        with tfpipe.naming_corrupt_shards(shards):
+            for _ in training.take(6):  # one epoch is 3 batches: the grown shard is read within two
+                pass
+
+
+def test_a_pass_over_files_without_a_count_says_once_that_it_cannot_check_them(tmp_path):
+    """Files renamed without the count tfpipe.write puts in their names, read as a list (no manifest): the pass
+    reads them whole but cannot check their counts, and says so (once a reader, as a warning)."""
+    import warnings
+
+    source, out = small_source(tmp_path / "src"), tmp_path / "out"
+    write(source, out, num_shards=2, classes=["a", "b"])
+    files = []
+    for i, f in enumerate(tfpipe.open_shards(str(out)).files):
+        files.append(str(tmp_path / f"part{i}.tfrec"))
+        shutil.copy(f, files[-1])
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        assert len(list(tfpipe.make_dataset(files, 4, num_classes=2, image_size=16).unbatch())) == 12
+    assert [str(w.message) for w in said] == [
+        f"{files[0]} and 1 more shard files: some files carry no record count (no manifest, no count in their "
+        "names): a pass over them cannot check that it read each file whole"
+    ]
+
+
+def test_predict_refuses_a_test_shard_cut_while_the_model_loads(trained_run, tmp_path, monkeypatch):
+    """The case that wrote a submission of shifted rows: the second test shard cut short at a record boundary
+    while the model loads. Predict reads rows by their weights and every pass checks each shard's count: one
+    line naming the shard, no submission."""
+    import train.inference
+    from train.predict import predict
+
+    run, _, test = trained_run
+    copy = tmp_path / "test"
+    shutil.copytree(test, copy)
+    shard = tfpipe.open_shards(str(copy)).files[1]
+    loading = train.inference.load_run
+
+    def load_and_cut(*args):
+        model = loading(*args)
+        cut_shard(shard, slice(0, -1))
+        return model
+
+    monkeypatch.setattr(train.inference, "load_run", load_and_cut)
+    out = tmp_path / "submission.csv"
+    with pytest.raises(TfpipeError, match=rf"{re.escape(shard)}: holds \d+ records, expected \d+: it changed"):
+        predict(run, str(copy), str(out), strategy="cpu", probabilities=True, swa=False, progress=False)
+    assert not out.exists()
+
+
 def test_a_fit_interrupted_in_its_report_resumes_without_training_again(shard_dir, tmp_path, monkeypatch):
     """Ctrl-C after the last epoch (saving the model, in the report): ``--resume`` continues from the kept backup
     with nothing to train, reports, and counts every epoch once. A run folder whose history has epochs and no

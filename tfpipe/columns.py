@@ -15,19 +15,19 @@ if TYPE_CHECKING:
     import tensorflow as tf
 else:
     tf = require("tensorflow")  # or one line saying what to install
-from tfpipe import schema
+from tfpipe import fs, schema
 from tfpipe.errors import TfpipeError
-from tfpipe.parse import AUTOTUNE, ReadOptions
+from tfpipe.parse import AUTOTUNE
+from tfpipe.passes import REWRITTEN, read_in_order
 from tfpipe.shard_names import SHARD_NAMES
 from tfpipe.shards import MANIFEST, Records, Shards, open_shards, verify
-
-REWRITTEN = "was rewritten while this job read it"
 
 
 @contextlib.contextmanager
 def naming_corrupt_shards(records: Records) -> Iterator[None]:
-    """Turns TensorFlow's ``DataLossError`` (which names no file) into a ``TfpipeError`` naming the bad shard, and
-    its ``PermissionDeniedError`` (a shard this user cannot read) into one line naming it.
+    """Turns TensorFlow's errors about a shard into one line naming it (``TfpipeError``): ``DataLossError``
+    (which names no file), ``shard_reader``'s checks (the folder rewritten, a shard's count changed while a pass
+    read it), a shard gone (or not found by another process reading for this job) and one this user cannot read.
 
     Example::
 
@@ -36,28 +36,64 @@ def naming_corrupt_shards(records: Records) -> Iterator[None]:
     """
     try:
         yield
-    except tf.errors.DataLossError as e:
-        problems = verify(open_shards(records))
-        raise TfpipeError(
-            problems[0] if problems else f"{records}: corrupt data ({e.message.splitlines()[0]})"
-        ) from None
-    except tf.errors.InvalidArgumentError as e:  # shard_reader's assertion: the folder was rewritten meanwhile
-        if REWRITTEN not in e.message:
+    except tf.errors.OpError as e:
+        line = shard_error_line(e, records)
+        if line is None:
             raise
+        raise TfpipeError(line) from None
+
+
+def shard_error_line(e: tf.errors.OpError, records: Records) -> str | None:
+    """The line ``naming_corrupt_shards`` says for ``e``; None for an error that is not about a shard."""
+    if isinstance(e, tf.errors.DataLossError):
+        problems = verify(open_shards(records))
+        return problems[0] if problems else f"{records}: corrupt data ({e.message.splitlines()[0]})"
+    if isinstance(e, tf.errors.InvalidArgumentError) and REWRITTEN in e.message:  # shard_reader's identity check
         said = re.search(rf"\[([^\[\]]* {REWRITTEN} [^\[\]]*)\]", e.message)
         what = said.group(1) if said else f"{records} {REWRITTEN}"
-        raise TfpipeError(f"{what}; nothing of this pass counts -- run it again on the new shards") from None
-    except tf.errors.NotFoundError as e:  # a shard or the manifest gone from under a pass (a rewrite renamed them)
-        names = re.escape(SHARD_NAMES.suffix) + "|" + re.escape(MANIFEST)  # a shard's or the manifest's
-        gone = re.search(r"(\S+(?:" + names + r")); No such file", e.message)
-        if gone is None:
-            raise
-        raise TfpipeError(
-            f"{gone.group(1)} vanished while this job read it: {records} {REWRITTEN} or deleted"
-        ) from None
-    except tf.errors.PermissionDeniedError as e:  # its message names the file among graph and op names
+        return f"{what}; nothing of this pass counts -- run it again on the new shards"
+    if isinstance(e, tf.errors.FailedPreconditionError):
+        return _count_changed(e.message, records)
+    if isinstance(e, tf.errors.NotFoundError):
+        return _not_found(e.message, records)
+    if isinstance(e, tf.errors.PermissionDeniedError):  # its message names the file among graph and op names
         named = next((f for f in open_shards(records).files if f in e.message), f"a shard of {records}")
-        raise TfpipeError(f"{named}: this user cannot read it (permission denied); give it read access") from None
+        return f"{named}: this user cannot read it (permission denied); give it read access"
+    return None
+
+
+def _count_changed(message: str, records: Records) -> str | None:
+    """``shard_reader``'s count check: a shard cut short or grown while a pass read it, named by reading the
+    shards again (``verify``), with both counts."""
+    counts = re.search(r"expected to contain (\d+) elements but contained (only|at least) (\d+)", message)
+    if counts is None:
+        return None
+    problems = [p for p in verify(open_shards(records)) if "records, expected" in p]
+    more = counts.group(2) == "at least"
+    what = problems[0] if problems else (
+        f"a shard of {records} held {'more than ' * more}{int(counts.group(3)) - more} records while this job read "
+        f"it, its count says {counts.group(1)}"
+    )  # fmt: skip
+    return (
+        f"{what}: it changed while this job read it (copied in place? still being written?); nothing of this "
+        "pass counts -- run it again once the shards are whole (python -m tfpipe.inspect --verify)"
+    )
+
+
+def _not_found(message: str, records: Records) -> str | None:
+    """A shard or the manifest gone from under a pass (a rewrite renamed them), or not found by another process
+    reading for this job (a service's worker) though it is here."""
+    names = re.escape(SHARD_NAMES.suffix) + "|" + re.escape(MANIFEST)  # a shard's or the manifest's
+    gone = re.search(r"(\S+(?:" + names + r")); No such file", message)
+    if gone is None:
+        return None
+    if fs.exists(gone.group(1)):
+        return (
+            f"{gone.group(1)}: a process reading for this job found no such file, though it is here: a tf.data "
+            "service worker on another machine or in another folder? every worker needs the shards at the same "
+            "path (a shared disk, gs://)"
+        )
+    return f"{gone.group(1)} vanished while this job read it: {records} {REWRITTEN} or deleted"
 
 
 def count_examples(records: Records, folds: Sequence[int] | None = None) -> int:
@@ -71,8 +107,7 @@ def count_examples(records: Records, folds: Sequence[int] | None = None) -> int:
 def _read_column(records: Records, folds: Sequence[int] | None, key: str) -> list[Any]:
     """One parsed feature of every record, in written order (no image decoding)."""
     spec = schema.feature_spec((key,))
-    files = list(open_shards(records, folds).files)
-    ds = tf.data.TFRecordDataset(files, buffer_size=ReadOptions().read_buffer).batch(1024)
+    ds = read_in_order(open_shards(records, folds)).batch(1024)
     ds = ds.map(lambda s: tf.io.parse_example(s, spec)[key], num_parallel_calls=AUTOTUNE)
     return [row for batch in ds.as_numpy_iterator() for row in batch]
 

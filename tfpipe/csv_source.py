@@ -17,13 +17,13 @@ from tfpipe import fs
 from tfpipe.errors import TfpipeError, in_command, option
 from tfpipe.labels import (
     ASCII_SPACE,
-    MISSING,
     LabelFormat,
     check_label_spellings,
     check_separator,
     clean_label,
     label_cell,
     nfc,
+    present,
     refuse_twin_spellings,
 )
 
@@ -87,11 +87,9 @@ def _groups(df: pd.DataFrame, group_col: str, csv_path: str, taken: Mapping[str,
     first_row: dict[str, str] = {}
     for row, cell in enumerate(df[group_col], start=1):
         where = f"{csv_path}: row {row}, column {group_col!r}"
-        if not cell.strip():
-            raise TfpipeError(
-                f"{where}: empty group; every image needs its group (give an image of no known group a name of its own)"
-            )
-        group = clean_label(cell.strip(), where, makes="a group")
+        fix = "every image needs its group (give an image of no known group a name of its own)"
+        value = present(cell, where, "group", fix)
+        group = clean_label(value, where, makes="a group")
         first_row.setdefault(group, f"row {row}")
         groups.append(group)
     refuse_twin_spellings(first_row, csv_path, what="groups")
@@ -150,8 +148,7 @@ def _check_ids(ids: Sequence[str], image_col: str, csv_path: str) -> None:
     when ids are matched to files.)"""
     first: dict[str, int] = {}
     for row, name in enumerate(ids, start=1):
-        if not name:
-            raise TfpipeError(f"{csv_path}: row {row}: empty id in column {image_col!r}")
+        present(name, f"{csv_path}: row {row}, column {image_col!r}", "id", "every row needs its image's id")
         if name in first:
             raise TfpipeError(
                 f"{csv_path}: id {name!r} appears twice (rows {first[name]} and {row}); ids must be unique"
@@ -200,12 +197,9 @@ def _class_labels(df: pd.DataFrame, class_col: str, csv_path: str) -> list[tuple
     _require_columns(df, [class_col], csv_path, "class_col")
     out: list[tuple[str, ...]] = []
     for row, value in enumerate(df[class_col], start=1):
-        if not value.strip(ASCII_SPACE) or value.strip(ASCII_SPACE) in MISSING:
-            raise TfpipeError(
-                f"{csv_path}: row {row}: no class in column {class_col!r} ({value!r}); "
-                "single-label data needs one class per row"
-            )
-        out.append((clean_label(value.strip(ASCII_SPACE), f"{csv_path}: row {row}, column {class_col!r}: {value!r}"),))
+        where = f"{csv_path}: row {row}, column {class_col!r}"
+        present(value.strip(ASCII_SPACE), where, "class", "single-label data needs one class per row")
+        out.append((clean_label(value.strip(ASCII_SPACE), f"{where}: {value!r}"),))
     return out
 
 

@@ -7,18 +7,27 @@ records parsed, shuffled, decoded and augmented per image -- as a ``distributed_
 comes once; the trainer repeats it (each epoch a new job) and makes the batches itself, so every batch is
 whole (static shapes) and the epochs follow each other as in one process.
 
-A worker that dies mid-epoch: the trainer's input waits for it -- TensorFlow's client has no timeout -- until a
-worker is started again at the same address (``--address`` and ``--port``; give workers fixed ports for this).
-The epoch then goes on; the records the dead worker held are missed by that epoch (TensorFlow's "at most once"),
-none comes twice, and the next epoch reads every record again. Workers can be added at any time.
+Every worker the dispatcher lists must answer this machine before training starts (``check_service``: a worker
+registered under an address the trainer cannot dial would be waited for forever). A worker that dies mid-epoch:
+the trainer's input waits for it -- TensorFlow's client has no timeout -- until a worker is started again at the
+same address (``--address`` and ``--port``; give workers fixed ports for this). The epoch then goes on; the
+records the dead worker held are missed by that epoch (TensorFlow's "at most once"), none comes twice, and the
+next epoch reads every record again. ``train.fit`` waits ``GONE_SECONDS`` for it (``WorkerWatch``), then ends in
+one line. Workers can be added at any time. Local shard paths are sent absolute (``Shards.absolute``): a worker
+resolves a relative one in its own folder.
 """
 
 from __future__ import annotations
 
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from tfpipe.deps import require
 from tfpipe.errors import TfpipeError, option
+from tfpipe.lifecycle import exit_now
 from tfpipe.net import MAX_PORT, host_and_port
 
 if TYPE_CHECKING:
@@ -27,6 +36,9 @@ if TYPE_CHECKING:
 COMMAND = "tfpipe.service"  # the command that starts a dispatcher or worker, named in the lines here
 GROUP = 32  # images a message from a worker: one gRPC round trip per group, not per image
 GET_WORKERS = "/tensorflow.data.DispatcherService/GetWorkers"  # TensorFlow's dispatcher.proto
+WORKER_TASKS = "/tensorflow.data.WorkerService/GetWorkerTasks"  # TensorFlow's worker.proto: what any worker answers
+GONE_SECONDS = 120.0  # a worker silent this long while no training step ends: the trainer stops waiting for it
+POLL_SECONDS = 10.0
 
 
 def served(ds: tf.data.Dataset, service: str) -> tf.data.Dataset:
@@ -77,4 +89,138 @@ def dispatcher_problem(target: str, need_workers: bool, timeout: float = 5.0) ->
             return f"{said}; start one with python -m {COMMAND} dispatcher --port {target.rpartition(':')[2]}"
     if need_workers and not workers:  # the reply lists the workers: empty bytes, none
         return f"the dispatcher has no workers; start one with python -m {COMMAND} worker --dispatcher {target}"
+    if need_workers:  # a worker the dispatcher lists but this machine cannot dial: the trainer would wait forever
+        for address in worker_addresses(workers):
+            problem = worker_problem(address, timeout)
+            if problem:
+                return (
+                    f"its worker {address} {problem}; start the worker with --address set to a name or IP this "
+                    f"machine reaches it by (python -m {COMMAND} worker --address HOST), or stop a worker that is gone"
+                )
     return None
+
+
+def worker_addresses(reply: bytes) -> list[str]:
+    """The addresses in the dispatcher's ``GetWorkersResponse`` (``repeated WorkerInfo workers = 1``, each with
+    ``string address = 1``), read from the wire format: TensorFlow ships no Python class for it."""
+    return [dict(_fields(info)).get(1, b"").decode("utf-8", "replace") for field, info in _fields(reply) if field == 1]
+
+
+def _fields(data: bytes) -> Iterator[tuple[int, bytes]]:
+    """(field number, bytes) of each length-delimited field of a protobuf message; varints are skipped."""
+    i = 0
+    while i < len(data):
+        key, i = _varint(data, i)
+        if key & 7 == 2:
+            n, i = _varint(data, i)
+            yield key >> 3, data[i : i + n]
+            i += n
+        elif key & 7 == 0:
+            _, i = _varint(data, i)
+        else:  # no other wire type in these messages
+            return
+
+
+def _varint(data: bytes, i: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = data[i]
+        i += 1
+        value |= (byte & 0x7F) << shift
+        shift += 7
+        if byte < 0x80:
+            return value, i
+
+
+def worker_problem(address: str, timeout: float = 5.0) -> str | None:
+    """Why ``address`` (HOST:PORT) does not answer as a tf.data service worker (its ``GetWorkerTasks``), None when
+    it does."""
+    grpc = require("grpc")
+
+    with grpc.insecure_channel(address) as channel:
+        try:
+            channel.unary_unary(WORKER_TASKS)(b"", timeout=timeout)
+        except grpc.RpcError as e:
+            if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                return f"did not answer from this machine within {timeout:.0f} s"
+            return f"does not answer from this machine ({e.code().name.lower()})"
+    return None
+
+
+class WorkerWatch:
+    """While a trainer consumes a service: every ``poll`` seconds the dispatcher's workers are dialled, and a
+    worker that has not answered for ``gone_seconds`` while no training step ended ends the process in one line
+    (``end``; by default ``tfpipe.lifecycle.exit_now(2)``): TensorFlow's client waits for a lost worker forever,
+    so a dead or unreachable worker would otherwise leave the trainer saying "still compiling" or nothing at
+    all. A worker restarted at the same address within ``gone_seconds`` (the epoch then goes on) is waited for;
+    so is one that the trainer does not need (steps still ending)."""
+
+    def __init__(
+        self,
+        service: str,
+        prog: str,
+        gone_seconds: float = GONE_SECONDS,
+        poll: float = POLL_SECONDS,
+        end: Callable[[str], None] | None = None,
+    ) -> None:
+        self.target, self.prog = service.removeprefix("grpc://"), prog
+        self.gone_seconds, self.poll, self.end = gone_seconds, poll, end or _end_now
+        self.resume = option("resume", True)  # spelt here: the watching thread does not see the command's context
+        self.last_step = time.monotonic()
+        self.silent_since: dict[str, float] = {}  # worker address -> when it first did not answer
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._watch, name="tfpipe-service-watch", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stepped(self) -> None:
+        self.last_step = time.monotonic()
+
+    def stop(self) -> None:
+        self.stopped.set()
+
+    def _watch(self) -> None:
+        while not self.stopped.wait(self.poll):
+            line = self.check()
+            if line and not self.stopped.is_set():
+                self.end(line)
+                return
+
+    def check(self) -> str | None:
+        """One round: the line that ends training, or None."""
+        now = time.monotonic()
+        listed = set(worker_addresses(_get_workers(self.target, self.poll)))
+        for address in listed | set(self.silent_since):  # one the dispatcher dropped is still missed
+            if worker_problem(address, min(self.poll, 5.0)) is None:
+                self.silent_since.pop(address, None)
+            else:
+                self.silent_since.setdefault(address, now)
+        for address, since in self.silent_since.items():
+            waited = now - max(since, self.last_step)
+            if waited >= self.gone_seconds:
+                return (
+                    f"{self.prog}: error: the tf.data service worker {address} has not answered for "
+                    f"{now - since:.0f} s and training waited for it {waited:.0f} s; start it again at that address "
+                    f"(python -m {COMMAND} worker --address HOST --port PORT), then {self.resume} "
+                    "continues from the last backup"
+                )
+        return None
+
+
+def _get_workers(target: str, timeout: float) -> bytes:
+    """The dispatcher's ``GetWorkers`` reply; empty when the dispatcher does not answer (the workers are dialled
+    as last seen)."""
+    grpc = require("grpc")
+
+    with grpc.insecure_channel(target) as channel:
+        try:
+            reply: bytes = channel.unary_unary(GET_WORKERS)(b"", timeout=timeout)
+        except grpc.RpcError:
+            return b""
+    return reply
+
+
+def _end_now(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+    exit_now(2)

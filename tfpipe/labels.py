@@ -163,6 +163,20 @@ LIST_SEP = "list"  # LabelFormat.sep / --sep for cells holding Python lists: ['c
 MISSING = frozenset({"nan", "NaN", "NAN", "<NA>", "None", "null", "NULL", "N/A", "n/a", "#N/A"})  # pandas' "missing"
 
 
+def present(cell: str, where: str, what: str, fix: str) -> str:
+    """The one missing-value rule of every CSV column read (ids, groups, classes; a label list's items use
+    ``MISSING`` in ``label_cell``): ``cell`` without the whitespace around it, or one line naming ``where`` (the
+    file, row and column) when it is empty or a missing-value spelling (``nan``: what pandas writes for an empty
+    cell after ``astype(str)``), which would otherwise be read as one real ``what`` shared by every such row."""
+    value = cell.strip()
+    if not value:
+        raise TfpipeError(f"{where}: empty {what}; {fix}")
+    if value in MISSING:
+        article = "an" if what[0] in "aeiou" else "a"
+        raise TfpipeError(f"{where}: {value!r} is a missing-value spelling, not {article} {what}; {fix}")
+    return value
+
+
 def label_cell(
     cell: str, sep: str, row: int, column: str, csv_path: str, *, spaces_in_names: bool = False
 ) -> tuple[str, ...]:

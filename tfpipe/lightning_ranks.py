@@ -32,6 +32,7 @@ from lightning_fabric.strategies.launchers.subprocess_script import _ChildProces
 from pytorch_lightning.strategies.launchers import subprocess_script as lightning_launcher
 
 from tfpipe.lifecycle import STOPS, die_with_parent, exit_now
+from tfpipe.ranks import check_same_start
 
 SIGTERM_CODE = STOPS[signal.SIGTERM][0]  # 143
 PARENT_PID = "TFPIPE_LIGHTNING_PARENT_PID"  # rank 0's pid, for the ranks it starts
@@ -95,6 +96,18 @@ class StopOnSigterm(pl.Callback):
             raise SystemExit(SIGTERM_CODE)
 
         signal.signal(signal.SIGTERM, handler)
+
+
+class SameStart(pl.Callback):
+    """Every rank starts alike (``tfpipe.ranks.check_same_start``), checked as Lightning sets the ranks up for
+    fitting: before the first step, on every rank."""
+
+    def __init__(self, settings: dict[str, object]) -> None:
+        self.settings = settings
+
+    def setup(self, trainer: pl.Trainer, module: pl.LightningModule, stage: str) -> None:
+        if stage == "fit":
+            check_same_start(self.settings, trainer.global_rank)
 
 
 class NoTips(logging.Filter):

@@ -15,7 +15,7 @@ import contextlib
 import logging
 import signal
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from tfpipe.errors import TfpipeError
@@ -80,3 +80,26 @@ def ranks_stopped_on_exit(processes: Sequence[Any], grace_seconds: float = 5.0) 
         raise Terminated(f"{e}; every rank stopped", e.signum) from None
     finally:
         stop_processes(processes, grace_seconds)
+
+
+def check_same_start(settings: Mapping[str, object], rank: int) -> None:
+    """Every rank of a started process group starts alike: ``settings`` (a recipe's flags and the dataset ids of
+    its shards, ``train.torch_run.start_settings``) are gathered from every rank and compared with rank 0's, so
+    all of them refuse together, in the same line naming the first setting that differs. Ranks started with
+    another ``--lr`` would otherwise train together, their weights drifting apart, and others fail late with
+    messages that blame the data. ``train.fit --strategy multiworker`` checks its workers the same way."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():  # one process: nothing to compare
+        return
+    everyone: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, dict(settings))
+    first = everyone[0]
+    for key in [*first, *(k for s in everyone for k in s if k not in first)]:
+        other = next((r for r, s in enumerate(everyone) if s.get(key) != first.get(key)), None)
+        if other is not None:
+            raise TfpipeError(
+                f"rank {rank}: the ranks do not start alike: {key} is {everyone[other].get(key)!r} on rank {other} "
+                f"and {first.get(key)!r} on rank 0; start every rank with the same command (paths may differ "
+                "between machines, the shards they name may not)"
+            )

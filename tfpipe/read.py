@@ -10,8 +10,7 @@ the model (normalising there moves 4x fewer bytes to the accelerator).
 
 from __future__ import annotations
 
-import posixpath
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Literal
 
 from tfpipe.deps import require
@@ -26,7 +25,6 @@ from tfpipe.batches import evaluation_batches as evaluation_batches
 from tfpipe.batches import pad_to_replicas as pad_to_replicas
 from tfpipe.batches import shard_for_input as shard_for_input
 from tfpipe.batches import training_batches as training_batches
-from tfpipe.columns import REWRITTEN
 from tfpipe.columns import check_no_image_twice as check_no_image_twice
 from tfpipe.columns import count_examples as count_examples
 from tfpipe.columns import image_digests as image_digests
@@ -40,6 +38,8 @@ from tfpipe.parse import AUTOTUNE
 from tfpipe.parse import Parser as Parser
 from tfpipe.parse import ReadOptions as ReadOptions
 from tfpipe.parse import targets_from_indices as targets_from_indices
+from tfpipe.passes import read_in_order as read_in_order
+from tfpipe.passes import read_shuffled as read_shuffled
 from tfpipe.shards import MANIFEST, Records, Shards, fold_split, open_shards
 
 
@@ -132,6 +132,8 @@ def make_dataset(
             "records shared between pipelines would be kept by each worker's stream; one host consumes a service"
         )
     shards = open_shards(records, folds)
+    if service is not None:  # the workers open the files: a relative path would be resolved in their own folders
+        shards = shards.absolute()
     if training and not shards.labeled:
         raise TfpipeError(f"{records}: written unlabeled ({MANIFEST}: labeled false); training needs labels")
     parser = Parser.for_shards(
@@ -173,81 +175,6 @@ def _check_modes(
     if deterministic:
         raise TfpipeError("deterministic=True fixes the input order, and the workers of service= race for it")
     check_service(service)
-
-
-def read_in_order(
-    shards: Shards,
-    *,
-    input_context: tf.distribute.InputContext | None = None,
-    options: ReadOptions = ReadOptions(),
-) -> tf.data.Dataset:
-    """Serialized records in the written order (shards sorted by name, records in file order); under a
-    strategy, this input pipeline's part of them. The folder is checked as each shard opens and after the last
-    record (``shard_reader``)."""
-    files, shard_records = shard_for_input(shards.files, input_context)
-    ds = shard_names([*files, END_OF_PASS], shards)
-    ds = ds.flat_map(shard_reader(shards, options))  # file after file: the written order
-    if shard_records and input_context is not None:  # shard_records: several pipelines, so a context
-        ds = ds.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
-    return ds
-
-
-def read_shuffled(
-    shards: Shards,
-    *,
-    seed: int | None = None,
-    deterministic: bool = False,
-    input_context: tf.distribute.InputContext | None = None,
-    options: ReadOptions = ReadOptions(),
-) -> tf.data.Dataset:
-    """Serialized records for training: files in a new order every epoch, read interleaved (each shard checked
-    as it opens, ``shard_reader``; train.fit checks the folder at every epoch's end)."""
-    files, shard_records = shard_for_input(shards.files, input_context)
-    ds = shard_names(files, shards)
-    if shard_records and input_context is not None:  # pipelines share files: a fixed order, every n-th record kept
-        ds = ds.flat_map(shard_reader(shards, options))
-        return ds.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
-    ds = ds.shuffle(len(files), seed=seed)  # a new file order every epoch
-    return ds.interleave(
-        shard_reader(shards, options),
-        cycle_length=min(len(files), options.cycle_length),
-        num_parallel_calls=AUTOTUNE,
-        deterministic=deterministic,
-    )
-
-
-END_OF_PASS = ""  # no shard's name: a pass's last file name, read as no records, there to check the folder again
-
-
-def shard_names(files: Sequence[str], shards: Shards) -> tf.data.Dataset:
-    """(file name, the folder's manifest path) pairs, ``shard_reader``'s input. The path travels as data: a
-    constant path would let TensorFlow fold the manifest's read into the function once, checking nothing later."""
-    manifest = posixpath.join(shards.folder, MANIFEST) if shards.folder and shards.manifest else ""
-    return tf.data.Dataset.from_tensor_slices((list(files), [manifest] * len(files)))
-
-
-def shard_reader(shards: Shards, options: ReadOptions) -> Callable[[tf.Tensor, tf.Tensor], tf.data.Dataset]:
-    """A shard file name -> its records, after checking in TensorFlow ops (no Python: fine on a TPU host or a
-    tf.data service worker) that the folder still holds the dataset opened: its ``manifest.json`` still names
-    its dataset id. The check runs as the file is opened (when ``flat_map`` or ``interleave`` asks for its
-    records, not ahead), and ``END_OF_PASS`` (no records) checks once more after a sequential pass's last
-    record: a pass read across a rewrite ends in an error naming the folder (``naming_corrupt_shards`` makes it
-    a ``TfpipeError``), as ``RecordDataset``'s passes do. Files without a folder's manifest are not checked."""
-    checked = bool(shards.folder and shards.manifest)
-    dataset_id = shards.manifest.dataset_id if shards.manifest else ""
-    said = f"{shards.folder} {REWRITTEN} (its {MANIFEST} no longer names dataset id {dataset_id})"
-
-    def read(name: tf.Tensor, manifest: tf.Tensor) -> tf.data.Dataset:
-        if checked:
-            text = tf.io.read_file(manifest)
-            unchanged = tf.strings.regex_full_match(text, f'(?s).*"dataset_id": "{dataset_id}".*')
-            with tf.control_dependencies([tf.debugging.Assert(unchanged, [said])]):
-                name = tf.identity(name)
-        records = tf.data.TFRecordDataset(name, buffer_size=options.read_buffer)
-        nothing = tf.equal(name, END_OF_PASS)
-        return records.take(tf.where(nothing, tf.constant(0, tf.int64), tf.constant(-1, tf.int64)))
-
-    return read
 
 
 __all__ = [

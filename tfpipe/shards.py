@@ -144,6 +144,16 @@ class Shards:
         """The source's id column (a submission's key): ``image`` when unknown."""
         return self.manifest.id_column if self.manifest else "image"
 
+    def absolute(self) -> Shards:
+        """These shards with local paths made absolute: what another process (a tf.data service worker, started
+        in another folder) resolves the same way. ``gs://`` paths stay as they are."""
+
+        def absolute(path: str) -> str:
+            return path if fs.is_remote(path) else os.path.abspath(path)
+
+        folder = absolute(self.folder) if self.folder else self.folder
+        return dataclasses.replace(self, files=tuple(absolute(f) for f in self.files), folder=folder)
+
     @property
     def dataset_id(self) -> str | None:
         return self.manifest.dataset_id if self.manifest else None

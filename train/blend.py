@@ -24,6 +24,7 @@ import numpy as np
 
 from tfpipe import fs
 from tfpipe.errors import ArgumentParser, TfpipeError, check_path, option, run_cli
+from tfpipe.labels import present
 from train.cv_folder import OOF_COLUMNS
 from train.evaluation import headline, score
 
@@ -135,6 +136,8 @@ def read_table(path: str, oof: bool) -> Any:
     if key not in table.columns or (oof and LABELS not in table.columns):
         what = f"image_name and {LABELS} columns (train.cv's oof.csv)" if oof else "an id column and class columns"
         raise TfpipeError(f"{path}: not a predictions file: no {what}")
+    for row, cell in enumerate(table[key], start=1):  # the one missing-value rule of a column we read
+        present(cell, f"{path}: row {row}, column {key!r}", "id", "every row needs its image's id")
     if table[key].duplicated().any():
         raise TfpipeError(f"{path}: the id {table[key][table[key].duplicated()].iloc[0]!r} is in two rows")
     dropped = [c for c in table.columns if (c in OOF_COLUMNS and (c != LABELS or not oof)) or c == key]

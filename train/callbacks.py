@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -18,6 +18,7 @@ else:
     keras = require_keras()  # tf-keras of TensorFlow's release, or MissingDependency saying what to install
 
 from tfpipe import console
+from tfpipe.data_service import WorkerWatch
 from tfpipe.errors import option
 from tfpipe.lifecycle import Deferred
 from tfpipe.shards import Shards
@@ -44,14 +45,16 @@ class Phase:
 
 def phase_callbacks(
     cfg: FitConfig, phase: Phase, throughput: Throughput, first: Sequence[keras.callbacks.Callback]
-) -> tuple[list[keras.callbacks.Callback], list[Progress]]:
-    """The callbacks of ``phase``, and the ``Progress`` among them (the caller closes its heartbeat when fit
-    ends). ``first``: callbacks that run before the epoch's backup."""
+) -> tuple[list[keras.callbacks.Callback], list[Callable[[], None]]]:
+    """The callbacks of ``phase``, and what the caller closes when fit ends, also when it fails (a heartbeat, a
+    service's watch: no thread of a phase outlives it). ``first``: callbacks that run before the epoch's
+    backup."""
     progress = (
         [Progress(phase.replicas, cfg.steps_per_execution, phase.steps, phase.epochs, bar=cfg.verbose == 1)]
         if cfg.verbose
         else []
     )
+    watch = [ServiceWatch(cfg.data_service)] if cfg.data_service else []
     callbacks = [
         SyncBatchNorm(),
         *progress,
@@ -68,9 +71,29 @@ def phase_callbacks(
             save_best_only=True,
             save_weights_only=True,
         ),
+        *watch,
         *cfg.callbacks,
     ]
-    return callbacks, progress
+    return callbacks, [*(p.beat.close for p in progress), *(w.watch.stop for w in watch)]
+
+
+class ServiceWatch(keras.callbacks.Callback):
+    """While ``fit`` trains through a tf.data service: ``tfpipe.data_service.WorkerWatch`` dials its workers,
+    and a worker silent for two minutes while no step ends stops the job in one line instead of a wait with no
+    end (TensorFlow's client waits for a lost worker forever)."""
+
+    def __init__(self, service: str) -> None:
+        super().__init__()
+        self.watch = WorkerWatch(service, "train.fit")
+
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+        self.watch.start()
+
+    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        self.watch.stepped()
+
+    def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
+        self.watch.stop()
 
 
 class Throughput(keras.callbacks.Callback):

@@ -103,6 +103,8 @@ def predict_probabilities(
     global_batch = batch_size * strategy.num_replicas_in_sync
     steps = math.ceil(n / global_batch)
     total = np.zeros((n, num_classes), np.float64)
+    with strategy.scope():
+        weighed = passing_weights(model)
     for k in range(tta):
 
         def dataset_fn(ctx: tf.distribute.InputContext, k: int = k) -> tf.data.Dataset:
@@ -115,7 +117,7 @@ def predict_probabilities(
                 pad_batches=True,
                 input_context=ctx,
             )
-            return ds.map(lambda images, targets, weights: tta_view(images, k))
+            return ds.map(lambda images, _, weights: ((tta_view(images, k), weights),))  # noqa: B023 (its own k)
 
         ds = strategy.distribute_datasets_from_function(dataset_fn)
         if progress:
@@ -131,10 +133,28 @@ def predict_probabilities(
         try:
             said = [PredictionProgress(beat, steps, bar)] if progress else []
             with quick_teardown():  # the iterator is made and ended inside predict
-                total += model.predict(ds, steps=steps, verbose=int(bar), callbacks=said)[:n]
+                outputs, weights = weighed.predict(ds, steps=steps, verbose=int(bar), callbacks=said)
+            total += real_rows(outputs, weights, n, records)
         finally:
             beat.close()
     return (total / tta).astype(np.float32)
+
+
+def passing_weights(model: Any) -> Any:
+    """``model`` taking ``(images, weights)`` and giving ``[outputs, weights]``: the weights ride along with their
+    rows through ``predict``, which gathers the replicas' rows, so which rows are padding is read, not assumed."""
+    images = keras.Input(model.input_shape[1:], dtype=model.inputs[0].dtype)
+    weights = keras.Input((), dtype="float32")
+    return keras.Model([images, weights], [model(images), keras.layers.Identity()(weights)])
+
+
+def real_rows(outputs: np.ndarray, weights: np.ndarray, n: int, records: Records) -> np.ndarray:
+    """The rows of ``outputs`` whose weight marks them real (padding has weight 0), which must be the ``n`` the
+    shards count: a pass that found another number is an error, never a table of shifted rows."""
+    real = outputs[weights > 0]
+    if len(real) != n:
+        raise TfpipeError(f"{records}: a pass read {counted(len(real), 'record')}, the shards count {n}; run it again")
+    return real
 
 
 class PredictionProgress(keras.callbacks.Callback):

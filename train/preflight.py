@@ -7,8 +7,8 @@ With exactly the configuration of the TPU run (model, input size, per-core batch
 ``--precision`` says otherwise --, augmentation, optimizer and schedule, the input pipeline over the real
 shards), it builds the model on one CPU device, compiles one training step and one evaluation step with XLA
 (``train.xla_step``) and reports, one line each naming the culprit and the fix: ops XLA cannot compile,
-shapes not static, float64 (refused) and int64 (warned), a per-core batch that is not a multiple of 8 and dense
-layers not multiples of 128 (warned), and the memory the training step needs on one core -- measured from
+shapes not static, float64 (refused) and 64-bit integers (warned), a per-core batch that is not a multiple of 8 and
+dense layers not multiples of 128 (warned), and the memory the training step needs on one core -- measured from
 XLA's buffer assignment -- against a core of ``--tpu`` (``train.tpus``), with the largest per-core batch that
 fits. Nothing is written and nothing trained that is kept; the run folder is not touched.
 """
@@ -135,7 +135,7 @@ def input_findings(spec: Any, name: str) -> list[Finding]:
             )
             why = f"{unknown} is not static (a TPU compiles one shape)"
             found.setdefault("shape", Finding("refuse", culprit, why, fix))
-        if part.dtype in (tf.float64, tf.int64):
+        if part.dtype in (tf.float64, tf.int64, tf.uint64):
             level = "refuse" if part.dtype == tf.float64 else "warn"
             found.setdefault(level, Finding(level, culprit, "64-bit input", "cast it to 32 bits in the pipeline"))
     return list(found.values())

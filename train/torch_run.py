@@ -206,3 +206,19 @@ def load_weights(run: str, name: str = MODEL) -> dict[str, Any]:
 
     with fs.open(run_files.path(run, name), "rb") as f:
         return dict(torch.load(io.BytesIO(f.read()), weights_only=True))
+
+
+PER_MACHINE = ("records", "predict", "run", "out", "overwrite")  # paths (and what only rank 0 writes) may differ
+
+
+def start_settings(args: argparse.Namespace) -> dict[str, object]:
+    """What every rank of a recipe must start with alike (``tfpipe.ranks.check_same_start``): its flags as
+    written (``--lr``), but for paths, which may differ between machines, in place of which the dataset ids of
+    the shards they name count."""
+    settings: dict[str, object] = {
+        f"--{k.replace('_', '-')}": v for k, v in sorted(vars(args).items()) if k not in PER_MACHINE
+    }
+    for flag in ("records", "predict"):
+        path = getattr(args, flag, None)
+        settings[f"the dataset id of --{flag}"] = open_shards(path).dataset_id if path else None
+    return settings

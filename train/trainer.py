@@ -141,7 +141,7 @@ def run_phase(
         recorded = len(run_files.read_history(cfg.run) or [])
         phase = Phase(name, steps, initial_epoch + epochs, strategy.num_replicas_in_sync, is_multiworker(strategy),
                       stop, recorded)  # fmt: skip
-        callbacks, progress = phase_callbacks(cfg, phase, throughput, first)
+        callbacks, closing = phase_callbacks(cfg, phase, throughput, first)
         try:
             history = model.fit(
                 train_ds,
@@ -154,8 +154,8 @@ def run_phase(
                 verbose=cfg.verbose,
             )
         finally:
-            for p in progress:  # also when fit fails: a heartbeat must not keep talking
-                p.beat.close()
+            for close in closing:  # also when fit fails: a heartbeat must not keep talking, nor a watch watching
+                close()
         if stop.received is not None:  # asked during validation or an epoch's end: the epoch was saved whole
             done = history.epoch[-1] + 1 if history.epoch else initial_epoch
             stop.stop(

@@ -137,10 +137,11 @@ def instructions(module: Any) -> Iterator[Any]:
 def dtype_and_shape_findings(module: Any) -> list[Finding]:
     """float64 anywhere (a TPU has none: refused); a shape known only at run time (XLA's bounded dynamic
     dimensions, ``Where``/``boolean_mask`` and kin: a TPU pads them to their bound where its dynamic padder
-    handles the op, and fails where not -- which, only a TPU says: warned) and int64 arrays (emulated on a TPU:
-    warned). One finding a layer and kind, in the program's order."""
+    handles the op, and fails where not -- which, only a TPU says: warned) and 64-bit integer arrays (int64,
+    uint64: emulated on a TPU: warned). One finding a layer and kind, in the program's order."""
     from tensorflow.compiler.xla import xla_data_pb2
 
+    wide = {xla_data_pb2.S64: "int64", xla_data_pb2.U64: "uint64"}  # every 64-bit integer a TPU emulates
     found: dict[tuple[str, str], Finding] = {}
     for instruction in instructions(module):
         shape, layer = instruction.shape, layer_of(instruction.metadata.op_name)
@@ -162,10 +163,11 @@ def dtype_and_shape_findings(module: Any) -> list[Finding]:
                     "mask with multiplication instead of boolean_mask/where/unique: static shapes, no doubt",
                 ),
             )
-        if shape.element_type == xla_data_pb2.S64 and len(shape.dimensions) > 0:
+        if shape.element_type in wide and len(shape.dimensions) > 0:
+            kind = wide[shape.element_type]
             found.setdefault(
-                (layer, "s64"),
-                Finding("warn", layer, f"int64 tensor {dims} (a TPU emulates 64-bit integers)", "use int32"),
+                (layer, "64-bit integer"),
+                Finding("warn", layer, f"{kind} tensor {dims} (a TPU emulates 64-bit integers)", "use int32"),
             )
     return list(found.values())
 
