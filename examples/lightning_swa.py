@@ -181,8 +181,8 @@ def torchrun_nodes(args: argparse.Namespace) -> int:
         return 1
     if args.devices not in (None, int(local)):
         raise TfpipeError(
-            f"{option('devices', args.devices)} but the launcher started {local} ranks on this machine "
-            f"(LOCAL_WORLD_SIZE); leave {option('devices')} out under torchrun"
+            f"{option('devices', args.devices)} but the launcher started {console.counted(int(local), 'rank')} on this "
+            f"machine (LOCAL_WORLD_SIZE); leave {option('devices')} out under torchrun"
         )
     args.devices = int(local)
     return max(1, int(world) // int(local))

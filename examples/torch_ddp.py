@@ -49,7 +49,7 @@ from tfpipe import console
 from tfpipe.errors import ArgumentParser, TfpipeError, as_command, check_count, option, os_error_line, run_cli
 from tfpipe.lifecycle import die_with_parent, loader_dies_with_this_process
 from tfpipe.net import free_port
-from tfpipe.ranks import LOST_A_RANK, check_same_start, spawn_ranks
+from tfpipe.ranks import LOST_A_RANK, check_same_start, refuse_to_the_others, spawn_ranks
 from tfpipe.shards import open_shards
 from tfpipe.torch import RecordDataset, folds_apart, gather_rows, sync_buffers, unique_rows
 from train.run import RunConfig
@@ -305,8 +305,8 @@ def check_processes(args: argparse.Namespace, world: tuple[int, int, int] | None
         raise TfpipeError(f"{option('xla')} starts its own processes; run it without torchrun")
     if args.processes not in (None, world[1]):
         raise TfpipeError(
-            f"{option('processes', args.processes)} but the launcher started {world[1]} ranks (WORLD_SIZE); "
-            f"leave {option('processes')} out under torchrun"
+            f"{option('processes', args.processes)} but the launcher started {console.counted(world[1], 'rank')} "
+            f"(WORLD_SIZE); leave {option('processes')} out under torchrun"
         )
     args.processes = world[1]
 
@@ -317,10 +317,14 @@ def run(args: argparse.Namespace) -> None:
         die_with_parent(os.getppid())
     try:
         config = checked(args, world)
-    except (TfpipeError, OSError):
-        if world is not None and world[2] != 0:  # every rank of a machine finds the same: its local rank 0 says it
-            raise SystemExit(2) from None
-        raise
+    except (TfpipeError, OSError) as e:
+        if world is None:
+            raise
+        if world[2] == 0:  # every rank of a machine finds the same: its local rank 0 says it
+            line = os_error_line(e) if isinstance(e, OSError) else str(e)
+            print(f"{PROG}: error: {line}", file=sys.stderr, flush=True)
+        refuse_to_the_others(str(e), world[0], world[1])  # the other machines' ranks refuse too, not wait 30 min
+        raise SystemExit(2) from None
     if world is not None:
         try:
             run_launched(args, config, world)

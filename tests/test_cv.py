@@ -244,9 +244,18 @@ def test_a_blend_is_the_weighted_mean_scored_on_oof_and_refuses_what_disagrees(c
     b[["image_name", "image_digest", "fold", *classes[::-1], "labels"]].to_csv(swapped, index=False)
     fewer = str(tmp_path / "fewer.csv")
     b[1:].to_csv(fewer, index=False)
+    wrong = {}  # an OOF truth cell that is no list of classes was read as "no labels" (issue #53)
+    for name, cell in (("nan", "NA"), ("unknown", f"{classes[0]} dog"), ("commas", ",".join(classes[:2]))):
+        wrong[name] = str(tmp_path / f"{name}.csv")
+        pd.read_csv(oofs[0], keep_default_na=False).assign(labels=lambda t, c=cell: [c] + list(t["labels"][1:])).to_csv(
+            wrong[name], index=False
+        )
     for argv, bad, line in (
         ([oofs[0], swapped], swapped, "classes"),
         ([oofs[0], fewer], fewer, "the ids are not"),
+        ([wrong["nan"], oofs[0]], wrong["nan"], "row 1, column 'labels': 'NA' is a missing-value spelling"),
+        ([oofs[0], wrong["unknown"]], wrong["unknown"], "row 1, column 'labels': 'dog' is not one of the class"),
+        ([oofs[0], wrong["commas"]], wrong["commas"], "row 1, column 'labels': "),
         ([*oofs, "--test", *tests, "--out", tests[1]], tests[1], "is one of the blend's inputs"),
     ):
         assert main(["--oof", *argv]) == 2

@@ -112,7 +112,12 @@ def test_an_image_without_a_group_is_named(grouped_folder, tmp_path):
     with pytest.raises(TfpipeError, match="row 5, column 'patient': empty group"):
         tfpipe.write_shards(tfpipe.Source(str(root / "images"), csv=str(csv), group_col="patient"), str(tmp_path / "o"),
                             num_folds=2, workers=0, progress=False)  # fmt: skip
-    for missing in ("nan", " None"):  # pandas' spelling of an empty cell is no group of its own (issue #53)
+    for missing in (
+        "nan",
+        " None",
+        "NA",
+        "none",
+    ):  # pandas' spelling of an empty cell is no group of its own (issue #53)
         lines[5], lines[7] = lines[5].rsplit(",", 1)[0] + "," + missing, lines[7].rsplit(",", 1)[0] + ",nan"
         csv.write_text("\n".join(lines) + "\n")
         with pytest.raises(TfpipeError, match=f"row 5, column 'patient': '{missing.strip()}' is a missing-value spel"):

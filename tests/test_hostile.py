@@ -319,6 +319,8 @@ def _labels_csv(folder, tmp_path, cells, header=("image", "labels")):
         ("[]", ["row 1", "'[]'", "--sep list"]),
         ("nan", ["row 1", "'nan'", "missing-value"]),
         ("cat None", ["row 1", "'None'", "missing-value"]),
+        ("cat none", ["row 1", "'none'", "missing-value"]),  # any case, and pandas' other spellings (issue #53)
+        ("-nan", ["row 1", "'-nan'", "missing-value"]),
     ],
 )
 def test_label_cells_read_one_way_only_or_are_named(labeled_folder, tmp_path, capsys, cell, needles):
@@ -333,7 +335,7 @@ def test_one_missing_value_rule_for_every_column_read(labeled_folder, tmp_path, 
     """Ids and a class column refuse pandas' missing-value spellings as labels and groups do (issue #53): one
     line naming the row and the column, never a real id or class named 'nan'."""
     rows = [(name, cell.split()[0] if cell else "cat") for name, cell in labeled_folder["rows"]]
-    rows[2] = ("NaN", rows[2][1]) if column == "image" else (rows[2][0], "<NA>")
+    rows[2] = ("na", rows[2][1]) if column == "image" else (rows[2][0], "Null")
     csv_path = str(write_csv(tmp_path / "labels.csv", ["image", "class"], rows))
     args = [
         "--csv",

@@ -527,29 +527,57 @@ def test_a_pass_over_files_without_a_count_says_once_that_it_cannot_check_them(t
     ]
 
 
-def test_predict_refuses_a_test_shard_cut_while_the_model_loads(trained_run, tmp_path, monkeypatch):
-    """The case that wrote a submission of shifted rows: the second test shard cut short at a record boundary
-    while the model loads. Predict reads rows by their weights and every pass checks each shard's count: one
-    line naming the shard, no submission."""
+@pytest.mark.parametrize("change", ["cut", "swap"])
+def test_predict_refuses_a_test_shard_changed_while_the_model_loads(trained_run, tmp_path, monkeypatch, change):
+    """The cases that wrote a submission of shifted rows: a test shard cut short at a record boundary, or two
+    shards of equal counts swapped, while the model loads. Every pass checks each shard's count, and each row
+    carries a hash of its image's name through predict: one line, no submission."""
     import train.inference
     from train.predict import predict
 
     run, _, test = trained_run
     copy = tmp_path / "test"
     shutil.copytree(test, copy)
-    shard = tfpipe.open_shards(str(copy)).files[1]
+    shards = tfpipe.open_shards(str(copy))
+    a, b = [f for f in shards.files if shards.counts[f] == shards.counts[shards.files[-1]]][-2:]
     loading = train.inference.load_run
 
-    def load_and_cut(*args):
+    def load_and_change(*args):
         model = loading(*args)
-        cut_shard(shard, slice(0, -1))
+        if change == "cut":
+            cut_shard(b, slice(0, -1))
+        else:
+            os.rename(a, f"{a}.x"), os.rename(b, a), os.rename(f"{a}.x", b)
         return model
 
-    monkeypatch.setattr(train.inference, "load_run", load_and_cut)
+    monkeypatch.setattr(train.inference, "load_run", load_and_change)
     out = tmp_path / "submission.csv"
-    with pytest.raises(TfpipeError, match=rf"{re.escape(shard)}: holds \d+ records, expected \d+: it changed"):
+    says = rf"{re.escape(b)}: holds \d+ records, expected \d+: it changed" if change == "cut" else "is another image"
+    with pytest.raises(TfpipeError, match=says):
         predict(run, str(copy), str(out), strategy="cpu", probabilities=True, swa=False, progress=False)
     assert not out.exists()
+
+
+def test_a_validation_shard_cut_during_training_ends_the_report_in_one_line(shard_dir, tmp_path):
+    """Training reads cached images after the first epoch; the report reads the validation shards again, and a
+    shard cut meanwhile is named in one line (before: a FailedPreconditionError traceback)."""
+    import tf_keras as keras
+
+    from train.fit import FitConfig, fit
+
+    folder = tmp_path / "records"
+    shutil.copytree(shard_dir[0], folder)
+    shard = next(f for f in tfpipe.open_shards(str(folder), folds=[0]).files)
+
+    class CutAfterEpoch1(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            if epoch == 0:
+                cut_shard(shard, slice(0, 2))
+
+    cfg = FitConfig(records=str(folder), run=str(tmp_path / "run"), model="small-cnn", epochs=2, batch_size=4,
+                    strategy="cpu", verbose=0, callbacks=(CutAfterEpoch1(),))  # fmt: skip
+    with pytest.raises(TfpipeError, match=rf"{re.escape(shard)}: holds 2 records, expected \d+: it changed while"):
+        fit(cfg)
 
 
 def test_a_fit_interrupted_in_its_report_resumes_without_training_again(shard_dir, tmp_path, monkeypatch):

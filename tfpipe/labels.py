@@ -160,7 +160,18 @@ def check_separator(fmt: LabelFormat) -> None:
 
 
 LIST_SEP = "list"  # LabelFormat.sep / --sep for cells holding Python lists: ['cat', 'dog']
-MISSING = frozenset({"nan", "NaN", "NAN", "<NA>", "None", "null", "NULL", "N/A", "n/a", "#N/A"})  # pandas' "missing"
+# What pandas reads as a missing value by default (``pandas.read_csv``'s ``na_values``), and "None" (what Python
+# writes for one), in any case: a cell spelt so is an empty cell some tool wrote out, never an id, group or label.
+MISSING = frozenset(
+    s.casefold()
+    for s in ("#N/A", "#N/A N/A", "#NA", "-1.#IND", "-1.#QNAN", "-NaN", "-nan", "1.#IND", "1.#QNAN", "<NA>", "N/A",
+              "NA", "NULL", "NaN", "None", "n/a", "nan", "null")
+)  # fmt: skip
+
+
+def is_missing(value: str) -> bool:
+    """Whether ``value`` (whitespace around it off) is a missing-value spelling (``MISSING``, any case)."""
+    return value.strip().casefold() in MISSING
 
 
 def present(cell: str, where: str, what: str, fix: str) -> str:
@@ -171,7 +182,7 @@ def present(cell: str, where: str, what: str, fix: str) -> str:
     value = cell.strip()
     if not value:
         raise TfpipeError(f"{where}: empty {what}; {fix}")
-    if value in MISSING:
+    if is_missing(value):
         article = "an" if what[0] in "aeiou" else "a"
         raise TfpipeError(f"{where}: {value!r} is a missing-value spelling, not {article} {what}; {fix}")
     return value
@@ -206,7 +217,7 @@ def label_cell(
                 f"{where} holds {stray[0]!r} but the separator is {sep!r}; set the separator "
                 f"({option('sep', stray[0])}) or remove the {stray[0]!r}"
             )
-        if label in MISSING:
+        if is_missing(label):
             raise TfpipeError(
                 f"{where} holds {label!r}, a missing-value spelling, not a label; leave the cell "
                 "empty for an image without labels"

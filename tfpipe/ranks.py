@@ -94,6 +94,9 @@ def check_same_start(settings: Mapping[str, object], rank: int) -> None:
         return
     everyone: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, dict(settings))
+    refused = next(((r, s[REFUSED]) for r, s in enumerate(everyone) if REFUSED in s), None)
+    if refused is not None:
+        raise TfpipeError(f"rank {rank}: rank {refused[0]} refused to start ({refused[1]}); no rank trains")
     first = everyone[0]
     for key in [*first, *(k for s in everyone for k in s if k not in first)]:
         other = next((r for r, s in enumerate(everyone) if s.get(key) != first.get(key)), None)
@@ -103,3 +106,26 @@ def check_same_start(settings: Mapping[str, object], rank: int) -> None:
                 f"and {first.get(key)!r} on rank 0; start every rank with the same command (paths may differ "
                 "between machines, the shards they name may not)"
             )
+
+
+REFUSED = "refused"  # a rank's settings in check_same_start: the line it refused to start with instead
+
+
+def refuse_to_the_others(line: str, rank: int, world_size: int, wait_seconds: float = 60.0) -> None:
+    """A launcher's rank that refused its command before the ranks met (a bad ``--records``, a missing package)
+    still meets them (``env://``, waiting at most ``wait_seconds``) and hands them its refusal as its settings
+    in ``check_same_start``: they then refuse too, in one line naming it, instead of waiting for torch's 30
+    minutes."""
+    import datetime
+
+    import torch.distributed as dist
+
+    try:
+        timeout = datetime.timedelta(seconds=wait_seconds)
+        dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=world_size, timeout=timeout)
+        dist.all_gather_object([None] * world_size, {REFUSED: line})
+    except (RuntimeError, TimeoutError, ValueError):  # the others never came: nobody to tell
+        pass
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()

@@ -24,7 +24,7 @@ import numpy as np
 
 from tfpipe import fs
 from tfpipe.errors import ArgumentParser, TfpipeError, check_path, option, run_cli
-from tfpipe.labels import present
+from tfpipe.labels import is_missing, present
 from train.cv_folder import OOF_COLUMNS
 from train.evaluation import headline, score
 
@@ -150,6 +150,8 @@ def agreed(tables: Sequence[Any], paths: Sequence[str], oof: bool) -> tuple[list
     for table, path in zip(tables, paths):
         if not [c for c in table.columns if c != LABELS]:
             raise TfpipeError(f"{path}: no probability columns (write the predictions with --probabilities)")
+        if oof:
+            check_oof_labels(table[LABELS], [c for c in table.columns if c != LABELS], path)
     first = tables[0]
     classes = [c for c in first.columns if c != LABELS]
     ids = list(first.index)
@@ -167,6 +169,23 @@ def agreed(tables: Sequence[Any], paths: Sequence[str], oof: bool) -> tuple[list
             raise TfpipeError(f"{path}: the labels of {bad!r} are not {paths[0]}'s; these are not OOF of one dataset")
     truth = np.array([[c in set(row.split()) for c in classes] for row in first[LABELS]], np.float32) if oof else None
     return classes, ids, truth
+
+
+def check_oof_labels(cells: Any, classes: Sequence[str], path: str) -> None:
+    """Each OOF ``labels`` cell is the true labels, class names separated by spaces (empty: none): a missing-value
+    spelling or a name that is not one of the class columns is refused naming its row (it would be read as "no
+    labels", and the blend's scores and thresholds tuned on a wrong truth)."""
+    known = set(classes)
+    for row, cell in enumerate(cells, start=1):
+        for label in cell.split():
+            where = f"{path}: row {row}, column {LABELS!r}"
+            if is_missing(label):
+                raise TfpipeError(f"{where}: {label!r} is a missing-value spelling, not a label (empty: none)")
+            if label not in known:
+                raise TfpipeError(
+                    f"{where}: {label!r} is not one of the class columns ({', '.join(classes[:6])}); labels are class "
+                    "names separated by spaces, as train.cv writes them"
+                )
 
 
 def aligned(table: Any, ids: Sequence[str], classes: Sequence[str], path: str) -> Any:

@@ -91,15 +91,19 @@ def predict_probabilities(
     folds: Sequence[int] | None = None,
     tta: int = 1,
     progress: bool = False,
+    ids: Sequence[str] | None = None,
 ) -> npt.NDArray[np.float32]:
     """Model outputs [N, C] for every record of ``records`` in written order, averaged over ``tta`` views.
 
-    The model must have been built in ``strategy.scope()`` (or loaded there).
-    Every replica gets a full padded batch, so shapes stay static; the padding
-    rows (at the end, in written order) are dropped.
+    The model must have been built in ``strategy.scope()`` (or loaded there). Every replica gets a full padded
+    batch, so shapes stay static; the rows whose weight marks them padding are dropped. Each row carries a hash
+    of its record's ``image_name`` through the model, checked against ``ids`` (the caller's, read in another
+    pass; default: read here first): a shard swapped or replaced while this job ran (same count, other
+    images) is an error, never a row holding another image's probabilities.
     """
     check_tta(tta)
     n = tfpipe.count_examples(records, folds)
+    expected = name_hashes(tfpipe.image_names(records, folds) if ids is None else ids)
     global_batch = batch_size * strategy.num_replicas_in_sync
     steps = math.ceil(n / global_batch)
     total = np.zeros((n, num_classes), np.float64)
@@ -115,9 +119,11 @@ def predict_probabilities(
                 folds=folds,
                 num_classes=num_classes,
                 pad_batches=True,
+                with_ids=True,
                 input_context=ctx,
             )
-            return ds.map(lambda images, _, weights: ((tta_view(images, k), weights),))  # noqa: B023 (its own k)
+            view = lambda images, _, weights, names: ((tta_view(images, k), weights, name_hashes(names)),)  # noqa: B023,E731
+            return ds.map(view)
 
         ds = strategy.distribute_datasets_from_function(dataset_fn)
         if progress:
@@ -133,27 +139,46 @@ def predict_probabilities(
         try:
             said = [PredictionProgress(beat, steps, bar)] if progress else []
             with quick_teardown():  # the iterator is made and ended inside predict
-                outputs, weights = weighed.predict(ds, steps=steps, verbose=int(bar), callbacks=said)
-            total += real_rows(outputs, weights, n, records)
+                outputs, weights, hashes = weighed.predict(ds, steps=steps, verbose=int(bar), callbacks=said)
+            total += real_rows(outputs, weights, hashes, expected, records)
         finally:
             beat.close()
     return (total / tta).astype(np.float32)
 
 
 def passing_weights(model: Any) -> Any:
-    """``model`` taking ``(images, weights)`` and giving ``[outputs, weights]``: the weights ride along with their
-    rows through ``predict``, which gathers the replicas' rows, so which rows are padding is read, not assumed."""
+    """``model`` taking ``(images, weights, name hashes)`` and giving ``[outputs, weights, name hashes]``: each row's
+    weight and name ride along with it through ``predict``, which gathers the replicas' rows, so which rows are
+    padding, and which image each row is, are read, not assumed. (int32 and float32: a TPU takes no strings.)"""
     images = keras.Input(model.input_shape[1:], dtype=model.inputs[0].dtype)
-    weights = keras.Input((), dtype="float32")
-    return keras.Model([images, weights], [model(images), keras.layers.Identity()(weights)])
+    weights, names = keras.Input((), dtype="float32"), keras.Input((), dtype="int32")
+    identity = keras.layers.Identity
+    return keras.Model([images, weights, names], [model(images), identity()(weights), identity()(names)])
 
 
-def real_rows(outputs: np.ndarray, weights: np.ndarray, n: int, records: Records) -> np.ndarray:
-    """The rows of ``outputs`` whose weight marks them real (padding has weight 0), which must be the ``n`` the
-    shards count: a pass that found another number is an error, never a table of shifted rows."""
-    real = outputs[weights > 0]
-    if len(real) != n:
-        raise TfpipeError(f"{records}: a pass read {counted(len(real), 'record')}, the shards count {n}; run it again")
+def name_hashes(names: Sequence[str] | tf.Tensor) -> Any:
+    """A 31-bit hash of each image name (int32; TensorFlow's fingerprint, the same in the pipeline and here)."""
+    return tf.cast(tf.strings.to_hash_bucket_fast(names, 2**31 - 1), tf.int32)
+
+
+def real_rows(
+    outputs: np.ndarray, weights: np.ndarray, hashes: np.ndarray, expected: Any, records: Records
+) -> np.ndarray:
+    """The rows of ``outputs`` whose weight marks them real (padding has weight 0), which must be the records
+    whose names were read, in their order: a pass that found another number of records, or other images, is an
+    error, never a table of shifted rows."""
+    real, names, expected = outputs[weights > 0], hashes[weights > 0], np.asarray(expected)
+    if len(real) != len(expected):
+        raise TfpipeError(
+            f"{records}: a pass read {counted(len(real), 'record')}, the shards count {len(expected)}; run it again"
+        )
+    differ = np.flatnonzero(names != expected)
+    if len(differ):
+        raise TfpipeError(
+            f"{records}: row {differ[0] + 1} of the predictions is another image than the one read before (a shard "
+            "swapped or replaced while this job ran?); nothing of this pass counts -- run it again once the shards "
+            "are whole (python -m tfpipe.inspect --verify)"
+        )
     return real
 
 
@@ -213,7 +238,7 @@ def predict(cfg: PredictConfig) -> pd.DataFrame:
     check_column_names(id_column, config.classes, labels, cfg.probabilities)
     ids = tfpipe.image_names(shards)
     check_ids_once(ids, cfg.records)
-    probs = ensemble_probabilities(cfg, strategy, target, shards)
+    probs = ensemble_probabilities(cfg, strategy, target, shards, ids)
     df = submission_table(probs, ids, id_column, config, thresholds if labels else None, cfg.probabilities)
     df.attrs["model"] = target.describe(cfg.tta)  # which model and views the predictions are of
     shards.check_unchanged()  # before any score is printed: the predictions are of the shards that were opened
@@ -228,13 +253,14 @@ def predict(cfg: PredictConfig) -> pd.DataFrame:
 
 
 def ensemble_probabilities(
-    cfg: PredictConfig, strategy: tf.distribute.Strategy, target: Target, shards: Shards
+    cfg: PredictConfig, strategy: tf.distribute.Strategy, target: Target, shards: Shards, ids: Sequence[str]
 ) -> npt.NDArray[np.float32]:
-    """The probabilities of every record of ``shards``: the run's model's, or the mean of a CV's fold models'."""
+    """The probabilities of every record of ``shards`` (whose names are ``ids``): the run's model's, or the mean
+    of a CV's fold models'."""
     n = _num_examples(shards, cfg.records)
     batch_size = _batch_for(n, cfg.batch_size, strategy.num_replicas_in_sync, cfg.progress)
     found = [
-        _member_probabilities(strategy, m, target.swa, shards, batch_size, cfg.tta, cfg.progress)
+        _member_probabilities(strategy, m, target.swa, shards, (batch_size, cfg.tta, cfg.progress), ids)
         for m in target.members
     ]
     return np.mean(found, axis=0).astype(np.float32)
@@ -248,11 +274,12 @@ def _member_probabilities(
     member: tuple[str, RunConfig],
     swa: bool,
     shards: Shards,
-    batch_size: int,
-    tta: int,
-    progress: bool,
+    how: tuple[int, int, bool],
+    ids: Sequence[str],
 ) -> npt.NDArray[np.float32]:
-    """One model's probabilities of every record of ``shards``: a run's, or one fold's of a CV."""
+    """One model's probabilities of every record of ``shards``: a run's, or one fold's of a CV (``how``: the
+    batch size, the views, progress)."""
+    batch_size, tta, progress = how
     run, config = member
     model, config = _load_for(strategy, run, config, swa, progress)
     with tfpipe.naming_corrupt_shards(shards), forgotten_after():
@@ -265,6 +292,7 @@ def _member_probabilities(
             num_classes=len(config.classes),
             tta=tta,
             progress=progress,
+            ids=ids,
         )
 
 

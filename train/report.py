@@ -50,14 +50,15 @@ def validation_report(
     ``train.evaluation.score`` (exact, sklearn) at the thresholds used."""
     from sklearn.metrics import f1_score
 
+    ids = tfpipe.image_names(records, folds)
     probs = predict_probabilities(
-        model, records, strategy, batch_size=batch_size, image_size=image_size, num_classes=len(classes), folds=folds
-    )
+        model, records, strategy, batch_size=batch_size, image_size=image_size, num_classes=len(classes), folds=folds,
+        ids=ids,
+    )  # fmt: skip
     targets = tfpipe.read_targets(records, len(classes), folds)
     thresholds = [threshold] * len(classes) if single_label else tune_thresholds(probs, targets, threshold)
     predicted = labels_at(probs, classes, thresholds, single_label)
     truth = label_strings(targets > 0, classes)
-    ids = tfpipe.image_names(records, folds)
     digests = tfpipe.image_digests(records, folds)  # what train.predict knows these images by, whatever their names
     table = pd.DataFrame({"image_name": ids, "image_digest": digests, "true": truth, "predicted": predicted})
     table = pd.concat([table, pd.DataFrame(probs, columns=classes)], axis=1)

@@ -208,7 +208,8 @@ def load_weights(run: str, name: str = MODEL) -> dict[str, Any]:
         return dict(torch.load(io.BytesIO(f.read()), weights_only=True))
 
 
-PER_MACHINE = ("records", "predict", "run", "out", "overwrite")  # paths (and what only rank 0 writes) may differ
+# paths (and what only rank 0 writes) and a machine's DataLoader workers (its cores) may differ between machines
+PER_MACHINE = ("records", "predict", "run", "out", "overwrite", "workers")
 
 
 def start_settings(args: argparse.Namespace) -> dict[str, object]:

@@ -315,7 +315,7 @@ def train_and_report(
     lock.check()  # on gs:// the lock is advisory: a job that lost it saves nothing
     shards.check_unchanged()
     report_args = report_arguments(plan, shards, parts)
-    with stops_recorded(plan.run, "the report"), unfinished_on_error(plan.run):
+    with stops_recorded(plan.run, "the report"), unfinished_on_error(plan.run), tfpipe.naming_corrupt_shards(shards):
         with console.saying("train.fit", f"saving {run_files.MODEL}", "still saving the model", bool(plan.verbose)):
             save_model(model, run_files.path(plan.run, run_files.MODEL))
         sizes = (global_batch, steps, n_train, n_val, optimizer_steps)
