@@ -122,7 +122,7 @@ def predict_probabilities(
                 with_ids=True,
                 input_context=ctx,
             )
-            view = lambda images, _, weights, names: ((tta_view(images, k), weights, name_hashes(names)),)  # noqa: B023,E731
+            view = lambda images, _, weight, name: ((tta_view(images, k), weight, name_hashes(name)),)  # noqa: E731
             return ds.map(view)
 
         ds = strategy.distribute_datasets_from_function(dataset_fn)
@@ -132,18 +132,24 @@ def predict_probabilities(
                 f"of {global_batch}",
                 flush=True,
             )
-        beat = console.Heartbeat("train.predict")
-        if progress:
-            beat.start("still compiling the prediction step")
-        bar = progress and console.on_terminal()  # Keras' bar on a terminal; elsewhere (a log, CI) step lines of ours
-        try:
-            said = [PredictionProgress(beat, steps, bar)] if progress else []
-            with quick_teardown():  # the iterator is made and ended inside predict
-                outputs, weights, hashes = weighed.predict(ds, steps=steps, verbose=int(bar), callbacks=said)
-            total += real_rows(outputs, weights, hashes, expected, records)
-        finally:
-            beat.close()
+        outputs, weights, hashes = predicted(weighed, ds, steps, progress)
+        total += real_rows(outputs, weights, hashes, expected, records)
     return (total / tta).astype(np.float32)
+
+
+def predicted(model: Any, ds: Any, steps: int, progress: bool) -> Any:
+    """``model.predict`` over ``steps`` steps of ``ds``, with Keras' bar on a terminal, step lines of ours
+    elsewhere (a log, CI), and a heartbeat while the step compiles."""
+    beat = console.Heartbeat("train.predict")
+    if progress:
+        beat.start("still compiling the prediction step")
+    bar = progress and console.on_terminal()
+    try:
+        said = [PredictionProgress(beat, steps, bar)] if progress else []
+        with quick_teardown():  # the iterator is made and ended inside predict
+            return model.predict(ds, steps=steps, verbose=int(bar), callbacks=said)
+    finally:
+        beat.close()
 
 
 def passing_weights(model: Any) -> Any:
