@@ -250,7 +250,16 @@ def test_a_blend_is_the_weighted_mean_scored_on_oof_and_refuses_what_disagrees(c
         pd.read_csv(oofs[0], keep_default_na=False).assign(labels=lambda t, c=cell: [c] + list(t["labels"][1:])).to_csv(
             wrong[name], index=False
         )
+    na_test = str(tmp_path / "na-test.csv")
+    pd.read_csv(tests[0], keep_default_na=False).assign(**{classes[1]: lambda t: ["NA", *t[classes[1]][1:]]}).to_csv(
+        na_test, index=False
+    )
     for argv, bad, line in (
+        (
+            [*oofs, "--test", na_test, tests[1], "--out", out, "--overwrite"],
+            na_test,
+            f"row 1, column '{classes[1]}': 'NA' is not a probability",
+        ),
         ([oofs[0], swapped], swapped, "classes"),
         ([oofs[0], fewer], fewer, "the ids are not"),
         ([wrong["nan"], oofs[0]], wrong["nan"], "row 1, column 'labels': 'NA' is a missing-value spelling"),

@@ -351,6 +351,16 @@ def test_one_missing_value_rule_for_every_column_read(labeled_folder, tmp_path, 
     one_line_error(capsys, f"labels.csv: row 3, column '{column}': ", "is a missing-value spelling, not a")
 
 
+def test_a_class_folder_named_as_a_missing_value_is_refused(tmp_path, capsys):
+    """A class folder ``None`` (or ``--classes NA``) would be written, then read back as an empty cell from every
+    CSV tfpipe writes (oof.csv's labels): refused at the write, as the same name in a CSV is."""
+    for name in ("cat", "None"):
+        (tmp_path / "images" / name).mkdir(parents=True)
+        save(tmp_path / "images" / name / "a.jpg", size=(16, 16))
+    assert write(["--images", str(tmp_path / "images"), "--out", str(tmp_path / "o")]) == 2
+    one_line_error(capsys, "class folder 'None': 'None' is a missing-value spelling, not a class")
+
+
 def test_python_list_cells_are_read_as_lists_when_asked(labeled_folder, tmp_path):
     cells = ["['cat', 'dog']", "[]", "['dog']", "", "['bird', 'cat']"]
     csv_path = _labels_csv(labeled_folder, tmp_path, cells)

@@ -85,7 +85,14 @@ def nfc(text: str | None) -> str | None:
 def clean_label(label: str, where: str, makes: str = "a class") -> str:
     """A label (or group: ``makes`` "a group") as it is compared and stored: in NFC, with no invisible character
     (a Unicode format or control character, or a space other than the ASCII one) -- such a character is an
-    error naming it and ``where``."""
+    error naming it and ``where``; so is a missing-value spelling (``is_missing``: a class or group named ``None``
+    or ``NA`` reads back as an empty cell in the CSVs tfpipe writes, e.g. ``oof.csv``), wherever it comes from (a
+    CSV, a class folder, ``--classes``)."""
+    if is_missing(label):
+        raise TfpipeError(
+            f"{where}: {label.strip()!r} is a missing-value spelling, not {makes} (CSV tools read it as an empty "
+            "cell); rename it"
+        )
     if label.isascii() and label.isprintable():  # the common case, without a look at each character
         return label
     for char in label:

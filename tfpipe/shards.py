@@ -158,11 +158,15 @@ class Shards:
     def dataset_id(self) -> str | None:
         return self.manifest.dataset_id if self.manifest else None
 
-    def check_unchanged(self) -> None:
+    def check_unchanged(self, sizes: bool = False) -> None:
         """Raises if the folder was rewritten (another dataset id, or no manifest) since it was opened: a job
-        reading it must not go on claiming classes or records the folder no longer holds."""
+        reading it must not go on claiming classes or records the folder no longer holds. With ``sizes``, also
+        if a shard's size is no longer the manifest's (a shard replaced in place by one of the same count: one
+        stat a file, for a job's last check before it writes what it read)."""
         if self.manifest is None or self.folder is None:  # no folder (Shards built by hand): nothing to re-read
             return
+        if sizes:
+            check_sizes(self.files, self.manifest, self.folder)
         try:
             now = Manifest.load(self.folder).dataset_id
         except TfpipeError:

@@ -194,8 +194,13 @@ def aligned(table: Any, ids: Sequence[str], classes: Sequence[str], path: str) -
     import pandas as pd
 
     values = table.loc[list(ids), list(classes)].apply(pd.to_numeric, errors="coerce").to_numpy(np.float64)
-    if not np.all((values >= 0) & (values <= 1)):
-        raise TfpipeError(f"{path}: a value that is not a probability in [0, 1] (or not a number)")
+    bad = np.argwhere(~((values >= 0) & (values <= 1)))
+    if len(bad):
+        at, column = ids[bad[0][0]], classes[bad[0][1]]
+        row = table.index.get_loc(at) + 1
+        raise TfpipeError(
+            f"{path}: row {row}, column {column!r}: {table.loc[at, column]!r} is not a probability in [0, 1]"
+        )
     return values
 
 

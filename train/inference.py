@@ -247,7 +247,7 @@ def predict(cfg: PredictConfig) -> pd.DataFrame:
     probs = ensemble_probabilities(cfg, strategy, target, shards, ids)
     df = submission_table(probs, ids, id_column, config, thresholds if labels else None, cfg.probabilities)
     df.attrs["model"] = target.describe(cfg.tta)  # which model and views the predictions are of
-    shards.check_unchanged()  # before any score is printed: the predictions are of the shards that were opened
+    shards.check_unchanged(sizes=True)  # before any score is printed: the predictions are of the shards opened
     if shards.labeled:
         seen = None if target.cv else seen_rows(cfg.run, ids, shards)  # every image of a CV's was trained on
         how = (threshold_words(target, cfg.threshold, cfg.tta), cfg.records, cfg.progress, seen, target.cv is None)

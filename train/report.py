@@ -11,6 +11,7 @@ A SWA model writes the same files with a ``-swa`` suffix (no learning curves).
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +20,7 @@ import pandas as pd
 
 import tfpipe
 from tfpipe import fs
+from tfpipe.errors import TfpipeError
 from tfpipe.shards import Records
 from train import evaluation, plots
 from train import run as run_files
@@ -51,6 +53,12 @@ def validation_report(
     from sklearn.metrics import f1_score
 
     ids = tfpipe.image_names(records, folds)
+    twice = next((i for i, n in collections.Counter(ids).items() if n > 1), None)
+    if twice is not None:  # a record copied over another keeps the count, not the ids: tfpipe.write never repeats one
+        raise TfpipeError(
+            f"{records}: the id {twice!r} is in two validation records (a shard changed while this job read it?); "
+            "nothing of the report counts -- run it again once the shards are whole"
+        )
     probs = predict_probabilities(
         model, records, strategy, batch_size=batch_size, image_size=image_size, num_classes=len(classes), folds=folds,
         ids=ids,

@@ -321,7 +321,7 @@ def train_and_report(
         sizes = (global_batch, steps, n_train, n_val, optimizer_steps)
         metrics = summarise(plan, kind, trained_on, sizes, precision, time.perf_counter() - started, throughput)
         metrics.update(reports(model, swa, strategy, plan, data, report_args, parts, throughput.last_seconds))
-        shards.check_unchanged()
+        shards.check_unchanged(sizes=True)  # the report was of the shards trained on, none replaced in place
         fs.write_atomic(run_files.path(plan.run, run_files.METRICS), json.dumps(metrics, indent=1) + "\n")
     write_state(plan.run, dict(read_state(plan.run), burn_done=bool(plan.burn_epochs), finished=True))
     if fs.exists(run_files.path(plan.run, run_files.BACKUP)):
