@@ -53,12 +53,7 @@ def validation_report(
     from sklearn.metrics import f1_score
 
     ids = tfpipe.image_names(records, folds)
-    twice = next((i for i, n in collections.Counter(ids).items() if n > 1), None)
-    if twice is not None:  # a record copied over another keeps the count, not the ids: tfpipe.write never repeats one
-        raise TfpipeError(
-            f"{records}: the id {twice!r} is in two validation records (a shard changed while this job read it?); "
-            "nothing of the report counts -- run it again once the shards are whole"
-        )
+    check_each_id_once(ids, records)
     probs = predict_probabilities(
         model, records, strategy, batch_size=batch_size, image_size=image_size, num_classes=len(classes), folds=folds,
         ids=ids,
@@ -91,6 +86,17 @@ def validation_report(
         if single_label
         else float(f1_score(hits, probs >= np.asarray(thresholds), average="macro", zero_division=0)),
     }
+
+
+def check_each_id_once(ids: Sequence[str], records: Records) -> None:
+    """tfpipe.write never writes an id twice: one read twice means a record was copied over another while this
+    job ran (which keeps each shard's count)."""
+    twice = next((i for i, n in collections.Counter(ids).items() if n > 1), None)
+    if twice is not None:
+        raise TfpipeError(
+            f"{records}: the id {twice!r} is in two validation records (a shard changed while this job read it?); "
+            "nothing of the report counts -- run it again once the shards are whole"
+        )
 
 
 def learning_curves(run_dir: str) -> None:
