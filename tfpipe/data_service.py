@@ -75,18 +75,17 @@ def dispatcher_problem(target: str, need_workers: bool, timeout: float = 5.0) ->
     depends on grpcio) with the dispatcher's own ``GetWorkers`` call; None when nothing is."""
     grpc = require("grpc")  # TensorFlow's own dependency
 
-    with grpc.insecure_channel(target) as channel:
-        try:
-            workers = channel.unary_unary(GET_WORKERS)(b"", timeout=timeout)
-        except grpc.RpcError as e:
-            if e.code() == grpc.StatusCode.UNIMPLEMENTED:
-                return "what answers there is not a tf.data service dispatcher (a worker's port?)"
-            if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
-                return f"nothing answered there as a tf.data service dispatcher within {timeout:.0f} s"
-            said = f"no tf.data service dispatcher answers ({e.code().name.lower()})"
-            if e.code() != grpc.StatusCode.UNAVAILABLE:
-                return said
-            return f"{said}; start one with python -m {COMMAND} dispatcher --port {target.rpartition(':')[2]}"
+    try:
+        workers = _call(target, GET_WORKERS, timeout)
+    except grpc.RpcError as e:
+        if e.code() == grpc.StatusCode.UNIMPLEMENTED:
+            return "what answers there is not a tf.data service dispatcher (a worker's port?)"
+        if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+            return f"nothing answered there as a tf.data service dispatcher within {timeout:.0f} s"
+        said = f"no tf.data service dispatcher answers ({e.code().name.lower()})"
+        if e.code() != grpc.StatusCode.UNAVAILABLE:
+            return said
+        return f"{said}; start one with python -m {COMMAND} dispatcher --port {target.rpartition(':')[2]}"
     if need_workers and not workers:  # the reply lists the workers: empty bytes, none
         return f"the dispatcher has no workers; start one with python -m {COMMAND} worker --dispatcher {target}"
     if need_workers:  # a worker the dispatcher lists but this machine cannot dial: the trainer would wait forever
@@ -137,14 +136,23 @@ def worker_problem(address: str, timeout: float = 5.0) -> str | None:
     it does."""
     grpc = require("grpc")
 
-    with grpc.insecure_channel(address) as channel:
-        try:
-            channel.unary_unary(WORKER_TASKS)(b"", timeout=timeout)
-        except grpc.RpcError as e:
-            if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
-                return f"did not answer from this machine within {timeout:.0f} s"
-            return f"does not answer from this machine ({e.code().name.lower()})"
+    try:
+        _call(address, WORKER_TASKS, timeout)
+    except grpc.RpcError as e:
+        if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+            return f"did not answer from this machine within {timeout:.0f} s"
+        return f"does not answer from this machine ({e.code().name.lower()})"
     return None
+
+
+def _call(target: str, method: str, timeout: float) -> bytes:
+    """One gRPC call with an empty request (every call asked here takes one) to ``target`` (HOST:PORT); its reply's
+    bytes, or ``grpc.RpcError``."""
+    grpc = require("grpc")
+
+    with grpc.insecure_channel(target) as channel:
+        reply: bytes = channel.unary_unary(method)(b"", timeout=timeout)
+    return reply
 
 
 class WorkerWatch:
@@ -213,12 +221,10 @@ def _get_workers(target: str, timeout: float) -> bytes:
     as last seen)."""
     grpc = require("grpc")
 
-    with grpc.insecure_channel(target) as channel:
-        try:
-            reply: bytes = channel.unary_unary(GET_WORKERS)(b"", timeout=timeout)
-        except grpc.RpcError:
-            return b""
-    return reply
+    try:
+        return _call(target, GET_WORKERS, timeout)
+    except grpc.RpcError:
+        return b""
 
 
 def _end_now(line: str) -> None:

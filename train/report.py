@@ -11,7 +11,6 @@ A SWA model writes the same files with a ``-swa`` suffix (no learning curves).
 
 from __future__ import annotations
 
-import collections
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -20,18 +19,22 @@ import pandas as pd
 
 import tfpipe
 from tfpipe import fs
-from tfpipe.errors import TfpipeError
 from tfpipe.shards import Records
 from train import evaluation, plots
 from train import run as run_files
 from train.inference import predict_probabilities
-from train.submission import label_strings, labels_at
+from train.submission import check_ids_once, label_strings, labels_at
 from train.tuning import tune_thresholds
 
 if TYPE_CHECKING:
     import tensorflow as tf
 
 GRID_IMAGES = 24
+# tfpipe.write never writes an id twice: one read twice means a record was copied over another while the job ran
+CHANGED = (
+    "validation records (a shard changed while this job read it?); nothing of the report counts -- run it again "
+    "once the shards are whole"
+)
 
 
 def validation_report(
@@ -53,7 +56,7 @@ def validation_report(
     from sklearn.metrics import f1_score
 
     ids = tfpipe.image_names(records, folds)
-    check_each_id_once(ids, records)
+    check_ids_once(ids, records, CHANGED)  # a record copied over another keeps the count, not the ids
     probs = predict_probabilities(
         model, records, strategy, batch_size=batch_size, image_size=image_size, num_classes=len(classes), folds=folds,
         ids=ids,
@@ -86,17 +89,6 @@ def validation_report(
         if single_label
         else float(f1_score(hits, probs >= np.asarray(thresholds), average="macro", zero_division=0)),
     }
-
-
-def check_each_id_once(ids: Sequence[str], records: Records) -> None:
-    """tfpipe.write never writes an id twice: one read twice means a record was copied over another while this
-    job ran (which keeps each shard's count)."""
-    twice = next((i for i, n in collections.Counter(ids).items() if n > 1), None)
-    if twice is not None:
-        raise TfpipeError(
-            f"{records}: the id {twice!r} is in two validation records (a shard changed while this job read it?); "
-            "nothing of the report counts -- run it again once the shards are whole"
-        )
 
 
 def learning_curves(run_dir: str) -> None:

@@ -219,14 +219,17 @@ def _listed(classes: Sequence[str], most: int = 6) -> str:
     return ", ".join(classes[:most]) + (f", ... {len(classes)} in all" if len(classes) > most else "")
 
 
-def check_ids_once(ids: Sequence[str], records: Records) -> None:
+TWO_FOLDERS = (
+    "records, and a submission keys each image once (two folders of one dataset read together?); predict one folder"
+)
+
+
+def check_ids_once(ids: Sequence[str], records: Records, said: str = TWO_FOLDERS) -> None:
     """A submission keys each image once: records holding an id twice (two folders of one dataset, read
-    together) are refused rather than written as two rows of one id."""
+    together) are refused rather than written as two rows of one id. ``said``: what the line says after "is in
+    two" (the validation report says why tfpipe's own shards could hold one twice)."""
     seen: set[str] = set()
     for i in ids:
         if i in seen:
-            raise TfpipeError(
-                f"{records}: the id {i!r} is in two records, and a submission keys each image once (two folders "
-                "of one dataset read together?); predict one folder"
-            )
+            raise TfpipeError(f"{records}: the id {i!r} is in two {said}")
         seen.add(i)
