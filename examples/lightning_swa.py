@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -45,14 +46,17 @@ from tfpipe.lightning import ShardDataModule
 from tfpipe.lightning_ranks import SameStart, StopOnSigterm, ranks_end_with_rank_zero, supervised, without_tips
 from tfpipe.shards import open_shards
 from tfpipe.torch import RecordDataset, gather_rows, sync_buffers
+from train.cv_folder import better_model
 from train.run import RunConfig
 from train.torch_models import add_recipe_arguments, build_model, check_model, model_inputs, validation_auc
+from train.torch_report import described, load_saved, model_choice_line, model_reports, run_metrics
 from train.torch_run import (
     MODEL,
     MODEL_SWA,
     add_run_arguments,
+    begin_run,
+    end_run,
     prepare,
-    save_run,
     start_settings,
     write_predictions,
 )
@@ -83,12 +87,24 @@ class Classifier(pl.LightningModule):
         self.loss = torch.nn.BCEWithLogitsLoss()
         self.auc: dict[int, float] = {}  # epoch -> validation AUC
         self.last_weights: dict[str, torch.Tensor] = {}  # of the last epoch, before SWA puts in its average
+        self.swa_weights: dict[str, torch.Tensor] = {}  # the average, as validated
+        self.val_rows: dict[bool, tuple[Any, ...]] = {}  # swa -> the validation rows of that model, every rank's
         self.predicted: tuple[list[str], np.ndarray] | None = None  # every rank's test rows, each image once
+        self.loss_sum, self.loss_steps = 0.0, 0  # this epoch's, this rank's: its mean is the loss we show
+
+    @property
+    def mean_loss(self) -> float | None:
+        """The mean training loss of this epoch's steps so far, on this rank: the one loss figure shown."""
+        return self.loss_sum / self.loss_steps if self.loss_steps else None
+
+    def on_train_epoch_start(self) -> None:
+        self.loss_sum, self.loss_steps = 0.0, 0
 
     def training_step(self, batch: Any, index: int) -> torch.Tensor:
         images, targets = batch
         loss = self.loss(self.net(model_inputs(images, training=True)), targets)
-        self.log("loss", loss, prog_bar=True)
+        self.loss_sum, self.loss_steps = self.loss_sum + float(loss.detach()), self.loss_steps + 1
+        self.log("loss", loss, prog_bar=True)  # the bar's (a terminal): Lightning's mean of recent steps
         return loss
 
     def on_validation_epoch_start(self) -> None:
@@ -102,13 +118,17 @@ class Classifier(pl.LightningModule):
     def on_validation_epoch_end(self) -> None:
         names = [n for part in self.rows for n in part[0]]
         columns = (np.concatenate([p[k] for p in self.rows]) for k in (1, 2))
-        _, probs, targets = gather_rows(names, *columns, expected=self.trainer.datamodule.val_set.num_records)
+        rows = gather_rows(names, *columns, expected=self.trainer.datamodule.val_set.num_records)
         self.rows.clear()
-        auc = validation_auc(probs, targets)  # the same on every rank: from every rank's rows
+        auc = validation_auc(*rows[1:])  # the same on every rank: from every rank's rows
         self.auc[self.current_epoch] = auc
         self.log("val_auc", auc, prog_bar=True, sync_dist=True)
         if self.trainer.state.fn == "fit" and self.current_epoch == self.epochs - 1:
             self.last_weights = {k: v.detach().cpu().clone() for k, v in self.net.state_dict().items()}
+            self.val_rows[False] = rows
+        elif self.trainer.state.fn == "validate":  # the averaged weights (run() validates them after fit)
+            self.val_rows[True] = rows
+            self.swa_weights = {k: v.detach().cpu().clone() for k, v in self.net.state_dict().items()}
 
     def predict_step(self, batch: Any, index: int) -> None:
         images, _, names = batch
@@ -145,9 +165,9 @@ class LineProgress(pl.Callback):
 
     def on_train_batch_end(self, trainer: pl.Trainer, module: pl.LightningModule, *args: Any) -> None:
         if trainer.is_global_zero and trainer.current_epoch < self.epochs:
-            loss = trainer.callback_metrics.get("loss")
+            loss = getattr(module, "mean_loss", None)
             done = f"step {trainer.fit_loop.epoch_loop.batch_progress.current.completed}/{trainer.num_training_batches}"
-            shown = f", loss {float(loss):.4f}" if loss is not None else ""
+            shown = f", loss {loss:.4f} (mean so far)" if loss is not None else ""
             self.beat.update(f"epoch {trainer.current_epoch + 1}/{self.epochs}: {done}{shown}")
 
     def on_validation_epoch_start(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
@@ -158,8 +178,8 @@ class LineProgress(pl.Callback):
         """After the epoch's validation (Lightning validates inside the training epoch)."""
         auc = getattr(module, "auc", {}).get(trainer.current_epoch)
         if trainer.is_global_zero and trainer.current_epoch < self.epochs and auc is not None:
-            loss = trainer.callback_metrics.get("loss")
-            shown = f"loss {float(loss):.4f}, " if loss is not None else ""
+            loss = getattr(module, "mean_loss", None)
+            shown = f"loss {loss:.4f} (the epoch's mean, rank 0), " if loss is not None else ""
             print(f"epoch {trainer.current_epoch + 1}/{self.epochs}: {shown}validation AUC {auc:.4f}", flush=True)
             self.beat.stop()
 
@@ -193,59 +213,112 @@ def run(args: argparse.Namespace) -> None:
     check_count(1, devices=args.devices, epochs=args.epochs, swa_epochs=args.swa_epochs)
     if args.swa_epochs >= args.epochs:
         raise TfpipeError(f"--swa-epochs {args.swa_epochs} must leave epochs to train first (--epochs {args.epochs})")
-    check_model(args.model)  # one line here, before the ranks start
     # the run folder may be written, the test shards fit the run: checked once, by the process that starts the
-    # ranks (each rank runs this function again; only rank 0 writes the run)
-    config = prepare(PROG, args) if os.environ.get("LOCAL_RANK", "0") == "0" else None
+    # ranks (each rank runs this function again; only rank 0 writes the run); --predict-only: the saved run's
+    # model, on every rank
+    first = os.environ.get("LOCAL_RANK", "0") == "0"
+    config = prepare(PROG, args) if first or args.predict_only else None
+    check_model(args.model)  # one line here, before the ranks start
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // args.devices))  # the ranks share the machine's cores
     pl.seed_everything(args.seed, verbose=False)
+    if args.predict_only:
+        return predict_saved(args, config, nodes)
+    start = time.monotonic()
     data = ShardDataModule(
         args.records, val_folds=[args.fold], batch_size=args.batch_size, workers=args.workers, seed=args.seed
     )
     model = Classifier(args.model, data.num_classes, args.lr, args.epochs - args.swa_epochs, args.epochs)
     swa = pl.callbacks.StochasticWeightAveraging(
         swa_lrs=args.lr * args.devices * nodes * SWA_LR,
-        swa_epoch_start=args.epochs - args.swa_epochs,
+        swa_epoch_start=args.epochs - args.swa_epochs + 1,  # Lightning counts this one from 1 (its swa_start: -1)
         annealing_epochs=1,
     )
-    bar = console.on_terminal()  # Lightning's bar for a person; lines for a log
-    alike = SameStart(start_settings(args))  # every rank the same flags and shards, or none trains
-    trainer = pl.Trainer(
-        accelerator="cpu", devices=args.devices, num_nodes=nodes, strategy="ddp", max_epochs=args.epochs,
-        callbacks=[swa, StopOnSigterm(), alike, *([] if bar else [LineProgress(args.epochs)])], enable_progress_bar=bar,
-        enable_checkpointing=False, logger=False, enable_model_summary=False, num_sanity_val_steps=0,
-    )  # fmt: skip
+    trainer = ranks_trainer(args, nodes, [swa])
     with supervised(trainer, PROG):  # a rank or worker that dies, Ctrl-C, SIGTERM: one line (tfpipe.lightning_ranks)
         trainer.fit(model, datamodule=data)
         last = model.auc[args.epochs - 1]  # the last epoch's weights (SWA's batch-norm pass may add an epoch)
         model.auc.clear()
         trainer.validate(model, datamodule=data, verbose=False)  # the averaged weights
+        swa_chosen = better_model(last, model.auc[trainer.current_epoch])  # as train.predict chooses
         if args.predict:
-            trainer.predict(model, dataloaders=test_loader(args, trainer), return_predictions=False)
+            if not swa_chosen:
+                model.net.load_state_dict(model.last_weights)
+            trainer.predict(model, datamodule=PredictData(args), return_predictions=False)
+    if trainer.is_global_zero and config is not None:
+        counts = (data.train_set.num_records, data.val_set.num_records) if data.train_set and data.val_set else (0, 0)
+        metrics = run_metrics(PROG, args, config, trainer.world_size, counts, round(time.monotonic() - start, 1))
+        finish(args, config, model, metrics, swa_chosen)
+
+
+def ranks_trainer(args: argparse.Namespace, nodes: int, callbacks: list[pl.Callback]) -> pl.Trainer:
+    """The trainer of every rank: ``--devices`` processes on each of ``nodes`` machines, DDP, our lines in a log."""
+    bar = console.on_terminal()  # Lightning's bar for a person; lines for a log
+    alike = SameStart(start_settings(args))  # every rank the same flags and shards, or none trains
+    return pl.Trainer(
+        accelerator="cpu", devices=args.devices, num_nodes=nodes, strategy="ddp", max_epochs=args.epochs,
+        callbacks=[*callbacks, StopOnSigterm(), alike, *([] if bar else [LineProgress(args.epochs)])],
+        enable_progress_bar=bar, enable_checkpointing=False, logger=False, enable_model_summary=False,
+        num_sanity_val_steps=0,
+    )  # fmt: skip
+
+
+class PredictData(pl.LightningDataModule):
+    """This rank's share of ``--predict`` (each rank as many batches; the padding's repeats are taken out),
+    made once the trainer knows the rank."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        super().__init__()
+        self.args = args
+
+    def predict_dataloader(self) -> torch.utils.data.DataLoader:
+        args, trainer = self.args, self.trainer
+        assert trainer is not None
+        test = RecordDataset(
+            args.predict, with_ids=True, batch_size=args.batch_size, rank=trainer.global_rank,
+            world_size=trainer.world_size,
+        )  # fmt: skip
+        workers = args.workers
+        return torch.utils.data.DataLoader(
+            test, batch_size=args.batch_size, num_workers=workers,
+            worker_init_fn=loader_dies_with_this_process() if workers else None,
+        )  # fmt: skip
+
+
+def predict_saved(args: argparse.Namespace, config: RunConfig | None, nodes: int) -> None:
+    """``--predict-only``: every rank predicts its share of ``--predict`` with the saved run's model (the better
+    by validation AUC), rank 0 writes the submission at that model's tuned thresholds."""
+    assert config is not None
+    net, thresholds, line = load_saved(args.run, config)
+    model = Classifier(args.model, len(config.classes), args.lr, 1, args.epochs)
+    model.net.load_state_dict(net.state_dict())
+    trainer = ranks_trainer(args, nodes, [])
     if trainer.is_global_zero:
-        metrics = {"validation_auc": last, "swa_validation_auc": model.auc[trainer.current_epoch]}
-        finish(args, config, model, dict(metrics, ranks=trainer.world_size))
+        print(f"{PROG}: {line}", flush=True)
+    with supervised(trainer, PROG):
+        trainer.predict(model, datamodule=PredictData(args), return_predictions=False)
+    if trainer.is_global_zero and model.predicted is not None:
+        print(write_predictions(config, args, open_shards(args.predict), model.predicted, thresholds), flush=True)
 
 
-def test_loader(args: argparse.Namespace, trainer: pl.Trainer) -> torch.utils.data.DataLoader:
-    """This rank's share of ``--predict`` (each rank as many batches; the padding's repeats are taken out)."""
-    test = RecordDataset(
-        args.predict, with_ids=True, batch_size=args.batch_size, rank=trainer.global_rank, world_size=trainer.world_size
-    )
-    workers = {"num_workers": args.workers, "worker_init_fn": loader_dies_with_this_process() if args.workers else None}
-    return torch.utils.data.DataLoader(test, batch_size=args.batch_size, **workers)
-
-
-def finish(args: argparse.Namespace, config: RunConfig | None, model: Classifier, metrics: dict[str, Any]) -> None:
-    """Rank 0 at the end: the run folder, the submission (the SWA model's), then the two AUC lines (the last)."""
-    if args.run and config is not None:
-        weights = {MODEL: model.last_weights, MODEL_SWA: model.net.state_dict()}
-        save_run(args.run, config, weights, dict(metrics, epochs=args.epochs))
+def finish(
+    args: argparse.Namespace, config: RunConfig, model: Classifier, metrics: dict[str, Any], swa_chosen: bool
+) -> None:
+    """Rank 0 at the end: both models' validation reports (train.fit's: tuned thresholds, exact scores, the
+    per-class tables) and the run folder, the submission of the better model at its thresholds, then the two AUC
+    lines (the last)."""
+    if args.run:
+        begin_run(args.run, config)
+    part, done = model_reports(args.run, open_shards(args.records), config, model.val_rows, args.swa_epochs)
+    if args.run:
+        end_run(args.run, {MODEL: model.last_weights, MODEL_SWA: model.swa_weights}, {**metrics, **part})
         print(f"saved {args.run}/{MODEL} and {MODEL_SWA}", flush=True)
-    if args.predict and config is not None and model.predicted is not None:
-        print(write_predictions(config, args, open_shards(args.predict), *model.predicted) + " (SWA model)", flush=True)
-    print(f"validation AUC {metrics['validation_auc']:.4f}", flush=True)
-    print(f"SWA validation AUC {metrics['swa_validation_auc']:.4f}", flush=True)
+    print("\n".join([*described(part["report"], MODEL), *described(part["swa"]["report"], MODEL_SWA)]), flush=True)
+    if args.predict and model.predicted is not None:
+        print(f"{PROG}: {model_choice_line(swa_chosen, part['validation_auc'], part['swa_validation_auc'])}")
+        thresholds = done[swa_chosen].thresholds
+        print(write_predictions(config, args, open_shards(args.predict), model.predicted, thresholds), flush=True)
+    print(f"validation AUC {part['validation_auc']:.4f}", flush=True)
+    print(f"SWA validation AUC {part['swa_validation_auc']:.4f}", flush=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

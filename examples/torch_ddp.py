@@ -54,14 +54,8 @@ from tfpipe.shards import open_shards
 from tfpipe.torch import RecordDataset, folds_apart, gather_rows, sync_buffers, unique_rows
 from train.run import RunConfig
 from train.torch_models import add_recipe_arguments, build_model, check_model, model_inputs, validation_auc
-from train.torch_run import (
-    MODEL,
-    add_run_arguments,
-    prepare,
-    save_run,
-    start_settings,
-    write_predictions,
-)
+from train.torch_report import described, load_saved, model_reports, run_metrics
+from train.torch_run import MODEL, add_run_arguments, begin_run, end_run, prepare, start_settings, write_predictions
 
 PROG = "torch_ddp"
 
@@ -112,7 +106,7 @@ def train_epoch(
         loss.backward()
         step()
         total, count = total + float(loss.detach()), count + 1
-        where(f"step {i + 1}, loss {total / count:.4f}")
+        where(f"step {i + 1}, loss {total / count:.4f} (mean so far)")
     return total / max(count, 1)
 
 
@@ -131,9 +125,10 @@ def predict(model: torch.nn.Module, batches: Any, device: Any) -> tuple[list[str
 
 def fit(
     rank: int, world_size: int, args: argparse.Namespace, device: Any, xla: Any = None
-) -> tuple[torch.nn.Module, float]:
+) -> tuple[torch.nn.Module, tuple[Any, ...]]:
     """The loop every rank runs; ``xla`` is torch_xla's ``xla_model`` module under ``--xla``. Returns the model
-    (every rank's alike: rank 0's batch-norm statistics) and its validation AUC."""
+    (every rank's alike: rank 0's batch-norm statistics) and its validation rows (``gather_rows``': ids,
+    probabilities, targets), every rank's."""
     torch.manual_seed(args.seed)  # the same initial weights on every rank (DDP also broadcasts them)
     train, val = datasets(args, rank, world_size) if xla else datasets(args, None, None)  # None: from dist
     net = build_model(args.model, train.num_classes).to(device)
@@ -167,22 +162,23 @@ def fit(
             beat.start(f"epoch {epoch + 1}/{args.epochs}: starting")
         loss = train_epoch(model, batches, step, device, where)
         where("validating")
-        auc = validate(net, val_loader, val.num_records, device, xla)
-        say(f"epoch {epoch + 1}/{args.epochs}: loss {loss:.4f} (rank 0), validation AUC {auc:.4f}")
-    return net, auc
+        rows = validate(net, val_loader, val.num_records, device, xla)
+        auc = validation_auc(*rows[1:])
+        say(f"epoch {epoch + 1}/{args.epochs}: loss {loss:.4f} (the epoch's mean, rank 0), validation AUC {auc:.4f}")
+    return net, rows
 
 
-def validate(net: torch.nn.Module, data: Any, images: int, device: Any, xla: Any) -> float:
-    """The exact macro AUC of the validation fold: every rank predicts its share with the same model (rank 0's
-    batch-norm statistics), the rows are gathered and the padding's repeats taken out."""
+def validate(net: torch.nn.Module, data: Any, images: int, device: Any, xla: Any) -> tuple[Any, ...]:
+    """The validation fold's rows (ids, probabilities, targets): every rank predicts its share with the same model
+    (rank 0's batch-norm statistics), the rows are gathered and the padding's repeats taken out."""
     if xla is None:
         sync_buffers(net)
-        return validation_auc(*gather_rows(*predict(net, data, device), expected=images)[1:])
+        return gather_rows(*predict(net, data, device), expected=images)
     import torch_xla.runtime as xr
 
     if xr.world_size() > 1:
         xla.broadcast_master_param(net)  # parameters and buffers of core 0
-    return validation_auc(*mesh_rows(xla, *predict(net, xla_loader(data, device), device), expected=images)[1:])
+    return mesh_rows(xla, *predict(net, xla_loader(data, device), device), expected=images)
 
 
 def test_rows(net: torch.nn.Module, args: argparse.Namespace, device: Any, xla: Any) -> tuple[list[str], np.ndarray]:
@@ -202,16 +198,24 @@ def test_rows(net: torch.nn.Module, args: argparse.Namespace, device: Any, xla: 
 
 
 def finish(
-    net: torch.nn.Module, auc: float, args: argparse.Namespace, config: RunConfig | None, rows: Any, seconds: float
+    net: torch.nn.Module, val_rows: Any, args: argparse.Namespace, config: RunConfig, rows: Any, seconds: float
 ) -> None:
-    """Rank 0 after training: the run folder, the submission, then the AUC line (the last line)."""
-    if args.run and config is not None:
-        metrics = {"validation_auc": auc, "epochs": args.epochs, "ranks": args.processes, "seconds": seconds}
-        save_run(args.run, config, {MODEL: net.state_dict()}, metrics)
+    """Rank 0 after training: the validation report (train.fit's: tuned thresholds, exact scores, the per-class
+    table) and the run folder, the submission at those thresholds, then the AUC line (the last line)."""
+    shards = open_shards(args.records)
+    if args.run:
+        begin_run(args.run, config)
+    part, done = model_reports(args.run, shards, config, {False: val_rows})
+    if args.run:
+        train, val = datasets(args, 0, args.processes)
+        counts = (train.num_records, val.num_records)
+        metrics = {**run_metrics(PROG, args, config, args.processes, counts, seconds), **part}
+        end_run(args.run, {MODEL: net.state_dict()}, metrics)
         print(f"saved {args.run}/{MODEL}", flush=True)
-    if rows is not None and config is not None:
-        print(write_predictions(config, args, open_shards(args.predict), *rows), flush=True)
-    print(f"validation AUC {auc:.4f}", flush=True)
+    print("\n".join(described(part["report"], MODEL)), flush=True)
+    if rows is not None:
+        print(write_predictions(config, args, open_shards(args.predict), rows, done[False].thresholds), flush=True)
+    print(f"validation AUC {part['validation_auc']:.4f}", flush=True)
 
 
 def xla_loader(data: torch.utils.data.DataLoader, device: Any) -> Any:
@@ -229,7 +233,7 @@ def mesh_rows(xla: Any, names: list[str], *columns: np.ndarray, expected: int) -
     return unique_rows([name for p in parts for name in p[0]], *merged, expected=expected)
 
 
-def run_rank(rank: int, args: argparse.Namespace, config: RunConfig | None, port: int, parent: int) -> None:
+def run_rank(rank: int, args: argparse.Namespace, config: RunConfig, port: int, parent: int) -> None:
     """One of ``--processes`` CPU processes: a gloo process group, then the loop."""
     die_with_parent(parent)
     torch.set_num_threads(1)  # the processes share the machine's cores; more threads each only contend
@@ -237,18 +241,20 @@ def run_rank(rank: int, args: argparse.Namespace, config: RunConfig | None, port
     train_rank(rank, args, config, supervised=True)
 
 
-def train_rank(rank: int, args: argparse.Namespace, config: RunConfig | None, supervised: bool = False) -> None:
+def train_rank(rank: int, args: argparse.Namespace, config: RunConfig, supervised: bool = False) -> None:
     """One rank of a started process group: the loop, the predictions, rank 0's run folder. Its errors are one
     line and exit code 2, settings spelt as flags (``as_command``); a ``supervised`` rank (spawn_ranks') that lost
     another rank exits with ``tfpipe.ranks.LOST_A_RANK`` instead, its parent saying why."""
     try:
         with as_command(PROG):
             check_same_start(start_settings(args), rank)  # the same flags and shards on every rank, or none trains
+            if args.predict_only:
+                return predict_saved(rank, args, config, torch.device("cpu"), None)
             start = time.monotonic()
-            net, auc = fit(rank, args.processes, args, torch.device("cpu"))
+            net, val_rows = fit(rank, args.processes, args, torch.device("cpu"))
             rows = test_rows(net, args, torch.device("cpu"), None) if args.predict else None
             if rank == 0:
-                finish(net, auc, args, config, rows, round(time.monotonic() - start, 1))
+                finish(net, val_rows, args, config, rows, round(time.monotonic() - start, 1))
     except TfpipeError as e:  # from a DataLoader worker, torch puts the worker's traceback in the message
         message = str(e).strip().splitlines()[-1].removeprefix("tfpipe.errors.TfpipeError: ")
         print(f"{PROG}: error: {message}", file=sys.stderr, flush=True)
@@ -268,18 +274,31 @@ def train_rank(rank: int, args: argparse.Namespace, config: RunConfig | None, su
         dist.destroy_process_group()
 
 
-def run_xla(index: int, args: argparse.Namespace, config: RunConfig | None, parent: int) -> None:
+def run_xla(index: int, args: argparse.Namespace, config: RunConfig, parent: int) -> None:
     """One torch_xla device (a TPU core): what ``xmp.spawn`` runs."""
     import torch_xla
     import torch_xla.core.xla_model as xm
     import torch_xla.runtime as xr
 
     die_with_parent(parent)
+    if args.predict_only:
+        return predict_saved(xr.global_ordinal(), args, config, torch_xla.device(), xm)
     start = time.monotonic()
-    net, auc = fit(xr.global_ordinal(), xr.world_size(), args, torch_xla.device(), xla=xm)
+    net, val_rows = fit(xr.global_ordinal(), xr.world_size(), args, torch_xla.device(), xla=xm)
     rows = test_rows(net, args, torch_xla.device(), xm) if args.predict else None
     if xr.global_ordinal() == 0:
-        finish(net.cpu(), auc, args, config, rows, round(time.monotonic() - start, 1))
+        finish(net.cpu(), val_rows, args, config, rows, round(time.monotonic() - start, 1))
+
+
+def predict_saved(rank: int, args: argparse.Namespace, config: RunConfig, device: Any, xla: Any) -> None:
+    """``--predict-only``: every rank predicts its share of ``--predict`` with the saved run's model (the better
+    by validation AUC), rank 0 writes the submission at that model's tuned thresholds."""
+    net, thresholds, line = load_saved(args.run, config)
+    if rank == 0:
+        print(f"{PROG}: {line}", flush=True)
+    rows = test_rows(net.to(device), args, device, xla)
+    if rank == 0:
+        print(write_predictions(config, args, open_shards(args.predict), rows, thresholds), flush=True)
 
 
 def launched() -> tuple[int, int, int] | None:
@@ -344,18 +363,20 @@ def run(args: argparse.Namespace) -> None:
         spawn_ranks(run_rank, (args, config, free_port(), os.getpid()), args.processes)
 
 
-def checked(args: argparse.Namespace, world: tuple[int, int, int] | None) -> RunConfig | None:
+def checked(args: argparse.Namespace, world: tuple[int, int, int] | None) -> RunConfig:
     """Everything that can be refused before a process starts (under a launcher: before its ranks meet), in one
     line: the settings, the records and folds, the model, the run folder and the shards of ``--predict``."""
     check_processes(args, world)
     check_count(1, epochs=args.epochs, batch_size=args.batch_size)
     check_count(0, workers=args.workers)
-    datasets(args, 0, args.processes)
+    config = prepare(PROG, args)  # reads only: the run folder may be written, the test shards fit the run
+    if not args.predict_only:
+        datasets(args, 0, args.processes)
     check_model(args.model)
-    return prepare(PROG, args)  # reads only: the run folder may be written, the test shards fit the run
+    return config  # reads only: the run folder may be written, the test shards fit the run
 
 
-def run_launched(args: argparse.Namespace, config: RunConfig | None, world: tuple[int, int, int]) -> None:
+def run_launched(args: argparse.Namespace, config: RunConfig, world: tuple[int, int, int]) -> None:
     """This process as one rank of a launcher's world: its process group (``env://``), then the loop. Ranks
     that do not all arrive (another machine refused its command, or was never started) end in one line when
     torch's wait for them runs out (30 minutes)."""

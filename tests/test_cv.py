@@ -320,3 +320,37 @@ def test_a_fold_folder_of_another_fold_or_with_a_users_file_is_refused_before_an
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "fold-1/notes.txt is not a file train.fit writes" in err[0], err
     assert sorted(str(p.relative_to(copy)) for p in (tmp_path / "cv").rglob("*")) == before
+
+
+def test_a_cv_folder_and_its_fold_runs_read_back_with_train_inspect(cv_run, capsys, tmp_path):
+    """Issue #54: a CV folder read back days later: its out-of-fold scores of both models side by side (each
+    column naming its model and views, the figures cv.json's), each model's class table titled with its
+    thresholds file, every fold's run, and what train.predict predicts with; --json for scripts."""
+    from train.inspect import main
+
+    folder, result = cv_run
+    assert main([folder, "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["kind"] == "cv" and info["finished"] and [f["fold"] for f in info["folds"]] == [0, 1, 2]
+    assert [m["model"] for m in info["models"]] == ["model.keras", "model-swa.keras"]
+    final = result.scores_of(swa=False).scores
+    assert info["models"][0]["scores"]["roc_auc_macro"] == final["roc_auc_macro"]
+    assert info["folds"][1]["run_info"]["trained_by"] == "train.fit" and info["folds"][1]["finished"]
+    assert main([folder]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"{folder}: a cross-validation of train.cv, finished"
+    header = next(ln for ln in lines if "model.keras, 1 view" in ln and "model-swa.keras, 1 view" in ln)
+    auc = lines[lines.index(header) + 1].split()
+    assert auc[:2] == ["AUC,", "macro"] and auc[2] == f"{final['roc_auc_macro']:.4f}"
+    assert "per class, model-swa.keras, 1 view, at the thresholds of thresholds-swa.json:" in lines
+    assert lines[-1].startswith(
+        f"python -m train.predict: predicting with the mean of the 3 fold models, {result.submits}"
+    )
+    fold = tmp_path / "fold-0"
+    shutil.copytree(os.path.join(folder, "fold-0"), fold)  # the session's CV stays as it is
+    (fold / "metrics.json").write_text('{"report": [1, 2]}')  # damaged: one line naming it, no traceback
+    assert main([str(fold)]) == 2
+    assert (
+        capsys.readouterr().err == f"train.inspect: error: {fold}/metrics.json: the final model's report is damaged\n"
+    )
+    assert main([str(tmp_path)]) == 2 and "no config.json; not a run folder" in capsys.readouterr().err

@@ -66,7 +66,8 @@ def test_a_grouped_write_keeps_each_group_in_one_fold_and_says_how_even(grouped_
     out = root / "out"
     args = ["--csv", str(csv), "--images", str(root / "images"), "--image-size", "8", "--workers", "0"]
     assert main([*args, "--out", str(out), "--num-folds", "4", "--group-col", "patient"]) == 0
-    said = capsys.readouterr().out
+    said, warned = capsys.readouterr()
+    assert "reads like a group" not in warned
     assert "folds by group 'patient': 4 folds of 6-6 images, no group in two; the class furthest from" in said, said
     manifest = tfpipe.open_shards(str(out)).manifest
     assert manifest.group_column == "patient" and "4 folds by group 'patient'" in repr(manifest)
@@ -79,6 +80,13 @@ def test_a_grouped_write_keeps_each_group_in_one_fold_and_says_how_even(grouped_
     plain = root / "plain"  # no groups: the manifest as before (no group_column key), the same dataset id rules
     assert main([*args, "--out", str(plain), "--num-folds", "4"]) == 0
     assert "group_column" not in json.loads((plain / "manifest.json").read_text())
+    hint = [ln for ln in capsys.readouterr().err.splitlines() if "reads like a group" in ln]  # issue #54: a hint
+    assert hint == [
+        f"tfpipe.write: warning: {csv}: column 'patient' reads like a group (8 values over 24 rows) and the folds "
+        "were drawn without it: images of one patient in both training and validation folds make validation "
+        "over-promise; write again with --group-col patient to keep each patient in one fold (a hint: nothing was "
+        "refused)"
+    ]
 
     edited = json.loads((out / "manifest.json").read_text())
     edited["group_column"] = ""

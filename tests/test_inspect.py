@@ -126,3 +126,19 @@ def test_sheet_captions_carry_the_id_and_say_unlabeled_or_no_labels():
 
     long = _fitted("x" * 200, SHEET_TILE - 6, "end")
     assert long.startswith("..") and 5 < len(long) < 200  # shortened to the tile's width, by its pixels
+
+
+def test_a_run_or_cv_folder_given_as_shards_points_to_train_inspect(tmp_path, capsys):
+    """Issue #54: ``tfpipe.inspect RUN`` answered with a glob to pass; a run (config.json) or CV folder (cv.json)
+    is now named as one, with the command that reads it back."""
+    from tfpipe.inspect import main
+
+    for mark in ("config.json", "cv.json"):
+        folder = tmp_path / mark.split(".")[0]
+        folder.mkdir()
+        (folder / mark).write_text("{}")
+        assert main([str(folder)]) == 2
+        assert capsys.readouterr().err == (
+            f"tfpipe.inspect: error: {folder}: a run folder ({mark}), not shards; read it back with python -m "
+            f"train.inspect {folder} (its shards: the records it names)\n"
+        )

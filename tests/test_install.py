@@ -20,6 +20,7 @@ import sys
 
 import pytest
 
+import tfpipe
 from tests.readme_cells import TEST_PARAMETERS, notebook_cells
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -81,7 +82,9 @@ def test_the_wheel_carries_its_type_hints(wheel):
 
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {"tfpipe/py.typed", "train/py.typed"} <= names
-    assert "tfpipe/deprecations.py" in names and any(n.endswith("1.0.0.dist-info/METADATA") for n in names)
+    assert "tfpipe/deprecations.py" in names and any(
+        n.endswith(f"{tfpipe.__version__}.dist-info/METADATA") for n in names
+    )
 
 
 def user_env(venv):

@@ -101,6 +101,10 @@ def test_two_workers_train_stop_together_when_one_dies_and_resume(demo_shards, t
     assert chief.wait(timeout=600) == 0, output(chief)
     assert worker.wait(timeout=120) == 0, output(worker)
     assert output(worker).strip().splitlines()[-1] == "train.fit: worker 1 done; worker 0, the chief, writes the run"
+    # issue #54: the worker is not silent while it trains (18 epochs or more: well over the heartbeat's 15 s), and
+    # the chief traces its step for its one device, not "about 2x as long" for the job's two replicas
+    assert "train.fit: worker 1: still training (worker 0, the chief, prints the epochs)" in output(worker)
+    assert "traced once per replica" not in output(chief) and "compiling the training step for 2" in output(chief)
     # TensorFlow's reports of the workers gone (worker 1 ends before the chief's report) are held back
     assert not [line for line in output(chief).splitlines() if line.startswith(("E0000", "W0000", "/job:", "The "))]
     history = (run / run_files.HISTORY).read_text().splitlines()[1:]

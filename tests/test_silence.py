@@ -87,8 +87,29 @@ def test_write_fit_predict_never_silent_for_more_than_30_s(tmp_path):
     )
     fit_out = "\n".join(p for _, p in results[3][1])
     assert "validation AUC" in fit_out and "exact-match" in fit_out and "positives" in fit_out  # the class table
+    assert "per class, model.keras, 1 view, at the thresholds of thresholds.json:" in fit_out  # names its model
+    assert "is slow compared to the batch time" not in fit_out  # tf-keras' callback timing on 8 replicas (#54)
     own = "\n".join(p for _, p in results[5][1])
     assert "are the shards this run trained on" in own and "held out (fold 0)" in own
+
+
+def test_the_callback_timing_warning_is_held_back_while_tensorflow_runs_and_only_then(caplog):
+    """tf-keras warns "Callback method `on_train_batch_end` is slow compared to the batch time" on 8 replicas
+    with steps_per_execution (the hook waits for the step's results): held back while fit runs (issue #54), like
+    TensorFlow's other start-up lines; the user's own logging of the logger is untouched before and after."""
+    import logging
+
+    from tfpipe.console import quiet_tensorflow
+
+    timing = "Callback method `on_train_batch_end` is slow compared to the batch time (batch time: 0.1s)"
+    logger = logging.getLogger("tensorflow")
+    with caplog.at_level(logging.WARNING, logger="tensorflow"):
+        with quiet_tensorflow(environment=False):
+            logger.warning(timing)
+            logger.warning("another warning")
+        logger.warning(timing)
+    assert [r.getMessage() for r in caplog.records] == ["another warning", timing]
+    assert logger.filters == []
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -118,8 +119,8 @@ def test_torch_ddp_example_learns_the_demo_on_8_processes_and_submits(demo_shard
     assert done.returncode == 0, done.stderr[-3000:]
     lines = done.stdout.strip().splitlines()
     epochs = [ln for ln in lines if ln.startswith("epoch ")]  # between them, the heartbeat's "torch_ddp: ..." lines
-    assert epochs[0].startswith("epoch 1/24: loss") and len(epochs) == 24
-    assert lines[-3:-1] == [f"saved {run}/model.pt", f"wrote {run}/submission.csv: 60 rows"]
+    assert epochs[0].startswith("epoch 1/24: loss") and "(the epoch's mean, rank 0)" in epochs[0] and len(epochs) == 24
+    assert f"saved {run}/model.pt" in lines and lines[-2] == f"wrote {run}/submission.csv: 60 rows"
     auc = AUC_LINE.match(lines[-1]).group(2)
     assert float(auc) >= 0.85  # chance is 0.5; measured 0.92 on this machine (24 epochs, about 3 minutes)
     check_run_and_submission(run, run / "submission.csv", demo_test_shards, ["model.pt"], auc)
@@ -158,7 +159,7 @@ def test_torch_ddp_under_torchrun_on_two_nodes_learns_the_demo_and_submits(demo_
     lines = max(printed, key=len)  # the node of global rank 0
     assert min(len(p) for p in printed) == 0  # the other node's ranks print nothing
     assert len([ln for ln in lines if ln.startswith("epoch ")]) == 24
-    assert lines[-3:-1] == [f"saved {run}/model.pt", f"wrote {run}/submission.csv: 60 rows"]
+    assert f"saved {run}/model.pt" in lines and lines[-2] == f"wrote {run}/submission.csv: 60 rows"
     auc = AUC_LINE.match(lines[-1]).group(2)
     assert float(auc) >= 0.85  # as the 8 processes of the test above
     check_run_and_submission(run, run / "submission.csv", demo_test_shards, ["model.pt"], auc)
@@ -237,18 +238,22 @@ def test_lightning_swa_example_learns_the_demo_on_8_processes_and_submits(demo_s
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     lines = done.stdout.strip().splitlines()
-    assert [ln.split(":")[0] for ln in lines if ln.startswith("epoch ")] == [f"epoch {e}/24" for e in range(1, 25)]
+    epochs = [ln for ln in lines if ln.startswith("epoch ")]
+    assert [ln.split(":")[0] for ln in epochs] == [f"epoch {e}/24" for e in range(1, 25)]
+    assert all("loss" not in ln or "(the epoch's mean, rank 0)" in ln for ln in epochs)  # one loss, said so
     assert "Tip" not in done.stderr and "predict returned None" not in done.stderr
-    assert lines[-4:-2] == [
-        f"saved {run}/model.pt and model-swa.pt",
-        f"wrote {tmp_path}/submission.csv: 60 rows (SWA model)",
-    ]
+    assert f"saved {run}/model.pt and model-swa.pt" in lines
+    assert lines[-4].startswith("lightning_swa: predicting with model") and "validation AUC" in lines[-4]
+    assert lines[-3] == f"wrote {tmp_path}/submission.csv: 60 rows"
     last, swa = (AUC_LINE.match(line) for line in lines[-2:])
     assert last.group(1) is None and swa.group(1) == "SWA "
     assert float(last.group(2)) >= 0.85 and float(swa.group(2)) >= 0.85  # measured 0.94 and 0.93 on this machine
     check_run_and_submission(run, tmp_path / "submission.csv", demo_test_shards, ["model.pt", "model-swa.pt"],
                              last.group(2))  # fmt: skip
-    assert f"{json.loads((run / 'metrics.json').read_text())['swa_validation_auc']:.4f}" == swa.group(2)
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert f"{metrics['swa_validation_auc']:.4f}" == swa.group(2)
+    assert metrics["swa"]["model"] == "model-swa.pt" and metrics["swa"]["epochs_averaged"] == 4
+    assert set(metrics["swa"]["report"]) == set(metrics["report"]) - {"model"}  # as train.fit writes the SWA's
 
 
 @pytest.mark.parametrize("script", ["torch_ddp.py", "lightning_swa.py"])
@@ -308,19 +313,29 @@ def recipe_config(classes=("a", "b", "c"), image_size=32, recipe="torch_ddp"):
                      dataset_id=None, fold=0, records="x", settings={"recipe": recipe}, stored_size=image_size)  # fmt: skip
 
 
+def save_run(run, config, weights, metrics, written=()):
+    from train.torch_run import begin_run, end_run
+
+    begin_run(run, config)
+    for name in written:  # a report's file (train.validation writes them between the two)
+        (Path(run) / name).write_text("x")
+    end_run(run, weights, metrics)
+
+
 def test_a_recipe_writes_only_a_new_or_empty_run_folder_or_its_own_run_with_overwrite(tmp_path):
-    from train.torch_run import check_run_folder, save_run
+    from train.torch_run import check_run_folder
 
     run = tmp_path / "run"
     check_run_folder(str(run), overwrite=False)  # new
     run.mkdir()
     check_run_folder(str(run), overwrite=False)  # empty
-    save_run(str(run), recipe_config(), {"model-swa.pt": {"w": torch.ones(2)}}, {"validation_auc": 0.5})
+    save_run(str(run), recipe_config(), {"model-swa.pt": {"w": torch.ones(2)}}, {"validation_auc": 0.5},
+             ["thresholds-swa.json", "val_predictions-swa.csv"])  # fmt: skip
     with pytest.raises(TfpipeError, match="already holds a run of torch_ddp; pass overwrite=True"):
         check_run_folder(str(run), overwrite=False)
     check_run_folder(str(run), overwrite=True)
     save_run(str(run), recipe_config(), {"model.pt": {"w": torch.zeros(2)}}, {"validation_auc": 0.7})
-    assert sorted(p.name for p in run.iterdir()) == ["config.json", "metrics.json", "model.pt"]  # no SWA model left
+    assert sorted(p.name for p in run.iterdir()) == ["config.json", "metrics.json", "model.pt"]  # nothing of SWA left
     (run / "notes.txt").write_text("mine")
     with pytest.raises(TfpipeError, match=r"holds what no recipe wrote \(notes.txt\)"):
         check_run_folder(str(run), overwrite=True)
@@ -401,7 +416,7 @@ def test_predict_wants_an_out_and_a_shard_folder_with_its_manifest(shard_dir, tm
 
 def test_a_folder_named_like_a_run_file_is_not_the_runs_and_a_deleted_submissions_record_is(tmp_path):
     from train.submission import write_submission
-    from train.torch_run import check_run_folder, save_run
+    from train.torch_run import check_run_folder
 
     run = tmp_path / "run"
     save_run(str(run), recipe_config(), {}, {"validation_auc": 0.5})
@@ -428,3 +443,49 @@ def test_the_lightning_recipes_watch_stops_the_other_ranks_and_leaves_rank_zero_
     assert RankObserver(watch, os.getpid(), ranks)._run() is True  # one look, as Lightning's thread takes
     assert watch.first_dead == (2, -9)
     assert [p.wait(10) for p in ranks] == [-9, -9, -9]
+
+
+def test_a_recipe_run_reports_as_train_fit_reads_back_and_predicts_again_without_training(
+    shard_dir, trained_run, tmp_path
+):
+    """Issue #54: a recipe's validation goes through train.fit's report code -- metrics.json carries the same
+    figures under the same keys as a Keras run's (compared with one here), val_predictions.csv and thresholds.json
+    alike, the printed class table names its model -- the submission is labelled at the tuned thresholds, and
+    --predict-only writes the same submission from the saved run without training; train.inspect reads it."""
+    from train.inspect import inspect_folder
+    from train.validation import RUN_FIGURES
+
+    keras_run, test = trained_run[0], trained_run[2]
+    run = tmp_path / "run"
+    common = ["--batch-size", "4", "--run", str(run), "--predict", test]
+    done = run_python(["examples/torch_ddp.py", "--records", shard_dir[0], "--epochs", "1", "--processes", "1",
+                       *common, "--out", str(tmp_path / "a.csv")], timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "per class, model.pt, 1 view, at the thresholds of thresholds.json:" in done.stdout.splitlines()
+    mine, theirs = (json.loads((Path(r) / "metrics.json").read_text()) for r in (run, keras_run))
+    assert (
+        set(RUN_FIGURES) <= set(mine) & set(theirs) and mine["replicas"] == 1 and mine["report"]["model"] == "model.pt"
+    )
+    validated = tfpipe.image_names(shard_dir[0], folds=[0])
+    assert set(mine["report"]) == set(theirs["report"]) and mine["val_examples"] == mine["report"]["examples"] == 11
+    assert {k: set(v) for k, v in mine["report"]["per_class"].items()} == {
+        k: set(v) for k, v in theirs["report"]["per_class"].items()
+    }
+    tables = [pd.read_csv(Path(r) / "val_predictions.csv", keep_default_na=False) for r in (run, keras_run)]
+    assert list(tables[0].columns) == list(tables[1].columns)
+    assert list(tables[0]["image_name"]) == validated  # in written order
+    tuned = json.loads((run / "thresholds.json").read_text())
+    assert [tuned[c] for c in tuned] == [mine["report"]["per_class"][c]["threshold"] for c in tuned]
+    assert len(set(tuned.values())) > 1  # tuned per class, not the one 0.5 of before
+
+    again = run_python(["examples/torch_ddp.py", "--predict-only", "--processes", "2", *common,
+                        "--out", str(tmp_path / "b.csv")], timeout=300)  # fmt: skip  # 2 ranks: rows gathered
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert again.stdout.splitlines() == [
+        "torch_ddp: predicting with model.pt (the run has no SWA model)",
+        f"wrote {tmp_path / 'b.csv'}: 40 rows",
+    ]
+    assert (tmp_path / "a.csv").read_bytes() == (tmp_path / "b.csv").read_bytes()
+    info = inspect_folder(str(run))
+    assert info["trained_by"] == "torch_ddp" and info["finished"] and info["predicts_with"]["model"] == "model.pt"
+    assert info["models"][0]["scores"] == mine["report"] and info["shards"]["here"] == "same"

@@ -189,9 +189,18 @@ def test_a_command_with_an_old_flag_runs_to_the_end(labeled_folder, tmp_path):
     assert tfpipe.Manifest.load(out).num_folds == 2
 
 
-def test_changelog_lists_every_rename_and_the_version_is_1_0():
+def test_changelog_lists_every_rename_and_tells_the_one_version_story():
+    """Issue #54: the package said 1.0.0 while the docs spoke of "tfpipe 1.1" and the CHANGELOG's top was
+    [Unreleased]. Now the package is 1.1's development version, the CHANGELOG's top says it becomes 1.1.0, and
+    the renamed spellings are removed in that release, not before."""
+    from packaging.version import Version
+
     changelog = (ROOT / "CHANGELOG.md").read_text()
-    assert tfpipe.__version__ == "1.0.0" and "## [1.0.0]" in changelog
+    version = Version(tfpipe.__version__)
+    releases = re.findall(r"^## \[([^\]]+)\]", changelog, re.M)
+    assert releases[:2] == ["Unreleased", "1.0.0"] and version.is_devrelease and version.release[:2] == (1, 1)
+    assert f"`{tfpipe.__version__}`" in changelog.split("## [1.0.0]")[0] and "released as 1.1.0" in changelog
+    assert Version(REMOVED_IN) == Version("1.1") > version  # the old spellings still work in this version
     for where, old, new in RENAMES:
         assert f"`{old}`" in changelog and f"`{new}`" in changelog, (where, old, new)
 

@@ -58,14 +58,14 @@ def read_csv(
     _require_columns(df, [image_col], csv_path, "image_col")
     ids = [v.strip() for v in df[image_col]]
     _check_ids(ids, image_col, csv_path)
-    taken = {image_col: "ids", **dict.fromkeys(_label_columns(label_format) if labeled else (), "labels")}
+    taken = {image_col: "ids", **dict.fromkeys(label_columns(label_format) if labeled else (), "labels")}
     groups = _groups(df, group_col, csv_path, taken) if group_col is not None else [None] * len(ids)
     labels = _labels(df, label_format, csv_path) if labeled else [()] * len(ids)
     check_label_spellings(labels, csv_path)
     return [(i + 1, name, labels, group) for i, (name, labels, group) in enumerate(zip(ids, labels, groups))]
 
 
-def _label_columns(fmt: LabelFormat) -> set[str]:
+def label_columns(fmt: LabelFormat) -> set[str]:
     """The CSV columns ``fmt`` reads labels from."""
     if fmt.class_col is not None:
         return {nfc(fmt.class_col)}
@@ -224,3 +224,48 @@ def _one_hot_labels(df: pd.DataFrame, label_cols: Iterable[str], csv_path: str) 
                 labels.append(col)
         out.append(tuple(labels))
     return out
+
+
+# Column names that usually hold an image's group: its patient, scene, video, ... (issue #54: a newcomer's CSV had
+# a "scene" column and no --group-col, and validation over-promised)
+GROUP_WORDS = frozenset(
+    (
+        "patient",
+        "subject",
+        "scene",
+        "video",
+        "site",
+        "study",
+        "case",
+        "session",
+        "individual",
+        "group",
+        "camera",
+        "location",
+        "series",
+        "clip",
+        "user",
+        "animal",
+        "plant",
+        "specimen",
+        "slide",
+        "sequence",
+    )
+)
+
+
+def group_like_columns(csv_path: str, used: Sequence[str]) -> list[tuple[str, int, int]]:
+    """(column, distinct values, rows) of each column not in ``used`` whose name reads like a group
+    (``GROUP_WORDS``) and whose values repeat (two rows a value or more, on average): a hint to pass
+    ``--group-col``, never a refusal."""
+    df = _read_table(csv_path)
+    found = []
+    for column in df.columns:
+        words = set(re.split(r"[^a-z]+", str(column).casefold()))
+        if column in used or not words & GROUP_WORDS:
+            continue
+        values = df[column].str.strip()
+        distinct = values[values != ""].nunique()
+        if distinct > 1 and len(df) >= 2 * distinct:
+            found.append((str(column), int(distinct), len(df)))
+    return found

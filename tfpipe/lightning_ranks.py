@@ -99,15 +99,16 @@ class StopOnSigterm(pl.Callback):
 
 
 class SameStart(pl.Callback):
-    """Every rank starts alike (``tfpipe.ranks.check_same_start``), checked as Lightning sets the ranks up for
-    fitting: before the first step, on every rank."""
+    """Every rank starts alike (``tfpipe.ranks.check_same_start``), checked as Lightning first sets the ranks up
+    (for fitting, or predicting only): before the first step, on every rank."""
 
     def __init__(self, settings: dict[str, object]) -> None:
-        self.settings = settings
+        self.settings, self.checked = settings, False
 
     def setup(self, trainer: pl.Trainer, module: pl.LightningModule, stage: str) -> None:
-        if stage == "fit":
+        if not self.checked:
             check_same_start(self.settings, trainer.global_rank)
+            self.checked = True
 
 
 class NoTips(logging.Filter):

@@ -166,6 +166,10 @@ def content_id(data: dict) -> str:
     return hashlib.sha256(json.dumps(rest, sort_keys=True, ensure_ascii=False).encode()).hexdigest()[:16]
 
 
+# the files that mark a run folder (train.fit's, a PyTorch recipe's) or a CV folder (train.cv's)
+RUN_MARKS = ("cv.json", "config.json")
+
+
 def _missing(folder: str) -> TfpipeError:
     if fs.exists(posixpath.join(folder, STAGING, PROGRESS)):
         return TfpipeError(
@@ -173,6 +177,12 @@ def _missing(folder: str) -> TfpipeError:
         )
     if not fs.exists(folder):
         return TfpipeError(f"{folder}: folder not found")
+    run = next((n for n in RUN_MARKS if fs.exists(posixpath.join(folder, n))), None)
+    if run:  # what a user returning to a run a week later types first
+        return TfpipeError(
+            f"{folder}: a run folder ({run}), not shards; read it back with python -m train.inspect {folder} "
+            "(its shards: the records it names)"
+        )
     return TfpipeError(
         f"{folder}: no {MANIFEST} (not a folder written by tfpipe.write); to read other "
         f"shards pass a glob such as {folder}/*.tfrec with num_classes and image_size"

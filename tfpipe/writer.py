@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 from tfpipe import schema
 from tfpipe.copies import Copy, copy_lines, find_copies
+from tfpipe.csv_source import group_like_columns, label_columns
 from tfpipe.deprecations import changed_arguments
 from tfpipe.errors import TfpipeError, check_count, check_path, check_seed, option
 from tfpipe.folds import Balance
@@ -197,7 +198,7 @@ def _summary(manifest: Manifest, out: str, seconds: float, pace: Pace | None) ->
 def _after_summary(job: Job, manifest: Manifest, copies: Sequence[Copy], asked: int | None) -> list[str]:
     """Prints how even the folds by group are; returns the warnings: another shard count than ``asked`` (folds
     share it out evenly), uneven folds, copies."""
-    warnings = copy_lines(copies, job.classes)
+    warnings = copy_lines(copies, job.classes) + group_hints(job)
     if asked and len(job.shard_plan) != asked:
         warnings.insert(
             0,
@@ -210,6 +211,24 @@ def _after_summary(job: Job, manifest: Manifest, copies: Sequence[Copy], asked: 
     line, uneven = _balance_lines(job.balance, manifest, job.classes)
     print(line)
     return [uneven, *warnings] if uneven else warnings
+
+
+def group_hints(job: Job) -> list[str]:
+    """Folds written from a CSV without ``--group-col`` that has a column reading like a group: one line each,
+    saying what validation may over-promise (a hint; the write stands)."""
+    source = job.source
+    csv = getattr(source, "csv", None)
+    if not job.num_folds or job.group_column is not None or not isinstance(csv, str):
+        return []
+    fmt = getattr(source, "label_format", None)
+    used = [getattr(source, "image_col", ""), *(label_columns(fmt) if fmt is not None else ())]
+    return [
+        f"{csv}: column {column!r} reads like a group ({values} values over {rows} rows) and the folds were drawn "
+        f"without it: images of one {column} in both training and validation folds make validation over-promise; "
+        f"write again with {option('group_col', column)} to keep each {column} in one fold (a hint: nothing "
+        "was refused)"
+        for column, values, rows in group_like_columns(csv, used)
+    ]
 
 
 UNEVEN_FOLDS = 1.5  # a fold this many times larger (or smaller) than an even split is worth a warning

@@ -186,12 +186,13 @@ class Progress(keras.callbacks.Callback):
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         self._start = time.perf_counter()
+        here = self._replicas_here()
         many = (
             (
-                f"; it is traced once per replica, so this takes about {self.replicas}x as long as on one replica "
-                "(minutes for an EfficientNet on CPU replicas)"
+                f"; it is traced once per replica of this machine, so this takes about {here}x as long as on one "
+                "replica (minutes for an EfficientNet on CPU replicas)"
             )
-            if self.replicas > 1
+            if here > 1
             else ""
         )
         self._say(
@@ -199,6 +200,14 @@ class Progress(keras.callbacks.Callback):
             f"(steps_per_execution {self.spe}); the first steps wait for it{many}"
         )
         self.beat.start("still compiling the training step")
+
+    def _replicas_here(self) -> int:
+        """The replicas this process traces the step for: all of them on one machine; a multi-worker job's
+        workers each trace only their own (a chief with one device: once)."""
+        try:
+            return len(self.model.distribute_strategy.extended.worker_devices)
+        except (AttributeError, TypeError, RuntimeError):  # no model (a test's), the default strategy (one device)
+            return self.replicas
 
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         self._epoch, self._epoch_began = epoch, time.perf_counter()

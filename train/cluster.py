@@ -16,6 +16,7 @@ once; a machine gone misses the coordination service's heartbeats).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import re
@@ -28,6 +29,8 @@ from typing import TYPE_CHECKING, Any
 from tfpipe import fs
 from tfpipe.errors import TfpipeError, option
 from tfpipe.net import MAX_PORT, host_and_port
+from train import run as run_files
+from train.run import RunConfig
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -271,3 +274,11 @@ def copy_tree(source: str, target: str) -> None:
     fs.makedirs(target)
     for name in fs.listdir(source):
         copy_tree(fs.join(source, name.rstrip("/")), fs.join(target, name.rstrip("/")))
+
+
+def records_here(own: str, records: str) -> None:
+    """The copy of the chief's ``config.json`` in a worker's folder ``own`` names this worker's shard folder:
+    a worker may reach the same shards by another path (the dataset id, compared, says they are the same)."""
+    if fs.exists(run_files.path(own, run_files.CONFIG)):
+        config = RunConfig.load(own)
+        dataclasses.replace(config, records=records, settings=dict(config.settings, records=records)).save(own)

@@ -16,7 +16,7 @@ No TensorFlow here: the functions take NumPy arrays.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -79,7 +79,7 @@ def _number(x: float) -> float | None:
     return None if math.isnan(x) else float(x)
 
 
-def headline(scores: dict[str, Any]) -> str:
+def headline(scores: Mapping[str, Any]) -> str:
     """One line: exact-match, F1 micro/macro and micro AUC (the macro AUC leads the line it is part of)."""
     return (
         f"exact-match {_f(scores.get('exact_match'), 3)}, F1 micro {_f(scores.get('f1_micro'), 3)} / macro "
@@ -87,15 +87,17 @@ def headline(scores: dict[str, Any]) -> str:
     )
 
 
-def class_table(scores: dict[str, Any], most: int = TABLE_ROWS) -> list[str]:
+def class_table(scores: Mapping[str, Any], most: int = TABLE_ROWS, title: str | None = None) -> list[str]:
     """The per-class table as text lines: every class when there are at most ``most``, else the ``most`` with
-    the lowest AUC (the ones to look at), saying so."""
+    the lowest AUC (the ones to look at), saying so; ``title`` first says whose scores they are (the model, its
+    views and thresholds)."""
     per_class: dict[str, dict[str, Any]] = scores["per_class"]
     names = list(per_class)
     if len(names) > most:
         names = sorted(names, key=lambda n: (per_class[n]["roc_auc"] is None, per_class[n]["roc_auc"] or 0.0))[:most]
     width = max([5, *(len(n) for n in names)])
-    lines = [f"  {'class':<{width}}  positives     AUC      F1  threshold"]
+    lines = [f"per class, {title}:"] if title else []
+    lines.append(f"  {'class':<{width}}  positives     AUC      F1  threshold")
     for n in names:
         row = per_class[n]
         lines.append(

@@ -339,11 +339,12 @@ def run_command(args: argparse.Namespace) -> int:
             f"validation AUC {_headline_auc(m['swa'])}{_scores(m['swa'])}"
             f" -> {cfg.run}/model-swa.keras"
         )
-    report = m.get("report")  # model.keras's, the model train.predict uses
+    report = m.get("report")  # model.keras's (model-swa.keras's: metrics.json, "swa", or train.inspect)
     if report:
         from train.evaluation import class_table
 
-        print("\n".join(class_table(report)) + f'\n  (every class: {cfg.run}/metrics.json, "report")')
+        title = "model.keras, 1 view, at the thresholds of thresholds.json"
+        print("\n".join(class_table(report, title=title)) + f'\n  (every class: {cfg.run}/metrics.json, "report")')
     return 0
 
 

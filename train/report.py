@@ -14,17 +14,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import pandas as pd
 
 import tfpipe
 from tfpipe import fs
 from tfpipe.shards import Records
-from train import evaluation, plots
+from train import plots
 from train import run as run_files
 from train.inference import predict_probabilities
-from train.submission import check_ids_once, label_strings, labels_at
-from train.tuning import tune_thresholds
+from train.submission import check_ids_once
+from train.validation import validation_files
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -52,9 +51,7 @@ def validation_report(
     suffix: str = "",
 ) -> dict[str, Any]:
     """Predicts the validation records, writes the files above, returns the validation scores of
-    ``train.evaluation.score`` (exact, sklearn) at the thresholds used."""
-    from sklearn.metrics import f1_score
-
+    ``train.evaluation.score`` (exact, sklearn) at the thresholds used (``train.validation``)."""
     ids = tfpipe.image_names(records, folds)
     check_ids_once(ids, records, CHANGED)  # a record copied over another keeps the count, not the ids
     probs = predict_probabilities(
@@ -62,33 +59,16 @@ def validation_report(
         ids=ids,
     )  # fmt: skip
     targets = tfpipe.read_targets(records, len(classes), folds)
-    thresholds = [threshold] * len(classes) if single_label else tune_thresholds(probs, targets, threshold)
-    predicted = labels_at(probs, classes, thresholds, single_label)
-    truth = label_strings(targets > 0, classes)
     digests = tfpipe.image_digests(records, folds)  # what train.predict knows these images by, whatever their names
-    table = pd.DataFrame({"image_name": ids, "image_digest": digests, "true": truth, "predicted": predicted})
-    table = pd.concat([table, pd.DataFrame(probs, columns=classes)], axis=1)
-    named = run_files.swa_name if suffix else str  # the SWA model's report files: roc-swa.png, ...
-    fs.write_atomic(run_files.path(run_dir, named(run_files.VAL_PREDICTIONS)), table.to_csv(index=False))
-    if not single_label:
-        run_files.save_thresholds(run_dir, classes, thresholds, suffix)
-    plots.roc_curves(targets, probs, classes, run_files.path(run_dir, named(run_files.ROC_PNG)))
+    done = validation_files(
+        run_dir, ids, digests, probs, targets, classes, single_label=single_label, threshold=threshold, swa=bool(suffix)
+    )
     images = next(
         iter(tfpipe.make_dataset(records, GRID_IMAGES, image_size=image_size, folds=folds, num_classes=len(classes)))
     )[0].numpy()
-    grid = run_files.path(run_dir, named(run_files.PREDICTIONS_PNG))
-    plots.prediction_grid(images, truth[:GRID_IMAGES], predicted[:GRID_IMAGES], grid)
-    scores = evaluation.score(probs, targets, classes, thresholds, single_label)
-    hits = targets > 0
-    return {
-        **scores,
-        # the names of tfpipe 1.0's metrics.json, kept: "accuracy" is the exact-match accuracy (null before for
-        # multi-label runs), "f1_macro_tuned" sklearn's macro F1 over every class (0 for a class nobody has)
-        "accuracy": scores["exact_match"],
-        "f1_macro_tuned": None
-        if single_label
-        else float(f1_score(hits, probs >= np.asarray(thresholds), average="macro", zero_division=0)),
-    }
+    grid = run_files.path(run_dir, (run_files.swa_name if suffix else str)(run_files.PREDICTIONS_PNG))
+    plots.prediction_grid(images, done.truth[:GRID_IMAGES], done.predicted[:GRID_IMAGES], grid)
+    return done.scores
 
 
 def learning_curves(run_dir: str) -> None:

@@ -93,7 +93,7 @@ def validation_auc(probs: Array, targets: Array) -> float:
 
 def add_recipe_arguments(parser: argparse.ArgumentParser, per: str) -> None:
     """The flags both recipes take, in one vocabulary; ``per`` names a rank (``process``, ``device``)."""
-    parser.add_argument("--records", required=True, help="shard folder written with --num-folds")
+    parser.add_argument("--records", help="shard folder written with --num-folds (to train on)")
     parser.add_argument("--fold", type=int, default=0, help="the fold validated on; the others are trained on")
     parser.add_argument("--model", default="small-cnn", help="small-cnn, or a timm model name (timm installed)")
     ranks = f"{per}es" if per.endswith("s") else f"{per}s"  # processes, devices

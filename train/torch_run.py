@@ -7,9 +7,12 @@ the shape of a ``train.fit`` run as far as it fits a PyTorch model, and the same
 
 A run folder holds ``config.json`` (``train.run.RunConfig``: classes, input size, how the images were made
 square, the training shards' dataset id, the validation fold, every setting, and ``recipe``), ``model.pt`` (the
-model's ``state_dict`` after the last epoch), ``model-swa.pt`` (the averaged weights, where the recipe averages)
-and ``metrics.json`` (the exact validation scores). The recipes write it only as a new or empty folder, or with
-``--overwrite`` over a run folder a recipe wrote; the submission goes through ``train.submission``'s checks.
+model's ``state_dict`` after the last epoch), ``model-swa.pt`` (the averaged weights, where the recipe averages),
+train.fit's validation report of each (``val_predictions.csv``, ``thresholds.json``, ``roc.png``; ``-swa`` for the
+SWA model's: ``train.torch_report``) and ``metrics.json`` in train.fit's shape. The recipes write it only as a new
+or empty folder, or with ``--overwrite`` over a run folder a recipe wrote; the submission goes through
+``train.submission``'s checks, labelled at the thresholds tuned on the validation predictions of the model that
+predicts. ``--predict-only`` predicts with a finished run's weights, training nothing.
 """
 
 from __future__ import annotations
@@ -40,8 +43,21 @@ from train.submission import (
 )
 
 MODEL, MODEL_SWA = run_files.TORCH_MODEL, run_files.TORCH_MODEL_SWA
-WRITTEN = (run_files.METRICS, run_files.CONFIG, MODEL, MODEL_SWA)  # every file a recipe writes in a run folder
-THRESHOLD = 0.5  # a label at this probability or above: the recipes tune no per-class thresholds
+# every file a recipe writes in a run folder: metrics.json first (the mark of a finished run), the report's files
+# (train.validation) of both models
+WRITTEN = (
+    run_files.METRICS,
+    run_files.CONFIG,
+    MODEL,
+    MODEL_SWA,
+    *(
+        name(n)
+        for n in (run_files.VAL_PREDICTIONS, run_files.THRESHOLDS, run_files.ROC_PNG)
+        for name in (str, run_files.swa_name)
+    ),
+)
+# a class's threshold when no validation image has it (train.torch_report tunes the others, as train.fit does)
+THRESHOLD = 0.5
 
 
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
@@ -53,16 +69,46 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--predict", metavar="RECORDS", help="shard folder to predict after training (a test set)")
     parser.add_argument("--out", default="submission.csv", help="the submission CSV --predict writes")
     parser.add_argument("--probabilities", action="store_true", help="one probability column per class, no labels")
+    parser.add_argument(
+        "--predict-only",
+        action="store_true",
+        help="train nothing: predict --predict with the weights of the finished run at --run",
+    )
 
 
-def prepare(recipe: str, args: argparse.Namespace) -> RunConfig | None:
+def prepare(recipe: str, args: argparse.Namespace) -> RunConfig:
     """Before any process starts: the run folder may be written and the shards of ``--predict`` fit the run.
-    Returns the run's config (None without ``--run`` and ``--predict``)."""
-    if not (args.run or args.predict):
-        return None
+    Returns the run's config (``--predict-only``: the saved run's)."""
+    if args.predict_only:
+        return saved_run(args, recipe)
+    if not args.records:
+        raise TfpipeError(f"{option('records')} names the shard folder to train on (or pass {option('predict_only')})")
     config = run_config(recipe, args, open_shards(args.records))
     check_run_folder(args.run, args.overwrite)
     check_predict(config, args, recipe)
+    return config
+
+
+def saved_run(args: argparse.Namespace, prog: str) -> RunConfig:
+    """``--predict-only``: the finished recipe run at ``--run`` (its config, weights and metrics), whose model
+    ``args.model`` becomes; ``--predict``'s shards must fit it."""
+    if not (args.run and args.predict):
+        raise TfpipeError(f"{option('predict_only')} takes {option('run')} (a finished run) and {option('predict')}")
+    if not fs.isdir(args.run):
+        raise TfpipeError(f"{args.run} is no folder; {option('predict_only')} takes the folder of a finished run")
+    if recipe_of(args.run) is None:
+        raise TfpipeError(
+            f"{args.run}: not a run of a PyTorch recipe (no config.json naming one); train.fit's runs predict with "
+            "python -m train.predict"
+        )
+    if not fs.exists(run_files.path(args.run, run_files.METRICS)):
+        raise TfpipeError(f"{args.run}: the run did not finish (no {run_files.METRICS}); train it again")
+    config = RunConfig.load(args.run)
+    model = config.settings.get("model")
+    if not isinstance(model, str) or not model:
+        raise TfpipeError(f"{run_files.path(args.run, run_files.CONFIG)}: names no model; the file was edited")
+    args.model, args.records = model, None  # the run's, whatever the command line says
+    check_predict(config, args, prog)
     return config
 
 
@@ -167,32 +213,43 @@ def written_ids(shards: Shards) -> list[str]:
 
 
 def write_predictions(
-    config: RunConfig, args: argparse.Namespace, test: Shards, ids: Sequence[str], probs: np.ndarray
+    config: RunConfig,
+    args: argparse.Namespace,
+    test: Shards,
+    rows: tuple[Sequence[str], np.ndarray],
+    thresholds: Sequence[float] | None,
 ) -> str:
-    """The submission of ``probs`` (rows of ``ids``, each test image once, in any order) at ``--out``, its rows in
-    the shards' written order; returns what to print."""
+    """The submission of ``rows`` (ids, each test image once, in any order; probabilities) at ``--out``, in the
+    shards' written order, labelled at ``thresholds`` (tuned on the validation predictions of the model that
+    predicted, ``THRESHOLD`` for each class where None); returns what to print."""
+    ids, probs = rows
     test.check_unchanged()
     order = written_ids(test)
     row = {name: i for i, name in enumerate(ids)}
     if sorted(row) != sorted(order):
         raise TfpipeError(f"{args.predict}: the predictions cover {len(row)} ids, the shards hold {len(order)}")
     probs = probs[[row[name] for name in order]]
-    thresholds = None if args.probabilities else [THRESHOLD] * len(config.classes)
-    df = submission_table(probs.astype(np.float32), order, test.id_column, config, thresholds, args.probabilities)
+    labels_at = None if args.probabilities else list(thresholds or [THRESHOLD] * len(config.classes))
+    df = submission_table(probs.astype(np.float32), order, test.id_column, config, labels_at, args.probabilities)
     write_submission(args.out, df.to_csv(index=False), args.overwrite)
     return f"wrote {args.out}: {len(df)} row{'s' * (len(df) != 1)}"
 
 
-def save_run(run: str, config: RunConfig, weights: Mapping[str, Any], metrics: Mapping[str, Any]) -> None:
-    """Writes the run folder: ``weights`` maps a file name (``MODEL``, ``MODEL_SWA``) to a ``state_dict``, each
-    file whole or absent; ``config.json`` first, so that a folder with weights always says what they are."""
-    import torch
-
+def begin_run(run: str, config: RunConfig) -> None:
+    """Starts writing the run folder: an earlier run's files go (``--overwrite``; metrics.json first, the mark of
+    a finished run), then ``config.json``, so that a folder with weights always says what they are."""
     fs.makedirs(run)
-    for name in WRITTEN:  # an earlier run's (--overwrite): metrics.json first, the mark of a finished run
+    for name in WRITTEN:
         if fs.exists(run_files.path(run, name)):
             fs.remove(run_files.path(run, name))
     config.save(run)
+
+
+def end_run(run: str, weights: Mapping[str, Any], metrics: Mapping[str, Any]) -> None:
+    """Ends writing the run folder (after the report's files): ``weights`` maps a file name (``MODEL``,
+    ``MODEL_SWA``) to a ``state_dict``, each file whole or absent; ``metrics.json`` last."""
+    import torch
+
     for name, state in weights.items():
         buffer = io.BytesIO()
         torch.save({k: v.detach().cpu() for k, v in state.items()}, buffer)

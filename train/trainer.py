@@ -48,6 +48,7 @@ from train.cluster import (
     is_chief,
     is_multiworker,
     peers_answering,
+    records_here,
     task_name,
 )
 from train.compiling import compile_model as compile_model  # train.fit hands it out (tfpipe 1.0's name)
@@ -68,7 +69,7 @@ from train.fit_run import (
 from train.models import build_model
 from train.outputs import PhaseData, report_arguments, reports
 from train.plan import capped_steps_per_execution, check_batch_fits, check_numbers, check_strategy_settings, prepare
-from train.run import Parts, RunConfig, read_state, training_parts, write_state
+from train.run import Parts, read_state, training_parts, write_state
 from train.schedules import make_schedule, scaled_lr
 from train.strategy import default_precision, input_pipelines, quick_teardown, resolve_strategy
 from train.swa import AverageWeights
@@ -253,21 +254,18 @@ def train_as_worker(
                 copy_for_resume(plan.run, own, RESUMED)
                 records_here(own, plan.records)
             mine = dataclasses.replace(plan, run=own, verbose=0, overwrite=False)
-            with locked_folder(own, "train.fit", setting="run") as lock, quick_teardown():
+            still = f"{task_name(strategy)}: still training ({chief_name(strategy)}, the chief, prints the epochs)"
+            with (
+                locked_folder(own, "train.fit", setting="run") as lock,
+                quick_teardown(),
+                console.saying("train.fit", None, still, plan.verbose > 0),
+            ):  # a heartbeat: a worker's log is not silent for its whole run
                 check_same_start(strategy, plan.run, start_point(own, mine, shards))
                 fresh = check_out(mine, shards)
                 train_and_report(mine, shards, parts, strategy, kind, lock, started, fresh)
         except TfpipeError as e:  # said of the private folder: the user knows the run folder
             raise TfpipeError(str(e).replace(own, plan.run)) from None
     return {"chief": False, "task": task_name(strategy), "chief_task": chief_name(strategy), "run": plan.run}
-
-
-def records_here(own: str, records: str) -> None:
-    """The copy of the chief's ``config.json`` in a worker's folder ``own`` names this worker's shard folder:
-    a worker may reach the same shards by another path (the dataset id, compared, says they are the same)."""
-    if fs.exists(run_files.path(own, run_files.CONFIG)):
-        config = RunConfig.load(own)
-        dataclasses.replace(config, records=records, settings=dict(config.settings, records=records)).save(own)
 
 
 def plan_training(cfg: FitConfig, replicas: int) -> tuple[FitConfig, Shards, Parts]:

@@ -242,8 +242,9 @@ def run_choice(run: str, swa: bool | None) -> tuple[bool, str | None]:
     if swa is not None or not fs.exists(run_files.path(run, run_files.MODEL_SWA)):
         return bool(swa), None
     metrics = fs.read_json(run_files.path(run, run_files.METRICS), "run file") if _has_metrics(run) else {}
-    final_auc = _auc(metrics.get("report"))
-    swa_auc = _auc((metrics.get("swa") or {}).get("report"))
+    final_auc = _auc(metrics.get("report") if isinstance(metrics, dict) else None)
+    swa_part = metrics.get("swa") if isinstance(metrics, dict) else None
+    swa_auc = _auc(swa_part.get("report") if isinstance(swa_part, dict) else None)
     chosen = better_model(final_auc, swa_auc)
     return chosen, choice_line(chosen, final_auc, swa_auc, "validation")
 

@@ -1,0 +1,154 @@
+"""The PyTorch recipes' validation report and ``metrics.json``: ``train.fit``'s (``train.validation``: tuned
+thresholds, exact scores, ``val_predictions.csv``, ``thresholds.json``, ``roc.png``) from the rows every rank
+predicted, and which saved model a run predicts with. No TensorFlow here.
+
+    report = validation_report("runs/torch", shards, config, rows, swa=False)   # rows: gather_rows' (ids, p, t)
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from tfpipe import fs, schema
+from tfpipe.console import counted
+from tfpipe.errors import TfpipeError
+from tfpipe.shards import Shards, select_folds
+from tfpipe.tfrecord import read_records
+from train import evaluation
+from train import run as run_files
+from train.cv_folder import better_model
+from train.run import RunConfig
+from train.torch_run import MODEL, MODEL_SWA, THRESHOLD
+from train.validation import Validated, validation_files
+
+
+def fold_images(shards: Shards, fold: int) -> tuple[list[str], list[str]]:
+    """(image names, image digests) of the validation fold's records, in written order (``val_predictions.csv``'s
+    rows, as train.fit's report writes them)."""
+    names, digests = [], []
+    for f in select_folds(shards, [fold], shards).files:
+        for record in read_records(f):
+            example = schema.decode_example(record)
+            name = example.get(schema.IMAGE_NAME, b"")
+            names.append(name.decode("utf-8") if isinstance(name, bytes) else str(name))
+            digests.append(schema.image_digest(example[schema.IMAGE]))
+    return names, digests
+
+
+def validation_report(
+    run: str | None, shards: Shards, config: RunConfig, rows: Sequence[Any], swa: bool = False
+) -> Validated:
+    """The report of one model's validation ``rows`` (ids sorted, probabilities, targets: ``gather_rows``'), in
+    the fold's written order; its files in ``run`` (None: scores only)."""
+    ids, probs, targets = rows
+    names, digests = fold_images(shards, config.fold or 0)
+    if sorted(names) != list(ids):
+        raise TfpipeError(
+            f"{config.records}: the ranks predicted {counted(len(ids), 'validation image')}, fold {config.fold} "
+            f"holds {len(names)} other or more (the shards changed while the job ran?)"
+        )
+    at = {name: i for i, name in enumerate(ids)}
+    order = [at[n] for n in names]
+    return validation_files(
+        run, names, digests, np.asarray(probs)[order], np.asarray(targets)[order], config.classes,
+        single_label=config.single_label, threshold=THRESHOLD, swa=swa,
+    )  # fmt: skip
+
+
+def model_reports(
+    run: str | None, shards: Shards, config: RunConfig, rows: Mapping[bool, Sequence[Any]], swa_epochs: int = 0
+) -> tuple[dict[str, Any], dict[bool, Validated]]:
+    """The reports of the final model (``rows[False]``) and, where there is one, the SWA model (``rows[True]``,
+    averaged over ``swa_epochs``): metrics.json's part of them, as train.fit writes it, and each report."""
+    done = {swa: validation_report(run, shards, config, r, swa) for swa, r in rows.items()}
+    part: dict[str, Any] = {
+        "validation_auc": done[False].scores["roc_auc_macro"],  # tfpipe 1.0's name of the figure
+        "report": {"model": MODEL, **done[False].scores},
+    }
+    if True in done:
+        part["swa_validation_auc"] = done[True].scores["roc_auc_macro"]
+        part["swa"] = {"model": MODEL_SWA, "epochs_averaged": swa_epochs, "report": done[True].scores}
+    return part, done
+
+
+def run_metrics(
+    recipe: str, args: argparse.Namespace, config: RunConfig, ranks: int, counts: tuple[int, int], seconds: float
+) -> dict[str, Any]:
+    """``metrics.json``'s settings and counts, in train.fit's words (``train.validation.RUN_FIGURES``); the
+    reports are added by the caller. ``counts``: (training images, validation images)."""
+    return {
+        "recipe": recipe,
+        "model": args.model,
+        "image_size": config.image_size,
+        "fold": config.fold,
+        "epochs": args.epochs,
+        "replicas": ranks,
+        "ranks": ranks,  # tfpipe 1.0's name of the figure
+        "per_replica_batch_size": args.batch_size,
+        "global_batch_size": args.batch_size * ranks,
+        "base_lr": args.lr,
+        "scaled_lr": args.lr * ranks,
+        "train_examples": counts[0],
+        "val_examples": counts[1],
+        "seconds": seconds,
+    }
+
+
+def described(report: Mapping[str, Any], model: str) -> list[str]:
+    """The lines a recipe prints of one model's report: its scores, then its per-class table, each naming the
+    model (and its thresholds file) they belong to."""
+    auc = report.get("roc_auc_macro")
+    shown = "-" if auc is None else f"{auc:.4f}"
+    thresholds = run_files.THRESHOLDS if model == MODEL else run_files.swa_name(run_files.THRESHOLDS)
+    return [
+        f"{model}, 1 view: validation AUC {shown} (exact, macro), {evaluation.headline(report)}",
+        *evaluation.class_table(report, title=f"{model}, 1 view, at the thresholds of {thresholds}"),
+    ]
+
+
+def chosen_model(run: str) -> tuple[bool, str]:
+    """(swa, the line saying why) for predicting with a saved recipe run: ``model-swa.pt`` when it is there and
+    its validation AUC beats ``model.pt``'s (metrics.json), as ``train.predict`` chooses for train.fit's runs."""
+    if not fs.exists(run_files.path(run, MODEL)):
+        raise TfpipeError(f"{run}: no {MODEL}; the run did not finish (train it again)")
+    if not fs.exists(run_files.path(run, MODEL_SWA)):
+        return False, f"predicting with {MODEL} (the run has no SWA model)"
+    metrics = fs.read_json(run_files.path(run, run_files.METRICS), "run file")
+    part = metrics.get("swa") if isinstance(metrics, dict) else None
+    final = _auc(metrics.get("report") if isinstance(metrics, dict) else None)
+    swa = _auc(part.get("report") if isinstance(part, dict) else None)
+    chosen = better_model(final, swa)
+    return chosen, model_choice_line(chosen, final, swa)
+
+
+def model_choice_line(swa: bool, final_auc: float | None, swa_auc: float | None) -> str:
+    name, other = (MODEL_SWA, MODEL) if swa else (MODEL, MODEL_SWA)
+    mine, theirs = (swa_auc, final_auc) if swa else (final_auc, swa_auc)
+    if mine is None or theirs is None:
+        return f"predicting with {name} (validation AUC of both not recorded)"
+    return (
+        f"predicting with {name}: its validation AUC {mine:.4f} {'beats' if swa else 'is at least'} {other}'s "
+        f"{theirs:.4f}"
+    )
+
+
+def _auc(report: Any) -> float | None:
+    value = report.get("roc_auc_macro") if isinstance(report, dict) else None
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def load_saved(run: str, config: RunConfig) -> tuple[Any, list[float] | None, str]:
+    """(the model, its tuned thresholds, the line saying which) of a finished recipe run, for ``--predict-only``:
+    the model of ``chosen_model``, its weights loaded (``torch.nn.Module`` on the CPU, in eval mode)."""
+    from train.torch_models import build_model
+    from train.torch_run import load_weights
+
+    swa, line = chosen_model(run)
+    net = build_model(str(config.settings["model"]), len(config.classes))
+    net.load_state_dict(load_weights(run, MODEL_SWA if swa else MODEL))
+    thresholds = run_files.load_thresholds(run, config.classes, swa)
+    return net.eval(), thresholds, line
