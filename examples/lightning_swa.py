@@ -49,13 +49,15 @@ from tfpipe.torch import RecordDataset, gather_rows, sync_buffers
 from train.cv_folder import better_model
 from train.run import RunConfig
 from train.torch_models import add_recipe_arguments, build_model, check_model, model_inputs, validation_auc
-from train.torch_report import described, load_saved, model_choice_line, model_reports, run_metrics
+from train.torch_report import described, model_reports, run_metrics
 from train.torch_run import (
     MODEL,
     MODEL_SWA,
     add_run_arguments,
     begin_run,
     end_run,
+    load_saved,
+    model_choice_line,
     prepare,
     start_settings,
     write_predictions,
@@ -217,7 +219,7 @@ def run(args: argparse.Namespace) -> None:
     # ranks (each rank runs this function again; only rank 0 writes the run); --predict-only: the saved run's
     # model, on every rank
     first = os.environ.get("LOCAL_RANK", "0") == "0"
-    config = prepare(PROG, args) if first or args.predict_only else None
+    config = prepare(PROG, args, build_parser()) if first or args.predict_only else None
     check_model(args.model)  # one line here, before the ranks start
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // args.devices))  # the ranks share the machine's cores
     pl.seed_everything(args.seed, verbose=False)

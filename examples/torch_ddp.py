@@ -54,8 +54,17 @@ from tfpipe.shards import open_shards
 from tfpipe.torch import RecordDataset, folds_apart, gather_rows, sync_buffers, unique_rows
 from train.run import RunConfig
 from train.torch_models import add_recipe_arguments, build_model, check_model, model_inputs, validation_auc
-from train.torch_report import described, load_saved, model_reports, run_metrics
-from train.torch_run import MODEL, add_run_arguments, begin_run, end_run, prepare, start_settings, write_predictions
+from train.torch_report import described, model_reports, run_metrics
+from train.torch_run import (
+    MODEL,
+    add_run_arguments,
+    begin_run,
+    end_run,
+    load_saved,
+    prepare,
+    start_settings,
+    write_predictions,
+)
 
 PROG = "torch_ddp"
 
@@ -369,7 +378,9 @@ def checked(args: argparse.Namespace, world: tuple[int, int, int] | None) -> Run
     check_processes(args, world)
     check_count(1, epochs=args.epochs, batch_size=args.batch_size)
     check_count(0, workers=args.workers)
-    config = prepare(PROG, args)  # reads only: the run folder may be written, the test shards fit the run
+    config = prepare(
+        PROG, args, build_parser()
+    )  # reads only: the run folder may be written, the test shards fit the run
     if not args.predict_only:
         datasets(args, 0, args.processes)
     check_model(args.model)

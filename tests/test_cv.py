@@ -346,11 +346,30 @@ def test_a_cv_folder_and_its_fold_runs_read_back_with_train_inspect(cv_run, caps
     assert lines[-1].startswith(
         f"python -m train.predict: predicting with the mean of the 3 fold models, {result.submits}"
     )
-    fold = tmp_path / "fold-0"
-    shutil.copytree(os.path.join(folder, "fold-0"), fold)  # the session's CV stays as it is
-    (fold / "metrics.json").write_text('{"report": [1, 2]}')  # damaged: one line naming it, no traceback
-    assert main([str(fold)]) == 2
-    assert (
-        capsys.readouterr().err == f"train.inspect: error: {fold}/metrics.json: the final model's report is damaged\n"
+    copy = tmp_path / "cv"
+    shutil.copytree(folder, copy)  # the session's CV stays as it is
+    fold = copy / "fold-0"
+    tuned = json.loads((fold / "thresholds.json").read_text())
+    (fold / "thresholds.json").write_text(json.dumps({**tuned, result.classes[0]: 0.99}))  # edited since
+    assert main([str(fold)]) == 0
+    said = capsys.readouterr().out
+    assert "at the thresholds it was scored at (thresholds.json now holds others: edited or copied?):" in said
+    (fold / "metrics.json").unlink()  # as a run stopped by a signal before it finished leaves it
+    (fold / "state.json").write_text(json.dumps({"stops": [{"signal": "SIGINT", "at": "epoch 2, step 3"}]}))
+    assert main([str(fold)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].endswith("a run of train.fit, not finished") and lines[3] == (
+        f"  {result.settings['epochs']} epochs of {result.settings['epochs']} recorded; stopped by SIGINT at epoch "
+        "2, step 3; train.fit --resume continues it"
+    )
+    shutil.rmtree(copy / "fold-2")  # a CV that lost a fold: said on its line, and predict's refusal said
+    assert main([str(copy)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert f"  fold 2: {copy}/fold-2: fold 2's run is missing" in lines
+    assert lines[-1].startswith("python -m train.predict: train.predict refuses this CV: ")
+    (copy / "fold-1" / "metrics.json").write_text('{"report": [1, 2]}')  # damaged: one line naming it
+    assert main([str(copy / "fold-1")]) == 2
+    assert capsys.readouterr().err == (
+        f"train.inspect: error: {copy}/fold-1/metrics.json: the final model's report is damaged (no per-class table)\n"
     )
     assert main([str(tmp_path)]) == 2 and "no config.json; not a run folder" in capsys.readouterr().err

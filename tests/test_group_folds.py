@@ -195,3 +195,13 @@ def test_a_source_of_ones_own_with_groups_is_recorded_and_checked(tmp_path, caps
     for bad in ("", 5):
         with pytest.raises(TfpipeError, match=f"has the group {bad!r}, and other images have one"):
             write_mine([bad] + [f"g{i // 2}" for i in range(1, 12)], "bad")
+
+
+def test_only_a_column_named_for_a_group_gets_the_hint():
+    """The hint's names (hostile round of issue #54): Kaggle's camel-case and id spellings are groups; another
+    figure about a group (its count, its model) is not."""
+    from tfpipe.csv_source import reads_like_a_group
+
+    groups = ["patient", "PatientID", "patientId", "StudyInstanceUID", "Case Number", "scene_id", "patients", "video"]
+    others = ["site_count", "is_site_visit", "camera_model", "user_rating", "image", "labels", "width"]
+    assert [reads_like_a_group(c) for c in groups + others] == [True] * len(groups) + [False] * len(others)

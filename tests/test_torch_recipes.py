@@ -452,7 +452,7 @@ def test_a_recipe_run_reports_as_train_fit_reads_back_and_predicts_again_without
     figures under the same keys as a Keras run's (compared with one here), val_predictions.csv and thresholds.json
     alike, the printed class table names its model -- the submission is labelled at the tuned thresholds, and
     --predict-only writes the same submission from the saved run without training; train.inspect reads it."""
-    from train.inspect import inspect_folder
+    from train.inspect import folder_info
     from train.validation import RUN_FIGURES
 
     keras_run, test = trained_run[0], trained_run[2]
@@ -486,6 +486,12 @@ def test_a_recipe_run_reports_as_train_fit_reads_back_and_predicts_again_without
         f"wrote {tmp_path / 'b.csv'}: 40 rows",
     ]
     assert (tmp_path / "a.csv").read_bytes() == (tmp_path / "b.csv").read_bytes()
-    info = inspect_folder(str(run))
+    info = folder_info(str(run))
     assert info["trained_by"] == "torch_ddp" and info["finished"] and info["predicts_with"]["model"] == "model.pt"
     assert info["models"][0]["scores"] == mine["report"] and info["shards"]["here"] == "same"
+    from train.run import RunConfig
+    from train.torch_run import load_saved
+
+    (run / "thresholds.json").unlink()  # never a label at 0.5 instead of the tuned thresholds (hostile round)
+    with pytest.raises(TfpipeError, match=r"thresholds.json: missing; the run labels at the thresholds tuned"):
+        load_saved(str(run), RunConfig.load(str(run)))

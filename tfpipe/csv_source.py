@@ -21,6 +21,7 @@ from tfpipe.labels import (
     check_label_spellings,
     check_separator,
     clean_label,
+    is_missing,
     label_cell,
     nfc,
     present,
@@ -254,18 +255,32 @@ GROUP_WORDS = frozenset(
 )
 
 
-def group_like_columns(csv_path: str, used: Sequence[str]) -> list[tuple[str, int, int]]:
-    """(column, distinct values, rows) of each column not in ``used`` whose name reads like a group
-    (``GROUP_WORDS``) and whose values repeat (two rows a value or more, on average): a hint to pass
-    ``--group-col``, never a refusal."""
+# Words after a group's name that make a column its id, not another thing about it: patient_id, StudyInstanceUID
+ID_WORDS = frozenset(("id", "ids", "uid", "no", "num", "number", "name", "code", "key", "instance", "index", "idx"))
+
+
+def reads_like_a_group(column: str) -> bool:
+    """Whether a column's name says it holds a group: its last word, after id-like words (``patientId``,
+    ``StudyInstanceUID``, ``Case Number``, ``scene_id``), is a group word or its plural; ``site_count`` or
+    ``camera_model`` say something else about the group."""
+    words = [w.casefold() for w in re.findall(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+", column)]
+    while words and words[-1] in ID_WORDS:
+        words.pop()
+    last = words[-1] if words else ""
+    return last in GROUP_WORDS or (last.endswith("s") and last[:-1] in GROUP_WORDS)
+
+
+def group_like_columns(csv_path: str, used: Sequence[str], num_folds: int) -> list[tuple[str, int, int]]:
+    """(column, distinct values, rows) of each column not in ``used`` whose name reads like a group and that
+    ``--group-col`` would take for ``num_folds`` folds: no empty cell, at least ``num_folds`` values, and values
+    that repeat (two rows a value or more, on average). A hint to pass ``--group-col``, never a refusal."""
     df = _read_table(csv_path)
     found = []
     for column in df.columns:
-        words = set(re.split(r"[^a-z]+", str(column).casefold()))
-        if column in used or not words & GROUP_WORDS:
+        if column in used or not reads_like_a_group(str(column)):
             continue
         values = df[column].str.strip()
-        distinct = values[values != ""].nunique()
-        if distinct > 1 and len(df) >= 2 * distinct:
+        distinct = values.nunique()
+        if not values.map(is_missing).any() and distinct >= max(num_folds, 2) and len(df) >= 2 * distinct:
             found.append((str(column), int(distinct), len(df)))
     return found

@@ -227,7 +227,7 @@ def group_hints(job: Job) -> list[str]:
         f"without it: images of one {column} in both training and validation folds make validation over-promise; "
         f"write again with {option('group_col', column)} to keep each {column} in one fold (a hint: nothing "
         "was refused)"
-        for column, values, rows in group_like_columns(csv, used)
+        for column, values, rows in group_like_columns(csv, used, job.num_folds)
     ]
 
 

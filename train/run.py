@@ -52,6 +52,7 @@ WRITTEN = (CONFIG, MODEL, MODEL_SWA, THRESHOLDS, HISTORY, STATE, METRICS, SWA_AV
 ROC_PNG, PREDICTIONS_PNG, CURVES_PNG = "roc.png", "predictions.png", "learning_curves.png"  # the report's pictures
 REPORT = (VAL_PREDICTIONS, TRAIN_DIGESTS, THRESHOLDS, ROC_PNG, PREDICTIONS_PNG, CURVES_PNG)  # each also with SWA_SUFFIX
 TORCH_MODEL, TORCH_MODEL_SWA = "model.pt", "model-swa.pt"  # the PyTorch recipes' weights (train.torch_run)
+RECIPES = ("torch_ddp", "lightning_swa")  # the PyTorch recipes (examples/) whose runs config.json can name
 # 1: tfpipe <= 0.2 (no version, fit and dataset id unknown); 2: run_version, fit, dataset_id, num_classes.
 RUN_VERSION = 2
 IMAGES_PER_SEC, EPOCH_SECONDS = "images_per_sec", "seconds"  # history.csv's timing of each epoch (not scores)
@@ -226,6 +227,7 @@ def from_dict(data: Any, p: str) -> RunConfig:
     stored = data.get("stored_image_size")
     if not (stored is None or stored == OWN_SIZES or (type(stored) is int and stored >= 1)):
         raise _bad(p, "stored_image_size", f"must be a whole number of pixels, {OWN_SIZES!r} or null", stored)
+    _check_records_and_recipe(data, p)
     threshold = data.get("threshold", 0.5)
     if not isinstance(threshold, (int, float)) or isinstance(threshold, bool) or not 0 < threshold < 1:
         raise _bad(p, "threshold", "must be between 0 and 1", threshold)
@@ -241,6 +243,14 @@ def from_dict(data: Any, p: str) -> RunConfig:
         version=version,
         stored_size=stored,
     )
+
+
+def _check_records_and_recipe(data: dict[str, Any], p: str) -> None:
+    records, recipe = data.get("records", ""), data.get("recipe")
+    if not isinstance(records, (str, list)):  # a folder, a glob, or (from Python) a list of files
+        raise _bad(p, "records", "must name the training shards", records)
+    if not (recipe is None or recipe in RECIPES):
+        raise _bad(p, "recipe", f"must be one of {', '.join(RECIPES)} or absent (train.fit's runs)", recipe)
 
 
 def _classes(data: dict[str, Any], p: str) -> list[str]:
@@ -369,24 +379,28 @@ def model_files(swa: bool = False, views: int = 1) -> tuple[str, str]:
     return (MODEL_SWA, variant(THRESHOLDS, True, views)) if swa else (MODEL, variant(THRESHOLDS, False, views))
 
 
-def load_thresholds(run: str, classes: Sequence[str], swa: bool = False, views: int = 1) -> list[float] | None:
+def load_thresholds(
+    run: str, classes: Sequence[str], swa: bool = False, views: int = 1, remedy: str | None = None
+) -> list[float] | None:
     """The tuned per-class thresholds in ``classes`` order (with ``swa``, the SWA model's; for ``views`` TTA
     views), or None when the folder has none (single-label runs, views not tuned yet). A file naming other
-    classes (copied from another run) or holding a value outside [0, 1] is an error."""
+    classes (copied from another run) or holding a value outside [0, 1] is an error, ending with ``remedy``
+    (default: train.predict's ``--threshold``)."""
     p = path(run, model_files(swa, views)[1])
     if not fs.exists(p):
         return None
+    remedy = remedy or f"pass {option('threshold')} to label at one threshold"
     tuned = _read_json(p)
     if not isinstance(tuned, dict):
         raise TfpipeError(
             f"{p}: expected an object of class name: threshold (got a {type(tuned).__name__}: {_short(tuned)}); the "
-            f"file was edited or damaged -- pass {option('threshold')} to label at one threshold"
+            f"file was edited or damaged -- {remedy}"
         )
     if sorted(tuned) != sorted(classes):
         named = sorted(tuned)
         raise TfpipeError(
-            f"{p}: names classes {_short(named)}, not the run's ({_short(classes)}); it belongs to "
-            f"another run -- pass {option('threshold')} to label at one threshold, or predict with that run"
+            f"{p}: names classes {_short(named)}, not the run's ({_short(classes)}); it belongs to another run -- "
+            f"{remedy}"
         )
     values = [tuned[c] for c in classes]
     for c, v in zip(classes, values):

@@ -13,14 +13,13 @@ from typing import Any
 
 import numpy as np
 
-from tfpipe import fs, schema
+from tfpipe import schema
 from tfpipe.console import counted
 from tfpipe.errors import TfpipeError
 from tfpipe.shards import Shards, select_folds
 from tfpipe.tfrecord import read_records
 from train import evaluation
 from train import run as run_files
-from train.cv_folder import better_model
 from train.run import RunConfig
 from train.torch_run import MODEL, MODEL_SWA, THRESHOLD
 from train.validation import Validated, validation_files
@@ -108,47 +107,3 @@ def described(report: Mapping[str, Any], model: str) -> list[str]:
         f"{model}, 1 view: validation AUC {shown} (exact, macro), {evaluation.headline(report)}",
         *evaluation.class_table(report, title=f"{model}, 1 view, at the thresholds of {thresholds}"),
     ]
-
-
-def chosen_model(run: str) -> tuple[bool, str]:
-    """(swa, the line saying why) for predicting with a saved recipe run: ``model-swa.pt`` when it is there and
-    its validation AUC beats ``model.pt``'s (metrics.json), as ``train.predict`` chooses for train.fit's runs."""
-    if not fs.exists(run_files.path(run, MODEL)):
-        raise TfpipeError(f"{run}: no {MODEL}; the run did not finish (train it again)")
-    if not fs.exists(run_files.path(run, MODEL_SWA)):
-        return False, f"predicting with {MODEL} (the run has no SWA model)"
-    metrics = fs.read_json(run_files.path(run, run_files.METRICS), "run file")
-    part = metrics.get("swa") if isinstance(metrics, dict) else None
-    final = _auc(metrics.get("report") if isinstance(metrics, dict) else None)
-    swa = _auc(part.get("report") if isinstance(part, dict) else None)
-    chosen = better_model(final, swa)
-    return chosen, model_choice_line(chosen, final, swa)
-
-
-def model_choice_line(swa: bool, final_auc: float | None, swa_auc: float | None) -> str:
-    name, other = (MODEL_SWA, MODEL) if swa else (MODEL, MODEL_SWA)
-    mine, theirs = (swa_auc, final_auc) if swa else (final_auc, swa_auc)
-    if mine is None or theirs is None:
-        return f"predicting with {name} (validation AUC of both not recorded)"
-    return (
-        f"predicting with {name}: its validation AUC {mine:.4f} {'beats' if swa else 'is at least'} {other}'s "
-        f"{theirs:.4f}"
-    )
-
-
-def _auc(report: Any) -> float | None:
-    value = report.get("roc_auc_macro") if isinstance(report, dict) else None
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
-def load_saved(run: str, config: RunConfig) -> tuple[Any, list[float] | None, str]:
-    """(the model, its tuned thresholds, the line saying which) of a finished recipe run, for ``--predict-only``:
-    the model of ``chosen_model``, its weights loaded (``torch.nn.Module`` on the CPU, in eval mode)."""
-    from train.torch_models import build_model
-    from train.torch_run import load_weights
-
-    swa, line = chosen_model(run)
-    net = build_model(str(config.settings["model"]), len(config.classes))
-    net.load_state_dict(load_weights(run, MODEL_SWA if swa else MODEL))
-    thresholds = run_files.load_thresholds(run, config.classes, swa)
-    return net.eval(), thresholds, line

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -30,6 +31,7 @@ from tfpipe.errors import TfpipeError, option
 from tfpipe.shards import Shards, open_shards
 from tfpipe.tfrecord import read_records
 from train import run as run_files
+from train.cv_folder import better_model
 from train.run import RunConfig
 from train.submission import (
     check_column_names,
@@ -56,6 +58,7 @@ WRITTEN = (
         for name in (str, run_files.swa_name)
     ),
 )
+AGAIN = "train the run again"
 # a class's threshold when no validation image has it (train.torch_report tunes the others, as train.fit does)
 THRESHOLD = 0.5
 
@@ -76,11 +79,12 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def prepare(recipe: str, args: argparse.Namespace) -> RunConfig:
+def prepare(recipe: str, args: argparse.Namespace, parser: argparse.ArgumentParser | None = None) -> RunConfig:
     """Before any process starts: the run folder may be written and the shards of ``--predict`` fit the run.
-    Returns the run's config (``--predict-only``: the saved run's)."""
+    Returns the run's config (``--predict-only``: the saved run's; ``parser``: the recipe's, whose defaults tell
+    the training flags given from those left out)."""
     if args.predict_only:
-        return saved_run(args, recipe)
+        return saved_run(args, recipe, parser)
     if not args.records:
         raise TfpipeError(f"{option('records')} names the shard folder to train on (or pass {option('predict_only')})")
     config = run_config(recipe, args, open_shards(args.records))
@@ -89,7 +93,7 @@ def prepare(recipe: str, args: argparse.Namespace) -> RunConfig:
     return config
 
 
-def saved_run(args: argparse.Namespace, prog: str) -> RunConfig:
+def saved_run(args: argparse.Namespace, prog: str, parser: argparse.ArgumentParser | None = None) -> RunConfig:
     """``--predict-only``: the finished recipe run at ``--run`` (its config, weights and metrics), whose model
     ``args.model`` becomes; ``--predict``'s shards must fit it."""
     if not (args.run and args.predict):
@@ -107,9 +111,36 @@ def saved_run(args: argparse.Namespace, prog: str) -> RunConfig:
     model = config.settings.get("model")
     if not isinstance(model, str) or not model:
         raise TfpipeError(f"{run_files.path(args.run, run_files.CONFIG)}: names no model; the file was edited")
+    ignored = ignored_flags(args, config, parser)
+    if ignored and os.environ.get("LOCAL_RANK", "0") == "0":  # once a machine (a launcher's ranks each check)
+        print(f"{prog}: {option('predict_only')} predicts with the run's model and settings: {ignored} not used")
     args.model, args.records = model, None  # the run's, whatever the command line says
     check_predict(config, args, prog)
+    load_saved(args.run, config)  # every file it needs, checked here once: not in every rank, each saying it
     return config
+
+
+TRAINING_FLAGS = (
+    "records",
+    "model",
+    "fold",
+    "epochs",
+    "swa_epochs",
+    "lr",
+    "seed",
+)  # what --predict-only takes from the run
+
+
+def ignored_flags(args: argparse.Namespace, config: RunConfig, parser: argparse.ArgumentParser | None) -> str:
+    """The training flags given to ``--predict-only`` (other than their defaults in ``parser``) that differ from
+    the run's settings, which decide: ``--model resnet18 (the run's: small-cnn)``; empty when none do."""
+    differ = []
+    for key in TRAINING_FLAGS:
+        given, used = getattr(args, key, None), config.settings.get(key)
+        default = parser.get_default(key) if parser is not None else None
+        if given is not None and given != default and given != used:
+            differ.append(f"--{key.replace('_', '-')} {given} (the run's: {used})")
+    return ", ".join(differ)
 
 
 def check_run_folder(run: str | None, overwrite: bool) -> None:
@@ -258,11 +289,26 @@ def end_run(run: str, weights: Mapping[str, Any], metrics: Mapping[str, Any]) ->
 
 
 def load_weights(run: str, name: str = MODEL) -> dict[str, Any]:
-    """A ``state_dict`` a recipe saved (``model.load_state_dict(load_weights(run))``): tensors only."""
+    """A ``state_dict`` a recipe saved (``model.load_state_dict(load_weights(run))``): tensors only; a file that
+    is not one is an error naming it."""
+    import pickle
+
     import torch
 
-    with fs.open(run_files.path(run, name), "rb") as f:
-        return dict(torch.load(io.BytesIO(f.read()), weights_only=True))
+    p = run_files.path(run, name)
+    try:
+        with fs.open(p, "rb") as f:
+            state = torch.load(io.BytesIO(f.read()), weights_only=True)
+    except (RuntimeError, pickle.UnpicklingError, EOFError, ValueError, OSError) as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:120]
+        raise TfpipeError(
+            f"{p}: not weights a recipe saved ({first}); the file is damaged -- train the run again"
+        ) from None
+    if not isinstance(state, dict):
+        raise TfpipeError(
+            f"{p}: not a state_dict (a {type(state).__name__}); the file is damaged -- train the run again"
+        )
+    return dict(state)
 
 
 # paths (and what only rank 0 writes) and a machine's DataLoader workers (its cores) may differ between machines
@@ -280,3 +326,60 @@ def start_settings(args: argparse.Namespace) -> dict[str, object]:
         path = getattr(args, flag, None)
         settings[f"the dataset id of --{flag}"] = open_shards(path).dataset_id if path else None
     return settings
+
+
+def chosen_model(run: str) -> tuple[bool, str]:
+    """(swa, the line saying why) for predicting with a saved recipe run: ``model-swa.pt`` when the run has an
+    SWA model and its validation AUC beats ``model.pt``'s (metrics.json), as ``train.predict`` chooses for
+    train.fit's runs. A model metrics.json scores but the folder lacks is an error, never the other model."""
+    metrics = fs.read_json(run_files.path(run, run_files.METRICS), "run file")
+    part = metrics.get("swa") if isinstance(metrics, dict) else None
+    final = _auc(metrics.get("report") if isinstance(metrics, dict) else None)
+    swa = _auc(part.get("report") if isinstance(part, dict) else None)
+    for name, scored in ((MODEL, True), (MODEL_SWA, part is not None)):
+        if scored and not fs.exists(run_files.path(run, name)):
+            raise TfpipeError(f"{run}: no {name}, which its metrics.json scores; the run folder lost it (train again)")
+    if part is None:
+        return False, f"predicting with {MODEL} (the run has no SWA model)"
+    chosen = better_model(final, swa)
+    return chosen, model_choice_line(chosen, final, swa)
+
+
+def model_choice_line(swa: bool, final_auc: float | None, swa_auc: float | None) -> str:
+    name, other = (MODEL_SWA, MODEL) if swa else (MODEL, MODEL_SWA)
+    mine, theirs = (swa_auc, final_auc) if swa else (final_auc, swa_auc)
+    if mine is None or theirs is None:
+        return f"predicting with {name} (validation AUC of both not recorded)"
+    return (
+        f"predicting with {name}: its validation AUC {mine:.4f} {'beats' if swa else 'is at least'} {other}'s "
+        f"{theirs:.4f}"
+    )
+
+
+def _auc(report: Any) -> float | None:
+    value = report.get("roc_auc_macro") if isinstance(report, dict) else None
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def load_saved(run: str, config: RunConfig) -> tuple[Any, list[float] | None, str]:
+    """(the model, its tuned thresholds, the line saying which) of a finished recipe run, for ``--predict-only``:
+    the model of ``chosen_model``, its weights loaded (``torch.nn.Module`` on the CPU, in eval mode). A multi-label
+    run without the thresholds tuned for that model is an error, never a label at 0.5."""
+    from train.torch_models import build_model
+
+    swa, line = chosen_model(run)
+    remedy = "train the run again (its thresholds are tuned on its own validation predictions)"
+    thresholds = run_files.load_thresholds(run, config.classes, swa, remedy=remedy)
+    if thresholds is None and not config.single_label:
+        missing = run_files.path(run, run_files.model_files(swa)[1])
+        raise TfpipeError(f"{missing}: missing; the run labels at the thresholds tuned for its model -- {remedy}")
+    net = build_model(str(config.settings["model"]), len(config.classes))
+    name = MODEL_SWA if swa else MODEL
+    try:
+        net.load_state_dict(load_weights(run, name))
+    except (RuntimeError, KeyError) as e:  # another model's tensors (names or shapes)
+        first = str(e).strip().splitlines()[0][:160]
+        raise TfpipeError(
+            f"{run_files.path(run, name)}: not the weights of the run's {config.settings['model']} ({first})"
+        ) from None
+    return net.eval(), thresholds, line
