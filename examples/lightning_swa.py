@@ -40,7 +40,7 @@ require("pytorch_lightning")  # or one line saying what to install
 import pytorch_lightning as pl
 
 from tfpipe import console
-from tfpipe.errors import ArgumentParser, TfpipeError, check_count, option, run_cli
+from tfpipe.errors import ArgumentParser, TfpipeError, check_count, check_positive, option, run_cli
 from tfpipe.lifecycle import loader_dies_with_this_process
 from tfpipe.lightning import ShardDataModule
 from tfpipe.lightning_ranks import SameStart, StopOnSigterm, ranks_end_with_rank_zero, supervised, without_tips
@@ -213,6 +213,7 @@ def torchrun_nodes(args: argparse.Namespace) -> int:
 def run(args: argparse.Namespace) -> None:
     nodes = torchrun_nodes(args)
     check_count(1, devices=args.devices, epochs=args.epochs, swa_epochs=args.swa_epochs)
+    check_positive(lr=args.lr)
     if args.swa_epochs >= args.epochs:
         raise TfpipeError(f"--swa-epochs {args.swa_epochs} must leave epochs to train first (--epochs {args.epochs})")
     # the run folder may be written, the test shards fit the run: checked once, by the process that starts the

@@ -46,7 +46,16 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from tfpipe import console
-from tfpipe.errors import ArgumentParser, TfpipeError, as_command, check_count, option, os_error_line, run_cli
+from tfpipe.errors import (
+    ArgumentParser,
+    TfpipeError,
+    as_command,
+    check_count,
+    check_positive,
+    option,
+    os_error_line,
+    run_cli,
+)
 from tfpipe.lifecycle import die_with_parent, loader_dies_with_this_process
 from tfpipe.net import free_port
 from tfpipe.ranks import LOST_A_RANK, check_same_start, refuse_to_the_others, spawn_ranks
@@ -377,6 +386,7 @@ def checked(args: argparse.Namespace, world: tuple[int, int, int] | None) -> Run
     line: the settings, the records and folds, the model, the run folder and the shards of ``--predict``."""
     check_processes(args, world)
     check_count(1, epochs=args.epochs, batch_size=args.batch_size)
+    check_positive(lr=args.lr)
     check_count(0, workers=args.workers)
     config = prepare(
         PROG, args, build_parser()

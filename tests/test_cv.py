@@ -362,6 +362,13 @@ def test_a_cv_folder_and_its_fold_runs_read_back_with_train_inspect(cv_run, caps
         f"  {result.settings['epochs']} epochs of {result.settings['epochs']} recorded; stopped by SIGINT at epoch "
         "2, step 3; train.fit --resume continues it"
     )
+    (copy / "thresholds.json").write_text(json.dumps(dict.fromkeys(result.classes, 0.99)))  # the CV's, edited
+    (copy / "fold-1" / "config.json").write_text(
+        (copy / "fold-1" / "config.json").read_text().replace('"lr": ', '"lr": NaN, "was": ')
+    )
+    assert main([str(copy)]) == 0 and "(thresholds.json now holds others: edited or copied?)" in capsys.readouterr().out
+    assert main([str(copy / "fold-1"), "--json"]) == 0  # strict JSON: a non-finite number is null
+    assert json.loads(capsys.readouterr().out)["settings"]["lr"] is None
     shutil.rmtree(copy / "fold-2")  # a CV that lost a fold: said on its line, and predict's refusal said
     assert main([str(copy)]) == 0
     lines = capsys.readouterr().out.splitlines()

@@ -84,8 +84,7 @@ def test_a_grouped_write_keeps_each_group_in_one_fold_and_says_how_even(grouped_
     assert hint == [
         f"tfpipe.write: warning: {csv}: column 'patient' reads like a group (8 values over 24 rows) and the folds "
         "were drawn without it: images of one patient in both training and validation folds make validation "
-        "over-promise; write again with --group-col patient to keep each patient in one fold (a hint: nothing was "
-        "refused)"
+        "over-promise; write again with --group-col patient to keep each in one fold (a hint: nothing was refused)"
     ]
 
     edited = json.loads((out / "manifest.json").read_text())
@@ -202,6 +201,6 @@ def test_only_a_column_named_for_a_group_gets_the_hint():
     figure about a group (its count, its model) is not."""
     from tfpipe.csv_source import reads_like_a_group
 
-    groups = ["patient", "PatientID", "patientId", "StudyInstanceUID", "Case Number", "scene_id", "patients", "video"]
-    others = ["site_count", "is_site_visit", "camera_model", "user_rating", "image", "labels", "width"]
+    groups = ["patient", "PatientID", "patientId", "patientid", "StudyInstanceUID", "Case Number", "scene_id", "videos"]
+    others = ["site_count", "is_site_visit", "camera_model", "user_rating", "AgeGroup", "image", "labels", "width"]
     assert [reads_like_a_group(c) for c in groups + others] == [True] * len(groups) + [False] * len(others)

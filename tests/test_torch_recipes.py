@@ -492,6 +492,46 @@ def test_a_recipe_run_reports_as_train_fit_reads_back_and_predicts_again_without
     from train.run import RunConfig
     from train.torch_run import load_saved
 
+    edited = {**tuned, next(iter(tuned)): 0.99}
+    (run / "thresholds.json").write_text(json.dumps(edited))  # labelled at, and said (second hostile round)
+    assert load_saved(str(run), RunConfig.load(str(run)))[1][0] == 0.99
+    assert (
+        "thresholds.json holds other thresholds than its validation report was scored at"
+        in load_saved(str(run), RunConfig.load(str(run)))[2]
+    )
     (run / "thresholds.json").unlink()  # never a label at 0.5 instead of the tuned thresholds (hostile round)
     with pytest.raises(TfpipeError, match=r"thresholds.json: missing; the run labels at the thresholds tuned"):
         load_saved(str(run), RunConfig.load(str(run)))
+
+
+def test_a_recipe_run_on_single_label_shards_is_single_label_and_submits_one_class_a_row(tmp_path):
+    """Second hostile round of issue #54: the recipes recorded every run as multi-label, so single-label shards
+    (a class column) got per-class thresholds and rows of several labels. The run is now the shards' kind: the
+    report scores the argmax and writes no thresholds, the submission holds one class a row."""
+    import argparse
+
+    from tfpipe.sources import LabelFormat
+    from train.torch_report import validation_report
+    from train.torch_run import run_config, write_predictions, written_ids
+
+    (tmp_path / "images").mkdir()
+    rows = [(f"im{i:02d}", ["cat", "dog", "fox"][i % 3]) for i in range(24)]
+    for i, (name, _) in enumerate(rows):
+        save(tmp_path / "images" / f"{name}.jpg", size=(16, 16), seed=i)
+    csv = write_csv(tmp_path / "train.csv", ["image", "label"], rows)
+    source = tfpipe.Source(str(tmp_path / "images"), csv=str(csv), label_format=LabelFormat(class_col="label"))
+    records = str(tmp_path / "records")
+    tfpipe.write_shards(source, records, spec=tfpipe.ImageSpec(image_size=16), num_folds=3, workers=0, progress=False)
+    args = argparse.Namespace(records=records, fold=0, predict=records, out=str(tmp_path / "s.csv"),
+                              probabilities=False, overwrite=False, model="small-cnn")  # fmt: skip
+    config = run_config("torch_ddp", args, tfpipe.open_shards(records))
+    assert config.single_label
+    ids = sorted(tfpipe.image_names(records, folds=[0]))
+    probs = np.random.default_rng(0).uniform(size=(len(ids), 3))
+    targets = np.eye(3)[[["cat", "dog", "fox"].index(dict(rows)[n]) for n in ids]]
+    done = validation_report(str(tmp_path), tfpipe.open_shards(records), config, (ids, probs, targets))
+    assert done.scores["per_class"]["cat"]["threshold"] is None and not (tmp_path / "thresholds.json").exists()
+    test_ids = written_ids(tfpipe.open_shards(records))
+    write_predictions(config, args, tfpipe.open_shards(records), (test_ids, np.random.rand(24, 3)), None)
+    labels = pd.read_csv(tmp_path / "s.csv", keep_default_na=False)["labels"]
+    assert all(len(cell.split()) == 1 for cell in labels)

@@ -267,6 +267,11 @@ def reads_like_a_group(column: str) -> bool:
     while words and words[-1] in ID_WORDS:
         words.pop()
     last = words[-1] if words else ""
+    glued = next((last[: -len(w)] for w in ID_WORDS if last.endswith(w) and last[: -len(w)] in GROUP_WORDS), None)
+    if glued:  # patientid, caseno: one word
+        last = glued
+    if last == "group" and len(words) > 1:  # AgeGroup, BloodGroup: a covariate, not who the image belongs to
+        return False
     return last in GROUP_WORDS or (last.endswith("s") and last[:-1] in GROUP_WORDS)
 
 

@@ -224,9 +224,9 @@ def group_hints(job: Job) -> list[str]:
     used = [getattr(source, "image_col", ""), *(label_columns(fmt) if fmt is not None else ())]
     return [
         f"{csv}: column {column!r} reads like a group ({values} values over {rows} rows) and the folds were drawn "
-        f"without it: images of one {column} in both training and validation folds make validation over-promise; "
-        f"write again with {option('group_col', column)} to keep each {column} in one fold (a hint: nothing "
-        "was refused)"
+        f"without it: images of one {' '.join(column.split())} in both training and validation folds make "
+        f"validation over-promise; write again with {option('group_col', column)} to keep each in one fold (a hint: "
+        "nothing was refused)"
         for column, values, rows in group_like_columns(csv, used, job.num_folds)
     ]
 

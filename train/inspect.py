@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import textwrap
 from collections.abc import Sequence
@@ -20,7 +21,7 @@ from typing import Any
 
 from tfpipe import fs
 from tfpipe.console import counted
-from tfpipe.errors import ArgumentParser, TfpipeError, check_path, run_cli
+from tfpipe.errors import ArgumentParser, TfpipeError, run_cli
 from train import evaluation
 from train.run_info import folder_info as folder_info  # the --json object, from Python
 
@@ -39,6 +40,7 @@ HERE = {
     "changed": "the folder now holds another dataset",
     "missing": "the folder is gone",
     "unreadable": "the folder holds no readable shards now",
+    "not-here": "not found from this folder: the path is relative to where the run was trained",
 }
 THRESHOLDS_NOW = {
     "same": "at the thresholds of {}",
@@ -91,6 +93,8 @@ def run_lines(info: dict[str, Any]) -> list[str]:
     planned = info["settings"].get("epochs")
     of = f" of {planned}" if isinstance(planned, int) else ""
     resume = "; train.fit --resume continues it" if info["trained_by"] == "train.fit" else ""
+    if info.get("locked"):  # its lock is there: a job may be training it now (or died without removing it)
+        resume = "; a job holds the folder (its lock): it may still be training"
     return [f"  {counted(int(epochs or 0), 'epoch')}{of} recorded{stopped}{resume}"]
 
 
@@ -112,7 +116,7 @@ def score_lines(info: dict[str, Any]) -> list[str]:
         values = [m["scores"].get(key) for m in models]
         lines.append(f"  {label:<12}" + "".join(f"{_figure(v):>{width}}" for v in values))
     for m in models:
-        at = THRESHOLDS_NOW[m["thresholds_file"] or "same"].format(m["thresholds"]) if m["thresholds"] else ""
+        at = THRESHOLDS_NOW[m["thresholds_file"]].format(m["thresholds"]) if m["thresholds"] else ""
         lines += evaluation.class_table(m["scores"], title=f"{m['model']}, {_views(m['views'])}{', ' * bool(at)}{at}")
     return lines
 
@@ -150,13 +154,25 @@ def build_parser() -> ArgumentParser:
 
 
 def run_command(args: argparse.Namespace) -> None:
-    check_path(folder=args.folder)
+    if not args.folder.strip():
+        raise TfpipeError("the folder is empty (an unset variable?); give a run folder or a CV folder")
     if not fs.exists(args.folder):
         raise TfpipeError(f"{args.folder} does not exist; pass a run folder or a CV folder")
     if not fs.isdir(args.folder):
         raise TfpipeError(f"{args.folder} is a file; pass a run folder or a CV folder")
     info = folder_info(args.folder)
-    print(json.dumps(info, indent=1, default=str, allow_nan=False) if args.json else "\n".join(text_lines(info)))
+    print(
+        json.dumps(finite(info), indent=1, default=str, allow_nan=False) if args.json else "\n".join(text_lines(info))
+    )
+
+
+def finite(value: Any) -> Any:
+    """``value`` with every non-finite float (a diverged loss, an edited setting) as None: strict JSON's null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    return [finite(v) for v in value] if isinstance(value, (list, tuple)) else value
 
 
 def main(argv: Sequence[str] | None = None) -> int:

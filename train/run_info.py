@@ -16,6 +16,7 @@ from typing import Any
 from tfpipe import fs
 from tfpipe.console import counted
 from tfpipe.errors import TfpipeError
+from tfpipe.locks import LOCK
 from tfpipe.manifest import MANIFEST
 from tfpipe.shards import open_shards
 from train import run as run_files
@@ -51,6 +52,7 @@ def run_info(run: str) -> dict[str, Any]:
     models = [m for m in (_model(run, metrics, swa, config, where) for swa in (False, True)) if m]
     finished = bool(metrics) and _finished(run, config)
     progress = {} if metrics else _progress(run)
+    locked = not finished and _has(run, LOCK)  # a job holds the folder: perhaps still training
     info = {
         "folder": run,
         "kind": "run",
@@ -67,7 +69,7 @@ def run_info(run: str) -> dict[str, Any]:
         "models": models,
         "thresholds_files": thresholds_files(run, config.recipe),
     }
-    return dict(info, predicts_with=predicts_with(run, config, models) if finished else None)
+    return dict(info, locked=locked, predicts_with=predicts_with(run, config, models) if finished else None)
 
 
 def read_metrics(run: str) -> dict[str, Any]:
@@ -125,18 +127,19 @@ def _model(run: str, metrics: dict[str, Any], swa: bool, config: RunConfig, wher
     model, thresholds = run_files.model_files(swa)
     if config.recipe:
         model = run_files.TORCH_MODEL_SWA if swa else run_files.TORCH_MODEL
-    state = None if config.single_label else _thresholds_state(run, config, swa, report)
+    state = None if config.single_label else thresholds_state(run, config.classes, swa, 1, report)
     return {"model": model, "views": 1, "thresholds": None if config.single_label else thresholds,
             "thresholds_file": state, "scores": report}  # fmt: skip
 
 
-def _thresholds_state(run: str, config: RunConfig, swa: bool, report: dict[str, Any]) -> str:
-    """Whether the model's thresholds file holds the thresholds its report was scored at."""
-    remedy = "the run's validation report was scored at the thresholds metrics.json holds"
-    found = run_files.load_thresholds(run, config.classes, swa, remedy=remedy)
+def thresholds_state(folder: str, classes: Any, swa: bool, views: int, report: dict[str, Any]) -> str:
+    """Whether the model's thresholds file (for ``views``) in ``folder`` holds the thresholds its report was scored
+    at: same, differs or missing."""
+    remedy = "the report was scored at the thresholds metrics.json (cv.json) holds"
+    found = run_files.load_thresholds(folder, classes, swa, views, remedy=remedy)
     if found is None:
         return "missing"
-    scored = [report["per_class"][c]["threshold"] for c in config.classes]
+    scored = [report["per_class"][c]["threshold"] for c in classes]
     return "same" if all(s is not None and abs(s - f) <= SAME for s, f in zip(scored, found)) else "differs"
 
 
@@ -191,7 +194,8 @@ def shards_info(records: str, dataset_id: str | None, fold: int | None) -> dict[
     missing, or unreadable with ``problem`` saying why)."""
     info: dict[str, Any] = {"records": records, "dataset_id": dataset_id, "fold": fold}
     if not records or not fs.exists(records):
-        return dict(info, here="missing")
+        relative = bool(records) and not fs.is_remote(records) and not records.startswith("/")
+        return dict(info, here="not-here" if relative else "missing")
     try:
         found = open_shards(records).dataset_id
     except TfpipeError as e:
@@ -217,7 +221,14 @@ def predicts_with(run: str, config: RunConfig, models: list[dict[str, Any]]) -> 
     if config.recipe:
         from train.torch_run import chosen_model
 
-        swa, why = chosen_model(run)
+        try:
+            swa, why = chosen_model(run)
+        except TfpipeError as e:  # a model file lost: the run is still shown, what stands in the way said
+            return {
+                "model": None,
+                "why": f"--predict-only refuses: {e}",
+                "command": f"python examples/{config.recipe}.py",
+            }
         model = run_files.TORCH_MODEL_SWA if swa else run_files.TORCH_MODEL
         command = f"python examples/{config.recipe}.py --predict-only"
     else:
@@ -239,8 +250,9 @@ def cv_info(cv: str) -> dict[str, Any]:
     result = CVResult.load(cv)
     folds = [fold_info(cv, result, k) for k in result.folds]
     models = [
-        {"model": m.model, "views": m.views, "thresholds": m.thresholds, "thresholds_file": None, "scores": m.scores,
-         "spread": m.spread()}
+        {"model": m.model, "views": m.views, "thresholds": m.thresholds, "scores": m.scores, "spread": m.spread(),
+         "thresholds_file": m.thresholds and thresholds_state(cv, result.classes, m.model == run_files.MODEL_SWA,
+                                                              m.views, m.scores)}
         for m in result.models
     ]  # fmt: skip
     return {

@@ -199,7 +199,9 @@ def run_config(recipe: str, args: argparse.Namespace, shards: Shards) -> RunConf
     return RunConfig(
         classes=tuple(shards.classes),
         image_size=shards.image_size,
-        single_label=False,  # the recipes train every class as its own yes/no (BCE on logits)
+        # the recipes train every class as its own yes/no (BCE on logits); single-label shards (one class an
+        # image) are labelled and scored by the argmax, as train.fit's single-label runs are
+        single_label=bool(shards.single_label),
         fit=manifest.image.effective_fit,
         dataset_id=shards.dataset_id,
         fold=args.fold,
@@ -300,7 +302,7 @@ def load_weights(run: str, name: str = MODEL) -> dict[str, Any]:
         with fs.open(p, "rb") as f:
             state = torch.load(io.BytesIO(f.read()), weights_only=True)
     except (RuntimeError, pickle.UnpicklingError, EOFError, ValueError, OSError) as e:
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:120]
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0].split(". ")[0][:160]
         raise TfpipeError(
             f"{p}: not weights a recipe saved ({first}); the file is damaged -- train the run again"
         ) from None
@@ -382,4 +384,18 @@ def load_saved(run: str, config: RunConfig) -> tuple[Any, list[float] | None, st
         raise TfpipeError(
             f"{run_files.path(run, name)}: not the weights of the run's {config.settings['model']} ({first})"
         ) from None
+    if thresholds is not None and not same_thresholds(run, config, swa, thresholds):
+        file = run_files.model_files(swa)[1]
+        line += f"; {file} holds other thresholds than its validation report was scored at (edited?): labelling at them"
     return net.eval(), thresholds, line
+
+
+def same_thresholds(run: str, config: RunConfig, swa: bool, thresholds: Sequence[float]) -> bool:
+    """Whether ``thresholds`` (a thresholds file's) are those the run's metrics.json scored the model at."""
+    metrics = fs.read_json(run_files.path(run, run_files.METRICS), "run file")
+    part = (metrics.get("swa") if swa else metrics) if isinstance(metrics, dict) else None
+    table = (part.get("report") or {}).get("per_class") if isinstance(part, dict) else None
+    scored = [(table.get(c) or {}).get("threshold") for c in config.classes] if isinstance(table, dict) else []
+    return len(scored) == len(thresholds) and all(
+        isinstance(s, (int, float)) and abs(s - t) <= 1e-6 for s, t in zip(scored, thresholds)
+    )
