@@ -445,63 +445,74 @@ def test_the_lightning_recipes_watch_stops_the_other_ranks_and_leaves_rank_zero_
     assert [p.wait(10) for p in ranks] == [-9, -9, -9]
 
 
-def test_a_recipe_run_reports_as_train_fit_reads_back_and_predicts_again_without_training(
-    shard_dir, trained_run, tmp_path
-):
+@pytest.fixture(scope="module")
+def recipe_run(shard_dir, trained_run, tmp_path_factory):
+    """A 1-epoch torch_ddp run on the shards the Keras session run trained on, with its submission: (run folder,
+    the submission, the flags it ran with, what it printed)."""
+    root = tmp_path_factory.mktemp("recipe")
+    run = root / "run"
+    common = ["--batch-size", "4", "--run", str(run), "--predict", trained_run[2]]
+    done = run_python(["examples/torch_ddp.py", "--records", shard_dir[0], "--epochs", "1", "--processes", "1",
+                       *common, "--out", str(root / "a.csv")], timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return run, root / "a.csv", common, done.stdout
+
+
+def test_a_recipe_run_reports_as_train_fit_and_reads_back(recipe_run, shard_dir, trained_run, tmp_path):
     """Issue #54: a recipe's validation goes through train.fit's report code -- metrics.json carries the same
     figures under the same keys as a Keras run's (compared with one here), val_predictions.csv and thresholds.json
-    alike, the printed class table names its model -- the submission is labelled at the tuned thresholds, and
-    --predict-only writes the same submission from the saved run without training; train.inspect reads it."""
+    alike, the printed class table names its model -- and train.inspect reads it back; the model --predict-only
+    loads is labelled at the thresholds file, never at 0.5 when it is gone."""
+    import shutil
+
     from train.inspect import folder_info
+    from train.run import RunConfig
+    from train.torch_run import load_saved
     from train.validation import RUN_FIGURES
 
-    keras_run, test = trained_run[0], trained_run[2]
-    run = tmp_path / "run"
-    common = ["--batch-size", "4", "--run", str(run), "--predict", test]
-    done = run_python(["examples/torch_ddp.py", "--records", shard_dir[0], "--epochs", "1", "--processes", "1",
-                       *common, "--out", str(tmp_path / "a.csv")], timeout=300)  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "per class, model.pt, 1 view, at the thresholds of thresholds.json:" in done.stdout.splitlines()
-    mine, theirs = (json.loads((Path(r) / "metrics.json").read_text()) for r in (run, keras_run))
-    assert (
-        set(RUN_FIGURES) <= set(mine) & set(theirs) and mine["replicas"] == 1 and mine["report"]["model"] == "model.pt"
-    )
+    run, _, _, printed = recipe_run
+    assert "per class, model.pt, 1 view, at the thresholds of thresholds.json:" in printed.splitlines()
+    mine, theirs = (json.loads((Path(r) / "metrics.json").read_text()) for r in (run, trained_run[0]))
+    assert set(RUN_FIGURES) <= set(mine) & set(theirs) and mine["replicas"] == 1
+    assert mine["report"]["model"] == "model.pt" and set(mine["report"]) == set(theirs["report"])
     validated = tfpipe.image_names(shard_dir[0], folds=[0])
-    assert set(mine["report"]) == set(theirs["report"]) and mine["val_examples"] == mine["report"]["examples"] == 11
+    assert mine["val_examples"] == mine["report"]["examples"] == len(validated)
     assert {k: set(v) for k, v in mine["report"]["per_class"].items()} == {
         k: set(v) for k, v in theirs["report"]["per_class"].items()
     }
-    tables = [pd.read_csv(Path(r) / "val_predictions.csv", keep_default_na=False) for r in (run, keras_run)]
+    tables = [pd.read_csv(Path(r) / "val_predictions.csv", keep_default_na=False) for r in (run, trained_run[0])]
     assert list(tables[0].columns) == list(tables[1].columns)
     assert list(tables[0]["image_name"]) == validated  # in written order
     tuned = json.loads((run / "thresholds.json").read_text())
     assert [tuned[c] for c in tuned] == [mine["report"]["per_class"][c]["threshold"] for c in tuned]
     assert len(set(tuned.values())) > 1  # tuned per class, not the one 0.5 of before
+    info = folder_info(str(run))
+    assert info["trained_by"] == "torch_ddp" and info["finished"] and info["predicts_with"]["model"] == "model.pt"
+    assert info["models"][0]["scores"] == mine["report"] and info["shards"]["here"] == "same"
 
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)  # the module's run stays as it is
+    (copy / "thresholds.json").write_text(json.dumps({**tuned, next(iter(tuned)): 0.99}))  # edited: used, and said
+    _, thresholds, line = load_saved(str(copy), RunConfig.load(str(copy)))
+    assert thresholds[0] == 0.99 and "thresholds.json holds other thresholds than its validation report" in line
+    (copy / "thresholds.json").unlink()  # never a label at 0.5 instead of the tuned thresholds (hostile round)
+    with pytest.raises(TfpipeError, match=r"thresholds.json: missing; the run labels at the thresholds tuned"):
+        load_saved(str(copy), RunConfig.load(str(copy)))
+
+
+@pytest.mark.slow  # about 10 s: two ranks start torch
+def test_predict_only_writes_the_training_jobs_submission_again_on_two_ranks(recipe_run, tmp_path):
+    """Issue #54: --predict-only predicts with the saved run, training nothing; two ranks each predict their share
+    and the rows are gathered: the submission is byte for byte the one the training job wrote."""
+    _, submitted, common, _ = recipe_run
     again = run_python(["examples/torch_ddp.py", "--predict-only", "--processes", "2", *common,
-                        "--out", str(tmp_path / "b.csv")], timeout=300)  # fmt: skip  # 2 ranks: rows gathered
+                        "--out", str(tmp_path / "b.csv")], timeout=300)  # fmt: skip
     assert again.returncode == 0, again.stderr[-3000:]
     assert again.stdout.splitlines() == [
         "torch_ddp: predicting with model.pt (the run has no SWA model)",
         f"wrote {tmp_path / 'b.csv'}: 40 rows",
     ]
-    assert (tmp_path / "a.csv").read_bytes() == (tmp_path / "b.csv").read_bytes()
-    info = folder_info(str(run))
-    assert info["trained_by"] == "torch_ddp" and info["finished"] and info["predicts_with"]["model"] == "model.pt"
-    assert info["models"][0]["scores"] == mine["report"] and info["shards"]["here"] == "same"
-    from train.run import RunConfig
-    from train.torch_run import load_saved
-
-    edited = {**tuned, next(iter(tuned)): 0.99}
-    (run / "thresholds.json").write_text(json.dumps(edited))  # labelled at, and said (second hostile round)
-    assert load_saved(str(run), RunConfig.load(str(run)))[1][0] == 0.99
-    assert (
-        "thresholds.json holds other thresholds than its validation report was scored at"
-        in load_saved(str(run), RunConfig.load(str(run)))[2]
-    )
-    (run / "thresholds.json").unlink()  # never a label at 0.5 instead of the tuned thresholds (hostile round)
-    with pytest.raises(TfpipeError, match=r"thresholds.json: missing; the run labels at the thresholds tuned"):
-        load_saved(str(run), RunConfig.load(str(run)))
+    assert submitted.read_bytes() == (tmp_path / "b.csv").read_bytes()
 
 
 def test_a_recipe_run_on_single_label_shards_is_single_label_and_submits_one_class_a_row(tmp_path):

@@ -127,7 +127,10 @@ def test_a_pytorch_recipes_run_is_neither_replaced_nor_predicted_by_train_fits_c
     with pytest.raises(TfpipeError, match="holds a run of the PyTorch recipe torch_ddp; choose another run folder"):
         fit(tiny_config(shard_dir, run, epochs=1, overwrite=True))
     assert sorted(p.name for p in run.iterdir()) == ["config.json", "model.pt"]
-    with pytest.raises(TfpipeError, match="is a run of the PyTorch recipe torch_ddp .* predict with the recipe's"):
+    recipe_line = (
+        "is a run of the PyTorch recipe torch_ddp .* predict it with python examples/torch_ddp.py --predict-only"
+    )
+    with pytest.raises(TfpipeError, match=recipe_line):
         check_model_present(str(run), swa=False)
 
 

@@ -43,7 +43,7 @@ def check_model_present(run: str, swa: bool) -> None:
     if recipe:
         raise TfpipeError(
             f"{run} is a run of the PyTorch recipe {recipe} (model.pt): train.predict predicts train.fit's runs; "
-            "predict with the recipe's --predict"
+            f"predict it with python examples/{recipe}.py --predict-only --run {run} --predict RECORDS"
         )
     config = RunConfig.load(run)
     finished = run_files.read_state(run).get("finished", False)
