@@ -4,13 +4,17 @@
 
 A dispatcher and ``--workers`` workers (``python -m tfpipe.service``) on 127.0.0.1 in processes of their own,
 then round-robin: ``make_dataset(training=True, cache=False)`` in this process, and the same call with
-``service=``. Figures: images/s of each epoch (the best over ``--reps`` runs) and their ratio. On one machine the
-workers share its cores with the trainer, so the ratio is the service's cost, not its gain: the gain is the cores
-of other machines (docs/project/benchmarks.md works out how many a TPU needs).
+``service=``. Figures: images/s of each epoch (the best over ``--reps`` runs) and their ratio; and the trainer's
+CPU time per image (this process, every thread: ``resource.getrusage``; the workers and the dispatcher are other
+processes), the fewest over the runs, and its ratio -- what the service leaves of the host's work. On one machine
+the workers share its cores with the trainer, so the images/s ratio is the service's cost, not its gain: the gain is
+the cores of other machines (docs/project/benchmarks.md works out how many a TPU needs).
 """
 
 import argparse
+import gc
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -45,6 +49,33 @@ def start_service(workers, procs):
     return f"grpc://127.0.0.1:{port}"
 
 
+def cpu_seconds():
+    """CPU time of this process so far, all its threads, user + system."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def servers_cpu_seconds(procs):
+    """CPU time so far of the dispatcher and workers (Linux: /proc/PID/stat's utime + stime)."""
+    total = 0
+    for proc in procs:
+        with open(f"/proc/{proc.pid}/stat") as f:
+            fields = f.read().rpartition(")")[2].split()  # after the command's name, which may hold spaces
+        total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def measured(make, steps, epochs, procs):
+    """(images/s of each epoch, this process's CPU seconds per image over the epochs, the servers' CPU seconds per
+    image over the same time: the workers may have begun the next epoch's job, so slightly more than theirs)."""
+    start, servers = cpu_seconds(), servers_cpu_seconds(procs)
+    rates = epoch_rates(make, steps, epochs)
+    used, servers = cpu_seconds() - start, servers_cpu_seconds(procs) - servers
+    gc.collect()  # the iterator's threads end before the next contender starts
+    images = steps * BATCH * epochs
+    return rates, used / images, servers / images
+
+
 def run(records, image_size, workers, reps, epochs):
     procs = []
     try:
@@ -60,15 +91,21 @@ def run(records, image_size, workers, reps, epochs):
             ),
         }
         runs = {name: [] for name in contenders}
+        cpu = {name: [] for name in contenders}
         for _ in range(reps):  # round-robin: a drift of the machine hits both alike
             for name, make in contenders.items():
-                runs[name].append(epoch_rates(make, steps, epochs))
+                rates, here, there = measured(make, steps, epochs, procs)
+                runs[name].append(rates)
+                cpu[name].append((here, there))
     finally:
         for proc in procs:
             proc.kill()
             proc.wait()
     best = {name: [max(r[e] for r in rs) for e in range(epochs)] for name, rs in runs.items()}
-    return {"records": records, "image_size": image_size, "workers": workers, "epochs": best}
+    return {
+        "records": records, "image_size": image_size, "workers": workers, "epochs": best,
+        "cpu_per_image": {name: min(c) for name, c in cpu.items()},  # (trainer, servers) of the leanest run
+    }  # fmt: skip
 
 
 def report(result):
@@ -83,8 +120,33 @@ def report(result):
         f"| {there} | " + " | ".join(f"{r:.0f}" for r in there_rates) + " |",
         "",
         f"service / in process (epochs >= 2) = {ratio:.2f}",
+        "",
+        *cpu_report(result["cpu_per_image"]),
     ]
     return "\n".join(lines)
+
+
+def ratios(result):
+    """(name, measured ratio, goal) rows for ``python -m bench``'s summary."""
+    (_, (mine, _)), (_, (theirs, _)) = result["cpu_per_image"].items()
+    return [("service: trainer CPU per image / in process", theirs / mine, 0.1)]
+
+
+def cpu_report(cpu):
+    """The trainer's CPU per image, each contender, and the ratio; the servers' and the cores each needs for
+    1,000 images/s (CPU seconds per image x 1,000)."""
+    (here, (mine, _)), (there, (theirs, servers)) = cpu.items()
+    return [
+        "| input | trainer CPU per image (this process, every thread) | dispatcher + workers CPU per image |",
+        "|---|---|---|",
+        f"| {here} | {mine * 1000:.3f} ms | |",
+        f"| {there} | {theirs * 1000:.3f} ms | {servers * 1000:.3f} ms |",
+        "",
+        f"trainer CPU per image, service / in process = {theirs / mine:.3f} (goal <= 0.1)",
+        "",
+        f"cores per 1,000 images/s: in process {mine * 1000:.2f} on the trainer's host; through the service "
+        f"{theirs * 1000:.2f} on the trainer's host and {servers * 1000:.2f} on the workers' machines",
+    ]
 
 
 def main(argv=None):

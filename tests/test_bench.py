@@ -32,6 +32,8 @@ def test_every_benchmark_runs_and_writes_results_and_chart(tmp_path):
         "training input / seed, epoch>=2",
         "fed by make_dataset / in memory",
         "writer RSS 4N / N",
+        "service: trainer CPU per image / in process",
+        "| c092a63 |",  # the reader of the commit before the per-shard checks, beside this checkout's
         "steps_per_execution 8 / 1",
         "steps_per_execution 32 / 1",
         "TPU dry run: 1 / 2 replicas, train.fit",  # the smoke run's dry run: 2 replicas, same code as 8

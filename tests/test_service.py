@@ -153,6 +153,8 @@ def test_make_dataset_refuses_what_a_service_cannot_give_in_one_line(shard_dir, 
     folder, (busy, alone, a_worker) = shard_dir[0], lone_servers
     nobody = f"grpc://127.0.0.1:{free_port()}"
     assert tfpipe.make_dataset(folder, 4, training=True, service=busy).element_spec[0].shape == (4, 32, 32, 3)
+    with pytest.warns(UserWarning, match="the seed fixes nothing of this input"):  # the workers augment, unseeded
+        tfpipe.make_dataset(folder, 4, training=True, service=busy, seed=1)
     for kwargs, says in (
         ({"training": False}, "service= serves training batches; evaluation is read here"),
         ({"cache": True}, "cache=True keeps decoded images in this process"),

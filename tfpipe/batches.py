@@ -71,7 +71,8 @@ def training_batches(
     service: str | None = None,
 ) -> tf.data.Dataset:
     """Serialized records -> shuffled, repeated, augmented batches of examples (dicts); with ``service``
-    (``grpc://HOST:PORT``), the per-image work runs on a tf.data service's workers (``tfpipe.data_service.served``)."""
+    (``grpc://HOST:PORT``), every stage up to whole augmented batches runs on a tf.data service's workers
+    (``tfpipe.data_service.served``): this process only receives them."""
     ds = ds.batch(options.parse_batch)
     ds = ds.map(parser.parse, num_parallel_calls=AUTOTUNE, deterministic=deterministic)
     ds = ds.unbatch()
@@ -85,14 +86,27 @@ def training_batches(
     if service is None:
         ds = ds.repeat()
         ds = _augment_images(ds, parser, augment, cached, seed, deterministic)
-    else:  # one epoch decoded on the service's workers, repeated here: each epoch a new job, every record once
-        ds = _augment_images(ds, parser, augment, cached, None, deterministic)
-        ds = served(ds, service)
-        ds = ds.repeat()
-    ds = ds.batch(batch_size, drop_remainder=drop_remainder)  # static shapes for the TPU
-    per_batch = aug_lib.make_batch_augment(augment, parser.image_size)  # pad crop, flip, colour: one XLA op a batch
+        ds = ds.batch(batch_size, drop_remainder=drop_remainder)  # static shapes for the TPU
+        return _augment_batches(ds, parser, augment, seed, deterministic)
+    # One epoch as a job of the workers (each epoch a new job: every record once), whole batches made and augmented
+    # there, so this process does no work per image or per batch: a worker's last batch of an epoch may be short,
+    # and rebatch joins it to the next batches (the whole ones pass as they are).
+    ds = _augment_images(ds, parser, augment, cached, None, deterministic)
+    ds = ds.batch(batch_size)
+    ds = _augment_batches(ds, parser, augment, None, deterministic)
+    ds = served(ds, service)
+    ds = ds.repeat()
+    return ds.rebatch(batch_size, drop_remainder=drop_remainder)  # static shapes for the TPU
+
+
+def _augment_batches(
+    ds: tf.data.Dataset, parser: Parser, augment: aug_lib.Augment, seed: int | None, deterministic: bool
+) -> tf.data.Dataset:
+    """The batch ops of ``augment``: pad crop, flip, colour (one XLA op a batch); MixUp / CutMix pair images
+    within a batch."""
+    per_batch = aug_lib.make_batch_augment(augment, parser.image_size)
     mix = aug_lib.batch_mix(augment)
-    if per_batch is not None or mix is not None:  # batch ops; MixUp / CutMix pair images within a batch
+    if per_batch is not None or mix is not None:
         ds = tf.data.Dataset.zip((ds, tf.data.Dataset.random(seed=None if seed is None else seed + 1).batch(2)))
         ds = ds.map(
             lambda b, s: _augment_batch(b, s, per_batch, mix), num_parallel_calls=AUTOTUNE, deterministic=deterministic

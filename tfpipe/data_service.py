@@ -2,10 +2,12 @@
 servers, ``tfpipe/service.py``).
 
 What ``served`` gives a training pipeline (``tfpipe.batches.training_batches``): the workers run one epoch --
-records parsed, shuffled, decoded and augmented per image -- as a ``distributed_epoch`` job
-(``ShardingPolicy.DYNAMIC``: the dispatcher hands each shard file to one worker), so every record of the epoch
-comes once; the trainer repeats it (each epoch a new job) and makes the batches itself, so every batch is
-whole (static shapes) and the epochs follow each other as in one process.
+records parsed, shuffled, decoded and augmented, batched, the batches augmented -- as a ``distributed_epoch``
+job (``ShardingPolicy.DYNAMIC``: the dispatcher hands each shard file to one worker), so every record of the epoch
+comes once; the trainer repeats it (each epoch a new job) and only ``rebatch``es: whole batches pass as they
+are, a worker's short last batch of an epoch is joined to the next, so every batch is whole (static shapes) and
+the epochs follow each other as in one process. Sent uncompressed: decoded pixels barely compress, and
+decompressing them was a third of the trainer's CPU per image (``bench/service.py``, issue #55).
 
 Every worker the dispatcher lists must answer this machine before training starts (``check_service``: a worker
 registered under an address the trainer cannot dial would be waited for forever). A worker that dies mid-epoch:
@@ -34,7 +36,6 @@ if TYPE_CHECKING:
     import tensorflow as tf
 
 COMMAND = "tfpipe.service"  # the command that starts a dispatcher or worker, named in the lines here
-GROUP = 32  # images a message from a worker: one gRPC round trip per group, not per image
 GET_WORKERS = "/tensorflow.data.DispatcherService/GetWorkers"  # TensorFlow's dispatcher.proto
 WORKER_TASKS = "/tensorflow.data.WorkerService/GetWorkerTasks"  # TensorFlow's worker.proto: what any worker answers
 GONE_SECONDS = 120.0  # a worker silent this long while no training step ends: the trainer stops waiting for it
@@ -42,13 +43,12 @@ POLL_SECONDS = 10.0
 
 
 def served(ds: tf.data.Dataset, service: str) -> tf.data.Dataset:
-    """``ds`` (one epoch of examples) run on the service's workers, each shard file by one of them; examples
-    again here. The groups a worker sends may be partial (its last files'): unbatched here, nothing is lost."""
+    """``ds`` (one epoch, in batches) run on the service's workers, each shard file by one of them; the same
+    elements here, sent uncompressed (one gRPC message a batch)."""
     tf_ = require("tensorflow")
     dynamic = tf_.data.experimental.service.ShardingPolicy.DYNAMIC
-    ds = ds.batch(GROUP)
-    ds = ds.apply(tf_.data.experimental.service.distribute(processing_mode=dynamic, service=service))
-    return ds.unbatch()
+    served_ = tf_.data.experimental.service.distribute(processing_mode=dynamic, service=service, compression=None)
+    return ds.apply(served_)
 
 
 def check_service(

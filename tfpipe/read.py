@@ -10,6 +10,7 @@ the model (normalising there moves 4x fewer bytes to the accelerator).
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Literal
 
@@ -115,10 +116,10 @@ def make_dataset(
         still count every real record exactly once.
       options: ``ReadOptions`` (read-ahead, interleave width, parse batch, shuffle buffer, cache budget).
       service: training only: ``grpc://HOST:PORT`` of a tf.data service dispatcher (``python -m
-        tfpipe.service``); its workers read, decode and augment each image, this process makes the batches.
-        Every record comes once an epoch (all but those a dying worker held); the order is the workers' race, so
-        ``seed`` then fixes only the batch-level augmentation (``deterministic=True`` is refused); nothing is
-        cached here.
+        tfpipe.service``); its workers read, decode, augment and batch, and augment the batches; this process
+        receives whole batches. Every record comes once an epoch (all but those a dying worker held); the order
+        is the workers' race and each epoch is a new job, so ``seed`` fixes nothing of this input (said in a
+        warning; ``deterministic=True`` is refused); nothing is cached here.
 
     Returns:
       A dataset of ``(images uint8 [B, S, S, 3], targets)`` (plus ``weights`` with
@@ -131,6 +132,8 @@ def make_dataset(
             "service= with several input pipelines (hosts) is not supported: each would run its own job, and "
             "records shared between pipelines would be kept by each worker's stream; one host consumes a service"
         )
+    if service is not None and seed is not None:
+        warnings.warn(SEED_SERVED, stacklevel=2)
     shards = open_shards(records, folds)
     if service is not None:  # the workers open the files: a relative path would be resolved in their own folders
         shards = shards.absolute()
@@ -157,6 +160,12 @@ def make_dataset(
             ds = pad_to_replicas(ds, batch_size, shards, input_context)
     ds = as_tuples(ds, weights=pad_batches and not training, ids=with_ids)
     return ds.prefetch(AUTOTUNE)  # last: overlap the input pipeline with the training step
+
+
+SEED_SERVED = (
+    "seed= with service=: the workers' order and augmentation are not seeded (each epoch is a new job, and a seed "
+    "would replay the first epoch's); the seed fixes nothing of this input"
+)
 
 
 def _check_modes(
