@@ -1,5 +1,5 @@
 """Reader figures: make_dataset vs the decode limit and vs the seed notebook's parser, and against the reader of
-the commit before the per-shard checks (``--against``).
+the commit before the per-shard checks (``BEFORE_CHECKS``).
 
     python -m bench.reader --corpus bench/out/corpus
 
@@ -263,7 +263,12 @@ def main(argv=None):
     p.add_argument("--json", help="also write the raw figures here")
     args = p.parse_args(argv)
     if args.passes_only:
-        print(json.dumps(single_passes(args.passes_only, args.reps, full=False)[1]))
+        from tfpipe.errors import TfpipeError
+
+        try:
+            print(json.dumps(single_passes(args.passes_only, args.reps, full=False)[1]))
+        except TfpipeError as e:
+            raise SystemExit(f"bench.reader: {e}") from None
         return
     if not args.corpus:
         p.error("--corpus is required")

@@ -52,6 +52,8 @@ def test_last_partial_batch_is_kept_unless_dropped(shards):
     out = shards[0]
     assert [int(x.shape[0]) for x, _ in read.make_dataset(out, 16)] == [16, 16, 8]
     assert [int(x.shape[0]) for x, _ in read.make_dataset(out, 16, drop_remainder=True)] == [16, 16]
+    default_buffer = read.ReadOptions(read_buffer=None)  # TensorFlow's own read-ahead, as before issue #55
+    assert [int(x.shape[0]) for x, _ in read.make_dataset(out, 16, options=default_buffer)] == [16, 16, 8]
 
 
 def test_image_names_companion_matches_batches(shards):

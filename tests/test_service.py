@@ -12,6 +12,7 @@ import tempfile
 import time
 
 import pytest
+import tensorflow as tf
 
 import tfpipe
 from tests.conftest import dies_with_this_process
@@ -153,8 +154,15 @@ def test_make_dataset_refuses_what_a_service_cannot_give_in_one_line(shard_dir, 
     folder, (busy, alone, a_worker) = shard_dir[0], lone_servers
     nobody = f"grpc://127.0.0.1:{free_port()}"
     assert tfpipe.make_dataset(folder, 4, training=True, service=busy).element_spec[0].shape == (4, 32, 32, 3)
-    with pytest.warns(UserWarning, match="the seed fixes nothing of this input"):  # the workers augment, unseeded
+    with pytest.warns(UserWarning, match="the seed fixes nothing of this input") as said:  # the workers augment
         tfpipe.make_dataset(folder, 4, training=True, service=busy, seed=1)
+    assert said[0].filename == __file__  # the caller's line, not tfpipe's
+    in_memory = "ram://served-" + os.path.basename(folder)
+    for name in tf.io.gfile.listdir(folder):
+        tf.io.gfile.makedirs(in_memory)
+        tf.io.gfile.copy(os.path.join(folder, name), f"{in_memory}/{name}")
+    with pytest.raises(TfpipeError, match="in this process's memory .ram://., which the service's workers cannot"):
+        tfpipe.make_dataset(in_memory, 4, training=True, service=busy)
     for kwargs, says in (
         ({"training": False}, "service= serves training batches; evaluation is read here"),
         ({"cache": True}, "cache=True keeps decoded images in this process"),

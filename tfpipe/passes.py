@@ -90,7 +90,7 @@ def shard_reader(shards: Shards, options: ReadOptions) -> Callable[[tf.Tensor, t
       records) checks once more after a sequential pass's last record;
     - as the file ends, it held exactly the records its manifest entry (or name) counts: a shard cut short or
       grown while the job ran (a copy in place, a file still being written) is an error, never a pass that
-      quietly reads fewer or more records (``assert_cardinality``: one counter, no extra stage per record).
+      quietly reads fewer or more records (``assert_cardinality``: one counting stage, no copy).
 
     ``naming_corrupt_shards`` makes either failure a ``TfpipeError`` naming the folder or the shard and both
     counts, as ``RecordDataset``'s passes do. Files without a folder's manifest are not checked for identity,
@@ -114,13 +114,17 @@ def shard_reader(shards: Shards, options: ReadOptions) -> Callable[[tf.Tensor, t
     return read
 
 
-def _records_of(name: tf.Tensor, read_buffer: int) -> tf.data.Dataset:
+TF_READ_BUFFER = 256 * 1024  # tf.data.TFRecordDataset's read-ahead when buffer_size is None
+
+
+def _records_of(name: tf.Tensor, read_buffer: int | None) -> tf.data.Dataset:
     """The records of file ``name``; none, opening nothing, for ``END_OF_PASS``. One dataset stage: TensorFlow's
     reader op itself, over a vector of zero or one file names. ``tf.data.TFRecordDataset(name)`` would wrap the
     file in a ``flat_map`` of its own (and ``END_OF_PASS`` needed a ``take``): two more stages every record passes,
-    a quarter of a bare read's time (issue #55's profile)."""
+    a quarter of a bare read's time (issue #55's profile). ``read_buffer`` None: TensorFlow's default."""
     names = tf.reshape(name, [1])[: tf.cast(tf.not_equal(name, END_OF_PASS), tf.int32)]
-    variant = tf.raw_ops.TFRecordDataset(filenames=names, compression_type="", buffer_size=read_buffer)
+    buffer = TF_READ_BUFFER if read_buffer is None else read_buffer
+    variant = tf.raw_ops.TFRecordDataset(filenames=names, compression_type="", buffer_size=buffer)
     return tf.data.experimental.from_variant(variant, tf.TensorSpec([], tf.string))
 
 

@@ -133,10 +133,11 @@ def make_dataset(
             "records shared between pipelines would be kept by each worker's stream; one host consumes a service"
         )
     if service is not None and seed is not None:
-        warnings.warn(SEED_SERVED, stacklevel=2)
+        warnings.warn(SEED_SERVED, stacklevel=3)  # the caller's line, past removed_arguments' wrapper
     shards = open_shards(records, folds)
     if service is not None:  # the workers open the files: a relative path would be resolved in their own folders
         shards = shards.absolute()
+        _check_served_files(shards)
     if training and not shards.labeled:
         raise TfpipeError(f"{records}: written unlabeled ({MANIFEST}: labeled false); training needs labels")
     parser = Parser.for_shards(
@@ -160,6 +161,16 @@ def make_dataset(
             ds = pad_to_replicas(ds, batch_size, shards, input_context)
     ds = as_tuples(ds, weights=pad_batches and not training, ids=with_ids)
     return ds.prefetch(AUTOTUNE)  # last: overlap the input pipeline with the training step
+
+
+def _check_served_files(shards: Shards) -> None:
+    """Refuses files the service's workers cannot open: ``ram://`` is this process's memory."""
+    here = [f for f in shards.files if f.startswith("ram://")]
+    if here:
+        raise TfpipeError(
+            f"{here[0]}: in this process's memory (ram://), which the service's workers cannot read; give them "
+            "shards on a disk or bucket they reach"
+        )
 
 
 SEED_SERVED = (

@@ -95,7 +95,7 @@ def build_datasets(
             training=True,
             folds=train_folds,
             augment=cfg.augment,
-            seed=cfg.seed,
+            seed=cfg.seed if cfg.data_service is None else None,  # the workers' input is never seeded (guide)
             input_context=ctx,
             service=cfg.data_service,
             **common,
