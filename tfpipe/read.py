@@ -134,6 +134,7 @@ def make_dataset(
         )
     if service is not None and seed is not None:
         warnings.warn(SEED_SERVED, stacklevel=3)  # the caller's line, past removed_arguments' wrapper
+        seed = None  # the workers' input is never seeded (each epoch a new job)
     shards = open_shards(records, folds)
     if service is not None:  # the workers open the files: a relative path would be resolved in their own folders
         shards = shards.absolute()
@@ -144,12 +145,9 @@ def make_dataset(
         shards, image_size=image_size, num_classes=num_classes, label_mode=label_mode, records=records
     )
     cached = service is None and use_cache(cache, shards, parser.image_size, options.cache_budget)
-    deterministic = deterministic if deterministic is not None else seed is not None and service is None
-    if training:  # a service's workers run each epoch as a new job: a seeded file order would repeat every epoch
-        files_seed = seed if service is None else None
-        ds = read_shuffled(
-            shards, seed=files_seed, deterministic=deterministic, input_context=input_context, options=options
-        )
+    deterministic = deterministic if deterministic is not None else seed is not None
+    if training:
+        ds = read_shuffled(shards, seed=seed, deterministic=deterministic, input_context=input_context, options=options)
         ds = training_batches(
             ds, parser, batch_size, augment=augment or aug_lib.Augment(), cached=cached, seed=seed,
             deterministic=deterministic, drop_remainder=drop_remainder is not False, options=options, service=service,
