@@ -56,7 +56,7 @@ from tfpipe.errors import (
     os_error_line,
     run_cli,
 )
-from tfpipe.lifecycle import die_with_parent, loader_dies_with_this_process
+from tfpipe.lifecycle import dead_worker_line, die_with_parent, loader_dies_with_this_process
 from tfpipe.net import free_port
 from tfpipe.ranks import LOST_A_RANK, check_same_start, refuse_to_the_others, spawn_ranks
 from tfpipe.shards import open_shards
@@ -277,12 +277,15 @@ def train_rank(rank: int, args: argparse.Namespace, config: RunConfig, supervise
         message = str(e).strip().splitlines()[-1].removeprefix("tfpipe.errors.TfpipeError: ")
         print(f"{PROG}: error: {message}", file=sys.stderr, flush=True)
         sys.exit(2)
-    except OSError as e:  # a full disk, an unwritable --out: the machine's, not a bug
-        print(f"{PROG}: error: {os_error_line(e)}", file=sys.stderr, flush=True)
-        sys.exit(2)
-    except RuntimeError as e:  # gloo's: another rank died (killed, out of memory) mid-collective
-        if "gloo" not in str(e):
-            raise
+    except Exception as e:  # one of this rank's DataLoader workers died; a full disk, an unwritable --out
+        worker = dead_worker_line(e)
+        line = f"rank {rank}: {worker}" if worker else os_error_line(e) if isinstance(e, OSError) else None
+        if line:
+            print(f"{PROG}: error: {line}", file=sys.stderr, flush=True)
+            sys.exit(2)
+        if not (isinstance(e, RuntimeError) and "gloo" in str(e)):
+            raise  # a bug: its traceback
+        # gloo's: another rank died (killed, out of memory) mid-collective
         if supervised:
             sys.exit(LOST_A_RANK)
         first = str(e).strip().splitlines()[0]

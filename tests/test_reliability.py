@@ -56,8 +56,9 @@ def alive(pid):
         return False
 
 
-def start_and_interrupt(args, out, sig):
-    """Starts a 1-worker write, waits until 2 shards are finished, sends ``sig``; returns (process, workers)."""
+def start_and_interrupt(args, out, sig, to_the_worker=False):
+    """Starts a 1-worker write, waits until 2 shards are finished, sends ``sig`` (to its DataLoader worker with
+    ``to_the_worker``); returns (process, workers)."""
     sigint_as_a_terminal_sends_it()  # else, in a CI run started in the background, the write finishes (exit 0)
     proc = subprocess.Popen(
         [sys.executable, "-m", "tfpipe.write", *args, "--out", out, "--workers", "1", "--no-progress"],
@@ -75,7 +76,7 @@ def start_and_interrupt(args, out, sig):
         workers = workers or children(proc.pid)
         time.sleep(0.005)
     workers = workers or children(proc.pid)
-    proc.send_signal(sig)
+    os.kill(workers[0], sig) if to_the_worker else proc.send_signal(sig)
     proc.wait(60)
     return proc, workers
 
@@ -88,13 +89,20 @@ def assert_identical(out, reference):
 
 
 @pytest.mark.slow
-def test_ctrl_c_stops_cleanly_and_resume_gives_identical_shards(slow_source, tmp_path):
+@pytest.mark.parametrize("how", ["ctrl-c", "its-worker-killed"])
+def test_ctrl_c_stops_cleanly_and_resume_gives_identical_shards(how, slow_source, tmp_path):
+    """Ctrl-C, or its DataLoader worker killed (the out-of-memory killer's SIGKILL): one line saying what is kept
+    and how to go on, no traceback."""
     args, reference = slow_source
     out = str(tmp_path / "out")
-    proc, workers = start_and_interrupt(args, out, signal.SIGINT)
+    killed = how == "its-worker-killed"
+    proc, workers = start_and_interrupt(args, out, signal.SIGKILL if killed else signal.SIGINT, to_the_worker=killed)
     err = proc.stderr.read()
-    assert proc.returncode == 130, err
-    assert "Traceback" not in err and err.strip().splitlines()[-1].startswith("tfpipe.write: interrupted: ")
+    first = f"tfpipe.write: error: DataLoader worker (pid {workers[0]}) is killed by signal: Killed; "
+    assert proc.returncode == (2 if killed else 130), err
+    assert "Traceback" not in err and err.strip().splitlines()[-1].startswith(
+        first if killed else "tfpipe.write: interrupted: "
+    ), err
     assert "shards were finished" in err and "--resume" in err
     assert not glob.glob(os.path.join(out, "*.tfrec")) and not os.path.exists(os.path.join(out, "manifest.json"))
     assert workers and not any(alive(w) for w in workers)  # no orphan DataLoader workers

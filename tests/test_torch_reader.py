@@ -4,6 +4,7 @@ import collections
 import glob
 import itertools
 import os
+import signal
 
 import numpy as np
 import pytest
@@ -14,6 +15,7 @@ import tfpipe
 import tfpipe.read
 from tfpipe import schema
 from tfpipe.errors import TfpipeError
+from tfpipe.lifecycle import dead_worker_line
 from tfpipe.shards import open_shards
 from tfpipe.tfrecord import CorruptRecord, count_records, read_records
 from tfpipe.torch import RecordDataset, deal, worker_range
@@ -227,6 +229,37 @@ def test_a_worker_whose_reader_is_stopped_prints_no_traceback(init):
     done = subprocess.run([sys.executable, "-c", BROKEN_SHARER, init], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "1", done.stderr
     assert ("Traceback" in done.stderr) == (init == "none"), done.stderr
+
+
+def test_a_worker_killed_as_it_hands_over_a_batch_is_named_and_a_live_one_is_not():
+    """A DataLoader worker killed while it hands over a batch cuts the connection first: its reader gets an
+    EOFError (or a ConnectionResetError), not torch's "is killed by signal" (twice in CI, the Lightning recipe's
+    line then the error's traceback). ``dead_worker_line`` names the worker from the loader in the error's
+    traceback; the same error while the worker lives is not a death, and keeps its traceback."""
+    loader = torch.utils.data.DataLoader(range(8), batch_size=2, num_workers=1, multiprocessing_context="spawn")
+    batches = iter(loader)
+    next(batches)
+
+    def cut(timeout=None):
+        raise EOFError  # what the reader of a connection cut by the worker's death raises
+
+    batches._data_queue.get = cut
+    with pytest.raises(EOFError) as caught:
+        next(batches)
+    assert dead_worker_line(caught.value) is None
+    worker = batches._workers[0]
+    # torch's SIGCHLD handler would raise its own error in this thread: held until the loader is shut down
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
+    try:
+        os.kill(worker.pid, signal.SIGKILL)
+        worker.join(30)
+        assert dead_worker_line(caught.value) == f"DataLoader worker (pid {worker.pid}) is killed by signal: Killed"
+        batches._shutdown_workers()
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
+    told = RuntimeError("DataLoader worker (pid(s) 7) exited unexpectedly")
+    told.__cause__ = RuntimeError("DataLoader worker (pid 7) is killed by signal: Killed. ")
+    assert dead_worker_line(told) == "DataLoader worker (pid 7) is killed by signal: Killed"  # torch's own words
 
 
 @pytest.mark.slow

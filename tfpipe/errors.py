@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NoReturn
 
 from tfpipe.lifecycle import Terminated as Terminated  # its old home
-from tfpipe.lifecycle import ending, stopping_on_signals
+from tfpipe.lifecycle import dead_worker_line, ending, stopping_on_signals
 
 _COMMAND: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "tfpipe_command", default=None
@@ -186,8 +186,9 @@ def run_cli(prog: str, fn: Callable[..., object], *args: object) -> int:
     """Runs ``fn(*args)`` for an entry point and returns its exit code.
 
     TensorFlow's start-up lines are held back meanwhile (``tfpipe.console``). A ``TfpipeError`` becomes
-    ``prog: error: message`` on stderr and exit code 2, and so does an ``OSError``
-    (a full disk, an unreadable file: the machine's problem, not a bug; ``os_error_line`` names the file);
+    ``prog: error: message`` on stderr and exit code 2; so do an ``OSError`` (a full disk, an unreadable file:
+    the machine's problem, not a bug; ``os_error_line`` names the file) and the death of a DataLoader worker
+    (the out-of-memory killer's, say: ``tfpipe.lifecycle.dead_worker_line``);
     Ctrl-C becomes exit code 130 and SIGTERM 143, each with its line (``tfpipe.lifecycle``'s table, installed
     here for every command; a command that stops at a safe point says where). Anything else
     is a bug and keeps its traceback. ``fn`` may return the exit code of a report it printed
@@ -205,11 +206,14 @@ def run_cli(prog: str, fn: Callable[..., object], *args: object) -> int:
     except TfpipeError as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
-    except OSError as e:
-        print(f"{prog}: error: {os_error_line(e)}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt as e:  # Ctrl-C, or a Terminated (SIGTERM)
         code, words = ending(e)
         print(f"{prog}: {words}", file=sys.stderr)
         return code
+    except Exception as e:  # a DataLoader worker that died (out of memory, killed) or an OSError; else a bug
+        line = dead_worker_line(e) or (os_error_line(e) if isinstance(e, OSError) else None)
+        if line is None:
+            raise
+        print(f"{prog}: error: {line}", file=sys.stderr)
+        return 2
     return code if isinstance(code, int) else 0

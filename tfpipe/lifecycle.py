@@ -11,7 +11,8 @@
 - **Ending at once** (``exit_now``) with what was written passed on, from any thread.
 - **Children that die with their parent** (principle 4 of docs/project/reliability.md): a DataLoader worker, a
   pool worker, a subprocess (``die_with_parent`` and its makers), and the launcher side, ranks stopped when their
-  launcher leaves (``stop_processes``).
+  launcher leaves (``stop_processes``); a DataLoader worker that died is one line in the process it served
+  (``dead_worker_line``), not the traceback of the error its death caused there.
 
 No TensorFlow here: every command, the PyTorch ones too, uses it.
 """
@@ -22,6 +23,7 @@ import contextlib
 import functools
 import multiprocessing
 import os
+import re
 import signal
 import sys
 import threading
@@ -270,3 +272,50 @@ def _without_a_broken_sharer(
     broken = issubclass(kind, (ConnectionResetError, BrokenPipeError))
     if not (broken and any(f.endswith("resource_sharer.py") for f in frames)):
         previous(kind, error, tb)
+
+
+WORKER_DIED = re.compile(r"DataLoader worker \(pids?(?:\(s\))? ([\d, ]+)\) (is killed by signal: [^.\n]+|[^\n]+)")
+
+
+def dead_worker_line(error: BaseException) -> str | None:
+    """What a DataLoader worker's death (the kernel's out-of-memory killer, a ``kill -9``) looks like in the error
+    it caused in the process reading from it, in one line -- None when no worker died. torch's own
+    ("DataLoader worker (pid N) is killed by signal: Killed") is in the error or one it was raised from; a worker
+    killed while it handed over a batch's shared memory shows instead as the connection to it breaking (an
+    ``EOFError``, a ``ConnectionResetError``), and the loader's iterator in the traceback names the worker."""
+    chain: list[BaseException] = []
+    while error is not None and error not in chain:  # the error, then what it was raised from
+        chain.append(error)
+        error = error.__cause__ or error.__context__  # type: ignore[assignment]
+    said = [m for e in chain for m in WORKER_DIED.finditer(str(e))]
+    if said:  # the most precise: a signal's name before "exited unexpectedly"
+        best = min(said, key=lambda m: not m.group(2).startswith("is killed"))
+        return f"DataLoader worker (pid {best.group(1)}) {best.group(2).strip()}"
+    for e in chain:
+        for worker in _loader_workers(e.__traceback__):
+            code = _exit_code(worker)
+            if code:
+                how = f"is killed by signal: {signal.strsignal(-code)}" if code < 0 else f"exited with code {code}"
+                return f"DataLoader worker (pid {worker.pid}) {how}"
+    return None
+
+
+def _loader_workers(tb: TracebackType | None) -> list[Any]:
+    """The worker processes of the DataLoader iterators (torch's ``_workers``) that frames of ``tb`` belong to."""
+    workers: list[Any] = []
+    while tb is not None:
+        owner = tb.tb_frame.f_locals.get("self")
+        found = getattr(owner, "_workers", None)
+        if isinstance(found, list) and "torch" in type(owner).__module__:
+            workers += [w for w in found if w not in workers and hasattr(w, "exitcode")]
+        tb = tb.tb_next
+    return workers
+
+
+def _exit_code(worker: Any) -> int | None:
+    """A worker process's exit code (negative: the signal's number), None while it runs or where it is unknown."""
+    try:
+        worker.join(timeout=0.2)  # a worker killed mid-handover closed its end a moment before it ended
+        return worker.exitcode
+    except (AssertionError, ValueError):  # not this process's child, or closed already
+        return None

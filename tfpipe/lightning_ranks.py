@@ -31,7 +31,7 @@ import pytorch_lightning as pl
 from lightning_fabric.strategies.launchers.subprocess_script import _ChildProcessObserver
 from pytorch_lightning.strategies.launchers import subprocess_script as lightning_launcher
 
-from tfpipe.lifecycle import STOPS, die_with_parent, exit_now
+from tfpipe.lifecycle import STOPS, dead_worker_line, die_with_parent, exit_now
 from tfpipe.ranks import check_same_start
 
 SIGTERM_CODE = STOPS[signal.SIGTERM][0]  # 143
@@ -209,14 +209,13 @@ def one_line_when_a_process_dies(trainer: pl.Trainer, watch: RankWatch) -> Itera
         if not trainer.is_global_zero:
             raise SystemExit(130) from None  # rank 0 says it
         raise KeyboardInterrupt from None
-    except RuntimeError as e:
+    except Exception as e:
         if trainer.received_sigterm:  # a rank that the SIGTERM stopped mid-start (gloo, a worker): told to stop
             terminated(trainer, watch.prog)
-        text = str(e)
-        last = [line for line in text.splitlines() if line.strip()][-1:] or [""]
-        if "DataLoader worker" in text:
-            say(watch.prog, f"rank {trainer.global_rank}: {last[0].strip()}")
-        elif not any(words in text for words in PEER_GONE):
+        worker = dead_worker_line(e)  # torch's RuntimeError, or a connection to the worker broken as it died
+        if worker:
+            say(watch.prog, f"rank {trainer.global_rank}: {worker}")
+        elif not (isinstance(e, RuntimeError) and any(words in str(e) for words in PEER_GONE)):
             raise  # a bug: its traceback
         elif trainer.is_global_zero:
             dead = watch.first_dead or first_dead_rank(getattr(trainer.strategy.launcher, "procs", []))

@@ -26,7 +26,7 @@ from tfpipe.encode import encode_item
 from tfpipe.errors import TfpipeError, option
 from tfpipe.images import ImageSpec
 from tfpipe.job import Job
-from tfpipe.lifecycle import loader_dies_with_this_process, with_detail
+from tfpipe.lifecycle import dead_worker_line, loader_dies_with_this_process, with_detail
 from tfpipe.sources import Item
 from tfpipe.staging import StagedShards
 
@@ -267,11 +267,19 @@ def _write_local(
     try:
         return _write_records(batches, staged, job, settings.on_bad_image, bar)
     except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM
-        raise with_detail(
-            e,
-            f"{len(staged.finished)} of {len(job.shard_plan)} shards were finished and "
-            f"are kept in {out}/.staging; continue with {option('resume', True)}",
-        ) from None
+        raise with_detail(e, _kept(staged, job, out)) from None
+    except Exception as e:  # a worker that died (the out-of-memory killer's SIGKILL): what is kept, too
+        line = dead_worker_line(e)
+        if line is None:
+            raise
+        raise TfpipeError(f"{line}; {_kept(staged, job, out)}") from None
+
+
+def _kept(staged: StagedShards, job: Job, out: str) -> str:
+    return (
+        f"{len(staged.finished)} of {len(job.shard_plan)} shards were finished and are kept in {out}/.staging; "
+        f"continue with {option('resume', True)}"
+    )
 
 
 def _write_records(
