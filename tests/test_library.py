@@ -254,6 +254,17 @@ def test_a_missing_run_or_shard_folder_is_answered_before_tensorflow_starts(comm
     assert done.stderr.strip().splitlines() == [f"{command}: error: " + error.format(**fill)]
 
 
+def test_a_python_warning_under_a_command_is_one_line_and_pythons_own_way_after(capsys):
+    import warnings
+
+    from tfpipe.errors import run_cli
+
+    before = warnings.showwarning
+    assert run_cli("tfpipe.x", lambda: warnings.warn("the seed fixes nothing of this input", stacklevel=1)) == 0
+    assert capsys.readouterr().err == "tfpipe.x: warning: the seed fixes nothing of this input\n"
+    assert warnings.showwarning is before
+
+
 def test_the_stderr_filter_passes_progress_bars_and_drops_whole_noise_lines():
     import threading
 

@@ -10,8 +10,9 @@ import math
 import numbers
 import os
 import sys
+import warnings
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TextIO
 
 from tfpipe.lifecycle import Terminated as Terminated  # its old home
 from tfpipe.lifecycle import dead_worker_line, ending, stopping_on_signals
@@ -182,10 +183,32 @@ def as_command(prog: str) -> Iterator[None]:
         _COMMAND.reset(token)
 
 
+@contextlib.contextmanager
+def warnings_as_lines(prog: str) -> Iterator[None]:
+    """Within the block, a Python warning is one line, ``prog: warning: message``, as the command's own warnings
+    are -- not Python's file, line number and source line, which speak to a programmer, not to the command's user.
+    Python's own way is back after the block (a library call in a notebook is not a command)."""
+
+    def one_line(
+        message: Warning | str,
+        category: type[Warning],
+        filename: str,
+        lineno: int,
+        file: TextIO | None = None,
+        line: str | None = None,
+    ) -> None:
+        print(f"{prog}: warning: {message}", file=sys.stderr, flush=True)
+
+    with warnings.catch_warnings():  # puts ``showwarning`` back, and the filters a command may add
+        warnings.showwarning = one_line
+        yield
+
+
 def run_cli(prog: str, fn: Callable[..., object], *args: object) -> int:
     """Runs ``fn(*args)`` for an entry point and returns its exit code.
 
-    TensorFlow's start-up lines are held back meanwhile (``tfpipe.console``). A ``TfpipeError`` becomes
+    TensorFlow's start-up lines are held back meanwhile (``tfpipe.console``), and a Python warning is one line
+    (``warnings_as_lines``). A ``TfpipeError`` becomes
     ``prog: error: message`` on stderr and exit code 2; so do an ``OSError`` (a full disk, an unreadable file:
     the machine's problem, not a bug; ``os_error_line`` names the file) and the death of a DataLoader worker
     (the out-of-memory killer's, say: ``tfpipe.lifecycle.dead_worker_line``);
@@ -201,7 +224,7 @@ def run_cli(prog: str, fn: Callable[..., object], *args: object) -> int:
             setattr(sys, name, open(os.devnull, "w"))  # noqa: SIM115 -- the command's own stream, for its life
     try:
         # TensorFlow's start-up lines held back (TFPIPE_VERBOSE=1); SIGTERM ends the command as Ctrl-C does
-        with as_command(prog), quiet_tensorflow(), stopping_on_signals():
+        with as_command(prog), warnings_as_lines(prog), quiet_tensorflow(), stopping_on_signals():
             code = fn(*args)
     except TfpipeError as e:
         print(f"{prog}: error: {e}", file=sys.stderr)

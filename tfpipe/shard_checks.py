@@ -28,7 +28,7 @@ def check_first_records(files: Iterable[str]) -> None:
             raw = next(read_records(path), None)
         except CorruptRecord as e:  # at byte 0: not TFRecord framing at all (a CSV, an image, a text file)
             return (
-                f"{path}: not a TFRecord file ({str(e).removeprefix(f'{path}: ')})"
+                f"{path}: not a TFRecord file ({str(e).removeprefix(f'{path}: ')}){compressed(path)}"
                 if " at byte 0" in str(e)
                 else str(e)
             )
@@ -47,6 +47,19 @@ def check_first_records(files: Iterable[str]) -> None:
         return None
 
     raise_first_problem(problem, files)
+
+
+COMPRESSED = {b"\x1f\x8b": "GZIP", b"\x78\x01": "ZLIB", b"\x78\x5e": "ZLIB", b"\x78\x9c": "ZLIB", b"\x78\xda": "ZLIB"}
+
+
+def compressed(path: str) -> str:
+    """What to add to "not a TFRecord file" for a file that starts as a compressed stream does (TFRecords written
+    with ``compression_type="GZIP"`` or ``"ZLIB"``: tfpipe reads and writes them uncompressed); else ""."""
+    with fs.open(path, "rb") as f:
+        kind = COMPRESSED.get(f.read(2))
+    return (
+        f"; it reads as {kind}-compressed: tfpipe reads uncompressed TFRecords -- decompress it first" if kind else ""
+    )
 
 
 def raise_first_problem(problem: Callable[[str], str | None], files: Iterable[str]) -> None:
