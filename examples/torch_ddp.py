@@ -56,7 +56,7 @@ from tfpipe.errors import (
     os_error_line,
     run_cli,
 )
-from tfpipe.lifecycle import dead_worker_line, die_with_parent, loader_dies_with_this_process
+from tfpipe.lifecycle import dead_worker_line, die_with_parent, loader_dies_with_this_process, stop_behind
 from tfpipe.net import free_port
 from tfpipe.ranks import LOST_A_RANK, check_same_start, refuse_to_the_others, spawn_ranks
 from tfpipe.shards import open_shards
@@ -278,6 +278,9 @@ def train_rank(rank: int, args: argparse.Namespace, config: RunConfig, supervise
         print(f"{PROG}: error: {message}", file=sys.stderr, flush=True)
         sys.exit(2)
     except Exception as e:  # one of this rank's DataLoader workers died; a full disk, an unwritable --out
+        stop = stop_behind(e)  # Ctrl-C or SIGTERM to the process group ends the workers too: the stop is the news
+        if stop is not None:
+            raise stop from None
         worker = dead_worker_line(e)
         line = f"rank {rank}: {worker}" if worker else os_error_line(e) if isinstance(e, OSError) else None
         if line:

@@ -56,9 +56,9 @@ def alive(pid):
         return False
 
 
-def start_and_interrupt(args, out, sig, to_the_worker=False):
-    """Starts a 1-worker write, waits until 2 shards are finished, sends ``sig`` (to its DataLoader worker with
-    ``to_the_worker``); returns (process, workers)."""
+def start_and_interrupt(args, out, sig, to="process"):
+    """Starts a 1-worker write, waits until 2 shards are finished, sends ``sig`` to the ``process``, its DataLoader
+    ``worker`` or its process ``group`` (as ``timeout`` and schedulers do); returns (process, workers)."""
     sigint_as_a_terminal_sends_it()  # else, in a CI run started in the background, the write finishes (exit 0)
     proc = subprocess.Popen(
         [sys.executable, "-m", "tfpipe.write", *args, "--out", out, "--workers", "1", "--no-progress"],
@@ -67,6 +67,7 @@ def start_and_interrupt(args, out, sig, to_the_worker=False):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        start_new_session=to == "group",
     )
     deadline = time.time() + 120
     workers = []
@@ -76,7 +77,11 @@ def start_and_interrupt(args, out, sig, to_the_worker=False):
         workers = workers or children(proc.pid)
         time.sleep(0.005)
     workers = workers or children(proc.pid)
-    os.kill(workers[0], sig) if to_the_worker else proc.send_signal(sig)
+    {
+        "process": proc.send_signal,
+        "worker": lambda s: os.kill(workers[0], s),
+        "group": lambda s: os.killpg(proc.pid, s),
+    }[to](sig)
     proc.wait(60)
     return proc, workers
 
@@ -89,20 +94,26 @@ def assert_identical(out, reference):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("how", ["ctrl-c", "its-worker-killed"])
-def test_ctrl_c_stops_cleanly_and_resume_gives_identical_shards(how, slow_source, tmp_path):
-    """Ctrl-C, or its DataLoader worker killed (the out-of-memory killer's SIGKILL): one line saying what is kept
-    and how to go on, no traceback."""
+@pytest.mark.parametrize(
+    "sig, to, code, line",
+    [
+        (signal.SIGINT, "process", 130, "tfpipe.write: interrupted: "),
+        # the out-of-memory killer's way
+        (signal.SIGKILL, "worker", 2, "tfpipe.write: error: DataLoader worker (pid {worker}) is killed by signal: "),
+        # timeout, kill -- -PGID, a scheduler: the workers end too, and the stop is the news
+        (signal.SIGTERM, "group", 143, "tfpipe.write: terminated (SIGTERM): "),
+    ],
+    ids=["ctrl-c", "its-worker-killed", "sigterm-to-its-group"],
+)
+def test_ctrl_c_stops_cleanly_and_resume_gives_identical_shards(sig, to, code, line, slow_source, tmp_path):
+    """Ctrl-C, its DataLoader worker killed, or SIGTERM to the whole group: one line saying what is kept and how
+    to go on, no traceback."""
     args, reference = slow_source
     out = str(tmp_path / "out")
-    killed = how == "its-worker-killed"
-    proc, workers = start_and_interrupt(args, out, signal.SIGKILL if killed else signal.SIGINT, to_the_worker=killed)
+    proc, workers = start_and_interrupt(args, out, sig, to=to)
     err = proc.stderr.read()
-    first = f"tfpipe.write: error: DataLoader worker (pid {workers[0]}) is killed by signal: Killed; "
-    assert proc.returncode == (2 if killed else 130), err
-    assert "Traceback" not in err and err.strip().splitlines()[-1].startswith(
-        first if killed else "tfpipe.write: interrupted: "
-    ), err
+    assert proc.returncode == code, err
+    assert "Traceback" not in err and err.strip().splitlines()[-1].startswith(line.format(worker=workers[0])), err
     assert "shards were finished" in err and "--resume" in err
     assert not glob.glob(os.path.join(out, "*.tfrec")) and not os.path.exists(os.path.join(out, "manifest.json"))
     assert workers and not any(alive(w) for w in workers)  # no orphan DataLoader workers

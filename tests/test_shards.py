@@ -109,7 +109,10 @@ def test_verify_names_a_miscount_and_a_corrupt_shard(shard_dir, tmp_path):
     miscounted.write_bytes(open(os.path.join(folder, manifest.shards[1].file), "rb").read())
     problems = verify(open_shards([str(bad), str(miscounted)]))
     assert problems[0].startswith(f"{bad}: corrupt record data at byte")
-    assert problems[1] == f"{miscounted}: holds {manifest.shards[1].count} records, expected 7"
+    assert problems[1] == (
+        f"{miscounted}: holds {manifest.shards[1].count} records, expected 7 (the number its name ends in, read as "
+        "its count: the Kaggle convention NAME-COUNT.tfrec; rename a file whose name ends in another number)"
+    )
 
 
 def test_inspect_names_records_that_are_not_examples(tmp_path):
@@ -147,3 +150,4 @@ def test_one_shard_name_template_writes_and_reads_back_every_name(split, fold, t
     assert [SHARD_NAMES.parse(n).index for n in names] == list(range(min(total, 12)))  # zero-padded: sorts in order
     assert SHARD_NAMES.parse("ld_train00-1338.tfrec") is None and SHARD_NAMES.count("ld_train00-1338.tfrec") == 1338
     assert SHARD_NAMES.count("isic-2020.tfrec") == 2020 and SHARD_NAMES.count("train.tfrecord") is None
+    assert SHARD_NAMES.count("train-fold0-07.tfrec") is None and SHARD_NAMES.count("empty-0.tfrec") == 0  # an index

@@ -516,7 +516,7 @@ def test_a_pass_over_files_without_a_count_says_once_that_it_cannot_check_them(t
     write(source, out, num_shards=2, classes=["a", "b"])
     files = []
     for i, f in enumerate(tfpipe.open_shards(str(out)).files):
-        files.append(str(tmp_path / f"part{i}.tfrec"))
+        files.append(str(tmp_path / f"part-0{i}.tfrec"))  # a zero-padded index, not a count
         shutil.copy(f, files[-1])
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always")
@@ -525,6 +525,11 @@ def test_a_pass_over_files_without_a_count_says_once_that_it_cannot_check_them(t
         f"{files[0]} and 1 more shard files: some files carry no record count (no manifest, no count in their "
         "names): a pass over them cannot check that it read each file whole"
     ]
+    named = str(tmp_path / "part-7.tfrec")  # a name ending in a number is read as its count (Kaggle's way)
+    shutil.copy(files[0], named)
+    with pytest.raises(TfpipeError, match=r"part-7.tfrec: holds 6 records, expected 7 \(the number its name ends in"):
+        with tfpipe.naming_corrupt_shards([named]):
+            list(tfpipe.make_dataset([named], 4, num_classes=2, image_size=16))
 
 
 @pytest.mark.parametrize("change", ["cut", "swap"])

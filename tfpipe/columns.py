@@ -20,7 +20,7 @@ from tfpipe.errors import TfpipeError
 from tfpipe.parse import AUTOTUNE
 from tfpipe.passes import REWRITTEN, read_in_order
 from tfpipe.shard_names import SHARD_NAMES
-from tfpipe.shards import MANIFEST, Records, Shards, open_shards, verify
+from tfpipe.shards import MANIFEST, UNKNOWN_COUNT, Records, Shards, open_shards, verify
 
 
 @contextlib.contextmanager
@@ -68,7 +68,10 @@ def _count_changed(message: str, records: Records) -> str | None:
     counts = re.search(r"expected to contain (\d+) elements but contained (only|at least) (\d+)", message)
     if counts is None:
         return None
-    problems = [p for p in verify(open_shards(records)) if "records, expected" in p]
+    shards = open_shards(records)
+    problems = [p for p in verify(shards) if "records, expected" in p]
+    if problems and not shards.manifest:  # the count came from the name: more likely a name than a change
+        return f"{problems[0]}; nothing of this pass counts"
     more = counts.group(2) == "at least"
     what = problems[0] if problems else (
         f"a shard of {records} held {'more than ' * more}{int(counts.group(3)) - more} records while this job read "
@@ -100,7 +103,7 @@ def count_examples(records: Records, folds: Sequence[int] | None = None) -> int:
     """Number of records in ``records`` (from the manifest or the counts in shard names)."""
     n = open_shards(records, folds).num_examples
     if n is None:
-        raise TfpipeError(f"{records}: record count unknown (no manifest and no count in the file names)")
+        raise TfpipeError(f"{records}: {UNKNOWN_COUNT}")
     return n
 
 

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NoReturn, TextIO
 
 from tfpipe.lifecycle import Terminated as Terminated  # its old home
-from tfpipe.lifecycle import dead_worker_line, ending, stopping_on_signals
+from tfpipe.lifecycle import dead_worker_line, ending, stop_behind, stopping_on_signals
 
 _COMMAND: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "tfpipe_command", default=None
@@ -234,6 +234,11 @@ def run_cli(prog: str, fn: Callable[..., object], *args: object) -> int:
         print(f"{prog}: {words}", file=sys.stderr)
         return code
     except Exception as e:  # a DataLoader worker that died (out of memory, killed) or an OSError; else a bug
+        stop = stop_behind(e)  # raised as the command stopped (a SIGTERM to the group also ends the workers)
+        if stop is not None:
+            code, words = ending(stop)
+            print(f"{prog}: {words}", file=sys.stderr)
+            return code
         line = dead_worker_line(e) or (os_error_line(e) if isinstance(e, OSError) else None)
         if line is None:
             raise

@@ -283,10 +283,7 @@ def dead_worker_line(error: BaseException) -> str | None:
     ("DataLoader worker (pid N) is killed by signal: Killed") is in the error or one it was raised from; a worker
     killed while it handed over a batch's shared memory shows instead as the connection to it breaking (an
     ``EOFError``, a ``ConnectionResetError``), and the loader's iterator in the traceback names the worker."""
-    chain: list[BaseException] = []
-    while error is not None and error not in chain:  # the error, then what it was raised from
-        chain.append(error)
-        error = error.__cause__ or error.__context__  # type: ignore[assignment]
+    chain = error_chain(error)
     said = [m for e in chain for m in WORKER_DIED.finditer(str(e))]
     if said:  # the most precise: a signal's name before "exited unexpectedly"
         best = min(said, key=lambda m: not m.group(2).startswith("is killed"))
@@ -298,6 +295,22 @@ def dead_worker_line(error: BaseException) -> str | None:
                 how = f"is killed by signal: {signal.strsignal(-code)}" if code < 0 else f"exited with code {code}"
                 return f"DataLoader worker (pid {worker.pid}) {how}"
     return None
+
+
+def error_chain(error: BaseException) -> list[BaseException]:
+    """``error``, then what it was raised from or while handling, and so on."""
+    chain: list[BaseException] = []
+    while error is not None and error not in chain:
+        chain.append(error)
+        error = error.__cause__ or error.__context__  # type: ignore[assignment]
+    return chain
+
+
+def stop_behind(error: BaseException) -> KeyboardInterrupt | None:
+    """The stop (Ctrl-C, a ``Terminated``) that ``error`` was raised while handling, if any: a SIGTERM to the
+    whole process group (``timeout``, ``kill -- -PGID``, a scheduler) also ends the DataLoader workers, and
+    torch's SIGCHLD handler raises its "worker is killed" error while this process is already stopping."""
+    return next((e for e in error_chain(error) if isinstance(e, KeyboardInterrupt)), None)
 
 
 def _loader_workers(tb: TracebackType | None) -> list[Any]:

@@ -31,7 +31,7 @@ import pytorch_lightning as pl
 from lightning_fabric.strategies.launchers.subprocess_script import _ChildProcessObserver
 from pytorch_lightning.strategies.launchers import subprocess_script as lightning_launcher
 
-from tfpipe.lifecycle import STOPS, dead_worker_line, die_with_parent, exit_now
+from tfpipe.lifecycle import STOPS, dead_worker_line, die_with_parent, exit_now, stop_behind
 from tfpipe.ranks import check_same_start
 
 SIGTERM_CODE = STOPS[signal.SIGTERM][0]  # 143
@@ -212,6 +212,8 @@ def one_line_when_a_process_dies(trainer: pl.Trainer, watch: RankWatch) -> Itera
     except Exception as e:
         if trainer.received_sigterm:  # a rank that the SIGTERM stopped mid-start (gloo, a worker): told to stop
             terminated(trainer, watch.prog)
+        if stop_behind(e) is not None:  # Ctrl-C to the process group ended the workers too: said once, by rank 0
+            raise (KeyboardInterrupt() if trainer.is_global_zero else SystemExit(130)) from None
         worker = dead_worker_line(e)  # torch's RuntimeError, or a connection to the worker broken as it died
         if worker:
             say(watch.prog, f"rank {trainer.global_rank}: {worker}")

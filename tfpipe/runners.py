@@ -26,7 +26,7 @@ from tfpipe.encode import encode_item
 from tfpipe.errors import TfpipeError, option
 from tfpipe.images import ImageSpec
 from tfpipe.job import Job
-from tfpipe.lifecycle import dead_worker_line, loader_dies_with_this_process, with_detail
+from tfpipe.lifecycle import dead_worker_line, loader_dies_with_this_process, stop_behind, with_detail
 from tfpipe.sources import Item
 from tfpipe.staging import StagedShards
 
@@ -269,6 +269,9 @@ def _write_local(
     except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM
         raise with_detail(e, _kept(staged, job, out)) from None
     except Exception as e:  # a worker that died (the out-of-memory killer's SIGKILL): what is kept, too
+        stop = stop_behind(e)  # a SIGTERM to the process group ends the workers as well: the stop is the news
+        if stop is not None:
+            raise with_detail(stop, _kept(staged, job, out)) from None
         line = dead_worker_line(e)
         if line is None:
             raise

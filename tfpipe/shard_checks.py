@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from tfpipe import fs, schema
 from tfpipe.errors import TfpipeError
 from tfpipe.manifest import MANIFEST, Manifest
-from tfpipe.tfrecord import CorruptRecord, read_records
+from tfpipe.tfrecord import CorruptRecord, compressed_words, compression_of, read_records
 
 STAT_THREADS = 16  # size checks run at once: one stat per file is slow on a bucket
 
@@ -28,7 +28,7 @@ def check_first_records(files: Iterable[str]) -> None:
             raw = next(read_records(path), None)
         except CorruptRecord as e:  # at byte 0: not TFRecord framing at all (a CSV, an image, a text file)
             return (
-                f"{path}: not a TFRecord file ({str(e).removeprefix(f'{path}: ')}){compressed(path)}"
+                f"{path}: not a TFRecord file ({str(e).removeprefix(f'{path}: ')})"
                 if " at byte 0" in str(e)
                 else str(e)
             )
@@ -47,19 +47,6 @@ def check_first_records(files: Iterable[str]) -> None:
         return None
 
     raise_first_problem(problem, files)
-
-
-COMPRESSED = {b"\x1f\x8b": "GZIP", b"\x78\x01": "ZLIB", b"\x78\x5e": "ZLIB", b"\x78\x9c": "ZLIB", b"\x78\xda": "ZLIB"}
-
-
-def compressed(path: str) -> str:
-    """What to add to "not a TFRecord file" for a file that starts as a compressed stream does (TFRecords written
-    with ``compression_type="GZIP"`` or ``"ZLIB"``: tfpipe reads and writes them uncompressed); else ""."""
-    with fs.open(path, "rb") as f:
-        kind = COMPRESSED.get(f.read(2))
-    return (
-        f"; it reads as {kind}-compressed: tfpipe reads uncompressed TFRecords -- decompress it first" if kind else ""
-    )
 
 
 def raise_first_problem(problem: Callable[[str], str | None], files: Iterable[str]) -> None:
@@ -89,10 +76,13 @@ def check_sizes(files: Iterable[str], manifest: Manifest, folder: str) -> None:
             return None
         size = fs.size(path)
         if size != expected:
-            return (
-                f"{path}: shard is {size} bytes, {MANIFEST} says {expected} (truncated or replaced; "
-                "check with python -m tfpipe.inspect --verify)"
+            kind = compression_of(path)  # a shard gzipped in place
+            why = (
+                compressed_words(kind)
+                if kind
+                else "truncated or replaced; check with python -m tfpipe.inspect --verify"
             )
+            return f"{path}: shard is {size} bytes, {MANIFEST} says {expected} ({why})"
         return None
 
     raise_first_problem(problem, files)

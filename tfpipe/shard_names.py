@@ -48,8 +48,9 @@ class ShardTemplate:
         return ShardName(m["split"], fold, int(m["index"]), int(m["total"]), int(m["count"]))
 
     def count(self, name: str) -> int | None:
-        """The record count at the end of a shard's name (``...-1338.tfrec``), tfpipe's or another's; None without."""
-        m = re.search(r"-(\d+)" + re.escape(self.suffix) + "$", name)
+        """The record count at the end of a shard's name (``...-1338.tfrec``), tfpipe's or another's; None without.
+        A zero-padded number (``train-07.tfrec``) is a shard's index, not a count: counts are never padded."""
+        m = re.search(r"-(0|[1-9]\d*)" + re.escape(self.suffix) + "$", name)
         return int(m.group(1)) if m else None
 
     def is_shard(self, name: str) -> bool:

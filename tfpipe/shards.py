@@ -389,6 +389,13 @@ def holdout_split(shards: Shards, val_fraction: float) -> tuple[Shards, Shards]:
     return dataclasses.replace(shards, files=files[:-n_val]), dataclasses.replace(shards, files=files[-n_val:])
 
 
+NAMED_COUNT = "the Kaggle convention NAME-COUNT.tfrec; rename a file whose name ends in another number"
+UNKNOWN_COUNT = (
+    "record count unknown (no manifest and no count in the file names): name each file NAME-COUNT.tfrec (the Kaggle "
+    "convention), or write the shards with tfpipe.write"
+)
+
+
 def verify(shards: Shards) -> list[str]:
     """Reads every record of every shard, checking both CRCs (no TensorFlow) and the counts the manifest or the
     names give. Returns a list of problems, one line each."""
@@ -401,5 +408,6 @@ def verify(shards: Shards) -> list[str]:
             problems.append(str(e))
             continue
         if expected is not None and n != expected:
-            problems.append(f"{path}: holds {n} records, expected {expected}")
+            named = "" if shards.manifest else f" (the number its name ends in, read as its count: {NAMED_COUNT})"
+            problems.append(f"{path}: holds {n} records, expected {expected}{named}")
     return problems

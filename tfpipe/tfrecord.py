@@ -81,8 +81,28 @@ def _record_length(f: IO[Any], path: str, offset: int) -> int | None:
         raise CorruptRecord(f"{path}: truncated record header at byte {offset}")
     (length,), (length_crc,) = struct.unpack("<Q", header[:8]), struct.unpack("<I", header[8:])
     if masked_crc(header[:8]) != length_crc:
-        raise CorruptRecord(f"{path}: corrupt record length at byte {offset}")
+        raise CorruptRecord(f"{path}: corrupt record length at byte {offset}{_compressed(header, offset)}")
     return int(length)
+
+
+# the first bytes of a GZIP or ZLIB stream: TFRecords written with ``compression_type`` (or a gzipped shard)
+COMPRESSED = {b"\x1f\x8b": "GZIP", b"\x78\x01": "ZLIB", b"\x78\x5e": "ZLIB", b"\x78\x9c": "ZLIB", b"\x78\xda": "ZLIB"}
+
+
+def _compressed(header: bytes, offset: int) -> str:
+    """What to add to a bad first header that starts as a compressed stream does; else ""."""
+    kind = COMPRESSED.get(header[:2]) if offset == 0 else None
+    return f" ({compressed_words(kind)})" if kind else ""
+
+
+def compression_of(path: str) -> str | None:
+    """ "GZIP" or "ZLIB" for a file that starts as such a stream does (by its first two bytes); else None."""
+    with fs.open(path, "rb") as f:
+        return COMPRESSED.get(f.read(2))
+
+
+def compressed_words(kind: str) -> str:
+    return f"it reads as {kind}-compressed: tfpipe reads uncompressed TFRecords -- decompress it first"
 
 
 def read_records(path: str, start: int = 0, stop: int | None = None) -> Iterator[bytes]:
@@ -109,7 +129,7 @@ def read_records(path: str, start: int = 0, stop: int | None = None) -> Iterator
                 raise CorruptRecord(f"{path}: truncated record header at byte {offset}")
             (length,), (length_crc,) = struct.unpack("<Q", header[:8]), struct.unpack("<I", header[8:])
             if masked_crc(header[:8]) != length_crc:
-                raise CorruptRecord(f"{path}: corrupt record length at byte {offset}")
+                raise CorruptRecord(f"{path}: corrupt record length at byte {offset}{_compressed(header, offset)}")
             data, footer = f.read(length), f.read(4)
             if len(data) < length or len(footer) < 4:
                 raise CorruptRecord(f"{path}: truncated record at byte {offset}")

@@ -30,7 +30,7 @@ from tfpipe import console
 from tfpipe.console import counted
 from tfpipe.deprecations import renamed_arguments
 from tfpipe.errors import TfpipeError, check_count, check_fraction, check_path, in_command, option
-from tfpipe.shards import Records, Shards
+from tfpipe.shards import UNKNOWN_COUNT, Records, Shards
 from train import run as run_files
 from train.cluster import is_multiworker
 from train.config import PredictConfig
@@ -234,6 +234,7 @@ def predict(cfg: PredictConfig) -> pd.DataFrame:
     shards = tfpipe.open_shards(cfg.records)
     check_destination(cfg.out or "", cfg.overwrite)
     check_run_fits_records(config, shards, cfg.records)
+    _num_examples(shards, cfg.records)  # predicting needs each file's count: said before any pass warns of it
     if labels:
         check_labels_can_be_joined(config.classes, config.single_label)
     # the labels, and the scores of labeled shards, need thresholds (probabilities alone do not)
@@ -397,7 +398,7 @@ def _num_examples(shards: Shards, records: Records) -> int:
     without counts) is an error naming ``records``, as ``tfpipe.count_examples`` says it."""
     n = shards.num_examples
     if n is None:
-        raise TfpipeError(f"{records}: record count unknown (no manifest and no count in the file names)")
+        raise TfpipeError(f"{records}: {UNKNOWN_COUNT}")
     return n
 
 
