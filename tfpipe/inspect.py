@@ -24,7 +24,7 @@ from tfpipe import fs, schema
 from tfpipe.deprecations import renamed_arguments
 from tfpipe.errors import ArgumentParser, TfpipeError, check_count, option, run_cli
 from tfpipe.shards import Records, Shards, open_shards, verify
-from tfpipe.tfrecord import CorruptRecord, compressed_words, compression_of, read_records
+from tfpipe.tfrecord import CorruptRecord, compressed, read_records
 
 SCAN_RECORDS = 5000  # records read for the schema and label frequencies
 SHEET_COLUMNS = 8
@@ -263,8 +263,7 @@ def inspect_shards(
     print_schema(fields, len(rows), image_key, label_key, stream)
     counts = print_labels(rows, label_key, classes, stream) if label_key else collections.Counter[int]()
     for f in unreadable:
-        kind = compression_of(f)
-        why = compressed_words(kind) if kind else "corrupt or truncated (run with --verify)"
+        why = compressed(f) or "corrupt or truncated (run with --verify)"
         print(f"  WARNING {posixpath.basename(f)}: {why}", file=stream)
     if sheet and image_key and rows:
         save_sheet(contact_sheet(rows, image_key, label_key, classes, sheet_count, shards.labeled), sheet)

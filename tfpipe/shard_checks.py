@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from tfpipe import fs, schema
 from tfpipe.errors import TfpipeError
 from tfpipe.manifest import MANIFEST, Manifest
-from tfpipe.tfrecord import CorruptRecord, compressed_words, compression_of, read_records
+from tfpipe.tfrecord import CorruptRecord, compressed, read_records
 
 STAT_THREADS = 16  # size checks run at once: one stat per file is slow on a bucket
 
@@ -76,12 +76,8 @@ def check_sizes(files: Iterable[str], manifest: Manifest, folder: str) -> None:
             return None
         size = fs.size(path)
         if size != expected:
-            kind = compression_of(path)  # a shard gzipped in place
-            why = (
-                compressed_words(kind)
-                if kind
-                else "truncated or replaced; check with python -m tfpipe.inspect --verify"
-            )
+            # a shard gzipped in place, or one truncated or replaced
+            why = compressed(path) or "truncated or replaced; check with python -m tfpipe.inspect --verify"
             return f"{path}: shard is {size} bytes, {MANIFEST} says {expected} ({why})"
         return None
 

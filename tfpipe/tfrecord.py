@@ -91,18 +91,21 @@ COMPRESSED = {b"\x1f\x8b": "GZIP", b"\x78\x01": "ZLIB", b"\x78\x5e": "ZLIB", b"\
 
 def _compressed(header: bytes, offset: int) -> str:
     """What to add to a bad first header that starts as a compressed stream does; else ""."""
-    kind = COMPRESSED.get(header[:2]) if offset == 0 else None
-    return f" ({compressed_words(kind)})" if kind else ""
+    said = _compressed_words(header) if offset == 0 else None
+    return f" ({said})" if said else ""
 
 
-def compression_of(path: str) -> str | None:
-    """ "GZIP" or "ZLIB" for a file that starts as such a stream does (by its first two bytes); else None."""
+def compressed(path: str) -> str | None:
+    """What to say of a file that starts as a GZIP or ZLIB stream does (by its first two bytes); else None."""
     with fs.open(path, "rb") as f:
-        return COMPRESSED.get(f.read(2))
+        return _compressed_words(f.read(2))
 
 
-def compressed_words(kind: str) -> str:
-    return f"it reads as {kind}-compressed: tfpipe reads uncompressed TFRecords -- decompress it first"
+def _compressed_words(first: bytes) -> str | None:
+    kind = COMPRESSED.get(first[:2])
+    return (
+        f"it reads as {kind}-compressed: tfpipe reads uncompressed TFRecords -- decompress it first" if kind else None
+    )
 
 
 def read_records(path: str, start: int = 0, stop: int | None = None) -> Iterator[bytes]:
