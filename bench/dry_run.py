@@ -113,11 +113,11 @@ def one_predict(records, run, replicas, started):
 def one_trace(records, replicas, cfg, started):
     """The step's compilation taken apart: Python tracing of the train function, then its first call."""
     from tfpipe import make_dataset, open_shards
-    from train.compiling import compile_model
+    from train.accel.strategy import resolve_strategy
     from train.fit import FitConfig
-    from train.models import build_model
-    from train.plan import prepare
-    from train.strategy import resolve_strategy
+    from train.keras.compiling import compile_model
+    from train.keras.models import build_model
+    from train.keras.plan import prepare
 
     strategy, _ = resolve_strategy("cpu", replicas)
     shards_ = open_shards(records)
@@ -255,7 +255,7 @@ def main(argv=None):
     p.add_argument("--config", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.one:
-        from train.strategy import resolve_strategy
+        from train.accel.strategy import resolve_strategy
 
         cfg = json.loads(args.config)
         resolve_strategy("cpu", args.replicas)  # the virtual devices, before anything starts TensorFlow's

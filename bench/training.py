@@ -47,7 +47,7 @@ def build_shards(corpus, work, times):
 
 
 def small_model(num_classes, size, spe):
-    from train.models import build_model
+    from train.keras.models import build_model
 
     model, _ = build_model("small-cnn", num_classes, size)
     model.compile(optimizer="adam", loss="binary_crossentropy", steps_per_execution=spe)
@@ -94,7 +94,7 @@ def input_bound(records, steps, reps):
 def steps_per_execution(steps, reps, replicas=8):
     import tensorflow as tf
 
-    from train.strategy import resolve_strategy
+    from train.accel.strategy import resolve_strategy
 
     strategy, _ = resolve_strategy("cpu", replicas)
     per_replica = 4
@@ -112,7 +112,7 @@ def steps_per_execution(steps, reps, replicas=8):
 
 
 def run(corpus, work="bench/out", times=4, steps=64, reps=3, replicas=8):
-    from train.strategy import ensure_virtual_cpus
+    from train.accel.strategy import ensure_virtual_cpus
 
     ensure_virtual_cpus(8)  # before TensorFlow initialises its devices
     records = build_shards(corpus, work, times)

@@ -13,7 +13,7 @@ The last two lines are the validation fold's exact macro AUC, over all ranks' pr
 ``validation AUC <x>`` of the weights of the last epoch, then ``SWA validation AUC <x>`` of the weights averaged
 by Lightning's ``StochasticWeightAveraging`` (it adds the weights as they stand at the start of each of the last
 ``--swa-epochs`` epochs, then recomputes the batch-norm statistics in one more pass). ``--run`` saves both models'
-weights (``model.pt``, ``model-swa.pt``), ``config.json`` and ``metrics.json`` there (``train.torch_run``);
+weights (``model.pt``, ``model-swa.pt``), ``config.json`` and ``metrics.json`` there (``train.torch.run``);
 ``--predict RECORDS`` then predicts those shards with the SWA model on every rank and writes ``train.predict``'s
 submission CSV at ``--out`` (one row per image, labels at probability 0.5).
 
@@ -43,22 +43,23 @@ from tfpipe import console
 from tfpipe.errors import ArgumentParser, TfpipeError, check_count, check_positive, option, run_cli
 from tfpipe.lifecycle import loader_dies_with_this_process
 from tfpipe.lightning import ShardDataModule
-from tfpipe.lightning_ranks import SameStart, StopOnSigterm, ranks_end_with_rank_zero, supervised, without_tips
 from tfpipe.shards import open_shards
 from tfpipe.torch import RecordDataset, gather_rows, sync_buffers
-from train.cv_folder import better_model
-from train.run import RunConfig
-from train.torch_models import add_recipe_arguments, build_model, check_model, model_inputs, validation_auc
-from train.torch_report import described, model_reports, run_metrics
-from train.torch_run import (
+from train.decide.choice import better_model
+from train.runs.run import RunConfig
+from train.torch.lightning_ranks import SameStart, StopOnSigterm, ranks_end_with_rank_zero, supervised, without_tips
+from train.torch.models import add_recipe_arguments, build_model, check_model, model_inputs, validation_auc
+from train.torch.ranks import launched
+from train.torch.report import described, model_reports, run_metrics
+from train.torch.run import (
     MODEL,
     MODEL_SWA,
     add_run_arguments,
     begin_run,
     end_run,
     load_saved,
-    model_choice_line,
     prepare,
+    recipe_choice_line,
     start_settings,
     write_predictions,
 )
@@ -194,20 +195,20 @@ class LineProgress(pl.Callback):
 
 
 def torchrun_nodes(args: argparse.Namespace) -> int:
-    """The machines (Lightning's ``num_nodes``): under torchrun (``LOCAL_WORLD_SIZE``, ``WORLD_SIZE``) its world
-    over its ranks a machine, which ``--devices`` becomes (given, it must agree); 1 elsewhere (``--devices`` 8 by
+    """The machines (Lightning's ``num_nodes``): under torchrun (``train.torch.ranks.launched``) its world over
+    its ranks a machine, which ``--devices`` becomes (given, it must agree); 1 elsewhere (``--devices`` 8 by
     default)."""
-    local, world = os.environ.get("LOCAL_WORLD_SIZE", ""), os.environ.get("WORLD_SIZE", "")
-    if not (local.isdigit() and world.isdigit() and int(local) > 0):
+    world = launched()
+    if world is None:
         args.devices = 8 if args.devices is None else args.devices
         return 1
-    if args.devices not in (None, int(local)):
+    if args.devices not in (None, world.local_size):
         raise TfpipeError(
-            f"{option('devices', args.devices)} but the launcher started {console.counted(int(local), 'rank')} on this "
-            f"machine (LOCAL_WORLD_SIZE); leave {option('devices')} out under torchrun"
+            f"{option('devices', args.devices)} but the launcher started {console.counted(world.local_size, 'rank')} "
+            f"on this machine (LOCAL_WORLD_SIZE); leave {option('devices')} out under torchrun"
         )
-    args.devices = int(local)
-    return max(1, int(world) // int(local))
+    args.devices = world.local_size
+    return world.nodes
 
 
 def run(args: argparse.Namespace) -> None:
@@ -237,7 +238,9 @@ def run(args: argparse.Namespace) -> None:
         annealing_epochs=1,
     )
     trainer = ranks_trainer(args, nodes, [swa])
-    with supervised(trainer, PROG):  # a rank or worker that dies, Ctrl-C, SIGTERM: one line (tfpipe.lightning_ranks)
+    with supervised(
+        trainer, PROG
+    ):  # a rank or worker that dies, Ctrl-C, SIGTERM: one line (train.torch.lightning_ranks)
         trainer.fit(model, datamodule=data)
         last = model.auc[args.epochs - 1]  # the last epoch's weights (SWA's batch-norm pass may add an epoch)
         model.auc.clear()
@@ -317,7 +320,7 @@ def finish(
         print(f"saved {args.run}/{MODEL} and {MODEL_SWA}", flush=True)
     print("\n".join([*described(part["report"], MODEL), *described(part["swa"]["report"], MODEL_SWA)]), flush=True)
     if args.predict and model.predicted is not None:
-        print(f"{PROG}: {model_choice_line(swa_chosen, part['validation_auc'], part['swa_validation_auc'])}")
+        print(f"{PROG}: {recipe_choice_line(swa_chosen, part['validation_auc'], part['swa_validation_auc'])}")
         thresholds = done[swa_chosen].thresholds
         print(write_predictions(config, args, open_shards(args.predict), model.predicted, thresholds), flush=True)
     print(f"validation AUC {part['validation_auc']:.4f}", flush=True)

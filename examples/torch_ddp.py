@@ -20,7 +20,7 @@ The learning rate is ``--lr`` times the number of processes (the global batch gr
 with the validation fold's exact macro AUC, over all ranks' predictions made with rank 0's batch-norm statistics
 (padding removed); the last line is
 ``validation AUC <x>``. ``--run`` saves the model's weights (``model.pt``), ``config.json`` and ``metrics.json``
-there (``train.torch_run``); ``--predict RECORDS`` then predicts those shards on every rank and writes
+there (``train.torch.run``); ``--predict RECORDS`` then predicts those shards on every rank and writes
 ``train.predict``'s submission CSV at ``--out`` (one row per image, labels at probability 0.5).
 ``--xla`` runs the same steps with torch_xla (``xmp.spawn``, ``MpDeviceLoader``,
 ``xm.optimizer_step``) on every device it finds (``PJRT_DEVICE=TPU``, or ``PJRT_DEVICE=CPU``: one CPU device).
@@ -58,13 +58,13 @@ from tfpipe.errors import (
 )
 from tfpipe.lifecycle import dead_worker_line, die_with_parent, loader_dies_with_this_process, stop_behind
 from tfpipe.net import free_port
-from tfpipe.ranks import LOST_A_RANK, check_same_start, refuse_to_the_others, spawn_ranks
 from tfpipe.shards import open_shards
 from tfpipe.torch import RecordDataset, folds_apart, gather_rows, sync_buffers, unique_rows
-from train.run import RunConfig
-from train.torch_models import add_recipe_arguments, build_model, check_model, model_inputs, validation_auc
-from train.torch_report import described, model_reports, run_metrics
-from train.torch_run import (
+from train.runs.run import RunConfig
+from train.torch.models import add_recipe_arguments, build_model, check_model, model_inputs, validation_auc
+from train.torch.ranks import LOST_A_RANK, World, check_same_start, launched, refuse_to_the_others, spawn_ranks
+from train.torch.report import described, model_reports, run_metrics
+from train.torch.run import (
     MODEL,
     add_run_arguments,
     begin_run,
@@ -262,7 +262,7 @@ def run_rank(rank: int, args: argparse.Namespace, config: RunConfig, port: int, 
 def train_rank(rank: int, args: argparse.Namespace, config: RunConfig, supervised: bool = False) -> None:
     """One rank of a started process group: the loop, the predictions, rank 0's run folder. Its errors are one
     line and exit code 2, settings spelt as flags (``as_command``); a ``supervised`` rank (spawn_ranks') that lost
-    another rank exits with ``tfpipe.ranks.LOST_A_RANK`` instead, its parent saying why."""
+    another rank exits with ``train.torch.ranks.LOST_A_RANK`` instead, its parent saying why."""
     try:
         with as_command(PROG):
             check_same_start(start_settings(args), rank)  # the same flags and shards on every rank, or none trains
@@ -325,19 +325,7 @@ def predict_saved(rank: int, args: argparse.Namespace, config: RunConfig, device
         print(write_predictions(config, args, open_shards(args.predict), rows, thresholds), flush=True)
 
 
-def launched() -> tuple[int, int, int] | None:
-    """(rank, world size, local rank) when a launcher started this process as one rank (``torchrun`` sets these
-    variables for ``env://``: the rendezvous it ran); None when run as a plain script."""
-    if not {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"} <= os.environ.keys():
-        return None
-    numbers = {k: os.environ.get(k, "0") for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    if not all(v.isdigit() for v in numbers.values()) or int(numbers["RANK"]) >= int(numbers["WORLD_SIZE"]):
-        shown = ", ".join(f"{k}={v}" for k, v in numbers.items())
-        raise TfpipeError(f"the launcher's environment is not a rank of a world ({shown})")
-    return int(numbers["RANK"]), int(numbers["WORLD_SIZE"]), int(numbers["LOCAL_RANK"])
-
-
-def check_processes(args: argparse.Namespace, world: tuple[int, int, int] | None) -> None:
+def check_processes(args: argparse.Namespace, world: World | None) -> None:
     """``args.processes`` becomes the world's size: 8 by default, the launcher's under one (given, it must
     agree); a launcher's ranks are not torch_xla's devices."""
     if world is None:
@@ -383,11 +371,11 @@ def run(args: argparse.Namespace) -> None:
 
         xmp.spawn(run_xla, args=(args, config, os.getpid()))
     else:
-        # any rank's failure stops all, in one line (tfpipe.ranks: the launcher side of tfpipe.lifecycle)
+        # any rank's failure stops all, in one line (train.torch.ranks: the launcher side of tfpipe.lifecycle)
         spawn_ranks(run_rank, (args, config, free_port(), os.getpid()), args.processes)
 
 
-def checked(args: argparse.Namespace, world: tuple[int, int, int] | None) -> RunConfig:
+def checked(args: argparse.Namespace, world: World | None) -> RunConfig:
     """Everything that can be refused before a process starts (under a launcher: before its ranks meet), in one
     line: the settings, the records and folds, the model, the run folder and the shards of ``--predict``."""
     check_processes(args, world)
@@ -403,7 +391,7 @@ def checked(args: argparse.Namespace, world: tuple[int, int, int] | None) -> Run
     return config  # reads only: the run folder may be written, the test shards fit the run
 
 
-def run_launched(args: argparse.Namespace, config: RunConfig, world: tuple[int, int, int]) -> None:
+def run_launched(args: argparse.Namespace, config: RunConfig, world: World) -> None:
     """This process as one rank of a launcher's world: its process group (``env://``), then the loop. Ranks
     that do not all arrive (another machine refused its command, or was never started) end in one line when
     torch's wait for them runs out (30 minutes)."""

@@ -98,7 +98,7 @@ def pytest_terminal_summary(terminalreporter):
 
 @pytest.fixture(autouse=True)
 def short_lived_iterators(request):
-    """Every test runs inside ``train.strategy.quick_teardown()``, as ``train.fit`` and ``train.predict`` do, and
+    """Every test runs inside ``train.accel.strategy.quick_teardown()``, as ``train.fit`` and ``train.predict`` do, and
     a test that ran for over a second has its garbage collected when it ends.
 
     Why: a tf.data iterator that a test drops without closing (a distributed dataset iterated outside ``fit``, a
@@ -113,7 +113,7 @@ def short_lived_iterators(request):
     import gc
     import time
 
-    from train.strategy import quick_teardown
+    from train.accel.strategy import quick_teardown
 
     start = time.monotonic()
     if request.node.get_closest_marker("tuned_prefetches"):
@@ -230,8 +230,8 @@ def validation_auc(model_path, records, folds):
 
 @pytest.fixture
 def registry():
-    """The model table (``train.models.MODELS``) as it was, restored after the test."""
-    from train.models import MODELS
+    """The model table (``train.keras.models.MODELS``) as it was, restored after the test."""
+    from train.keras.models import MODELS
 
     saved = dict(MODELS)
     yield

@@ -16,7 +16,7 @@ import torch.distributed as dist
 from tfpipe.lifecycle import die_with_parent
 from tfpipe.net import free_port
 from tfpipe.torch import RecordDataset
-from train.torch_models import build_model, model_inputs
+from train.torch.models import build_model, model_inputs
 
 BATCH = 4
 

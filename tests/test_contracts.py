@@ -292,7 +292,7 @@ def test_a_damaged_progress_file_is_one_line_on_resume(slow_source, tmp_path, ca
 
 
 def test_the_run_records_what_prediction_depends_on(trained_run, shard_dir):
-    from train.run import RunConfig
+    from train.runs.run import RunConfig
 
     config = RunConfig.load(trained_run[0])
     assert config.classes == ("a", "b", "c") and config.image_size == 32 and config.fit == "stretch"
@@ -370,7 +370,7 @@ def test_a_model_or_thresholds_from_another_run_are_refused(trained_run, tmp_pat
     with pytest.raises(TfpipeError, match=r"thresholds.json is missing .* or pass threshold=0.5 to label every class"):
         predict(str(run), trained_run[2], str(tmp_path / "s.csv"), strategy="cpu", swa=False)
     shutil.copy(os.path.join(trained_run[0], "thresholds.json"), run / "thresholds.json")
-    from train.models import build_model
+    from train.keras.models import build_model
 
     other, _ = build_model("small-cnn", 5, 32)  # a model of five classes where the run's of three should be
     other.save(str(run / "model.keras"))
@@ -696,7 +696,7 @@ def test_an_untouched_progress_file_resumes(interrupted_write, tmp_path):
 
 
 def test_a_softmax_or_other_size_model_in_a_run_is_refused(trained_run, tmp_path):
-    from train.models import build_model
+    from train.keras.models import build_model
     from train.predict import predict
 
     run = copy_run(trained_run, tmp_path)

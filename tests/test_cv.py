@@ -34,7 +34,7 @@ def cv_shards(tmp_path_factory):
 
 def cv_config(records, run, **changes):
     from tfpipe.augment import NO_AUGMENT
-    from train.config import FitConfig
+    from train.keras.config import FitConfig
 
     settings = {
         "records": records,
@@ -63,7 +63,7 @@ def test_oof_holds_every_image_once_scored_by_the_model_that_never_trained_on_it
     from sklearn.metrics import roc_auc_score
 
     import tfpipe
-    from train.run import load_digests
+    from train.runs.run import load_digests
 
     folder, result = cv_run
     oof = pd.read_csv(os.path.join(folder, "oof.csv"), dtype={"image_digest": str}, keep_default_na=False)
@@ -89,7 +89,7 @@ def test_oof_holds_every_image_once_scored_by_the_model_that_never_trained_on_it
 
 def test_the_fold_ensemble_is_the_mean_of_the_fold_models_at_the_oof_thresholds(cv_run, cv_shards, capsys):
     from train.predict import predict
-    from train.run import load_thresholds
+    from train.runs.run import load_thresholds
 
     folder, result = cv_run
     common = {"probabilities": True, "labels": True, "strategy": "cpu", "swa": False, "progress": False}
@@ -110,7 +110,7 @@ def test_thresholds_are_tuned_for_the_views_that_predict(cv_run, cv_shards, caps
     then reused), not the report's single-view ones; the prediction at each view count used its own."""
     import tfpipe
     from train.predict import predict
-    from train.run import load_thresholds
+    from train.runs.run import load_thresholds
 
     folder, result = cv_run
     run = f"{folder}/fold-1"
@@ -152,7 +152,7 @@ def test_a_cv_interrupted_in_its_last_fold_resumes_there(cv_run, cv_shards, tmp_
     import tf_keras as keras
 
     from train.cv import cross_validate
-    from train.cv_folder import CVResult
+    from train.runs.cv_folder import CVResult
 
     folder, _ = cv_run
     copy = str(tmp_path / "cv")
@@ -213,9 +213,9 @@ def test_a_blend_is_the_weighted_mean_scored_on_oof_and_refuses_what_disagrees(c
     with weights 1:3 are the weighted means, labelled at thresholds tuned on the blended OOF; other classes or
     other ids are one line each."""
     from train.blend import main
-    from train.evaluation import score
+    from train.decide.evaluation import score
+    from train.decide.tuning import tune_thresholds
     from train.predict import predict
-    from train.tuning import tune_thresholds
 
     folder, result = cv_run
     classes = list(result.classes)
@@ -285,7 +285,7 @@ def test_a_blend_is_the_weighted_mean_scored_on_oof_and_refuses_what_disagrees(c
 )  # fmt: skip
 def test_an_edited_cv_json_is_refused_naming_the_field(cv_run, tmp_path, edit, field):
     from tfpipe.errors import TfpipeError
-    from train.cv_folder import CVResult
+    from train.runs.cv_folder import CVResult
 
     folder, _ = cv_run
     data = json.loads(open(f"{folder}/cv.json").read())
@@ -372,7 +372,7 @@ def test_a_cv_folder_and_its_fold_runs_read_back_with_train_inspect(cv_run, caps
     shutil.rmtree(copy / "fold-2")  # a CV that lost a fold: said on its line, and predict's refusal said
     assert main([str(copy)]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert f"  fold 2: {copy}/fold-2: fold 2's run is missing" in lines
+    assert f"  fold 2: {copy}/fold-2: fold 2's run is missing from the cross-validation {copy}" in lines
     assert lines[-1].startswith("python -m train.predict: train.predict refuses this CV: ")
     (copy / "fold-1" / "metrics.json").write_text('{"report": [1, 2]}')  # damaged: one line naming it
     assert main([str(copy / "fold-1")]) == 2

@@ -1,10 +1,10 @@
-"""train.evaluation: exact scores of predictions against labels, checked against hand-counted answers."""
+"""train.decide.evaluation: exact scores of predictions against labels, checked against hand-counted answers."""
 
 import numpy as np
 import pytest
 from sklearn.metrics import roc_auc_score
 
-from train.evaluation import class_table, headline, score
+from train.decide.evaluation import class_table, headline, score
 
 CLASSES = ["a", "b", "c"]
 

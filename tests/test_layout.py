@@ -4,6 +4,7 @@ into ``train``, and functions in ``tfpipe/`` stay small enough to read in one lo
 import ast
 import os
 import pathlib
+import re
 
 import pytest
 import tomllib
@@ -33,12 +34,19 @@ def test_every_command_is_listed():
     assert mains - commands() == set()
 
 
+def module_name(path):
+    """``train/keras/trainer.py`` -> ``train.keras.trainer``; a package's ``__init__.py`` is the package."""
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def source_files():
+    """Every module of the packages, sub-packages included."""
+    return sorted(p for package in PACKAGES for p in (ROOT / package).rglob("*.py"))
+
+
 def modules():
-    return {
-        f"{package}.{path.stem}" if path.stem != "__init__" else package: path
-        for package in PACKAGES
-        for path in sorted((ROOT / package).glob("*.py"))
-    }
+    return {module_name(path): path for path in source_files()}
 
 
 def runtime_nodes(tree):
@@ -70,10 +78,10 @@ def imports(path, known, type_checking=False):
 @pytest.mark.parametrize("type_checking", [False, True], ids=["runtime", "with type-checking imports"])
 def test_no_import_cycles(type_checking):
     """Also none through imports for type checkers: a circle there is two rooms that cannot be read apart
-    (issue #33: train.fit and train.trainer were one)."""
+    (issue #33: train.fit and train.keras.trainer were one)."""
     known = modules()
     if type_checking:  # the packages' own __init__ only lists their public names for type checkers: no room
-        known = {name: path for name, path in known.items() if name not in PACKAGES}
+        known = {name: path for name, path in known.items() if path.name != "__init__.py"}
     graph = {name: imports(path, known, type_checking) - {name} for name, path in known.items()}
     done, path = set(), []
 
@@ -114,7 +122,7 @@ def test_commands_reach_their_engines_by_plain_imports():
 
 def test_functions_in_tfpipe_and_train_are_small():
     long = []
-    for path in sorted(p for package in PACKAGES for p in (ROOT / package).glob("*.py")):
+    for path in source_files():
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 body = node.body
@@ -127,20 +135,16 @@ def test_functions_in_tfpipe_and_train_are_small():
 
 def test_modules_in_tfpipe_and_train_are_rooms_one_can_read():
     """No module over MAX_MODULE_LINES lines (issue #33 split the six that were, up to 1,066)."""
-    sizes = {
-        os.path.relpath(path, ROOT): len(path.read_text().splitlines())
-        for package in PACKAGES
-        for path in sorted((ROOT / package).glob("*.py"))
-    }
+    sizes = {os.path.relpath(path, ROOT): len(path.read_text().splitlines()) for path in source_files()}
     assert {path: lines for path, lines in sizes.items() if lines > MAX_MODULE_LINES} == {}
 
 
 def test_the_names_the_command_lines_offer_match_the_tables():
-    from train import names
     from train.fit import build_parser
-    from train.inference import TTA_VIEWS
-    from train.models import MODELS
-    from train.schedules import make_schedule
+    from train.keras import names
+    from train.keras.models import MODELS
+    from train.keras.schedules import make_schedule
+    from train.prediction.inference import TTA_VIEWS
 
     model_flag = next(a for a in build_parser()._actions if "--model" in a.option_strings)
     assert tuple(model_flag.choices) == tuple(MODELS) and "small-cnn" in MODELS and "efficientnet-b7" in MODELS
@@ -150,9 +154,9 @@ def test_the_names_the_command_lines_offer_match_the_tables():
 
 
 def test_only_train_run_spells_the_name_of_a_run_file():
-    """Issue #33: ``train/run.py`` owns the run folder's file names; another module that needs one imports it
+    """Issue #33: ``train/runs/run.py`` owns the run folder's file names; another module that needs one imports it
     (a message may mention a name in its text). A ``.keras`` archive's own ``config.json`` member is not a run's."""
-    tree = ast.parse((ROOT / "train" / "run.py").read_text())
+    tree = ast.parse((ROOT / "train" / "runs" / "run.py").read_text())
     constants = [
         value
         for node in tree.body
@@ -169,9 +173,56 @@ def test_only_train_run_spells_the_name_of_a_run_file():
     assert {"config.json", "model.keras", "history.csv", "checkpoints", "model.pt"} <= names
     spelled = [
         f"{path.relative_to(ROOT)} {node.value!r}"
-        for path in sorted((ROOT / "train").glob("*.py")) + sorted((ROOT / "examples").glob("*.py"))
-        if path.name != "run.py"
+        for path in sorted((ROOT / "train").rglob("*.py")) + sorted((ROOT / "examples").glob("*.py"))
+        if path.relative_to(ROOT).as_posix() != "train/runs/run.py"
         for node in ast.walk(ast.parse(path.read_text()))
         if isinstance(node, ast.Constant) and node.value in names
     ]
-    assert spelled == ["train/run_model.py 'config.json'"]  # KERAS_CONFIG: the archive's member
+    assert spelled == ["train/keras/run_model.py 'config.json'"]  # KERAS_CONFIG: the archive's member
+
+
+def test_train_top_level_holds_only_the_commands_and_the_rooms_are_packages():
+    """Issue #62: ``train/`` shows its architecture from ``ls``: the commands at the top, every other module in a
+    sub-package named for its seam (the deprecated aliases of 1.x's moved modules are one import each)."""
+    from tfpipe.deprecations import MOVED_MODULES
+
+    top = {module_name(p) for p in (ROOT / "train").glob("*.py")} - {"train"}
+    aliases = {m for m in top if m in MOVED_MODULES}
+    assert top - aliases == {m for m in commands() if m.startswith("train.")}
+    assert len(top - aliases) <= 8
+    for alias in aliases:  # an alias holds nothing of its own: the warning and the new module's names
+        code = ast.parse((ROOT / f"{alias.replace('.', '/')}.py").read_text()).body
+        assert len(code) == 4 and ast.unparse(code[-1]) == f"from {MOVED_MODULES[alias]} import *", alias
+    packages = {p.parent.name for p in (ROOT / "train").glob("*/__init__.py")}
+    assert packages == {"keras", "accel", "preflight", "prediction", "decide", "runs", "crossval", "torch"}
+
+
+def test_the_layout_page_shows_every_module():
+    """docs/project/layout.md names every module and package of the tree, and nothing that is not there."""
+    page = (ROOT / "docs" / "project" / "layout.md").read_text()
+    shown = set(re.findall(r"`((?:tfpipe|train)/[\w/]*?(?:\.py|/))`", page))
+    files = {p.relative_to(ROOT).as_posix() for p in source_files() if p.name != "__init__.py"}
+    files |= {p.parent.relative_to(ROOT).as_posix() + "/" for p in (ROOT / "train").glob("*/__init__.py")}
+    assert files - shown == set(), "not on the layout page"
+    assert shown - files - {"tfpipe/", "train/"} == set(), "on the layout page, not in the tree"
+
+
+def test_a_moved_module_still_imports_and_warns_at_the_importers_line():
+    import importlib
+    import sys
+    import warnings
+
+    from tfpipe.deprecations import MOVED_MODULES
+
+    for old, new in MOVED_MODULES.items():
+        sys.modules.pop(old, None)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            exec(compile(f"import {old}", __file__, "exec"), {})  # as a user's line imports it
+        module = sys.modules[old]
+        assert [str(w.message) for w in caught] == [
+            f"{old} is deprecated, import {new} (the old module is removed in tfpipe 1.2)"
+        ]
+        assert caught[0].filename == __file__  # the importer's line, not importlib's or the alias's
+        public = [name for name in vars(importlib.import_module(new)) if not name.startswith("_")]
+        assert all(getattr(module, name) is getattr(importlib.import_module(new), name) for name in public)

@@ -34,10 +34,10 @@ env = dict(os.environ)
 
 import numpy as np
 import tfpipe, tfpipe.write, tfpipe.read, tfpipe.inspect, tfpipe.torch, tfpipe.images
-import train.fit, train.predict, train.plots, train.report
+import train.fit, train.predict, train.keras.plots, train.keras.report
 # ... and using it: a header read (the image is above the user's Pillow limit) and a picture
 tfpipe.images.read_header(open(sys.argv[1], "rb").read(), "x.jpg")
-train.plots.roc_curves(np.array([[0], [1]]), np.array([[0.2], [0.7]]), ["a"], sys.argv[2])
+train.keras.plots.roc_curves(np.array([[0], [1]]), np.array([[0.2], [0.7]]), ["a"], sys.argv[2])
 changed = sorted(k for k in set(env) | set(os.environ) if env.get(k) != os.environ.get(k))
 print(matplotlib.get_backend(), Image.MAX_IMAGE_PIXELS, changed)
 try:
@@ -213,7 +213,7 @@ def test_the_notebook_strategy_cell_says_nothing_of_tensorflows_start_up(tmp_pat
     env = {k: v for k, v in os.environ.items() if k not in ("TF_CPP_MIN_LOG_LEVEL", "TFPIPE_VERBOSE")}
     code = (
         "import logging, os\n"
-        "from train.strategy import resolve_strategy\n"
+        "from train.accel.strategy import resolve_strategy\n"
         "strategy, kind = resolve_strategy('auto', replicas=2)\n"
         "print(kind, strategy.num_replicas_in_sync)\n"
         "logging.getLogger('tensorflow').warning('the user says this')\n"

@@ -13,7 +13,7 @@ import pytest
 
 from tests.conftest import dies_with_this_process
 from tfpipe.net import free_port
-from train import run as run_files
+from train.runs import run as run_files
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EPOCHS = 20
@@ -168,7 +168,7 @@ def test_a_cluster_tensorflow_would_wait_for_is_one_line(shard_dir, tmp_path, mo
 def test_multiworker_settings_are_checked_before_connecting(shard_dir, tmp_path, monkeypatch, capsys, args, says):
     from train.fit import main
 
-    monkeypatch.setattr("train.cluster.connect", lambda: pytest.fail("connected: it would wait for worker 1"))
+    monkeypatch.setattr("train.accel.cluster.connect", lambda: pytest.fail("connected: it would wait for worker 1"))
     monkeypatch.setenv("TF_CONFIG", tf_config([f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"], 0))
     assert main(["--records", shard_dir[0], "--run", str(tmp_path / "run"), *args]) == 2  # a later --run wins
     err = capsys.readouterr().err.strip()
@@ -205,7 +205,7 @@ def test_a_cluster_has_one_input_pipeline_a_worker():
     CollectiveAllReduceStrategy); one machine's strategy has one pipeline."""
     import tensorflow as tf
 
-    from train.strategy import input_pipelines
+    from train.accel.strategy import input_pipelines
 
     class Resolver:
         def cluster_spec(self):
@@ -266,7 +266,7 @@ def test_a_worker_that_cannot_listen_at_its_address_is_one_line(shard_dir, tmp_p
 SIGTERM_KEPT = """
 import json, os, signal, sys
 from tfpipe.net import free_port
-from train.cluster import connect
+from train.accel.cluster import connect
 os.environ["TF_CONFIG"] = json.dumps({"cluster": {"worker": [f"127.0.0.1:{free_port()}"]}, "task": {"type": "worker", "index": 0}})
 signal.signal(signal.SIGTERM, lambda *_: print("the user's handler"))
 connect()

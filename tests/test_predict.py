@@ -17,10 +17,10 @@ import tfpipe
 from tests.conftest import validation_auc
 from tfpipe.augment import NO_AUGMENT
 from tfpipe.errors import TfpipeError
+from train.accel.strategy import resolve_strategy
 from train.fit import FitConfig, fit
+from train.keras.swa import average_weights, recompute_batch_norm
 from train.predict import TTA_VIEWS, load_model, predict, predict_probabilities, tta_view
-from train.strategy import resolve_strategy
-from train.swa import average_weights, recompute_batch_norm
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -300,7 +300,7 @@ def test_predict_scores_labeled_shards_it_did_not_train_on(trained_run, shard_di
     run's own data written again), those rows and the others are scored apart, with a warning."""
     from tfpipe import Source, write_shards
     from tfpipe.images import ImageSpec
-    from train.evaluation import score
+    from train.decide.evaluation import score
 
     run, metrics, _ = trained_run
     root = os.path.dirname(shard_dir[0])

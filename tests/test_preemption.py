@@ -11,7 +11,7 @@ import tf_keras as keras
 from tests.test_train import history, tiny_config
 from tfpipe.errors import run_cli
 from train.fit import fit
-from train.schedules import make_schedule, scaled_lr
+from train.keras.schedules import make_schedule, scaled_lr
 
 
 class SignalInEpoch(keras.callbacks.Callback):

@@ -15,12 +15,12 @@ import tensorflow as tf
 import tf_keras as keras
 
 import tfpipe
-from train import preflight as preflight_lib
-from train.compiling import compile_model
+from train.accel.tpus import TPUS, Tpu
 from train.fit import FitConfig, fit, main
-from train.models import build_model, register_model
-from train.tpus import TPUS, Tpu
-from train.xla_step import buffer_bytes, compile_step
+from train.keras.compiling import compile_model
+from train.keras.models import build_model, register_model
+from train.preflight import check as preflight_lib
+from train.preflight.xla_step import buffer_bytes, compile_step
 
 
 @pytest.fixture(autouse=True)
@@ -135,7 +135,7 @@ def test_a_batch_dimension_that_is_not_static_is_refused_naming_it(shard_dir):
 @pytest.mark.parametrize("dtype", [tf.int64, tf.uint64])
 def test_every_64_bit_integer_type_is_warned_in_the_input_and_in_the_step(dtype):
     """A TPU emulates 64-bit integers, signed or not (uint64 passed as all clear before issue #53)."""
-    from train.xla_step import compile_step, dtype_and_shape_findings
+    from train.preflight.xla_step import compile_step, dtype_and_shape_findings
 
     spec = (tf.TensorSpec([4, 8, 8, 3], tf.uint8), tf.TensorSpec([4, 2], dtype))
     (finding,) = preflight_lib.input_findings(spec, "training batches")

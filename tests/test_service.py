@@ -100,7 +100,7 @@ def test_train_fit_trains_through_the_service_and_records_it(shard_dir, service,
     fit(cfg)
     history = (run / "history.csv").read_text().splitlines()
     assert len(history) == 3 and (run / "model.keras").exists()
-    from train.run import RunConfig
+    from train.runs.run import RunConfig
 
     assert RunConfig.load(str(run)).settings["data_service"] == service.target
 

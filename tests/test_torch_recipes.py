@@ -88,9 +88,9 @@ def check_run_and_submission(run, submission, test_records, models, printed_auc)
     row per test image, in the shards' written order, with labels of the run's classes only."""
     import pandas as pd
 
-    from train.run import RunConfig
-    from train.torch_models import build_model
-    from train.torch_run import load_weights, written_ids
+    from train.runs.run import RunConfig
+    from train.torch.models import build_model
+    from train.torch.run import load_weights, written_ids
 
     config = RunConfig.load(run)
     assert config.settings["recipe"] in ("torch_ddp", "lightning_swa") and config.image_size == 48
@@ -307,23 +307,23 @@ def test_record_dataset_refuses_a_rank_outside_the_world(shard_dir):
 
 
 def recipe_config(classes=("a", "b", "c"), image_size=32, recipe="torch_ddp"):
-    from train.run import RunConfig
+    from train.runs.run import RunConfig
 
     return RunConfig(classes=tuple(classes), image_size=image_size, single_label=False, fit="stretch",
                      dataset_id=None, fold=0, records="x", settings={"recipe": recipe}, stored_size=image_size)  # fmt: skip
 
 
 def save_run(run, config, weights, metrics, written=()):
-    from train.torch_run import begin_run, end_run
+    from train.torch.run import begin_run, end_run
 
     begin_run(run, config)
-    for name in written:  # a report's file (train.validation writes them between the two)
+    for name in written:  # a report's file (train.decide.validation writes them between the two)
         (Path(run) / name).write_text("x")
     end_run(run, weights, metrics)
 
 
 def test_a_recipe_writes_only_a_new_or_empty_run_folder_or_its_own_run_with_overwrite(tmp_path):
-    from train.torch_run import check_run_folder
+    from train.torch.run import check_run_folder
 
     run = tmp_path / "run"
     check_run_folder(str(run), overwrite=False)  # new
@@ -348,7 +348,7 @@ def test_a_recipe_writes_only_a_new_or_empty_run_folder_or_its_own_run_with_over
 def test_a_recipe_refuses_test_shards_that_do_not_fit_its_run_before_training(shard_dir, tmp_path):
     import argparse
 
-    from train.torch_run import check_predict
+    from train.torch.run import check_predict
 
     def args(**kw):
         return argparse.Namespace(**{"predict": shard_dir[0], "out": str(tmp_path / "s.csv"), "probabilities": False,
@@ -379,7 +379,7 @@ def test_a_submission_never_replaces_a_link_a_folder_or_tfpipes_own_files(shard_
     """--out is checked before training, whatever --overwrite says: a name ending in / is a folder (it was made,
     then refused after training), a link would become a file (/dev/stdout into a log), and a run's or a shard
     folder's own files (model.pt, config.json, manifest.json) are never written over by a CSV."""
-    from train.submission import check_destination
+    from train.prediction.submission import check_destination
 
     with pytest.raises(TfpipeError, match="new/ is a folder"):
         check_destination(str(tmp_path / "new") + "/", overwrite=True)
@@ -398,7 +398,7 @@ def test_a_submission_never_replaces_a_link_a_folder_or_tfpipes_own_files(shard_
 def test_predict_wants_an_out_and_a_shard_folder_with_its_manifest(shard_dir, tmp_path):
     import argparse
 
-    from train.torch_run import check_predict
+    from train.torch.run import check_predict
 
     args = argparse.Namespace(predict=shard_dir[0], out="", probabilities=False, overwrite=False)
     with pytest.raises(TfpipeError, match="out is empty"):
@@ -415,8 +415,8 @@ def test_predict_wants_an_out_and_a_shard_folder_with_its_manifest(shard_dir, tm
 
 
 def test_a_folder_named_like_a_run_file_is_not_the_runs_and_a_deleted_submissions_record_is(tmp_path):
-    from train.submission import write_submission
-    from train.torch_run import check_run_folder
+    from train.prediction.submission import write_submission
+    from train.torch.run import check_run_folder
 
     run = tmp_path / "run"
     save_run(str(run), recipe_config(), {}, {"validation_auc": 0.5})
@@ -431,9 +431,9 @@ def test_a_folder_named_like_a_run_file_is_not_the_runs_and_a_deleted_submission
 
 def test_the_lightning_recipes_watch_stops_the_other_ranks_and_leaves_rank_zero_to_say_why():
     """Lightning's own watch SIGKILLs rank 0 too once a rank has ended (exit -9, no line, even mid-"interrupted");
-    the recipe's (``tfpipe.lightning_ranks``) stops the other ranks, notes which ended first, and leaves rank 0
+    the recipe's (``train.torch.lightning_ranks``) stops the other ranks, notes which ended first, and leaves rank 0
     (here: this process) alone."""
-    from tfpipe.lightning_ranks import RankObserver, RankWatch
+    from train.torch.lightning_ranks import RankObserver, RankWatch
 
     ranks = [subprocess.Popen(["sleep", "60"]) for _ in range(3)]
     ranks[1].kill()
@@ -465,10 +465,10 @@ def test_a_recipe_run_reports_as_train_fit_and_reads_back(recipe_run, shard_dir,
     loads is labelled at the thresholds file, never at 0.5 when it is gone."""
     import shutil
 
+    from train.decide.validation import RUN_FIGURES
     from train.inspect import folder_info
-    from train.run import RunConfig
-    from train.torch_run import load_saved
-    from train.validation import RUN_FIGURES
+    from train.runs.run import RunConfig
+    from train.torch.run import load_saved
 
     run, _, _, printed = recipe_run
     assert "per class, model.pt, 1 view, at the thresholds of thresholds.json:" in printed.splitlines()
@@ -522,8 +522,8 @@ def test_a_recipe_run_on_single_label_shards_is_single_label_and_submits_one_cla
     import argparse
 
     from tfpipe.sources import LabelFormat
-    from train.torch_report import validation_report
-    from train.torch_run import run_config, write_predictions, written_ids
+    from train.torch.report import validation_report
+    from train.torch.run import run_config, write_predictions, written_ids
 
     (tmp_path / "images").mkdir()
     rows = [(f"im{i:02d}", ["cat", "dog", "fox"][i % 3]) for i in range(24)]
@@ -546,3 +546,37 @@ def test_a_recipe_run_on_single_label_shards_is_single_label_and_submits_one_cla
     write_predictions(config, args, tfpipe.open_shards(records), (test_ids, np.random.rand(24, 3)), None)
     labels = pd.read_csv(tmp_path / "s.csv", keep_default_na=False)["labels"]
     assert all(len(cell.split()) == 1 for cell in labels)
+
+
+@pytest.mark.parametrize(
+    "env, expected",
+    [
+        ({}, None),  # a plain script
+        ({"LOCAL_RANK": "1", "WORLD_SIZE": "8"}, None),  # a rank of Lightning's own launcher: no RANK
+        ({"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4"}, (5, 8, 1, 4)),
+        ({"RANK": "1", "WORLD_SIZE": "2"}, (1, 2, 0, 2)),  # no LOCAL_WORLD_SIZE: one machine
+        ({"RANK": "1", "WORLD_SIZE": "8", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "x"}, "LOCAL_WORLD_SIZE=x"),
+        ({"RANK": "1", "WORLD_SIZE": "8", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "0"}, "LOCAL_WORLD_SIZE=0"),
+        ({"RANK": "0", "WORLD_SIZE": "8", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "3"}, "LOCAL_WORLD_SIZE=3"),
+        ({"RANK": "8", "WORLD_SIZE": "8"}, "RANK=8, WORLD_SIZE=8, LOCAL_RANK=0"),
+    ],
+)
+def test_one_torchrun_environment_parser_for_both_recipes_refuses_a_bad_one(monkeypatch, env, expected):
+    """Issue #62: torch_ddp and lightning_swa read torchrun's environment through ``train.torch.ranks.launched``;
+    the stricter reading won (Lightning's took a bad LOCAL_WORLD_SIZE for one machine and trained)."""
+    from train.torch.ranks import launched
+
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    if "RANK" in env:
+        env = dict(env, MASTER_ADDR="127.0.0.1", MASTER_PORT="29500")
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    if isinstance(expected, str):
+        with pytest.raises(TfpipeError, match="the launcher's environment is not a rank of a world") as e:
+            launched()
+        assert expected in str(e.value)
+    else:
+        assert launched() == expected
+    for recipe in ("torch_ddp.py", "lightning_swa.py"):  # neither reads the launcher's variables itself
+        assert 'WORLD_SIZE"' not in Path(ROOT, "examples", recipe).read_text(), recipe

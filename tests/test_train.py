@@ -19,10 +19,10 @@ import tf_keras as keras
 from tests.conftest import validation_auc
 from tfpipe.augment import NO_AUGMENT
 from tfpipe.errors import TfpipeError
-from train import schedules
+from train.accel.strategy import quick_teardown, resolve_strategy
 from train.fit import FitConfig, compile_model, fit, set_trainable
-from train.models import MODELS, build_model
-from train.strategy import quick_teardown, resolve_strategy
+from train.keras import schedules
+from train.keras.models import MODELS, build_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -114,10 +114,10 @@ def test_existing_run_is_refused_without_resume(shard_dir, tmp_path):
 
 
 def test_a_pytorch_recipes_run_is_neither_replaced_nor_predicted_by_train_fits_commands(shard_dir, tmp_path):
-    """A recipe's run folder (train.torch_run: config.json naming its recipe, model.pt) shares config.json with
+    """A recipe's run folder (train.torch.run: config.json naming its recipe, model.pt) shares config.json with
     train.fit's: train.fit --overwrite must not take it for its own, nor train.predict look for a model.keras."""
-    from train.inference import check_model_present
-    from train.run import RunConfig
+    from train.prediction.inference import check_model_present
+    from train.runs.run import RunConfig
 
     run = tmp_path / "recipe_run"
     run.mkdir()
@@ -231,7 +231,7 @@ def test_every_model_builds_and_runs_forward(name):
 def test_a_model_registered_where_it_is_built_is_offered_by_the_command_line():
     """timm-style: @register_model adds the name to the table train.fit --model offers; a name twice is a bug."""
     from train.fit import build_parser
-    from train.models import register_model
+    from train.keras.models import register_model
 
     @register_model("test-tiny-{}", ("a", "b"))
     def tiny(variant, input_shape, weights):
@@ -271,14 +271,14 @@ def test_auto_with_virtual_replicas_takes_the_gpu_a_machine_has(monkeypatch):
     """The notebook's strategy cell, ``resolve_strategy("auto", replicas=8)``: a GPU machine trains on its GPU
     (the replicas are the dry run where there is neither TPU nor GPU); before, a Kaggle GPU notebook got 8
     virtual CPU replicas. The GPU is faked at the one call that lists it (no device is started for it)."""
-    import train.strategy
+    import train.accel.strategy
 
     real = tf.config.list_physical_devices
     fake = tf.config.PhysicalDevice(name="/physical_device:GPU:0", device_type="GPU")
     monkeypatch.setattr(tf.config, "list_physical_devices", lambda kind=None: [fake] if kind == "GPU" else real(kind))
-    strategy, kind = train.strategy.resolve_strategy("auto", replicas=8)
+    strategy, kind = train.accel.strategy.resolve_strategy("auto", replicas=8)
     assert kind == "gpu" and strategy is tf.distribute.get_strategy()  # the one GPU: the default strategy
-    strategy, kind = train.strategy.resolve_strategy("cpu", replicas=1)  # cpu asked for: never the GPU
+    strategy, kind = train.accel.strategy.resolve_strategy("cpu", replicas=1)  # cpu asked for: never the GPU
     assert kind == "cpu"
 
 
@@ -417,7 +417,7 @@ def test_every_optimizer_trains(optimizer, shard_dir, tmp_path):
 def test_a_seed_fixes_the_initial_weights():
     """--seed N (not only --deterministic) seeds the initial weights: the same seed builds the same model, another
     seed another one."""
-    from train.trainer import seed_run
+    from train.keras.trainer import seed_run
 
     def initial(seed):
         keras.backend.clear_session()
@@ -474,7 +474,7 @@ def test_progress_says_what_happens_in_every_phase(replicas):
     subject: where each epoch is, or that it validates."""
     import io
 
-    from train.callbacks import Progress
+    from train.keras.callbacks import Progress
 
     out = io.StringIO()
     progress = Progress(replicas, steps_per_execution=4, steps=10, epochs=2, every=3600.0, out=out)
@@ -524,7 +524,7 @@ def test_a_slow_epoch_start_is_said_at_the_next_epochs_start(monkeypatch):
     start says how long the last one's waited, so the pause comes with an estimate; a short wait says nothing."""
     import io
 
-    from train import callbacks
+    from train.keras import callbacks
 
     now = [0.0]
     monkeypatch.setattr(callbacks.time, "perf_counter", lambda: now[0])
@@ -547,7 +547,7 @@ def test_progress_lines_start_on_a_line_of_their_own_beside_the_keras_bar():
     the validation compile, the heartbeat while validating) must not be glued to its end."""
     import io
 
-    from train.callbacks import Progress
+    from train.keras.callbacks import Progress
 
     out = io.StringIO()
     progress = Progress(1, steps_per_execution=1, steps=4, epochs=2, every=3600.0, out=out, bar=True)

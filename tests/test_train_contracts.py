@@ -17,10 +17,10 @@ import tf_keras as keras
 from tfpipe.augment import NO_AUGMENT
 from tfpipe.errors import TfpipeError
 from tfpipe.shards import open_shards
-from train import models
+from train.accel.strategy import resolve_strategy
 from train.fit import FitConfig, fit
-from train.models import MODELS, build_model, min_image_size, register_model
-from train.strategy import resolve_strategy
+from train.keras import models
+from train.keras.models import MODELS, build_model, min_image_size, register_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 THIS_FILE = os.path.basename(__file__)  # its user script misspells a name on purpose
@@ -162,7 +162,7 @@ def test_a_run_that_existed_before_the_job_is_never_cleaned_up(shard_dir, tmp_pa
 
 
 def test_the_cleanup_removes_only_the_names_a_run_writes():
-    from train import run as run_files
+    from train.runs import run as run_files
 
     written = set(run_files.WRITTEN)
     assert set(RUN_FILES_LEFT) <= written and run_files.LOGS in written and ".tfpipe-write.lock" not in written
@@ -177,8 +177,8 @@ def test_predict_mirrors_its_config():
     import dataclasses
     import inspect
 
-    from train import inference
     from train import predict as front
+    from train.prediction import inference
 
     ours = inspect.signature(front.predict)
     fields = {f.name: f for f in dataclasses.fields(front.PredictConfig)}
@@ -207,7 +207,9 @@ def engine_names_used(module):
     return found
 
 
-@pytest.mark.parametrize("module, engine", [("train.fit", "train.trainer"), ("train.predict", "train.inference")])
+@pytest.mark.parametrize(
+    "module, engine", [("train.fit", "train.keras.trainer"), ("train.predict", "train.prediction.inference")]
+)
 def test_the_engine_names_type_checkers_see_are_the_ones_handed_out(module, engine):
     import importlib
 
@@ -289,7 +291,7 @@ def tiny_builder(variant, input_shape, weights):
 
 
 def test_the_smallest_input_is_part_of_the_registration(registry, shard_dir):
-    from train.plan import checked_image_size
+    from train.keras.plan import checked_image_size
 
     register_model("test-small-input", min_image_size=4)(tiny_builder)
     register_model("test-default-input")(tiny_builder)
@@ -365,7 +367,10 @@ def test_no_report_says_what_it_does_and_shows_no_default():
 
 def test_counts_of_one_are_singular(capsys, monkeypatch):
     from train import fit as fit_module
-    from train import inference, predict, run, trainer
+    from train import predict
+    from train.keras import trainer
+    from train.prediction import inference
+    from train.runs import run
 
     metrics = {
         "final": {"val_auc": 0.5},

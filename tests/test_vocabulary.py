@@ -207,7 +207,7 @@ def test_changelog_lists_every_rename_and_tells_the_one_version_story():
 
 def test_docs_readme_and_notebook_use_only_the_new_names():
     texts = {p: p.read_text() for p in [ROOT / "README.md", ROOT / "examples" / "kaggle_tpu.ipynb", ROOT / "Makefile"]}
-    code = [p for folder in ("tfpipe", "train", "bench") for p in (ROOT / folder).glob("*.py")]
+    code = [p for folder in ("tfpipe", "train", "bench") for p in (ROOT / folder).rglob("*.py")]
     texts.update({p: p.read_text() for p in code if p.name != "deprecations.py"})  # docstrings, messages, help
     texts.update(
         {p: p.read_text() for p in (ROOT / "docs").rglob("*.md") if p.name not in ("changelog.md", "glossary.md")}

@@ -179,8 +179,8 @@ def test_predict_refuses_a_glob_of_shards_in_another_class_order(trained_run, sh
 def test_one_size_rule_for_fit_and_predict(trained_run):
     """The reader resizes stored images to the model's input: a run records the size its training shards were
     stored at, and train.predict wants shards stored alike (then resized as in training), whatever the input."""
-    from train.run import RunConfig, from_dict
-    from train.submission import check_stored_size
+    from train.prediction.submission import check_stored_size
+    from train.runs.run import RunConfig, from_dict
 
     run, _, _ = trained_run
     config = RunConfig.load(run)
@@ -294,7 +294,7 @@ def test_an_image_is_known_by_its_content_and_every_image_given_is_scored(traine
 def test_every_json_file_read_back_refuses_a_key_given_twice(tmp_path):
     from tfpipe import fs
     from tfpipe.manifest import Manifest
-    from train.run import load_thresholds
+    from train.runs.run import load_thresholds
 
     (tmp_path / "thresholds.json").write_text('{"a": 0.3, "b": 0.5, "a": 0.9}')
     with pytest.raises(TfpipeError, match=r"thresholds.json: run file gives the key 'a' twice"):
@@ -333,7 +333,7 @@ def test_a_shard_this_user_cannot_read_is_named_before_reading_starts(shard_dir,
 def test_the_run_files_read_back_on_resume_and_predict_are_checked_whole(tmp_path):
     """``history.csv`` (which --resume counts epochs by) and ``train_digests.txt`` (which predict tells trained-on
     images by) are input too: an edited or cut file is one line naming it, never a wrong count or an empty set."""
-    from train.run import load_digests, read_history, save_digests
+    from train.runs.run import load_digests, read_history, save_digests
 
     run = tmp_path / "run"
     run.mkdir()
@@ -537,7 +537,7 @@ def test_predict_refuses_a_test_shard_changed_while_the_model_loads(trained_run,
     """The cases that wrote a submission of shifted rows: a test shard cut short at a record boundary, or two
     shards of equal counts swapped, while the model loads. Every pass checks each shard's count, and each row
     carries a hash of its image's name through predict: one line, no submission."""
-    import train.inference
+    import train.prediction.inference
     from train.predict import predict
 
     run, _, test = trained_run
@@ -545,7 +545,7 @@ def test_predict_refuses_a_test_shard_changed_while_the_model_loads(trained_run,
     shutil.copytree(test, copy)
     shards = tfpipe.open_shards(str(copy))
     a, b = [f for f in shards.files if shards.counts[f] == shards.counts[shards.files[-1]]][-2:]
-    loading = train.inference.load_run
+    loading = train.prediction.inference.load_run
 
     def load_and_change(*args):
         model = loading(*args)
@@ -555,7 +555,7 @@ def test_predict_refuses_a_test_shard_changed_while_the_model_loads(trained_run,
             os.rename(a, f"{a}.x"), os.rename(b, a), os.rename(f"{a}.x", b)
         return model
 
-    monkeypatch.setattr(train.inference, "load_run", load_and_change)
+    monkeypatch.setattr(train.prediction.inference, "load_run", load_and_change)
     out = tmp_path / "submission.csv"
     says = rf"{re.escape(b)}: holds \d+ records, expected \d+: it changed" if change == "cut" else "is another image"
     with pytest.raises(TfpipeError, match=says):
@@ -595,21 +595,21 @@ def test_a_fit_interrupted_in_its_report_resumes_without_training_again(shard_di
     """Ctrl-C after the last epoch (saving the model, in the report): ``--resume`` continues from the kept backup
     with nothing to train, reports, and counts every epoch once. A run folder whose history has epochs and no
     backup (what tfpipe 1.0 left there) is refused rather than trained again from scratch."""
-    import train.trainer
+    import train.keras.trainer
     from tests.test_train_contracts import small
     from train.fit import fit
 
     run = tmp_path / "run"
-    real = train.trainer.reports
+    real = train.keras.trainer.reports
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(train.trainer, "reports", interrupted)
+    monkeypatch.setattr(train.keras.trainer, "reports", interrupted)
     with pytest.raises(KeyboardInterrupt):
         fit(small(shard_dir, run, epochs=2))
     assert not (run / "model.keras").exists() and os.listdir(run / "backup" / "fine-tune")
-    monkeypatch.setattr(train.trainer, "reports", real)
+    monkeypatch.setattr(train.keras.trainer, "reports", real)
     left = tmp_path / "left-by-1.0"
     shutil.copytree(run, left)
     shutil.rmtree(left / "backup")
@@ -871,7 +871,7 @@ def test_a_model_file_whose_config_is_damaged_is_one_line(trained_run, tmp_path)
     """The config.json inside model.keras is read as strictly as every JSON file read back."""
     import zipfile
 
-    from train.inference import load_model
+    from train.prediction.inference import load_model
 
     run, _, _ = trained_run
     with zipfile.ZipFile(f"{run}/model.keras") as z:

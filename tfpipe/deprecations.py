@@ -35,6 +35,28 @@ RENAMES: tuple[tuple[str, str, str], ...] = (
 )
 
 
+# Modules of the 1.x API that moved into train/'s sub-packages in 1.1 (old -> new): each old module still imports
+# (``train/<old>.py``, one line of aliasing) and warns at the importer's line; they go in ``MOVED_REMOVED_IN``.
+MOVED_REMOVED_IN = "1.2"
+MOVED_MODULES: dict[str, str] = {
+    "train.strategy": "train.accel.strategy",
+    "train.tpus": "train.accel.tpus",
+    "train.cv_folder": "train.runs.cv_folder",
+    "train.models": "train.keras.models",
+    "train.torch_models": "train.torch.models",
+}
+
+
+def warn_moved(old: str) -> None:
+    """Warns, at the line that imports ``old`` (importlib's own frames are skipped by ``warnings``), that the
+    module is now ``MOVED_MODULES[old]``."""
+    warnings.warn(
+        f"{old} is deprecated, import {MOVED_MODULES[old]} (the old module is removed in tfpipe {MOVED_REMOVED_IN})",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+
+
 def warn_renamed(old: str, new: str, stacklevel: int = 3) -> None:
     """Warns that ``old`` is now ``new`` (``stacklevel`` 3: the warning points at the caller of the caller)."""
     warnings.warn(

@@ -25,8 +25,8 @@ import numpy as np
 from tfpipe import fs
 from tfpipe.errors import ArgumentParser, TfpipeError, check_path, option, run_cli
 from tfpipe.labels import is_missing, present
-from train.cv_folder import OOF_COLUMNS
-from train.evaluation import headline, score
+from train.decide.evaluation import headline, score
+from train.runs.cv_folder import OOF_COLUMNS
 
 LABELS = "labels"
 
@@ -34,7 +34,7 @@ LABELS = "labels"
 @dataclasses.dataclass(frozen=True)
 class Blend:
     """What ``blend`` found: the weights (summing to 1), the class names, the thresholds tuned on the blended
-    OOF predictions, each input's OOF scores and the blend's (``train.evaluation.score``'s form), and the
+    OOF predictions, each input's OOF scores and the blend's (``train.decide.evaluation.score``'s form), and the
     blended test submission (None without test files)."""
 
     weights: tuple[float, ...]
@@ -79,7 +79,7 @@ def blend(
 
 
 def _tuned(probs: Any, truth: Any, single_label: bool) -> list[float]:
-    from train.tuning import tune_thresholds
+    from train.decide.tuning import tune_thresholds
 
     return [0.5] * probs.shape[1] if single_label else tune_thresholds(probs, truth, 0.5)
 
@@ -210,7 +210,7 @@ def blend_test(
     """The blended test predictions, labelled at the blend's thresholds, written to ``out``."""
     import pandas as pd
 
-    from train.submission import check_destination, labels_at, write_submission
+    from train.prediction.submission import check_destination, labels_at, write_submission
 
     assert out is not None
     check_destination(out, overwrite)

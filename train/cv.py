@@ -9,7 +9,7 @@ Takes every flag of ``train.fit``; ``--fold`` names the validation folds to trai
 ``CV_DIR/cv.json`` the OOF scores (AUC, exact-match, F1 at thresholds tuned on the OOF predictions,
 ``thresholds.json``) and each fold's. ``--resume`` continues with the unfinished fold. Then
 ``python -m train.predict --run CV_DIR ...`` predicts with the fold ensemble. This module is the command line
-and imports no TensorFlow; ``cross_validate`` runs the engine in ``train.cross_validation``.
+and imports no TensorFlow; ``cross_validate`` runs the engine in ``train.crossval.engine``.
 """
 
 from __future__ import annotations
@@ -21,14 +21,14 @@ from typing import TYPE_CHECKING
 
 from tfpipe.console import counted, quiet_call
 from tfpipe.errors import ArgumentParser, TfpipeError, option, run_cli
-from train.config import FitConfig
-from train.cv_folder import oof_name
 from train.fit import build_parser as fit_parser
 from train.fit import check_inputs, config_from_args
-from train.names import TTA_VIEW_COUNT
+from train.keras.config import FitConfig
+from train.keras.names import TTA_VIEW_COUNT
+from train.runs.cv_folder import oof_name
 
 if TYPE_CHECKING:
-    from train.cv_folder import CVResult
+    from train.runs.cv_folder import CVResult
 
 
 @quiet_call
@@ -43,7 +43,7 @@ def cross_validate(cfg: FitConfig, folds: Sequence[int] | None = None, tta: int 
         from train.cv import FitConfig, cross_validate
         result = cross_validate(FitConfig(records="gs://bucket/train", run="gs://bucket/cv", strategy="tpu"))
     """
-    from train import cross_validation  # the engine (TensorFlow): imported when training starts
+    from train.crossval import engine as cross_validation  # the engine (TensorFlow): imported when training starts
 
     return cross_validation.cross_validate(cfg, folds, tta)
 

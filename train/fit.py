@@ -4,8 +4,8 @@
         --steps-per-execution 8 --run runs/demo
 
 On a Kaggle TPU v3-8: ``--strategy tpu`` (the same command otherwise). This module is the command line over
-``train.config.FitConfig`` (also ``train.fit.FitConfig``), and imports no TensorFlow (``--help`` answers at once);
-``fit`` runs the engine in ``train.trainer``, whose ``compile_model``, ``make_auc`` and ``set_trainable`` are
+``train.keras.config.FitConfig`` (also ``train.fit.FitConfig``), and imports no TensorFlow (``--help`` answers at once);
+``fit`` runs the engine in ``train.keras.trainer``, whose ``compile_model``, ``make_auc`` and ``set_trainable`` are
 reachable from here too (tfpipe 1.0's names).
 """
 
@@ -21,19 +21,19 @@ from tfpipe import console
 from tfpipe.console import quiet_call
 from tfpipe.deprecations import add_deprecated_flag
 from tfpipe.errors import ArgumentParser, TfpipeError, check_path, run_cli
-from train.config import FitConfig as FitConfig  # re-exported: train.fit.FitConfig (tfpipe 1.0)
-from train.models import model_names
-from train.names import OPTIMIZERS, PRECISIONS, SCHEDULES, STRATEGIES
-from train.tpus import TPUS
+from train.accel.tpus import TPUS
+from train.keras.config import FitConfig as FitConfig  # re-exported: train.fit.FitConfig (tfpipe 1.0)
+from train.keras.models import model_names
+from train.keras.names import OPTIMIZERS, PRECISIONS, SCHEDULES, STRATEGIES
 
 if TYPE_CHECKING:
     from tfpipe.augment import Augment
 
     # The engine's names this module hands out (``__getattr__`` below), declared for type checkers: they see
     # these, and a misspelt name is an error instead of Any.
-    from train.trainer import compile_model as compile_model
-    from train.trainer import make_auc as make_auc
-    from train.trainer import set_trainable as set_trainable
+    from train.keras.trainer import compile_model as compile_model
+    from train.keras.trainer import make_auc as make_auc
+    from train.keras.trainer import set_trainable as set_trainable
 
 ENGINE_NAMES = ("compile_model", "make_auc", "set_trainable")  # the engine's names tfpipe 1.0 offered here
 
@@ -41,7 +41,7 @@ ENGINE_NAMES = ("compile_model", "make_auc", "set_trainable")  # the engine's na
 @quiet_call
 def fit(cfg: FitConfig) -> dict[str, Any]:
     """Trains per ``cfg`` (a ``FitConfig``); returns the metrics dict also written to ``metrics.json``. With
-    ``cfg.preflight``: trains nothing, writes nothing, returns ``train.preflight``'s report (``report["ok"]``).
+    ``cfg.preflight``: trains nothing, writes nothing, returns ``train.preflight.check``'s report (``report["ok"]``).
     On a worker of a multi-worker cluster other than the chief: returns ``{"chief": False, "task": ...}`` (the
     chief writes the run and returns its metrics).
 
@@ -51,11 +51,11 @@ def fit(cfg: FitConfig) -> dict[str, Any]:
         metrics = fit(FitConfig(records="gs://bucket/train", run="gs://bucket/runs/b0", strategy="tpu"))
     """
     if cfg.preflight:  # a report of what a TPU would refuse, instead of training
-        from train import preflight
+        from train.preflight import check as preflight
 
         report: dict[str, Any] = preflight.preflight(cfg)
         return report
-    from train import trainer  # the engine (TensorFlow): imported when training starts, not with the command
+    from train.keras import trainer  # the engine (TensorFlow): imported when training starts, not with the command
 
     metrics: dict[str, Any] = trainer.fit(cfg)
     return metrics
@@ -68,7 +68,7 @@ if not TYPE_CHECKING:  # hidden from type checkers, which see the names above
         imported when first asked for."""
         if name not in ENGINE_NAMES:
             raise AttributeError(f"module 'train.fit' has no attribute {name!r}")
-        from train import trainer
+        from train.keras import trainer
 
         return getattr(trainer, name)
 
@@ -341,7 +341,7 @@ def run_command(args: argparse.Namespace) -> int:
         )
     report = m.get("report")  # model.keras's (model-swa.keras's: metrics.json, "swa", or train.inspect)
     if report:
-        from train.evaluation import class_table
+        from train.decide.evaluation import class_table
 
         title = "model.keras, 1 view, at the thresholds of thresholds.json"
         print("\n".join(class_table(report, title=title)) + f'\n  (every class: {cfg.run}/metrics.json, "report")')
@@ -350,7 +350,7 @@ def run_command(args: argparse.Namespace) -> int:
 
 def _scores(m: Mapping[str, Any]) -> str:
     """ ", exact-match ..., F1 ..." of the report, when it ran."""
-    from train.evaluation import headline
+    from train.decide.evaluation import headline
 
     return f", {headline(m['report'])}" if m.get("report") else ""
 
@@ -378,7 +378,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 if __name__ == "__main__":
     code = main()
     from tfpipe.lifecycle import exit_now
-    from train.cluster import in_a_cluster
+    from train.accel.cluster import in_a_cluster
 
     if in_a_cluster():  # TensorFlow's teardown would report the workers that ended first, after our last line
         exit_now(code)

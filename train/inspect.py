@@ -6,7 +6,7 @@
     python -m train.inspect runs/cv --json     # the same as one JSON object, for scripts
 
 Every score says which model and how many views it belongs to; every file read is validated first (a damaged
-one is one line naming it, exit 2: ``train.run_info``). No TensorFlow here: it answers in a second.
+one is one line naming it, exit 2: ``train.runs.run_info``). No TensorFlow here: it answers in a second.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from typing import Any
 from tfpipe import fs
 from tfpipe.console import counted
 from tfpipe.errors import ArgumentParser, TfpipeError, run_cli
-from train import evaluation
-from train.run_info import folder_info as folder_info  # the --json object, from Python
+from train.decide import evaluation
+from train.runs.run_info import folder_info as folder_info  # the --json object, from Python
 
 PROG = "train.inspect"
 FIGURES = (

@@ -8,7 +8,7 @@ row holds the predicted labels, space-separated, at the per-class thresholds tun
 instead (the Plant Pathology 2020 format), and with ``--labels`` both. On labeled shards it prints exact scores
 too (AUC, exact-match accuracy, F1; the run's own training shards split into held-out and trained-on rows). This
 module is the command line and imports no TensorFlow
-(``--help`` answers at once); ``predict`` runs the engine in ``train.inference``, whose other names are
+(``--help`` answers at once); ``predict`` runs the engine in ``train.prediction.inference``, whose other names are
 reachable from here too.
 """
 
@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 from tfpipe.console import quiet_call
 from tfpipe.errors import ArgumentParser, check_path, run_cli
-from train.config import PredictConfig as PredictConfig  # re-exported: train.predict.PredictConfig
-from train.names import ONE_MACHINE, TTA_VIEW_COUNT
+from train.keras.config import PredictConfig as PredictConfig  # re-exported: train.predict.PredictConfig
+from train.keras.names import ONE_MACHINE, TTA_VIEW_COUNT
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -33,10 +33,10 @@ if TYPE_CHECKING:
 
     # The engine's names this module hands out (``__getattr__`` below), declared for type checkers: they see
     # these, and a misspelt name is an error instead of Any.
-    from train.inference import TTA_VIEWS as TTA_VIEWS
-    from train.inference import load_model as load_model
-    from train.inference import predict_probabilities as predict_probabilities
-    from train.inference import tta_view as tta_view
+    from train.prediction.inference import TTA_VIEWS as TTA_VIEWS
+    from train.prediction.inference import load_model as load_model
+    from train.prediction.inference import predict_probabilities as predict_probabilities
+    from train.prediction.inference import tta_view as tta_view
 
 ENGINE_NAMES = ("TTA_VIEWS", "load_model", "predict_probabilities", "tta_view")  # tfpipe 1.0's names here
 
@@ -69,7 +69,7 @@ def predict(
     strategy you made) and ``replicas``, ``batch_size`` per replica, ``id_column``, ``overwrite``, ``progress``
     (a progress bar), ``swa`` (True: the run's SWA model, ``model-swa.keras``, with its own thresholds; False: its
     final model; None: the one with the better validation AUC, said in one line). Thresholds are those tuned for
-    the model and the ``tta`` views predicted (``train.tuning``: tuned on the validation images predicted alike
+    the model and the ``tta`` views predicted (``train.decide.tuning``: tuned on the validation images predicted alike
     the first time a view count is asked for, and recorded in the run folder).
 
     Example::
@@ -77,7 +77,7 @@ def predict(
         from train.predict import predict
         df = predict("runs/demo", "records/demo/test", "submission.csv", tta=2)
     """
-    from train import inference  # the engine (TensorFlow): imported when predicting, not with the command
+    from train.prediction import inference  # the engine (TensorFlow): imported when predicting, not with the command
 
     options = {k: v for k, v in locals().items() if k in PARAMETERS}  # every parameter, by its field's name
     return inference.predict(PredictConfig(**options))
@@ -93,7 +93,7 @@ if not TYPE_CHECKING:  # hidden from type checkers, which see the names above
         those), imported when first asked for."""
         if name not in ENGINE_NAMES:
             raise AttributeError(f"module 'train.predict' has no attribute {name!r}")
-        from train import inference
+        from train.prediction import inference
 
         return getattr(inference, name)
 
@@ -134,8 +134,8 @@ def check_inputs(run: str, records: str) -> None:
     """The run folder and the shards, read before the engine starts TensorFlow: a mistyped ``--run`` or
     ``--records`` is answered in 0.3 s instead of ~10 s. The engine reads both again, with every other check."""
     from tfpipe.shards import open_shards  # here, not at the top: --help stays at 0.1 s
-    from train.cv_folder import CVResult, is_cv_folder
-    from train.run import RunConfig
+    from train.runs.cv_folder import CVResult, is_cv_folder
+    from train.runs.run import RunConfig
 
     check_path(run=run, records=records)
     CVResult.load(run) if is_cv_folder(run) else RunConfig.load(run)

@@ -1,34 +1,7 @@
-"""The TPUs ``train.fit --preflight --tpu NAME`` checks a step against: devices a host and memory a device.
+"""Deprecated: moved to ``train.accel.tpus`` in tfpipe 1.1 (``tfpipe.deprecations.MOVED_MODULES``)."""
 
-A TensorFlow device on a TPU is a TensorCore (v2, v3: two a chip, each with half the chip's memory) or a whole
-chip (v4: its two TensorCores act as one "megacore" device; v5e: one TensorCore a chip). Figures from Google's
-Cloud TPU system architecture pages (cloud.google.com/tpu/docs/v2, /v3, /v4, /v5e). No TensorFlow here.
-"""
+from tfpipe.deprecations import warn_moved
 
-from __future__ import annotations
+warn_moved(__name__)
 
-from typing import NamedTuple
-
-GIB = 2**30
-
-
-class Tpu(NamedTuple):
-    """One kind of TPU host: ``devices`` replicas (``strategy.num_replicas_in_sync`` on one host, as in ``v3-8``),
-    ``memory`` bytes of high-bandwidth memory a device, and where the figures come from."""
-
-    name: str
-    devices: int
-    memory: int
-    source: str
-
-
-TPUS: dict[str, Tpu] = {
-    t.name: t
-    for t in (
-        Tpu("v2", 8, 8 * GIB, "v2-8: 4 chips of 16 GiB HBM, 2 TensorCores each (cloud.google.com/tpu/docs/v2)"),
-        Tpu("v3", 8, 16 * GIB, "v3-8: 4 chips of 32 GiB HBM, 2 TensorCores each (cloud.google.com/tpu/docs/v3)"),
-        Tpu("v4", 4, 32 * GIB, "v4-8: 4 chips of 32 GiB HBM, one megacore device each (cloud.google.com/tpu/docs/v4)"),
-        Tpu("v5e", 8, 16 * GIB, "v5e-8: 8 chips of 16 GB HBM, 1 TensorCore each (cloud.google.com/tpu/docs/v5e)"),
-    )
-}
-DEFAULT_TPU = "v3"  # Kaggle's TPU v3-8, the TPU most of our users start on
+from train.accel.tpus import *  # noqa: E402, F403

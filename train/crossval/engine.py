@@ -1,0 +1,300 @@
+"""The cross-validation engine behind ``train.cv`` (TensorFlow and tf-keras): every fold trained in turn in one
+process, then the out-of-fold (OOF) predictions, their scores and the thresholds tuned on them.
+
+Steps: check the plan (the shards' folds, the settings) -> check out the CV folder (new, resumed with the plan it
+started with, or replaced) -> resolve the strategy once (on a TPU: one connection) -> for each fold, a normal
+``train.fit`` run in ``CV_DIR/fold-K`` (a finished one kept, an unfinished one resumed), Keras' state cleared
+and a TPU system initialised again between folds, as the Kaggle notebooks do -> the OOF predictions of every
+fold's model on its own validation images (``train.decide.tuning.out_of_fold``) -> ``oof.csv``, ``thresholds.json``,
+``cv.json``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import tensorflow as tf
+
+from tfpipe import fs
+from tfpipe.console import counted
+from tfpipe.errors import TfpipeError, option
+from tfpipe.locks import LOCK, locked_folder
+from tfpipe.shards import Shards, open_shards
+from train.accel.strategy import resolve_strategy, tpu_strategy
+from train.decide.evaluation import score
+from train.decide.tuning import Predictions, describe, out_of_fold, tune_thresholds, write_oof
+from train.keras.config import FitConfig
+from train.keras.fit_run import remove_if_empty, replace_run, settings_of
+from train.keras.plan import prepare
+from train.prediction.inference import validation_predictor
+from train.runs import run as run_files
+from train.runs.cv_folder import (
+    CV_FILE,
+    OOF_COLUMNS,
+    CVResult,
+    ModelScores,
+    check_fold_run,
+    described_folds,
+    fold_run,
+    fold_scores,
+    oof_name,
+    shared_settings,
+    submitted_model,
+)
+from train.runs.run import RunConfig, read_state
+
+PROG = "train.cv"
+
+
+def cross_validate(cfg: FitConfig, folds: Sequence[int] | None = None, tta: int = 1) -> CVResult:
+    """Trains ``folds`` (default: every fold of the shards) with the settings of ``cfg`` into the CV folder
+    ``cfg.run``, then scores the out-of-fold predictions over ``tta`` views; returns ``cv.json``'s content.
+    Called through ``train.cv.cross_validate`` (see its example)."""
+    strategy, kind = resolve_strategy(cfg.strategy, cfg.replicas)  # once: one TPU connection for every fold
+    plan = plan_cv(cfg, open_shards(cfg.records), folds, tta, strategy.num_replicas_in_sync)
+    created = not fs.exists(cfg.run)
+    try:
+        with locked_folder(cfg.run, PROG, setting="run"):
+            check_out_cv(cfg, plan)
+            plan.save(cfg.run)
+            for i, k in enumerate(plan.folds):
+                if i:
+                    strategy = between_folds(strategy, kind)
+                train_fold(cfg, plan, k, i, strategy)
+            result = score_out_of_fold(cfg, plan, strategy)
+            result.save(cfg.run)
+        return result
+    except BaseException:
+        if created:
+            remove_if_empty(cfg.run)
+        raise
+
+
+def plan_cv(cfg: FitConfig, shards: Shards, folds: Sequence[int] | None, tta: int, replicas: int) -> CVResult:
+    """``cv.json``'s plan, every check made before anything trains: shards with folds, the folds to train among
+    theirs, settings a CV can use, class names that fit ``oof.csv``'s columns; every fold on ``replicas``."""
+    from train.prediction.inference import check_tta
+
+    check_tta(tta)
+    if cfg.fold is not None:  # from Python (the command's --fold is the folds' list)
+        raise TfpipeError("cross_validate trains a run for each fold of folds=[...]; leave FitConfig.fold out")
+    if cfg.preflight or cfg.strategy == "multiworker" or not cfg.report or (cfg.resume and cfg.overwrite):
+        raise TfpipeError(_refused_setting(cfg))
+    if not shards.num_folds:
+        raise TfpipeError(f"{cfg.records}: written without folds; write the shards with --num-folds to cross-validate")
+    chosen = list(range(shards.num_folds)) if folds is None else list(folds)
+    wrong = [k for k in chosen if not 0 <= k < shards.num_folds]
+    if wrong or not chosen or len(set(chosen)) != len(chosen):
+        raise TfpipeError(
+            f"{option('fold')} {','.join(map(str, chosen)) or '(none)'}: the folds of {cfg.records} are "
+            f"0..{shards.num_folds - 1}; name each at most once"
+        )
+    decided = prepare(dataclasses.replace(cfg, fold=chosen[0]), shards)
+    twice = sorted(set(OOF_COLUMNS) & set(shards.classes or ()))
+    if twice:
+        raise TfpipeError(f"a class is named {twice[0]!r}, a column oof.csv has of its own; rename the class")
+    assert shards.dataset_id is not None and decided.single_label is not None  # prepare refuses foreign shards
+    return CVResult(
+        cfg.records, shards.dataset_id, shards.num_folds, tuple(chosen), tuple(shards.classes or ()),
+        decided.single_label, tta, shared_settings(settings_of(decided)), replicas,
+    )  # fmt: skip
+
+
+def _refused_setting(cfg: FitConfig) -> str:
+    if cfg.preflight:
+        return "train.cv trains; check the settings once with train.fit --preflight (one fold is enough)"
+    if cfg.strategy == "multiworker":
+        return "train.cv trains on one machine (a multi-worker cluster trains one fold with train.fit)"
+    if cfg.resume and cfg.overwrite:
+        return f"{option('resume', True)} continues the CV in the folder, {option('overwrite', True)} replaces it"
+    return f"train.cv scores each fold's validation predictions, which {option('report', False)} turns off"
+
+
+def check_out_cv(cfg: FitConfig, plan: CVResult) -> None:
+    """The CV folder is new or empty, a CV that ``resume`` continues with the plan it started with, or one that
+    ``overwrite`` replaces (the files train.cv and train.fit wrote; others stay). Anything else: one line."""
+    names = sorted(n for n in fs.listdir(cfg.run) if n != LOCK)
+    if not names:
+        return
+    if CV_FILE in names:  # every fold folder this job trains into or replaces holds train.fit's files only
+        folds = set(plan.folds) | (set(CVResult.load(cfg.run).folds) if cfg.overwrite else set())
+        check_fold_folders(cfg.run, sorted(folds), cfg.overwrite)
+    if CV_FILE not in names and run_files.CONFIG in names:
+        raise TfpipeError(f"{cfg.run} is a run folder of train.fit; choose a new or empty {option('run')} folder")
+    if CV_FILE not in names:
+        raise TfpipeError(
+            f"{cfg.run}: it holds files train.cv did not write ({', '.join(names[:3])}); choose a new or empty "
+            f"{option('run')} folder"
+        )
+    before = CVResult.load(cfg.run)
+    if cfg.overwrite:
+        replace_cv(cfg.run, before, names)
+    elif not cfg.resume:
+        raise TfpipeError(
+            f"{cfg.run} already holds a cross-validation; pass {option('resume', True)} to continue it or "
+            f"{option('overwrite', True)} to replace it, or choose another {option('run')} folder"
+        )
+    else:
+        check_same_plan(cfg.run, before, plan)
+        if before.finished:
+            raise TfpipeError(
+                f"{cfg.run} holds a finished cross-validation; {option('resume', True)} continues an interrupted "
+                f"one -- pass {option('overwrite', True)} to replace it"
+            )
+
+
+def check_fold_folders(cv: str, folds: Sequence[int], overwrite: bool) -> None:
+    """Before anything is trained or removed: a fold folder holding files train.fit did not write is refused
+    (train.fit would refuse it at that fold, after the folds before it; ``overwrite`` would have removed the
+    others' runs first)."""
+    for k in folds:
+        run = fold_run(cv, k)
+        if not fs.isdir(run):
+            continue
+        names = [n for n in fs.listdir(run) if n != LOCK]
+        started = run_files.CONFIG in names
+        foreign = [n for n in names if not run_files.written_by_fit(n)] + run_files.foreign_in_folders(run)
+        if foreign and (overwrite or not started):
+            doing = f"that {option('overwrite', True)} replaces" if overwrite else "train.cv trains into"
+            raise TfpipeError(
+                f"{run_files.path(run, foreign[0])} is not a file train.fit writes, in the fold folder {doing}; move "
+                "it out of the CV folder first"
+            )
+
+
+def check_same_plan(cv: str, before: CVResult, plan: CVResult) -> None:
+    """A resumed CV trains the shards, folds, views and settings it started with."""
+    if before.dataset_id != plan.dataset_id:
+        raise TfpipeError(
+            f"{plan.records} is not the shards {cv} started on (dataset id {before.dataset_id}, now "
+            f"{plan.dataset_id}); a CV folder never mixes shards -- choose another {option('run')} folder"
+        )
+    for what, old, new in (("folds", before.folds, plan.folds), ("tta", before.tta, plan.tta)):
+        if old != new:
+            raise TfpipeError(f"{cv} was started with {what} {old}, not {new}; {option('resume', True)} continues it")
+    if before.replicas != plan.replicas:  # the global batch and the scaled LR follow the replicas
+        raise TfpipeError(
+            f"{cv} trains its folds on {counted(before.replicas, 'replica')}, and this strategy has "
+            f"{plan.replicas}: the folds would differ in global batch and learning rate; resume it where it has "
+            f"{before.replicas} ({option('strategy')}, {option('replicas')})"
+        )
+    changed = [
+        k for k in sorted(set(before.settings) | set(plan.settings)) if before.settings.get(k) != plan.settings.get(k)
+    ]
+    if changed:
+        k = changed[0]
+        raise TfpipeError(
+            f"{cv} was started with {k}={before.settings.get(k)!r}, not {plan.settings.get(k)!r}; a CV folder "
+            "never mixes settings"
+        )
+
+
+def replace_cv(cv: str, before: CVResult, names: Sequence[str]) -> None:
+    """``overwrite``: the fold runs ``before`` planned replaced as ``train.fit --overwrite`` does, then train.cv's
+    own files (``cv.json`` last); files of other names stay."""
+    for k in before.folds:
+        run = fold_run(cv, k)
+        if fs.isdir(run):
+            replace_run(run, fs.listdir(run), progress=False)
+            remove_if_empty(run)
+    own = [n for n in names if run_files.written_by_fit(n) or (n.startswith("oof") and n.endswith(".csv"))]
+    for name in sorted(own, key=lambda n: n == CV_FILE) + [CV_FILE]:
+        if fs.exists(run_files.path(cv, name)) and not fs.isdir(run_files.path(cv, name)):
+            fs.remove(run_files.path(cv, name))
+    print(f"{PROG}: replaced the cross-validation in {cv} ({option('overwrite', True)})", flush=True)
+
+
+def train_fold(cfg: FitConfig, plan: CVResult, fold: int, index: int, strategy: tf.distribute.Strategy) -> None:
+    """Fold ``fold``'s run: kept when finished with the CV's settings, continued when interrupted, else trained."""
+    from train.keras.trainer import fit
+
+    run = fold_run(cfg.run, fold)
+    where = f"{PROG}: fold {fold} ({index + 1} of {len(plan.folds)})"
+    started = fs.exists(run_files.path(run, run_files.CONFIG))
+    if started:
+        check_fold_run(run, RunConfig.load(run), plan, fold)
+        if read_state(run).get("finished"):
+            print(f"{where}: trained earlier -> {run}", flush=True)
+            return
+    print(f"{where}: {'continuing' if started else 'training'} -> {run}", flush=True)
+    begun = time.perf_counter()
+    m = fit(dataclasses.replace(cfg, run=run, fold=fold, resume=started, overwrite=False, strategy=strategy))
+    report = m["report"]
+    auc = report["roc_auc_macro"]
+    print(
+        f"{where}: validation AUC {'-' if auc is None else f'{auc:.4f}'} (exact, {describe(False, 1)}), "
+        f"exact-match {report['exact_match']:.3f} on {counted(report['examples'], 'image')}, "
+        f"{time.perf_counter() - begun:.0f} s",
+        flush=True,
+    )
+
+
+def between_folds(strategy: tf.distribute.Strategy, kind: str) -> tf.distribute.Strategy:
+    """Keras' global state cleared and its memory freed; on a TPU its system initialised again (the memory a
+    fold's model held is freed there only then) and a new strategy over the same connection."""
+    from tfpipe.deps import require_keras
+
+    require_keras().backend.clear_session()
+    gc.collect()
+    if kind != "tpu":
+        return strategy
+    return tpu_strategy(strategy.cluster_resolver)
+
+
+def score_out_of_fold(cfg: FitConfig, plan: CVResult, strategy: tf.distribute.Strategy) -> CVResult:
+    """The OOF predictions of the final models (and of the SWA models, when trained) over the plan's views,
+    scored at thresholds tuned on them; the model with the better OOF AUC is the one train.predict submits with."""
+    models = [oof_scores(cfg, plan, strategy, swa=False)]
+    if cfg.swa_epochs:
+        models.append(oof_scores(cfg, plan, strategy, swa=True))
+    return dataclasses.replace(plan, models=tuple(models), submits=submitted_model(models))
+
+
+def oof_scores(cfg: FitConfig, plan: CVResult, strategy: tf.distribute.Strategy, swa: bool) -> ModelScores:
+    """One model's OOF file, thresholds (tuned on it, always anew) and scores, over all rows and fold by fold."""
+    predict = validation_predictor(strategy, cfg.batch_size, swa=swa, views=plan.tta, progress=bool(cfg.verbose))
+    found, fold_of = out_of_fold(plan, cfg.run, swa=swa, views=plan.tta, predict=predict)
+    oof = oof_name(swa, plan.tta)
+    write_oof(run_files.path(cfg.run, oof), found, fold_of, plan.classes)
+    thresholds, named = oof_thresholds_now(cfg, plan, found, swa)
+    scores = score(found.probs, found.targets, plan.classes, thresholds, plan.single_label)
+    per_fold = tuple(fold_scores(k, _rows_scored(found, fold_of == k, plan, thresholds)) for k in plan.folds)
+    result = ModelScores(run_files.model_files(swa)[0], plan.tta, oof, named, scores, per_fold)
+    print(oof_line(plan, result, len(found.names)), flush=True)
+    return result
+
+
+def oof_thresholds_now(cfg: FitConfig, plan: CVResult, found: Predictions, swa: bool) -> tuple[list[float], str | None]:
+    """Thresholds tuned on the OOF predictions ``found`` and recorded in the CV folder (none for single-label
+    runs, labelled by argmax), and their file's name."""
+    if plan.single_label:
+        return [cfg.threshold] * len(plan.classes), None
+    thresholds = tune_thresholds(found.probs, found.targets, cfg.threshold)
+    run_files.save_thresholds(cfg.run, plan.classes, thresholds, run_files.SWA_SUFFIX if swa else "", plan.tta)
+    return thresholds, run_files.model_files(swa, plan.tta)[1]
+
+
+def _rows_scored(found: Predictions, rows: Any, plan: CVResult, thresholds: list[float]) -> dict[str, Any]:
+    return score(found.probs[rows], found.targets[rows], plan.classes, thresholds, plan.single_label)
+
+
+def oof_line(plan: CVResult, m: ModelScores, n: int) -> str:
+    """``train.cv: OOF of model.keras, 1 view (2000 images, folds 0..4): AUC 0.9712 ...``."""
+    from train.decide.evaluation import headline
+
+    auc = m.scores["roc_auc_macro"]
+    spread = m.spread().get("roc_auc_macro")
+    folds = (
+        f"; fold AUC {spread['mean']:.4f} +- {spread['sd']:.4f} ({spread['min']:.4f}..{spread['max']:.4f})"
+        if spread
+        else ""
+    )
+    return (
+        f"{PROG}: OOF of {describe(m.model == run_files.MODEL_SWA, m.views)} ({counted(n, 'image')}, "
+        f"{described_folds(plan.folds)}): AUC {'-' if auc is None else f'{auc:.4f}'} (exact, macro), "
+        f"{headline(m.scores)} at thresholds tuned on them{folds}"
+    )

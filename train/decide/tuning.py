@@ -1,0 +1,236 @@
+"""Thresholds tuned on the predictions they serve (the model a folder submits with is ``train.decide.choice``).
+
+A run's report tunes ``thresholds.json`` on its model's single-view validation predictions. Predictions averaged
+over N TTA views are less extreme than one view's (measured on real data: held-back exact-match 0.953 with one
+view fell to 0.853 at 4 views under the single-view thresholds, AUC unchanged), so ``train.predict --tta N``
+labels at thresholds tuned on N-view predictions of the same validation images by the same model. They are tuned
+here the first time a model and view count are asked for, and recorded beside the others::
+
+    runs/NAME/val_predictions-tta4.csv    the validation images predicted by model.keras over 4 views
+    runs/NAME/thresholds-tta4.json        per-class thresholds tuned on them (-swa-tta4: the SWA model's)
+
+A CV folder's thresholds are tuned the same way on its out-of-fold predictions (``train.crossval.engine``).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+import numpy.typing as npt
+
+import tfpipe
+from tfpipe import fs
+from tfpipe.console import counted
+from tfpipe.errors import TfpipeError, option
+from tfpipe.shards import Shards
+from train.prediction.submission import label_strings
+from train.runs import run as run_files
+from train.runs.cv_folder import CVResult, fold_run, oof_name
+from train.runs.run import RunConfig, training_parts
+
+Array = npt.NDArray[Any]
+
+
+class Predictions(NamedTuple):
+    """Validation (or out-of-fold) predictions: the images by name and digest, in written order, their
+    probabilities [N, C] and multi-hot targets [N, C]."""
+
+    names: list[str]
+    digests: list[str]
+    probs: Array
+    targets: Array
+
+
+def validation_shards(run: str, config: RunConfig, why: str) -> tuple[Shards, list[int] | None]:
+    """The records run ``run`` validated on (its training shards' fold, or last shards), opened and checked to be
+    the shards it trained beside (their dataset id); ``why`` they are needed, for the error when they are not."""
+    if not fs.exists(config.records):
+        raise TfpipeError(
+            f"{why} needs the validation images of {run}, in its training shards {config.records}, which are not "
+            f"there; predict where they are, or pass {option('threshold')} to label every class at one threshold"
+        )
+    shards = tfpipe.open_shards(config.records)
+    if config.dataset_id and shards.dataset_id != config.dataset_id:
+        raise TfpipeError(
+            f"{why} needs the validation images of {run}, but {config.records} holds other shards than it trained "
+            f"on (dataset id {shards.dataset_id}, the run's {config.dataset_id}): rewritten since, or a relative "
+            f"path resolved from another folder than the run's; pass {option('threshold')} instead"
+        )
+    parts = training_parts(shards, config.fold, float(config.settings.get("val_fraction", 0.2)))
+    return parts.validation, parts.validation_folds
+
+
+def validation_predictions(
+    run: str,
+    config: RunConfig,
+    *,
+    swa: bool,
+    views: int,
+    predict: Callable[[Shards, list[int] | None], Array],
+    why: str,
+) -> Predictions:
+    """The run's validation images as its final model (or ``swa`` model) predicts them over ``views`` TTA views:
+    read from the run folder when recorded (the report's ``val_predictions.csv`` for one view), else made with
+    ``predict(records, folds)`` and recorded. A recorded file is checked against the images first."""
+    records, folds = validation_shards(run, config, why)
+    classes = list(config.classes)
+    names, digests = tfpipe.image_names(records, folds), tfpipe.image_digests(records, folds)
+    targets = tfpipe.read_targets(records, len(classes), folds)
+    recorded = run_files.path(run, run_files.variant(run_files.VAL_PREDICTIONS, swa, views))
+    if fs.exists(recorded):
+        probs = read_probabilities(recorded, classes, digests)
+    else:
+        probs = predict(records, folds)
+        write_predictions(recorded, names, digests, targets, probs, classes)
+    return Predictions(names, digests, probs, targets)
+
+
+def read_probabilities(path: str, classes: Sequence[str], digests: Sequence[str]) -> Array:
+    """The class columns of a predictions file (``image_digest`` first, one column per class), validated as
+    input: its rows must be ``digests`` in order and its values probabilities."""
+    import pandas as pd
+
+    with fs.open(path) as f:
+        try:
+            table = pd.read_csv(f, dtype={"image_digest": str}, keep_default_na=False)
+        except (ValueError, pd.errors.ParserError) as e:
+            raise TfpipeError(f"{path}: not a CSV file ({str(e)[:80]}); it was edited or damaged") from None
+    missing = [c for c in ("image_digest", *classes) if c not in table.columns]
+    if missing:
+        raise TfpipeError(f"{path}: no column {missing[0]!r}; it was edited or damaged (delete it to predict anew)")
+    if list(table["image_digest"]) != list(digests):
+        raise TfpipeError(
+            f"{path}: its rows are not the validation images in their written order; it was edited or belongs "
+            "to other shards (delete it to predict anew)"
+        )
+    probs = pd.DataFrame(table[list(classes)]).apply(pd.to_numeric, errors="coerce").to_numpy(np.float64)
+    if not np.all((probs >= 0) & (probs <= 1)):  # also refuses NaN: a cell that is not a number
+        raise TfpipeError(f"{path}: a value that is not a probability in [0, 1]; it was edited or damaged")
+    return probs.astype(np.float32)
+
+
+def write_predictions(
+    path: str, names: Sequence[str], digests: Sequence[str], targets: Array, probs: Array, classes: Sequence[str]
+) -> None:
+    """A predictions file as the report writes one: ``image_name``, ``image_digest``, ``true`` (the labels), one
+    probability column per class."""
+    import pandas as pd
+
+    truth = label_strings(targets > 0, classes)
+    table = pd.DataFrame({"image_name": list(names), "image_digest": list(digests), "true": truth})
+    fs.write_atomic(path, pd.concat([table, pd.DataFrame(probs, columns=list(classes))], axis=1).to_csv(index=False))
+
+
+def tune_thresholds(
+    probs: npt.NDArray[np.floating[Any]], targets: npt.NDArray[np.floating[Any]], default: float
+) -> list[float]:
+    """Per-class thresholds maximising validation F1 (``default`` for a class with no positive).
+
+    Each lies halfway between the lowest score called positive and the next lower score: the same labels on the
+    validation images, but no validation score sits exactly on a threshold, where float noise of another batch
+    layout or device (1e-7) would flip its label."""
+    from sklearn.metrics import precision_recall_curve
+
+    out = []
+    for c in range(targets.shape[1]):
+        if targets[:, c].sum() == 0:
+            out.append(default)
+            continue
+        precision, recall, thresholds = precision_recall_curve(targets[:, c], probs[:, c])
+        f1 = 2 * precision * recall / np.maximum(precision + recall, 1e-12)
+        best = int(np.argmax(f1[:-1]))
+        below = probs[:, c][probs[:, c] < thresholds[best]]
+        out.append((float(thresholds[best]) + (float(below.max()) if below.size else 0.0)) / 2)
+    return out
+
+
+def tuned_thresholds(
+    folder: str,
+    classes: Sequence[str],
+    *,
+    swa: bool,
+    views: int,
+    default: float,
+    predictions: Callable[[], Predictions],
+    prog: str,
+) -> list[float]:
+    """The per-class thresholds of ``folder`` (a run or a CV folder) for its final or ``swa`` model over
+    ``views`` views: recorded ones, else tuned on ``predictions()`` (the same model, the same views) and
+    recorded. A folder that cannot be written (a read-only Kaggle input) is said, and tuned again next time."""
+    recorded = run_files.load_thresholds(folder, classes, swa, views)
+    if recorded is not None:
+        return recorded
+    found = predictions()
+    thresholds = tune_thresholds(found.probs, found.targets, default)
+    name = run_files.model_files(swa, views)[1]
+    try:
+        run_files.save_thresholds(folder, classes, thresholds, run_files.SWA_SUFFIX if swa else "", views)
+        kept = f"-> {run_files.path(folder, name)}"
+    except (OSError, TfpipeError) as e:
+        kept = f"not recorded ({folder} cannot be written: {str(e)[:60]}); tuned again next time"
+    print(
+        f"{prog}: thresholds for {describe(swa, views)} tuned on {counted(len(found.probs), 'image')} predicted "
+        f"alike {kept}",
+        flush=True,
+    )
+    return thresholds
+
+
+# (run folder, its config, validation records, their folds) -> the probabilities [N, C] of the model and views
+# the caller chose: how a missing prediction file is made (inference's predict_probabilities, with a model)
+Predictor = Callable[[str, RunConfig, Shards, "list[int] | None"], Array]
+
+
+def out_of_fold(cv: CVResult, folder: str, *, swa: bool, views: int, predict: Predictor) -> tuple[Predictions, Array]:
+    """Every fold's validation images as that fold's model (final, or ``swa``) predicts them over ``views`` views,
+    fold after fold, and the fold of each row: the out-of-fold predictions of CV folder ``folder``."""
+    found, fold_of = [], []
+    for k in cv.folds:
+        run = fold_run(folder, k)
+        config = RunConfig.load(run)
+        p = validation_predictions(
+            run, config, swa=swa, views=views, predict=functools.partial(predict, run, config), why="train.cv's OOF"
+        )
+        found.append(p)
+        fold_of.append(np.full(len(p.names), k))
+    joined = Predictions(
+        [n for p in found for n in p.names],
+        [d for p in found for d in p.digests],
+        np.concatenate([p.probs for p in found]),
+        np.concatenate([p.targets for p in found]),
+    )
+    return joined, np.concatenate(fold_of)
+
+
+def write_oof(path: str, found: Predictions, fold_of: Array, classes: Sequence[str]) -> None:
+    """``oof.csv``: image_name, image_digest, fold, one probability column per class, labels (the true ones)."""
+    import pandas as pd
+
+    table = pd.DataFrame({"image_name": found.names, "image_digest": found.digests, "fold": fold_of})
+    labels = label_strings(found.targets > 0, classes)
+    table = pd.concat([table, pd.DataFrame(found.probs, columns=list(classes))], axis=1)
+    fs.write_atomic(path, table.assign(labels=labels).to_csv(index=False))
+
+
+def oof_thresholds(
+    cv: CVResult, folder: str, *, swa: bool, views: int, predict: Predictor, default: float, prog: str
+) -> list[float]:
+    """A CV folder's thresholds for its final (or ``swa``) models over ``views`` views: recorded, or tuned on the
+    out-of-fold predictions made alike (``oof-tta4.csv`` written beside them)."""
+
+    def predictions() -> Predictions:
+        found, fold_of = out_of_fold(cv, folder, swa=swa, views=views, predict=predict)
+        write_oof(run_files.path(folder, oof_name(swa, views)), found, fold_of, cv.classes)
+        return found
+
+    return tuned_thresholds(
+        folder, cv.classes, swa=swa, views=views, default=default, predictions=predictions, prog=prog
+    )
+
+
+def describe(swa: bool, views: int) -> str:
+    """``model.keras, 1 view`` / ``model-swa.keras, 4 TTA views``: which model and views a score belongs to."""
+    return f"{run_files.model_files(swa)[0]}, {views} {'TTA views' if views > 1 else 'view'}"

@@ -1,0 +1,349 @@
+"""The run folder as ``train.fit`` writes it (``train.runs.run`` names its files and reads them back): checked out
+before training (new, resumed with the settings it started with, or replaced), ``config.json`` written, models
+saved through temporary names, and what a failed job wrote taken back so the folder never looks finished."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import errno
+import json
+import os
+import shutil
+import signal
+import statistics
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+from tfpipe import fs
+from tfpipe.errors import TfpipeError, option
+from tfpipe.lifecycle import with_detail
+from tfpipe.locks import LOCK
+from tfpipe.shards import Shards
+from train.keras.config import PREFLIGHT_ONLY, FitConfig
+from train.keras.schedules import scaled_lr
+from train.runs import run as run_files
+from train.runs.cv_folder import CV_FILE
+from train.runs.run import RunConfig, read_state, same_setting
+
+if TYPE_CHECKING:
+    import tf_keras as keras
+
+    from train.keras.callbacks import Throughput
+import tensorflow as tf  # its errors: what stops training from outside (stopping_cleanly)
+
+# Settings a resumed run must share with the run it continues (others, such as verbose, may change).
+RESUME_KEYS = (
+    "records",
+    "model",
+    "image_size",
+    "batch_size",
+    "epochs",
+    "steps_per_execution",
+    "lr",
+    "schedule",
+    "optimizer",
+    "fold",
+    "val_fraction",
+    "burn_epochs",
+    "single_label",
+    "swa_epochs",
+    "classes",
+)
+
+
+def check_out(cfg: FitConfig, shards: Shards) -> bool:
+    """A run folder is a new or empty folder, or a run that ``resume`` continues with the settings it started
+    with, on the same shards; a finished run is never trained over, and a folder holding anything train.fit did
+    not write (no valid ``config.json``) is never trained into. Each is an error naming the way out. Called
+    holding the folder's lock; returns True for a new or empty folder (no earlier run in it)."""
+    others = sorted(n for n in fs.listdir(cfg.run) if n != LOCK)
+    if CV_FILE in others:
+        raise TfpipeError(
+            f"{cfg.run} is a CV folder of train.cv (its {CV_FILE}); continue it with train.cv "
+            f"{option('resume', True)}, or choose another {option('run')} folder"
+        )
+    if others and not fs.exists(run_files.path(cfg.run, run_files.CONFIG)):
+        listed = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
+        files = "files" if len(others) > 1 else "a file"
+        raise TfpipeError(
+            f"{cfg.run} holds {files} train.fit did not write ({listed}); choose a new or empty {option('run')} folder"
+        )
+    if not others:
+        return True
+    config = RunConfig.load(cfg.run)
+    if config.recipe:  # its files are not train.fit's to continue or replace
+        raise TfpipeError(
+            f"{cfg.run} holds a run of the PyTorch recipe {config.recipe}; choose another {option('run')} folder"
+        )
+    if cfg.overwrite:
+        replace_run(cfg.run, others, cfg.verbose > 0)
+        return True
+    if not cfg.resume:
+        raise TfpipeError(
+            f"{cfg.run} already holds a run; pass {option('resume', True)} to continue it or "
+            f"{option('overwrite', True)} to replace it, or choose another {option('run')} folder"
+        )
+    check_resume_fits(cfg, shards, config)
+    run_files.remove_half_saved(cfg.run)  # of a job killed while saving: this one saves them again
+    return False
+
+
+def check_resume_fits(cfg: FitConfig, shards: Shards, config: RunConfig) -> None:
+    """``resume`` continues an unfinished run on its own shards with the settings it started with."""
+    if read_state(cfg.run).get("finished"):
+        raise TfpipeError(
+            f"{cfg.run} holds a finished run (model.keras); {option('resume', True)} continues an interrupted "
+            f"one -- pass {option('overwrite', True)} to replace it, or choose another {option('run')} folder"
+        )
+    if config.dataset_id and config.dataset_id != shards.dataset_id:
+        raise TfpipeError(
+            f"{cfg.records} was rewritten since {cfg.run} started (dataset id {config.dataset_id}, "
+            f"now {shards.dataset_id}); {option('resume', True)} continues a run on its own shards "
+            f"-- choose another {option('run')} folder to train on the new ones"
+        )
+    before = config.settings
+    now = dict(settings_of(cfg), classes=shards.classes)
+    changed = [
+        k
+        for k in RESUME_KEYS
+        if k in before and not same_setting(k, before[k], json.loads(json.dumps(now[k], default=str)))
+    ]
+    if changed:
+        k = changed[0]
+        raise TfpipeError(
+            f"{cfg.run} was started with {k}={before[k]!r}, not {now[k]!r}; {option('resume', True)} "
+            "continues a run with its own settings"
+        )
+    check_resumable(cfg.run, config)
+
+
+def replace_run(run: str, names: Sequence[str], progress: bool) -> None:
+    """``overwrite``: removes the files of the run in ``run`` that train.fit wrote (``config.json`` last, so a job
+    killed meanwhile leaves a folder that is still a run's); files of other names stay, and are said. A file of
+    another name inside its folders (``logs/``, ...) is refused: those folders go whole."""
+    stray = run_files.foreign_in_folders(run)
+    if stray:
+        raise TfpipeError(
+            f"{run_files.path(run, stray[0])} is not a file train.fit writes, in a folder {option('overwrite', True)} "
+            "removes whole; move it out of the run folder first"
+        )
+    own = sorted((n for n in names if run_files.written_by_fit(n)), key=lambda n: n == run_files.CONFIG)
+    for name in own:
+        p = run_files.path(run, name)
+        fs.rmtree(p) if fs.isdir(p) and not os.path.islink(p) else fs.remove(p)
+    kept = [n for n in names if n not in own]
+    if progress:
+        what = f"; kept what train.fit did not write: {', '.join(kept[:3])}" + (" ..." if len(kept) > 3 else "")
+        print(f"train.fit: replaced the run in {run} ({option('overwrite', True)}){what if kept else ''}", flush=True)
+
+
+def check_resumable(run: str, config: RunConfig) -> None:
+    """What an interrupted job left must be continued, never started over: ``history.csv`` recording epochs with
+    no backup to continue them from (a job of tfpipe 1.0 interrupted after its last epoch, when Keras had already
+    deleted its backup) would train from scratch and append to the history, counting epochs twice."""
+    rows = run_files.read_history(run)
+    if rows is None:
+        return
+    epochs = len(rows)
+    burn = int(config.settings.get("burn_epochs") or 0)
+    burn_done = bool(read_state(run).get("burn_done"))  # the burn-in's epochs are kept as its weights
+    phase, in_phase = ("fine-tune", epochs - burn) if burn_done or not burn else ("burn", epochs)
+    if in_phase > 0 and not fs.glob(run_files.path(run, f"{run_files.BACKUP}/{phase}/*")):
+        raise TfpipeError(
+            f"{run}: {run_files.HISTORY} lists {epochs} epoch{'s' * (epochs != 1)} but no backup is left to continue "
+            f"from ({run_files.BACKUP}/ is empty: the job was interrupted after its last epoch by an older tfpipe); "
+            f"{option('resume', True)} would train again from scratch -- choose another {option('run')} folder"
+        )
+
+
+def save_model(model: keras.Model, path: str) -> None:
+    """Saves through a temporary name: a crash while saving never leaves a half-written model file."""
+    tmp = fs.temporary_name(path[: -len(".keras")]) + ".keras"  # a name no user file has
+    model.save(tmp)
+    fs.rename(tmp, path, overwrite=True)
+
+
+def write_run_config(plan: FitConfig, shards: Shards) -> None:
+    """config.json: what predicting with this run depends on (classes, input size, how the images were fitted,
+    single- or multi-label, the shards' dataset id, the validation fold), plus every setting used."""
+    manifest = shards.manifest
+    # prepare() refuses shards without a manifest, and decides the input size and single- or multi-label
+    assert manifest is not None and plan.image_size is not None and plan.single_label is not None
+    RunConfig(
+        classes=tuple(manifest.classes),
+        image_size=plan.image_size,
+        single_label=plan.single_label,
+        fit=manifest.image.effective_fit,
+        dataset_id=shards.dataset_id,
+        fold=plan.fold,
+        records=plan.records,
+        settings=settings_of(plan),
+        stored_size=shards.image_size or run_files.OWN_SIZES,
+    ).save(plan.run)
+
+
+def settings_of(cfg: FitConfig) -> dict[str, Any]:
+    """Every setting of ``cfg`` as JSON values, as ``config.json`` records them: a strategy object by its class
+    name, the callbacks and the preflight's settings left out (``dataclasses.asdict`` would deep-copy a strategy
+    and the callbacks, and the default strategy refuses to be copied)."""
+    strategy = cfg.strategy if isinstance(cfg.strategy, str) else type(cfg.strategy).__name__
+    fields = dataclasses.asdict(dataclasses.replace(cfg, strategy=strategy, callbacks=()))
+    kept = {k: v for k, v in fields.items() if k not in ("callbacks", *PREFLIGHT_ONLY)}  # a run is never a preflight
+    return dict(json.loads(json.dumps(kept, default=str)))
+
+
+def stops_of(run_dir: str) -> dict[str, Any]:
+    """metrics.json's count of the jobs a signal stopped before this one finished the run, and where each
+    stopped (``state.json``'s record)."""
+    stops = read_state(run_dir).get("stops", [])
+    return {"interrupted": len(stops), "stops": stops}
+
+
+@contextlib.contextmanager
+def stops_recorded(run_dir: str, where: str = "") -> Iterator[None]:
+    """A job stopped by a signal (SIGTERM, Ctrl-C) in a run that can be resumed is added to ``state.json``'s
+    stops, which ``metrics.json`` counts: where (the step it stopped at, else ``where``) and by what."""
+    try:
+        yield
+    except KeyboardInterrupt as e:
+        if fs.exists(run_files.path(run_dir, run_files.CONFIG)):  # else nothing is left to resume
+            signum = getattr(e, "signum", signal.SIGINT)
+            with contextlib.suppress(TfpipeError, OSError):  # the stop's own line matters more
+                run_files.record_stop(run_dir, signal.Signals(signum).name, getattr(e, "at", "") or where)
+        raise
+
+
+def backup_saved(run_dir: str) -> bool:
+    """Whether a phase's backup (an epoch's or a step's) is in ``run_dir``: something ``--resume`` continues."""
+    return bool(tf.io.gfile.glob(run_files.path(run_dir, f"{run_files.BACKUP}/*/chief/checkpoint")))
+
+
+@contextlib.contextmanager
+def removed_unless_an_epoch_is_saved(run_dir: str, fresh: bool, throughput: Throughput) -> Iterator[None]:
+    """A job that fails before its first epoch or step is saved (the model cannot be built: ImageNet weights
+    offline) in a ``fresh`` folder (new or empty when it started) removes the run files it wrote there: nothing could be
+    resumed, and they would make the corrected command refuse the folder. Nothing else is touched: not a file of
+    another name, never a folder that held a run before this job."""
+    try:
+        yield
+    except BaseException:
+        if fresh and not throughput.epochs_saved and not backup_saved(run_dir):
+            for name in run_files.WRITTEN:
+                p = run_files.path(run_dir, name)
+                if fs.isdir(p):
+                    fs.rmtree(p)
+                elif fs.exists(p):
+                    fs.remove(p)
+        raise
+
+
+def remove_if_empty(folder: str) -> None:
+    """Removes ``folder`` when it is empty (a run folder this job made and left nothing in); a local folder only
+    (an empty "folder" on gs:// is no object)."""
+    if not fs.is_remote(folder):
+        with contextlib.suppress(OSError):
+            os.rmdir(folder)
+
+
+@contextlib.contextmanager
+def stopping_cleanly(plan: FitConfig, shards: Shards) -> Iterator[None]:
+    """Turns what stops training from outside into one line: the shards rewritten under it (their files gone
+    mid-epoch), or a full disk while Keras backs up the epoch (its half-written ``*_temp`` folders removed)."""
+    try:
+        yield
+    except (tf.errors.OpError, OSError) as e:
+        shards.check_unchanged()
+        if "No space left" not in str(e) and getattr(e, "errno", None) != errno.ENOSPC:
+            raise
+        removed = remove_temporaries(run_files.path(plan.run, run_files.BACKUP))
+        raise TfpipeError(
+            f"{plan.run}: no space left on the device while saving the epoch's backup "
+            f"({removed} half-written file{'s' * (removed != 1)} removed); free space and continue "
+            f"with {option('resume', True)}"
+        ) from None
+
+
+def remove_temporaries(folder: str) -> int:
+    """Deletes the ``*_temp*`` files and folders TensorFlow's checkpoint writer left under ``folder``."""
+    removed = 0
+    for root, dirs, files in os.walk(folder) if not fs.is_remote(folder) else ():
+        for name in [d for d in dirs if "_temp" in d]:
+            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+            dirs.remove(name)
+            removed += 1
+        for name in [f for f in files if "_temp" in f]:
+            os.remove(os.path.join(root, name))
+            removed += 1
+    return removed
+
+
+@contextlib.contextmanager
+def unfinished_on_error(run_dir: str) -> Iterator[None]:
+    """After model.keras is saved, a failure (the shards rewritten, a crash in the report) removes the models
+    this job saved, so the folder never holds a model that looks finished but is not. A stop (SIGTERM, Ctrl-C)
+    says that the training is kept and ``--resume`` finishes the run."""
+    try:
+        yield
+    except BaseException as e:
+        for name in (run_files.MODEL, run_files.MODEL_SWA):
+            if fs.exists(run_files.path(run_dir, name)):
+                fs.remove(run_files.path(run_dir, name))
+        if isinstance(e, KeyboardInterrupt):
+            raise with_detail(
+                e, f"every epoch is saved; {option('resume', True)} writes the model and report"
+            ) from None
+        raise
+
+
+def summarise(
+    cfg: FitConfig,
+    kind: str,
+    strategy: tf.distribute.Strategy,
+    sizes: tuple[int, int, int, int, int],
+    precision: str,
+    seconds: float,
+    throughput: Throughput,
+) -> dict[str, Any]:
+    """metrics.json: the run's configuration, speed and validation scores (from history.csv). ``sizes``: (global
+    batch, steps an epoch, training images, validation images, optimizer steps taken)."""
+    import pandas as pd
+
+    with fs.open(run_files.path(cfg.run, run_files.HISTORY)) as f:
+        history = pd.read_csv(f)
+    val_cols = [c for c in history.columns if c.startswith("val_")]
+    best = history.loc[history["val_auc"].idxmax()] if "val_auc" in history else history.iloc[-1]
+    global_batch, steps, n_train, n_val, optimizer_steps = sizes
+    rates = throughput.rates
+    if {run_files.IMAGES_PER_SEC, run_files.EPOCH_SECONDS} <= set(history.columns):
+        # Every job's epochs, an interrupted run's too (runs before tfpipe 1.1 have only this job's): the epochs'
+        # seconds, plus this job's outside its epochs (start, saving, report; earlier jobs' are not recorded).
+        rates = list(history[run_files.IMAGES_PER_SEC].dropna())
+        seconds = float(history[run_files.EPOCH_SECONDS].sum()) + seconds - throughput.seconds
+    rates = rates[1:] or rates  # the first epoch compiles (a resumed job's first too: the median outvotes it)
+    return {
+        "strategy": kind,
+        "strategy_class": type(strategy).__name__,
+        "replicas": strategy.num_replicas_in_sync,
+        "steps_per_execution": cfg.steps_per_execution,
+        "per_replica_batch_size": cfg.batch_size,
+        "global_batch_size": global_batch,
+        "base_lr": cfg.lr,
+        "scaled_lr": scaled_lr(cfg.lr, strategy.num_replicas_in_sync),
+        "schedule": cfg.schedule,
+        "model": cfg.model,
+        "image_size": cfg.image_size,
+        "precision": precision,
+        "epochs": len(history),
+        "burn_epochs": cfg.burn_epochs,
+        "steps_per_epoch": steps,
+        "optimizer_steps": optimizer_steps,
+        "train_examples": n_train,
+        "val_examples": n_val,
+        "fold": cfg.fold,
+        "images_per_sec": round(statistics.median(rates), 1) if rates else None,
+        "seconds": round(seconds, 1),
+        **stops_of(cfg.run),
+        "final": {c: float(history[c].iloc[-1]) for c in val_cols},
+        "best": dict({c: float(best[c]) for c in val_cols}, epoch=int(best["epoch"]) + 1),
+    }

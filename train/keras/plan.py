@@ -1,0 +1,178 @@
+"""The plan of a training run: the configuration checked (every number in range, every name known) and what it
+leaves open decided from the shards (``prepare``), before the run folder is touched; no TensorFlow."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from tfpipe import fs
+from tfpipe.augment import Augment
+from tfpipe.data_service import check_service
+from tfpipe.errors import (
+    TfpipeError,
+    check_at_least,
+    check_count,
+    check_fraction,
+    check_positive,
+    check_seed,
+    option,
+)
+from tfpipe.locks import check_not_a_file
+from tfpipe.shards import Shards
+from train.accel.tpus import TPUS
+from train.keras.config import FitConfig
+from train.keras.models import min_image_size
+from train.keras.names import OPTIMIZERS, PRECISIONS, SCHEDULES
+
+
+def prepare(cfg: FitConfig, shards: Shards) -> FitConfig:
+    """The plan: ``cfg`` with what it leaves open decided from the shards (single- or multi-label, input size,
+    the seed of a deterministic run). A copy: the caller's config is never changed, so it can be reused."""
+    if shards.manifest is None:
+        raise TfpipeError(
+            f"{cfg.records}: train.fit needs a folder written by tfpipe.write (its manifest gives "
+            "the classes and folds)"
+        )
+    if not shards.labeled:
+        raise TfpipeError(
+            f"{cfg.records}: written unlabeled (manifest: labeled false, written with "
+            f"{option('unlabeled', True, python='Source(..., labeled=False)')}); "
+            "training needs labeled shards"
+        )
+    check_numbers(cfg)
+    check_strategy_settings(cfg)
+    check_names(cfg)
+    image_size = checked_image_size(cfg, shards)
+    if cfg.fold is not None and not shards.num_folds:
+        raise TfpipeError(
+            f"{cfg.records}: written without folds, so {option('fold', cfg.fold)} has nothing to pick; "
+            f"drop it (the last shards are held out, {option('val_fraction')}) or write with --num-folds"
+        )
+    if not 0 <= cfg.swa_epochs <= cfg.epochs:
+        raise TfpipeError(f"{option('swa_epochs')} must be in 0..{cfg.epochs} (the epochs); got {cfg.swa_epochs}")
+    if cfg.single_label and shards.multi_label:
+        raise TfpipeError(
+            f"{cfg.records}: {shards.describe_labels()}; {option('single_label', True)} (softmax, one "
+            "class an image) would keep one label per image and drop the rest -- leave it out"
+        )
+    single_label = shards.single_label if cfg.single_label is None else cfg.single_label
+    seed = (0 if cfg.seed is None else cfg.seed) if cfg.deterministic else cfg.seed  # seeded input order
+    weights = None if cfg.weights in (None, "none") else cfg.weights  # "none": the command line's word for None
+    fold = 0 if cfg.fold is None and shards.num_folds else cfg.fold
+    return dataclasses.replace(
+        cfg,
+        image_size=image_size,
+        single_label=single_label,
+        seed=seed,
+        weights=weights,
+        fold=fold,
+        augment=cfg.augment or Augment(),
+    )
+
+
+def checked_image_size(cfg: FitConfig, shards: Shards) -> int:
+    """The input side: ``cfg.image_size``, else the stored size; refused when there is none, or when it is below
+    the model's smallest input."""
+    image_size = cfg.image_size or shards.image_size
+    if not image_size:
+        raise TfpipeError(
+            f"{cfg.records}: images were stored at their own sizes (written without {option('image_size')}); pass "
+            f"{option('image_size', 224)} -- the model's input side, each image resized to it as read"
+        )
+    if image_size < min_image_size(cfg.model):
+        raise TfpipeError(
+            f"{option('image_size')} {image_size} is below {cfg.model}'s smallest input "
+            f"({min_image_size(cfg.model)} px)"
+        )
+    return image_size
+
+
+def check_names(cfg: FitConfig) -> None:
+    """Every named setting is one the engine knows (the command line offers only those; Python may pass any),
+    and a weights file exists: checked before the run folder is touched. The model's name is checked with its
+    smallest input (``checked_image_size``). ``resume`` and ``overwrite`` are not both asked."""
+    for name, value, known in (
+        ("optimizer", cfg.optimizer, OPTIMIZERS),
+        ("schedule", cfg.schedule, SCHEDULES),
+        ("precision", cfg.precision, (None, *PRECISIONS)),
+        ("tpu", cfg.tpu, tuple(TPUS)),
+    ):
+        if value not in known:
+            raise TfpipeError(f"unknown {name} {value!r}: use one of {', '.join(k for k in known if k)}")
+    if cfg.weights not in (None, "none", "imagenet") and not fs.exists(cfg.weights):
+        raise TfpipeError(f"cannot load weights {cfg.weights!r} for {cfg.model}: no such file")
+    if cfg.data_service is not None:
+        check_data_service(cfg)
+    if cfg.resume and cfg.overwrite:
+        raise TfpipeError(
+            f"{option('resume', True)} continues the run in {cfg.run}, {option('overwrite', True)} replaces it; "
+            "choose one"
+        )
+
+
+def check_data_service(cfg: FitConfig) -> None:
+    """A dispatcher answers at ``cfg.data_service``, and nothing asked of the input that a service cannot give."""
+    if cfg.deterministic:
+        raise TfpipeError(
+            f"{option('deterministic', True)} fixes the input order, and the workers of {option('data_service')} "
+            "race each other for it; choose one"
+        )
+
+    check_service(cfg.data_service or "", python="data_service")
+
+
+def check_strategy_settings(cfg: FitConfig) -> None:
+    """Settings a strategy cannot have, checked before the strategy starts (a multi-worker one connects to its
+    cluster, and would wait there for a worker that refused)."""
+    check_not_a_file(cfg.run, "run")
+    if cfg.strategy == "multiworker" and cfg.data_service is not None:
+        raise TfpipeError(
+            f"{option('data_service')} with {option('strategy', 'multiworker')}: each worker would run its own "
+            "job on the service, and records would reach several workers; one trainer consumes a service"
+        )
+
+
+def check_numbers(cfg: FitConfig) -> None:
+    """Every numeric setting in its range (the command line and Python refuse the same values)."""
+    check_count(
+        1,
+        epochs=cfg.epochs,
+        batch_size=cfg.batch_size,
+        steps_per_execution=cfg.steps_per_execution,
+        replicas=cfg.replicas,
+    )
+    check_count(0, burn_epochs=cfg.burn_epochs, swa_epochs=cfg.swa_epochs, fold=cfg.fold, save_every=cfg.save_every)
+    check_at_least(
+        0, warmup_epochs=cfg.warmup_epochs, weight_decay=cfg.weight_decay, label_smoothing=cfg.label_smoothing
+    )
+    check_positive(lr=cfg.lr, burn_lr=cfg.burn_lr)
+    check_seed(seed=cfg.seed)
+    check_fraction(val_fraction=cfg.val_fraction, threshold=cfg.threshold)
+    if not cfg.label_smoothing < 1:
+        raise TfpipeError(f"{option('label_smoothing')} must be below 1 (got {cfg.label_smoothing})")
+
+
+def capped_steps_per_execution(plan: FitConfig, steps: int) -> FitConfig:
+    """Keras runs at most an epoch's steps per compiled call: a larger ``steps_per_execution`` is cut to
+    ``steps``, said in a line, and recorded as the value used (metrics.json, the result line)."""
+    if plan.steps_per_execution <= steps:
+        return plan
+    if plan.verbose:
+        print(
+            f"train.fit: {option('steps_per_execution', plan.steps_per_execution)} is more than the {steps} "
+            f"step{'s' * (steps != 1)} of an epoch; using {steps} (Keras never runs past an epoch in one call)",
+            flush=True,
+        )
+    return dataclasses.replace(plan, steps_per_execution=steps)
+
+
+def check_batch_fits(plan: FitConfig, replicas: int, n_train: int) -> None:
+    """A global batch (``plan.batch_size`` on each of ``replicas``) larger than the training set would train on
+    padding-sized nothing (and a huge batch costs gigabytes before failing): refused, naming the numbers."""
+    if plan.batch_size * replicas > n_train:
+        raise TfpipeError(
+            f"{option('batch_size', plan.batch_size)} x {replicas} replica{'s' * (replicas > 1)} = "
+            f"{plan.batch_size * replicas} image{'s' * (plan.batch_size * replicas != 1)} a step, more than the "
+            f"{n_train} training image{'s' * (n_train != 1)}; "
+            f"use {option('batch_size')} {max(1, n_train // replicas)} or less"
+        )

@@ -1,0 +1,2 @@
+"""Prediction: the engine of ``train.predict`` (``inference``), what it predicts with -- a run or a CV's fold
+ensemble (``target``) --, its scores on labeled shards (``scores``) and the submission CSV (``submission``)."""

@@ -1,0 +1,258 @@
+"""The submission CSV and the checks before one is written, for ``train.predict`` and the PyTorch recipes alike
+(no TensorFlow here): does a run fit the shards it is to predict, the destination may be written, the labels
+column, the table, and its writing (whole, with its hash recorded beside it).
+
+    from train.prediction.submission import check_run_fits_records, submission_table, write_submission
+    check_run_fits_records(config, test_shards, "records/demo/test")    # classes, sizes, fit: one line if not
+    df = submission_table(probs, ids, "image", config, thresholds=[0.5] * len(config.classes), probabilities=False)
+    write_submission("submission.csv", df.to_csv(index=False), overwrite=False)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import posixpath
+import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+
+from tfpipe import fs
+from tfpipe.errors import TfpipeError, in_command, option
+from tfpipe.shards import Records, Shards
+from train.decide.evaluation import predicted_hits
+from train.runs import run as run_files
+from train.runs.run import RunConfig
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+
+def labels_at(
+    probs: npt.NDArray[np.floating[Any]], classes: Sequence[str], thresholds: Sequence[float], single_label: bool
+) -> list[str]:
+    """Space-separated predicted class names per row: argmax for single-label, else every class at or above its
+    threshold (``train.decide.evaluation.predicted_hits``, what the scores count)."""
+    return label_strings(predicted_hits(probs, thresholds, single_label), classes)
+
+
+def label_strings(hits: npt.NDArray[np.bool_], classes: Sequence[str]) -> list[str]:
+    """Space-separated class names of each row of boolean ``hits`` [N, C]: a labels column (predicted or true)."""
+    return [" ".join(c for c, on in zip(classes, row) if on) for row in hits]
+
+
+def check_column_names(id_column: str, classes: Sequence[str], labels: bool, probabilities: bool) -> None:
+    """Every column of the submission has its own name: a class named like the id column (or ``labels`` beside
+    the labels column) would make two columns one when the CSV is read back."""
+    names = [id_column, *(["labels"] if labels else []), *(classes if probabilities else [])]
+    twice = next((n for i, n in enumerate(names) if n in names[:i]), None)
+    if twice is not None:
+        raise TfpipeError(
+            f"the submission would hold two columns named {twice!r} (the id column, the labels column or a "
+            f"class); choose another {option('id_column')}"
+            + (", or write the labels and the probabilities in two runs" if labels and probabilities else "")
+        )
+
+
+def submission_table(
+    probs: npt.NDArray[np.float32],
+    ids: Sequence[str],
+    id_column: str,
+    config: RunConfig,
+    thresholds: list[float] | None,
+    probabilities: bool,
+) -> pd.DataFrame:
+    """The submission: ``id_column``, the labels at ``thresholds`` (space-separated; none when ``thresholds`` is
+    None), then one probability column per class with ``probabilities``."""
+    import pandas as pd
+
+    classes = list(config.classes)
+    df = pd.DataFrame({id_column: list(ids)})
+    if thresholds is not None:
+        df["labels"] = labels_at(probs, classes, thresholds, config.single_label)
+    if probabilities:
+        df = pd.concat([df, pd.DataFrame(probs, columns=classes)], axis=1)
+    return df
+
+
+def check_destination(out: str, overwrite: bool) -> None:
+    """Before any predicting: ``out`` must be a regular file name whose folder exists (created if missing). An
+    existing file is replaced only when ``train.predict`` wrote it and nobody changed it since (its hash is
+    recorded beside it in ``.NAME.tfpipe``), or with ``overwrite``: never a ``train.csv``, a manifest or anything
+    else named as ``out`` by mistake, whatever its columns. A FIFO or a device (``/dev/stdout``) is never written,
+    nor a link (written over, it would become a file), nor -- even with ``overwrite`` -- a file of tfpipe's own
+    contracts (a run's ``config.json`` or weights, a ``manifest.json``, a shard)."""
+    if not out:
+        return
+    if fs.isdir(out) or out.endswith("/"):
+        raise TfpipeError(f"{out} is a folder; {option('out')} names the CSV file to write")
+    if run_files.contract_file(posixpath.basename(out)):
+        raise TfpipeError(
+            f"{out} is a name tfpipe's own files have (a run's, a shard folder's); a submission never replaces one "
+            f"-- choose another {option('out')}"
+        )
+    for path in (out, _record_path(out)):
+        if fs.exists(path):
+            fs.check_regular(path)  # a FIFO would hang the hash, a device be replaced by a file
+    if not fs.is_remote(out) and os.path.islink(out):
+        raise TfpipeError(f"{out} is a link; {option('out')} names the file itself (the link would become a file)")
+    if fs.exists(out) and not overwrite and not wrote_it(out):
+        raise TfpipeError(
+            f"{out} exists and was not written by train.predict (or was changed since); it is not "
+            f"replaced -- choose another {option('out')} or pass {option('overwrite', True)}"
+        )
+    folder = posixpath.dirname(out)
+    if folder and not fs.isdir(folder):
+        if fs.exists(folder):
+            raise TfpipeError(f"{folder} is a file, so {out} cannot be written")
+        fs.makedirs(folder)
+    if not fs.is_remote(out) and not os.access(folder or ".", os.W_OK | os.X_OK):  # before, not after, predicting
+        raise TfpipeError(f"{folder or '.'}: this user cannot write there, so {out} cannot be written; choose another")
+
+
+def _record_path(out: str) -> str:
+    """``.submission.csv.tfpipe`` beside ``submission.csv``: the SHA-256 of what train.predict wrote there (one
+    record per file, so two predictions into one folder never lose each other's)."""
+    return posixpath.join(posixpath.dirname(out), f".{posixpath.basename(out)}.tfpipe")
+
+
+def _sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with fs.open(path, "rb") as f:
+        for block in iter(lambda: f.read(2**20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def wrote_it(out: str) -> bool:
+    """Whether ``out`` is byte for byte the file train.predict recorded writing there."""
+    record = _record_path(out)
+    if not fs.exists(record) or not fs.isfile(out):  # gone, or a FIFO whose hash would wait forever
+        return False
+    try:
+        recorded = fs.read_text(record, limit=4096).strip()
+    except (TfpipeError, UnicodeDecodeError):
+        return False
+    return recorded == _sha256(out)
+
+
+def write_submission(out: str, text: str, overwrite: bool) -> None:
+    """Writes ``out`` whole (complete or absent, also on gs://) and records its hash beside it."""
+    check_destination(out, overwrite)  # again: another job may have put a file there while this one predicted
+    data = text.encode("utf-8")
+    fs.write_atomic(out, data)
+    fs.write_atomic(_record_path(out), hashlib.sha256(data).hexdigest() + "\n")
+
+
+def check_run_fits_records(config: RunConfig, shards: Shards, records: Records, prog: str = "train.predict") -> None:
+    """A run predicts only shards made the way its training shards were: its own classes (in its order), its
+    input size, the same fit (stretch/crop/pad); a single-label run never predicts multi-label shards. Anything
+    else would be a full submission of wrong labels, or of differently framed images. Labeled shards the run
+    trained on get a warning. Shards without a manifest (a glob) carry no claims to check."""
+    if shards.manifest is None:
+        return
+    if shards.classes and list(shards.classes) != list(config.classes):  # unlabeled shards list none
+        raise TfpipeError(
+            f"{records}: its classes ({_listed(shards.classes)}) are not the run's "
+            f"({_listed(config.classes)}); predict with a run trained on these classes"
+        )
+    check_stored_size(config, shards.image_size, records)
+    fit = shards.manifest.image.effective_fit  # shards.images, of a folder with a manifest
+    if config.fit and fit != config.fit:
+        raise TfpipeError(
+            f"{records}: images fitted to a square by {fit!r}, the run's training images by "
+            f"{config.fit!r}; write the shards again with "
+            f"{option('fit', config.fit, python=f'ImageSpec(fit={config.fit!r})')}"
+        )
+    if config.single_label and shards.multi_label:
+        raise TfpipeError(
+            f"{records}: {shards.describe_labels()}, but the run is single-label (one class an "
+            "image); predict them with a multi-label run"
+        )
+    if shards.labeled and config.dataset_id and shards.dataset_id == config.dataset_id:
+        print(
+            f"{prog}: warning: {records} are the shards this run trained on (dataset id "
+            f"{config.dataset_id}): predictions of its training images say nothing about unseen images",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
+def check_stored_size(config: RunConfig, stored: int | None, records: Records) -> None:
+    """The one size rule of train.fit and train.predict: the reader resizes stored images to the model's input
+    (``image_size``), so shards to predict must be stored as the training shards were -- at the same size, or
+    both at their own sizes (``stored`` None, written without ``--image-size``) -- then they are resized exactly
+    as in training. Runs that did not record it (before tfpipe 1.1) trained at the stored size."""
+    trained = config.stored_size or config.image_size
+    if (stored or run_files.OWN_SIZES) == trained or (stored is None and config.stored_size is None):
+        return  # the second: a run that did not record it, shards without a fixed size (as before 1.1)
+    resized = f", resized to {config.image_size} px as read" if trained != config.image_size else ""
+    if trained == run_files.OWN_SIZES:
+        fix = f"without {option('image_size')}" if in_command() else "with ImageSpec(image_size=None)"
+    else:
+        fix = "with " + option("image_size", trained, python=f"ImageSpec(image_size={trained})")
+    raise TfpipeError(
+        f"{records}: images stored at {_stored(stored)}, the run's training images at {_stored(trained)}{resized}; "
+        f"write the shards again {fix}"
+    )
+
+
+def _stored(size: int | str | None) -> str:
+    return f"{size} px" if isinstance(size, int) else "their own sizes (written without a fixed size)"
+
+
+def check_labels_can_be_joined(classes: Sequence[str], single_label: bool) -> None:
+    """A multi-label submission joins each row's labels with spaces: a class named ``New York`` (a one-hot
+    column or a folder name) would be read back as two labels, so such runs write probabilities instead."""
+    spaced = [c for c in classes if not c or any(ch.isspace() for ch in c)]
+    if spaced and not single_label:
+        raise TfpipeError(
+            f"class {spaced[0]!r} holds a space, so a space-separated labels column would read back "
+            f"as other labels; write one probability column per class ({option('probabilities', True)})"
+        )
+
+
+def _listed(classes: Sequence[str], most: int = 6) -> str:
+    return ", ".join(classes[:most]) + (f", ... {len(classes)} in all" if len(classes) > most else "")
+
+
+TWO_FOLDERS = (
+    "records, and a submission keys each image once (two folders of one dataset read together?); predict one folder"
+)
+
+
+def check_ids_once(ids: Sequence[str], records: Records, said: str = TWO_FOLDERS) -> None:
+    """A submission keys each image once: records holding an id twice (two folders of one dataset, read
+    together) are refused rather than written as two rows of one id. ``said``: what the line says after "is in
+    two" (the validation report says why tfpipe's own shards could hold one twice)."""
+    seen: set[str] = set()
+    for i in ids:
+        if i in seen:
+            raise TfpipeError(f"{records}: the id {i!r} is in two {said}")
+        seen.add(i)
+
+
+def check_submission(
+    config: RunConfig,
+    shards: Shards,
+    records: Records,
+    ids: Sequence[str],
+    out: str,
+    overwrite: bool,
+    columns: tuple[str, bool, bool],
+    prog: str = "train.predict",
+) -> None:
+    """Every check before a submission of ``config``'s run over ``shards`` (their ``ids``) is written to ``out``,
+    for ``train.predict`` and the recipes' ``--predict`` alike, before any prediction: the run fits the shards,
+    ``out`` may be written, and the columns (``(id column, labels, probabilities)``) can be written, each id
+    once."""
+    id_column, labels, probabilities = columns
+    check_run_fits_records(config, shards, records, prog)
+    check_destination(out, overwrite)
+    if labels:
+        check_labels_can_be_joined(config.classes, config.single_label)
+    check_column_names(id_column, config.classes, labels, probabilities)
+    check_ids_once(ids, records)

@@ -1,0 +1,157 @@
+"""What ``train.predict`` predicts with: a run's model, or every fold's model of a CV folder (the fold ensemble:
+the mean of their probabilities); which one (final or SWA: by default the better by validation, said in one line);
+and the thresholds for the views it averages (tuned on predictions made alike, ``train.decide.tuning``).
+
+    target = open_target("runs/cv", swa=None, prog="train.predict")   # a run folder or a CV folder
+    thresholds = target_thresholds(target, None, views=4, predictor=..., prog="train.predict")
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+from tfpipe import fs
+from tfpipe.errors import TfpipeError, option
+from train.decide.choice import choice_line, run_choice
+from train.decide.tuning import Predictor, describe, oof_thresholds, tuned_thresholds
+from train.keras.run_model import check_model_present
+from train.runs import run as run_files
+from train.runs.cv_folder import CVResult, checked_fold_run, is_cv_folder, oof_name
+from train.runs.run import RunConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """A run (one member) or a CV folder (``cv``; a member a fold), and the model of each to predict with."""
+
+    folder: str
+    members: tuple[tuple[str, RunConfig], ...]  # (run folder, its config)
+    swa: bool
+    cv: CVResult | None = None
+
+    @property
+    def config(self) -> RunConfig:
+        return self.members[0][1]  # every member has the same classes, input and shards (checked)
+
+    def describe(self, views: int) -> str:
+        """Which model and views the predictions are of: for the score lines."""
+        model = describe(self.swa, views)
+        return f"the mean of {len(self.members)} fold models ({model} each)" if self.cv else model
+
+
+def open_target(folder: str, swa: bool | None, prog: str, say: bool = True) -> Target:
+    """The run or CV folder ``folder``, checked: a CV must be finished, each fold a run of its settings holding
+    the model asked for. ``swa`` None picks the model with the better validation AUC (a CV's: OOF), said."""
+    if not is_cv_folder(folder):
+        config = RunConfig.load(folder)
+        chosen, line = run_choice(folder, swa)
+        check_model_present(folder, chosen)
+        members: tuple[tuple[str, RunConfig], ...] = ((folder, config),)
+        cv = None
+    else:
+        cv = CVResult.load(folder)
+        if not cv.finished:
+            raise TfpipeError(
+                f"{folder}: the cross-validation did not finish (no out-of-fold scores in its cv.json); continue "
+                f"it with train.cv {option('resume', True)}"
+            )
+        chosen, line = cv_choice(cv, swa)
+        members = tuple(fold_member(folder, cv, k, chosen) for k in cv.folds)
+    if line and say:
+        print(f"{prog}: {line}", flush=True)
+    return Target(folder, members, chosen, cv)
+
+
+def fold_member(cv_folder: str, cv: CVResult, fold: int, swa: bool) -> tuple[str, RunConfig]:
+    """Fold ``fold``'s run of a finished CV, checked to be of the CV and to hold the model asked for."""
+    run, config = checked_fold_run(cv_folder, cv, fold)
+    if not run_files.read_state(run).get("finished"):
+        raise TfpipeError(f"{run}: fold {fold} did not finish; continue it with train.cv {option('resume', True)}")
+    check_model_present(run, swa)
+    return run, config
+
+
+def cv_choice(cv: CVResult, swa: bool | None) -> tuple[bool, str | None]:
+    """(swa, the line saying why) for a CV folder: ``swa`` as given, else the models cv.json submits with (the
+    better OOF AUC)."""
+    final, averaged = cv.scores_of(False), cv.scores_of(True)
+    if swa is not None or averaged is None or final is None:
+        return bool(swa), None
+    chosen = cv.submits == run_files.MODEL_SWA
+    auc = final.scores.get("roc_auc_macro"), averaged.scores.get("roc_auc_macro")
+    return chosen, choice_line(chosen, auc[0], auc[1], "OOF", whose="the fold models' ")
+
+
+def target_thresholds(
+    target: Target, threshold: float | None, views: int, predictor: Predictor, prog: str
+) -> list[float]:
+    """Per-class thresholds: ``threshold`` for all; else, for a multi-label target, those tuned for its model
+    and ``views`` (a CV's on its OOF predictions, a run's on its validation images), tuned now when never asked
+    for before (``predictor`` predicts what is missing); else the run's default."""
+    config = target.config
+    default = float(config.settings.get("threshold", 0.5))
+    if threshold is not None:
+        return [threshold] * len(config.classes)
+    if config.single_label:
+        return [default] * len(config.classes)
+    if target.cv is not None:
+        return oof_thresholds(
+            target.cv, target.folder, swa=target.swa, views=views, predict=predictor, default=default, prog=prog
+        )
+    run = target.folder
+    if views == 1:
+        return run_thresholds(run, config, target.swa)
+    from train.decide.tuning import validation_predictions
+
+    return tuned_thresholds(
+        run,
+        config.classes,
+        swa=target.swa,
+        views=views,
+        default=default,
+        predictions=functools.partial(
+            validation_predictions,
+            run,
+            config,
+            swa=target.swa,
+            views=views,
+            predict=functools.partial(predictor, run, config),
+            why=f"labelling {views}-view predictions ({option('tta', views)})",
+        ),
+        prog=prog,
+    )
+
+
+def run_thresholds(run: str, config: RunConfig, swa: bool) -> list[float]:
+    """A run's thresholds for one view: tuned by its report (validated; with ``swa`` the SWA model's), else its
+    default for runs trained without the report."""
+    tuned = run_files.load_thresholds(run, list(config.classes), swa)
+    default = float(config.settings.get("threshold", 0.5))
+    if tuned is None and config.settings.get("report", True):
+        # train.fit wrote them with its report: labels at one threshold instead would change without a word
+        raise TfpipeError(
+            f"{run_files.path(run, run_files.model_files(swa)[1])} is missing (the tuned per-class thresholds "
+            f"train.fit wrote with its report); copy it with the run, or pass {option('threshold', default)} to "
+            "label every class at one threshold"
+        )
+    return tuned if tuned is not None else [default] * len(config.classes)
+
+
+def threshold_words(target: Target, threshold: float | None, views: int) -> str:
+    """Which model and views predicted, and how the labels were decided, for the score lines."""
+    return f"{target.describe(views)}, {_labels_words(target, threshold, views)}"
+
+
+def _labels_words(target: Target, threshold: float | None, views: int) -> str:
+    config = target.config
+    if config.single_label:
+        return "labels by argmax"
+    if threshold is not None:
+        return f"labels at threshold {threshold:g}"
+    name = run_files.model_files(target.swa, views)[1]
+    if target.cv is not None:
+        return f"labels at the CV's thresholds tuned on {oof_name(target.swa, views)} ({name})"
+    if fs.exists(run_files.path(target.folder, name)):
+        return f"labels at the run's thresholds tuned for it ({name})"
+    return f"labels at the run's threshold {config.settings.get('threshold', 0.5):g}"
