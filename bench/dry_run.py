@@ -91,7 +91,7 @@ def one_fit(records, out, replicas, cfg, started):
     return {
         "total": time.perf_counter() - started,
         "first_step": FirstStep.first,
-        "images_per_sec": m["images_per_sec"],
+        "images_per_sec": m.images_per_sec,
     }
 
 

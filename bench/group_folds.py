@@ -66,7 +66,7 @@ def fold_and_score(work: str, train_csv: str, test: str, group_col: str | None, 
                     lr=2e-3, seed=0, verbose=0, overwrite=os.path.exists(run))  # fmt: skip
     metrics = fit(cfg)
     df = predict(run, test, out="", strategy="cpu", progress=False)
-    return metrics["report"]["roc_auc_macro"], df.attrs["evaluation"]["all"]["roc_auc_macro"]
+    return metrics.report["roc_auc_macro"], df.attrs["evaluation"]["all"]["roc_auc_macro"]
 
 
 MARK = ".bench-group-folds"  # written first into the work folder: what a later run may write over

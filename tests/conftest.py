@@ -343,7 +343,7 @@ def trained_run(shard_dir, tmp_path_factory):
         seed=1,
         swa_epochs=2,
     )
-    metrics = fit(cfg)
+    metrics = fit(cfg).metrics
     root = os.path.dirname(shard_dir[0])
     test = str(tmp_path_factory.mktemp("test") / "records")
     write_shards(

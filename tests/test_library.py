@@ -3,6 +3,7 @@ imported where used, and a missing one is one line naming the pip install (each 
 
 import argparse
 import importlib
+import json
 import os
 import subprocess
 import sys
@@ -358,3 +359,45 @@ def test_a_thread_that_ends_the_process_under_the_filter_keeps_its_last_line():
     for _ in range(5):  # the loss was a race: several tries
         done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=ENV)
         assert (done.returncode, done.stderr.splitlines()) == (3, ["the first line", "the last line"])
+
+
+def test_each_kind_of_error_a_notebook_can_catch_is_raised_where_it_happens_and_is_one_line(
+    shard_dir, tmp_path, capsys
+):
+    """Issue #62: a handful of ``TfpipeError`` kinds, each from a real cause; every one is still a ``TfpipeError``
+    (one line, exit 2 under a command), so nothing that caught ``TfpipeError`` before misses one."""
+    import shutil
+
+    from tfpipe import errors
+    from tfpipe.deps import require
+    from tfpipe.shards import open_shards
+    from train.accel.strategy import resolve_strategy
+    from train.runs.run import RunConfig
+
+    folder = tmp_path / "shards"
+    shutil.copytree(shard_dir[0], folder)
+    shards = open_shards(str(folder))
+    manifest = json.loads((folder / "manifest.json").read_text())
+    (folder / "manifest.json").write_text(json.dumps(dict(manifest, dataset_id="0" * len(manifest["dataset_id"]))))
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "config.json").write_text('{"classes": 3}')
+    causes = {
+        errors.BadSetting: lambda: resolve_strategy("tpuu", 1),
+        errors.ShardsChanged: shards.check_unchanged,
+        errors.RunMismatch: lambda: RunConfig.load(str(tmp_path / "run")),
+        errors.MissingDependency: lambda: require("tfpipe_no_such_package"),
+        errors.NoAccelerator: lambda: resolve_strategy("gpu", 1),
+    }
+    for kind, cause in causes.items():
+        with pytest.raises(kind) as caught:
+            cause()
+        assert isinstance(caught.value, errors.TfpipeError)
+        others = [k for k in causes if k is not kind and isinstance(caught.value, k)]
+        assert others == [], (kind, others)
+
+        def command(raise_it=caught.value):
+            raise raise_it
+
+        capsys.readouterr()
+        assert errors.run_cli("prog", command) == 2
+        assert capsys.readouterr().err == f"prog: error: {caught.value}\n", kind

@@ -119,7 +119,7 @@ def test_two_workers_train_stop_together_when_one_dies_and_resume(demo_shards, t
     # worker 1's private folders: the resumed job's removed; the killed job's left (nothing could remove it)
     assert len([n for n in os.listdir(tmp) if n.startswith("tfpipe-worker-")]) <= 1
 
-    alone = fit(small((demo_shards,), tmp_path / "alone", swa_epochs=1, epochs=1, report=True))
+    alone = fit(small((demo_shards,), tmp_path / "alone", swa_epochs=1, epochs=1, report=True)).metrics
     assert alone["epochs"] == 1
     assert sorted(os.listdir(run)) == sorted(os.listdir(tmp_path / "alone"))
 

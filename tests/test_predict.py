@@ -16,7 +16,7 @@ from PIL import Image
 import tfpipe
 from tests.conftest import validation_auc
 from tfpipe.augment import NO_AUGMENT
-from tfpipe.errors import TfpipeError
+from tfpipe.errors import RunMismatch, TfpipeError
 from train.accel.strategy import resolve_strategy
 from train.fit import FitConfig, fit
 from train.keras.swa import average_weights, recompute_batch_norm
@@ -242,7 +242,7 @@ def test_single_label_fit_then_predict(tmp_path):
             augment=NO_AUGMENT,
             verbose=0,
         )
-    )
+    ).metrics
     assert "val_accuracy" in m["final"] and m["report"]["accuracy"] is not None
     config = json.loads((tmp_path / "run" / "config.json").read_text())
     assert config["single_label"] is True and config["classes"] == classes
@@ -384,3 +384,26 @@ def test_a_model_file_loads_front_to_back_with_the_same_weights_and_a_damaged_on
         archive.writestr("config.json", "{}")
     with pytest.raises(TfpipeError, match="a zip archive without model.weights.h5; not a model train.fit saved"):
         load_model(str(damaged))
+
+
+def test_fit_returns_a_fit_result_whose_serialisation_is_metrics_json(trained_run):
+    """Issue #62: ``fit()`` returns types, not a dict in three shapes; ``FitResult.load`` reads the run back to the
+    same figures, and tfpipe 1.0's ``result["key"]`` still reads them, with a warning naming the attribute."""
+    import typing
+
+    import train.fit
+    from train.runs.results import FitResult, PreflightReport, WorkerResult
+
+    assert typing.get_type_hints(train.fit.fit)["return"] == FitResult | PreflightReport | WorkerResult
+    out, metrics, _ = trained_run
+    result = FitResult.load(out)
+    assert result.metrics == metrics == json.loads(open(f"{out}/metrics.json").read())
+    assert (result.epochs, result.replicas, result.global_batch_size) == (metrics["epochs"], 8, 8)
+    assert result.report["roc_auc_macro"] == metrics["report"]["roc_auc_macro"]
+    assert result.swa.epochs_averaged == 2 and result.swa.report == metrics["swa"]["report"]
+    assert result.best.epoch == metrics["best"]["epoch"] and result.keras_auc == metrics["final"]["val_auc"]
+    with pytest.warns(DeprecationWarning, match=r"fit\(\)\['epochs'\] is deprecated: fit\(\) returns a FitResult"):
+        assert result["epochs"] == metrics["epochs"]
+    damaged = dict(metrics, epochs="two")
+    with pytest.raises(RunMismatch, match="metrics.json: not the metrics of a finished train.fit run"):
+        FitResult.from_metrics(out, damaged)

@@ -48,11 +48,11 @@ def test_small_cnn_passes_and_nothing_is_written_or_changed(shard_dir, tmp_path,
     before = keras.mixed_precision.global_policy().name
     report = fit(config(shard_dir, tmp_path, verbose=2))
     out = capsys.readouterr().out
-    assert report["ok"] and report["refuse"] == [] and report["warn"] == []
-    memory = report["memory"]
+    assert report.ok and report.refuse == () and report.warn == ()
+    memory = report.memory
     assert memory["measured"] > memory["weights"] + memory["optimizer"] + memory["batch"] > 0
     assert memory["largest_batch"] % 8 == 0 and memory["largest_batch"] > 8
-    assert report["seconds"]["compile_training"] > 0 and report["seconds"]["training_step"] > 0
+    assert report.seconds["compile_training"] > 0 and report.seconds["training_step"] > 0
     assert "preflight: all clear for a TPU v3" in out and "(measured: XLA's buffers, on its CPU backend)" in out
     assert not os.path.exists(tmp_path / "run")  # the run folder is not touched
     assert keras.mixed_precision.global_policy().name == before  # bfloat16 was the preflight's, not the process's
@@ -169,18 +169,18 @@ def test_the_memory_of_a_step_grows_with_the_batch_and_the_image_as_activations_
 @pytest.mark.slow
 def test_a_step_too_big_for_a_core_is_refused_and_the_suggested_batch_fits(shard_dir, tmp_path, monkeypatch):
     first = fit(config(shard_dir, tmp_path, batch_size=8))
-    assert first["ok"], first["refuse"]
-    measured = first["memory"]["measured"]
+    assert first.ok, first.refuse
+    measured = first.memory["measured"]
     small = Tpu("tiny", 1, int(measured * 0.6 / preflight_lib.HEADROOM), "a test's TPU")
     monkeypatch.setitem(TPUS, "tiny", small)
     refused = fit(config(shard_dir, tmp_path, batch_size=8, tpu="tiny"))
-    (line,) = refused["refuse"]
-    largest = refused["memory"]["largest_batch"]
-    assert not refused["ok"] and line.startswith("memory of a core: the training step needs")
+    (line,) = refused.refuse
+    largest = refused.memory["largest_batch"]
+    assert not refused.ok and line.startswith("memory of a core: the training step needs")
     assert 1 <= largest < 8 and f"use batch_size={largest} or less (measured)" in line
-    assert refused["memory"]["largest_batch_is"] == "measured"
+    assert refused.memory["largest_batch_is"] == "measured"
     fits = fit(config(shard_dir, tmp_path, batch_size=largest, tpu="tiny"))
-    assert fits["ok"] and fits["memory"]["measured"] <= small.memory * preflight_lib.HEADROOM
+    assert fits.ok and fits.memory["measured"] <= small.memory * preflight_lib.HEADROOM
 
 
 def test_an_odd_batch_and_narrow_dense_layers_are_warned_not_refused(shard_dir, tmp_path, registry):
@@ -193,12 +193,11 @@ def test_an_odd_batch_and_narrow_dense_layers_are_warned_not_refused(shard_dir, 
     register_model("test-narrow", min_image_size=8)(narrow)
     settings = {"model": "test-narrow", "batch_size": 6, "strategy": "cpu", "precision": "mixed_float16"}
     report = fit(config(shard_dir, tmp_path, **settings))
-    assert report["ok"], report["refuse"]
-    assert (
-        "batch_size=6: not a multiple of 8: a TPU core computes it as 8 (the rest is padding); use batch_size=8"
-        in (report["warn"])
+    assert report.ok, report.refuse
+    assert "batch_size=6: not a multiple of 8: a TPU core computes it as 8 (the rest is padding); use batch_size=8" in (
+        report.warn
     )  # not 0: the suggestion is a batch the 30 training images hold
-    warned = "\n".join(report["warn"])
+    warned = "\n".join(report.warn)
     assert "\nstrategy='cpu': the preflight checks the run for a TPU v3" in warned, warned
     assert "\nprecision='mixed_float16': float16 is the GPUs'" in warned
     assert "\nlayer test-narrow/narrow_backbone/narrow: 100 inputs and 96 units, not multiples of 128" in warned
@@ -208,11 +207,11 @@ def test_an_odd_batch_and_narrow_dense_layers_are_warned_not_refused(shard_dir, 
 @pytest.mark.slow
 def test_op_determinism_on_in_the_process_is_named_with_its_fix(shard_dir, tmp_path):
     warned = fit(config(shard_dir, tmp_path, deterministic=True, seed=0))
-    assert any(line.startswith("deterministic=True: not applied by the preflight") for line in warned["warn"])
+    assert any(line.startswith("deterministic=True: not applied by the preflight") for line in warned.warn)
     keras.utils.set_random_seed(0)  # what train.fit --deterministic does before switching determinism on
     tf.config.experimental.enable_op_determinism()
     report = fit(config(shard_dir, tmp_path))
-    (line,) = report["refuse"]
+    (line,) = report.refuse
     assert line.startswith("layer small-cnn/small_cnn/pool") and "deterministic" in line, line
     assert line.endswith("leave --deterministic out of a TPU run")
 
@@ -234,7 +233,7 @@ def test_the_largest_batch_does_not_depend_on_the_batch_measured(shard_dir, tmp_
         return keras.Model(inputs, x[:, None, None, :]), []
 
     register_model("test-heavy", min_image_size=8)(heavy)
-    small, large = (fit(config(shard_dir, tmp_path, model="test-heavy", batch_size=b))["memory"] for b in (4, 24))
+    small, large = (fit(config(shard_dir, tmp_path, model="test-heavy", batch_size=b)).memory for b in (4, 24))
     assert small["largest_batch_is"] == large["largest_batch_is"] == "estimated"
     # an estimate (XLA shares buffers differently at other sizes), but not of the batch measured: 27x apart when
     # what does not grow with the batch was guessed rather than measured at a second size
@@ -253,5 +252,5 @@ def test_an_unknown_tpu_is_one_line(shard_dir, tmp_path, capsys):
 @pytest.mark.serial  # XLA compiles EfficientNet-B0 on every core: 115 s alone, 392-515 s beside CI's other tests
 def test_efficientnet_b0_passes_the_preflight(shard_dir, tmp_path):
     report = fit(config(shard_dir, tmp_path, model="efficientnet-b0", image_size=64))
-    assert report["ok"], report["refuse"]
-    assert report["warn"] == [] and report["memory"]["largest_batch"] >= 64
+    assert report.ok, report.refuse
+    assert report.warn == () and report.memory["largest_batch"] >= 64

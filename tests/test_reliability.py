@@ -375,7 +375,7 @@ def test_write_verify_read_train_predict_on_ram_filesystem(labeled_folder, tmp_p
             seed=0,
             val_fraction=0.25,
         )
-    )
+    ).metrics
     assert m["epochs"] == 1
     for name in ("model.keras", "metrics.json", "history.csv", "roc.png", "thresholds.json"):
         assert tf.io.gfile.exists(f"{root}/run/{name}"), name

@@ -59,7 +59,7 @@ def test_mixed_bfloat16_on_several_replicas_trains_and_averages(shard_dir, tmp_p
         tiny_config(
             shard_dir, tmp_path / "run", replicas=2, epochs=1, swa_epochs=1, precision="mixed_bfloat16", report=False
         )
-    )
+    ).metrics
     assert m["precision"] == "mixed_bfloat16" and m["epochs"] == 1
     assert 0.0 <= m["final"]["val_f1"] <= 1.0 and 0.0 <= m["swa"]["val_f1"] <= 1.0
 
@@ -67,7 +67,7 @@ def test_mixed_bfloat16_on_several_replicas_trains_and_averages(shard_dir, tmp_p
 @pytest.mark.slow  # about 75 s alone on 2 cores (2026-11-26): 8 replicas' graphs, traced once per replica
 def test_eight_virtual_replicas_with_steps_per_execution(shard_dir, tmp_path):
     cfg = tiny_config(shard_dir, tmp_path / "run", schedule="cosine", warmup_epochs=1)
-    m = fit(cfg)
+    m = fit(cfg).metrics
     saved = json.loads((tmp_path / "run" / "metrics.json").read_text())
     # The reported validation AUC is the saved model's on fold 0, computed here from scratch on one device: the
     # rows that pad batches for 8 replicas are not counted (counted, they moved it from 0.40 to 0.20), and every
@@ -105,7 +105,7 @@ def test_existing_run_is_refused_without_resume(shard_dir, tmp_path):
         deterministic=True,
     )
     before = dataclasses.replace(cfg)
-    assert fit(cfg)["strategy_class"] == "_DefaultDistributionStrategy"
+    assert fit(cfg).metrics["strategy_class"] == "_DefaultDistributionStrategy"
     assert cfg == before  # fit decides single_label, seed and input size on a copy: the config can be reused
     with pytest.raises(TfpipeError, match="already holds a run; pass resume=True to continue it"):
         fit(tiny_config(shard_dir, tmp_path / "run", epochs=1))
@@ -182,7 +182,7 @@ def test_resume_continues_where_it_stopped(shard_dir, tmp_path):
     with pytest.raises(Crash):
         fit(tiny_config(shard_dir, out, epochs=4, replicas=2, steps_per_execution=1, callbacks=(CrashInEpoch(2),)))
     assert [int(r["epoch"]) for r in history(out)] == [0, 1]
-    m = fit(tiny_config(shard_dir, out, epochs=4, replicas=2, steps_per_execution=1, resume=True))
+    m = fit(tiny_config(shard_dir, out, epochs=4, replicas=2, steps_per_execution=1, resume=True)).metrics
     assert [int(r["epoch"]) for r in history(out)] == [0, 1, 2, 3]
     assert m["optimizer_steps"] == 4 * m["steps_per_epoch"]  # the interrupted epoch was redone, not added
 
@@ -207,7 +207,7 @@ def test_burn_in_freezes_the_backbone_for_real():
 
 @pytest.mark.slow
 def test_burn_then_fine_tune_phases_in_fit(shard_dir, tmp_path):
-    m = fit(tiny_config(shard_dir, tmp_path / "run", burn_epochs=1, epochs=1, burn_lr=1e-2, replicas=2))
+    m = fit(tiny_config(shard_dir, tmp_path / "run", burn_epochs=1, epochs=1, burn_lr=1e-2, replicas=2)).metrics
     assert m["epochs"] == 2 and m["burn_epochs"] == 1
     assert m["optimizer_steps"] == m["steps_per_epoch"]  # a fresh optimizer for fine-tuning
     assert [int(r["epoch"]) for r in history(tmp_path / "run")] == [0, 1]
@@ -388,7 +388,7 @@ def test_swa_continues_its_average_after_resume(shard_dir, tmp_path):
     settings = {"epochs": 4, "swa_epochs": 2, "replicas": 2, "steps_per_execution": 1, "report": False}
     with pytest.raises(Crash):
         fit(tiny_config(shard_dir, out, callbacks=(CrashInEpoch(3),), **settings))
-    m = fit(tiny_config(shard_dir, out, resume=True, **settings))
+    m = fit(tiny_config(shard_dir, out, resume=True, **settings)).metrics
     assert m["swa"]["epochs_averaged"] == 2 and [int(r["epoch"]) for r in history(out)] == [0, 1, 2, 3]
 
 
@@ -407,7 +407,7 @@ def test_every_optimizer_trains(optimizer, shard_dir, tmp_path):
             steps_per_execution=1,
             report=False,
         )
-    )
+    ).metrics
     model = keras.models.load_model(tmp_path / "run" / "model.keras")
     fresh, _ = build_model("small-cnn", 3, 32)
     assert m["optimizer_steps"] == m["steps_per_epoch"] and np.isfinite(float(history(tmp_path / "run")[0]["loss"]))
@@ -461,7 +461,7 @@ def test_a_model_learns_the_demo_shapes(demo_shards, tmp_path):
             seed=0,
             deterministic=True,
         )
-    )
+    ).metrics
     # chance is 0.5; 0.894 here at small-cnn's half widths, 89 s alone (0.929 and 162 s at the widths before, 2026-11-26).
     # At lr 1e-3 with unseeded initial weights it ranged 0.84-0.91 (0.84 failed CI)
     assert m["final"]["val_auc"] >= 0.85

@@ -242,7 +242,7 @@ def test_a_type_checker_flags_misspelt_names_keywords_and_types_in_a_users_scrip
         "from train.predict import TTA_VIEWS, load_model, predict, predict_probabilities, tta_view\n"
         "cfg = FitConfig(records='r', run='x', strategy=tf.distribute.get_strategy())\n"
         "cfg.out = 'y'\n"
-        "metrics: dict[str, object] = fit(cfg)\n"
+        "metrics: dict[str, object] = fit(cfg)\n"  # line 8: a FitResult (or preflight or worker result), no dict
         "a = predict('run', open_shards('r'), 's.csv', tta=2, threshold=0.3, strategy='cpu', progress=False)\n"
         "b = predict('run', 'records', 's.csv', ttaa=2)\n"  # line 10
         "c = predict('run', 'records', 's.csv', tta='2')\n"  # line 11
@@ -267,7 +267,7 @@ def test_a_type_checker_flags_misspelt_names_keywords_and_types_in_a_users_scrip
     errors = sorted(
         (int(m.group(1)), m.group(2)) for m in re.finditer(r"user\.py:(\d+): error: .*\[([\w-]+)\]", r.stdout)
     )
-    assert errors == [(4, "attr-defined"), (10, "call-arg"), (11, "arg-type")], r.stdout + r.stderr
+    assert errors == [(4, "attr-defined"), (8, "assignment"), (10, "call-arg"), (11, "arg-type")], r.stdout + r.stderr
 
 
 # ------------------------------------------------------------------------------ 3: FitConfig.out, deprecated
@@ -438,7 +438,7 @@ def test_the_default_records_folder_missing_says_it_is_the_default(tmp_path, mon
 
 def test_steps_per_execution_beyond_an_epoch_is_cut_with_a_line(shard_dir, tmp_path, capsys):
     # 30 training images at batch 8: 3 steps an epoch, so 32 steps per execution are 3
-    m = fit(small(shard_dir, tmp_path / "run", steps_per_execution=32, verbose=2))
+    m = fit(small(shard_dir, tmp_path / "run", steps_per_execution=32, verbose=2)).metrics
     out = capsys.readouterr().out
     assert "steps_per_execution=32 is more than the 3 steps of an epoch; using 3" in out
     assert m["steps_per_execution"] == 3 and m["optimizer_steps"] == 3

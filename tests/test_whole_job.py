@@ -616,7 +616,7 @@ def test_a_fit_interrupted_in_its_report_resumes_without_training_again(shard_di
 
     (run / "model.tmp-1a2b3c4d.keras").write_bytes(b"half a model")  # left by a job killed while saving
     (run / "mine.tmp-1a2b3c4d").write_text("the user's")
-    metrics = fit(small(shard_dir, run, epochs=2, resume=True))
+    metrics = fit(small(shard_dir, run, epochs=2, resume=True)).metrics
     assert not (run / "model.tmp-1a2b3c4d.keras").exists() and (run / "mine.tmp-1a2b3c4d").exists()
     history = (run / "history.csv").read_text().splitlines()
     assert [line.split(",")[0] for line in history[1:]] == ["0", "1"] and metrics["epochs"] == 2

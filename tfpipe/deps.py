@@ -14,7 +14,7 @@ import sys
 from types import ModuleType
 from typing import Any
 
-from tfpipe.errors import TfpipeError
+from tfpipe.errors import MissingDependency as MissingDependency
 
 # top-level module -> (what to install, what it is needed for)
 OPTIONAL = {
@@ -35,10 +35,6 @@ OPTIONAL = {
 # ``require`` while tfpipe.console holds those lines back, in a notebook as under a command (TFPIPE_VERBOSE=1
 # shows them). A user's own earlier ``import tensorflow`` is theirs, and shows them.
 LOUD_IMPORTS = ("tensorflow", "tf_keras")
-
-
-class MissingDependency(TfpipeError, ImportError):
-    """An optional dependency is not installed; the message says what to install."""
 
 
 def require(module: str) -> ModuleType:

@@ -23,7 +23,31 @@ _COMMAND: contextvars.ContextVar[str | None] = contextvars.ContextVar(
 
 
 class TfpipeError(Exception):
-    """Bad input or configuration: shown to the user as one line, no traceback."""
+    """Bad input or configuration: shown to the user as one line, no traceback. Its kinds (below) let a notebook
+    catch one apart from the others; every kind is still one line and exit code 2 at a command."""
+
+
+class BadSetting(TfpipeError):
+    """A setting or argument out of range, of the wrong type, or naming nothing known (``--lr -1``,
+    ``--strategy tpuu``, ``batch_size=2.5``)."""
+
+
+class ShardsChanged(TfpipeError):
+    """The shards a job opened were rewritten, replaced or resized while it ran: what it made from them would
+    be of other data."""
+
+
+class RunMismatch(TfpipeError):
+    """A run or CV folder that is not what it is taken for: another run's, another fold's, edited, damaged or
+    unfinished."""
+
+
+class MissingDependency(TfpipeError, ImportError):
+    """An optional package the call needs is not installed (the message names the pip install)."""
+
+
+class NoAccelerator(TfpipeError):
+    """The hardware asked for (``--strategy tpu`` or ``gpu``) is not in this environment."""
 
 
 def option(name: str, value: object = None, python: str | None = None) -> str:
@@ -61,16 +85,16 @@ def check_at_least(low: float, **values: float | None) -> None:
         if value is not None:
             check_finite(name, value)
             if not value >= low:  # "not >=" also refuses NaN
-                raise TfpipeError(f"{option(name)} must be at least {low} (got {value})")
+                raise BadSetting(f"{option(name)} must be at least {low} (got {value})")
 
 
 def check_finite(name: str, value: object) -> None:
     """Refuses what is not a real number (a string, a bool) and infinity: ``--lr inf`` or ``--mixup inf`` would
     turn a whole run into NaN. NaN is left to the range checks, which name the range it misses."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TfpipeError(f"{option(name)} must be a number (got {value!r})")
+        raise BadSetting(f"{option(name)} must be a number (got {value!r})")
     if value in (math.inf, -math.inf):
-        raise TfpipeError(f"{option(name)} must be finite (got {value})")
+        raise BadSetting(f"{option(name)} must be finite (got {value})")
 
 
 def check_count(low: int, **values: float | None) -> None:
@@ -78,7 +102,7 @@ def check_count(low: int, **values: float | None) -> None:
     ``batch_size=2.5`` or ``True`` is a mistake, not a batch of 2. ``None`` passes."""
     for name, value in values.items():
         if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral)):
-            raise TfpipeError(f"{option(name)} must be a whole number (got {value!r})")
+            raise BadSetting(f"{option(name)} must be a whole number (got {value!r})")
     check_at_least(low, **values)
 
 
@@ -88,7 +112,7 @@ def check_seed(**values: float | None) -> None:
     check_count(0, **values)
     for name, value in values.items():
         if value is not None and value >= 2**32:
-            raise TfpipeError(f"{option(name)} must be below 2**32 (got {value})")
+            raise BadSetting(f"{option(name)} must be below 2**32 (got {value})")
 
 
 def check_positive(**values: float | None) -> None:
@@ -97,14 +121,14 @@ def check_positive(**values: float | None) -> None:
         if value is not None:
             check_finite(name, value)
             if not value > 0:
-                raise TfpipeError(f"{option(name)} must be above 0 (got {value})")
+                raise BadSetting(f"{option(name)} must be above 0 (got {value})")
 
 
 def check_fraction(**values: float | None) -> None:
     """Refuses settings that must lie strictly between 0 and 1 (thresholds, fractions); ``None`` passes."""
     for name, value in values.items():
         if value is not None and not 0 < value < 1:  # also refuses NaN
-            raise TfpipeError(f"{option(name)} must be between 0 and 1 (got {value})")
+            raise BadSetting(f"{option(name)} must be between 0 and 1 (got {value})")
 
 
 def check_path(**values: object) -> None:
@@ -112,7 +136,7 @@ def check_path(**values: object) -> None:
     folder."""
     for name, value in values.items():
         if value is not None and not str(value).strip():
-            raise TfpipeError(f"{option(name)} is empty (an unset variable?); give a path")
+            raise BadSetting(f"{option(name)} is empty (an unset variable?); give a path")
 
 
 class DefaultsFormatter(argparse.HelpFormatter):

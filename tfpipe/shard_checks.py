@@ -27,11 +27,7 @@ def check_first_records(files: Iterable[str]) -> None:
         try:
             raw = next(read_records(path), None)
         except CorruptRecord as e:  # at byte 0: not TFRecord framing at all (a CSV, an image, a text file)
-            return (
-                f"{path}: not a TFRecord file ({str(e).removeprefix(f'{path}: ')})"
-                if " at byte 0" in str(e)
-                else str(e)
-            )
+            return f"{path}: not a TFRecord file ({e.what} at byte 0{e.note})" if e.offset == 0 else str(e)
         if raw is None:
             return None  # an empty shard reads as nothing
         try:

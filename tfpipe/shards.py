@@ -24,7 +24,7 @@ from collections.abc import Iterable, Sequence
 
 from tfpipe import fs
 from tfpipe.deprecations import warn_renamed
-from tfpipe.errors import TfpipeError, check_count, option
+from tfpipe.errors import ShardsChanged, TfpipeError, check_count, option
 from tfpipe.manifest import (
     MANIFEST,
     SPLIT_NAME,
@@ -172,7 +172,7 @@ class Shards:
         except TfpipeError:
             now = None
         if now != self.manifest.dataset_id:
-            raise TfpipeError(
+            raise ShardsChanged(
                 f"{self.folder} was rewritten while this job read it (dataset id "
                 f"{self.manifest.dataset_id}, now {now or 'none: no valid manifest'}); nothing of this "
                 "job is kept as finished -- run it again on the new shards"

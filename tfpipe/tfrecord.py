@@ -69,7 +69,12 @@ def RecordWriter(path: str) -> RecordSink:
 
 
 class CorruptRecord(Exception):
-    """A TFRecord file whose framing or checksums are wrong (the message names the file and offset)."""
+    """A TFRecord file whose framing or checksums are wrong: ``what`` is wrong at byte ``offset`` of ``path``
+    (``note``: what the bytes there look like instead); the message names all three."""
+
+    def __init__(self, path: str, what: str, offset: int, note: str = "") -> None:
+        super().__init__(f"{path}: {what} at byte {offset}{note}")
+        self.path, self.what, self.offset, self.note = path, what, offset, note
 
 
 def _record_length(f: IO[Any], path: str, offset: int) -> int | None:
@@ -78,10 +83,10 @@ def _record_length(f: IO[Any], path: str, offset: int) -> int | None:
     if not header:
         return None
     if len(header) < 12:
-        raise CorruptRecord(f"{path}: truncated record header at byte {offset}")
+        raise CorruptRecord(path, "truncated record header", offset)
     (length,), (length_crc,) = struct.unpack("<Q", header[:8]), struct.unpack("<I", header[8:])
     if masked_crc(header[:8]) != length_crc:
-        raise CorruptRecord(f"{path}: corrupt record length at byte {offset}{_compressed(header, offset)}")
+        raise CorruptRecord(path, "corrupt record length", offset, _compressed(header, offset))
     return int(length)
 
 
@@ -129,15 +134,15 @@ def read_records(path: str, start: int = 0, stop: int | None = None) -> Iterator
             if not header:
                 return
             if len(header) < 12:
-                raise CorruptRecord(f"{path}: truncated record header at byte {offset}")
+                raise CorruptRecord(path, "truncated record header", offset)
             (length,), (length_crc,) = struct.unpack("<Q", header[:8]), struct.unpack("<I", header[8:])
             if masked_crc(header[:8]) != length_crc:
-                raise CorruptRecord(f"{path}: corrupt record length at byte {offset}{_compressed(header, offset)}")
+                raise CorruptRecord(path, "corrupt record length", offset, _compressed(header, offset))
             data, footer = f.read(length), f.read(4)
             if len(data) < length or len(footer) < 4:
-                raise CorruptRecord(f"{path}: truncated record at byte {offset}")
+                raise CorruptRecord(path, "truncated record", offset)
             if masked_crc(data) != struct.unpack("<I", footer)[0]:
-                raise CorruptRecord(f"{path}: corrupt record data at byte {offset}")
+                raise CorruptRecord(path, "corrupt record data", offset)
             yield data
             offset += 16 + length
 
@@ -163,5 +168,5 @@ def _size(f: IO[Any]) -> int:
 def _skip(f: IO[Any], path: str, offset: int, length: int, size: int) -> None:
     """Moves past the data and footer of the record at ``offset`` (its header read) without reading them."""
     if offset + 16 + length > size:
-        raise CorruptRecord(f"{path}: truncated record at byte {offset}")
+        raise CorruptRecord(path, "truncated record", offset)
     f.seek(length + 4, 1)

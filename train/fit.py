@@ -25,6 +25,7 @@ from train.accel.tpus import TPUS
 from train.keras.config import FitConfig as FitConfig  # re-exported: train.fit.FitConfig (tfpipe 1.0)
 from train.keras.models import model_names
 from train.keras.names import OPTIMIZERS, PRECISIONS, SCHEDULES, STRATEGIES
+from train.runs.results import Best, FitResult, PreflightReport, WorkerResult
 
 if TYPE_CHECKING:
     from tfpipe.augment import Augment
@@ -39,11 +40,11 @@ ENGINE_NAMES = ("compile_model", "make_auc", "set_trainable")  # the engine's na
 
 
 @quiet_call
-def fit(cfg: FitConfig) -> dict[str, Any]:
-    """Trains per ``cfg`` (a ``FitConfig``); returns the metrics dict also written to ``metrics.json``. With
-    ``cfg.preflight``: trains nothing, writes nothing, returns ``train.preflight.check``'s report (``report["ok"]``).
-    On a worker of a multi-worker cluster other than the chief: returns ``{"chief": False, "task": ...}`` (the
-    chief writes the run and returns its metrics).
+def fit(cfg: FitConfig) -> FitResult | PreflightReport | WorkerResult:
+    """Trains per ``cfg`` (a ``FitConfig``); returns a ``FitResult``, whose serialisation is the run's
+    ``metrics.json`` (``FitResult.load(run)`` reads it back). With ``cfg.preflight``: trains nothing, writes
+    nothing, returns the ``PreflightReport`` (``report.ok``). On a worker of a multi-worker cluster other than the
+    chief: a ``WorkerResult`` naming the chief, which writes the run and returns its ``FitResult``.
 
     Example (a notebook on a TPU, or anywhere with ``strategy="cpu", replicas=8``)::
 
@@ -53,12 +54,10 @@ def fit(cfg: FitConfig) -> dict[str, Any]:
     if cfg.preflight:  # a report of what a TPU would refuse, instead of training
         from train.preflight import check as preflight
 
-        report: dict[str, Any] = preflight.preflight(cfg)
-        return report
+        return preflight.preflight(cfg)
     from train.keras import trainer  # the engine (TensorFlow): imported when training starts, not with the command
 
-    metrics: dict[str, Any] = trainer.fit(cfg)
-    return metrics
+    return trainer.fit(cfg)
 
 
 if not TYPE_CHECKING:  # hidden from type checkers, which see the names above
@@ -321,25 +320,24 @@ def run_command(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     check_inputs(cfg)
     m = fit(cfg)  # a worker stopped (a job scheduler's SIGTERM) says so, and its peers name it
-    if m.get("chief") is False:  # a multi-worker job's other workers: the chief prints the results
-        print(f"train.fit: {m['task']} done; {m['chief_task']}, the chief, writes the run", flush=True)
+    if isinstance(m, WorkerResult):  # a multi-worker job's other workers: the chief prints the results
+        print(f"train.fit: {m.task} done; {m.chief_task}, the chief, writes the run", flush=True)
         return 0
-    if cfg.preflight:  # the report is printed: exit 2 when a TPU would refuse the run
-        return 0 if m["ok"] else 2
+    if isinstance(m, PreflightReport):  # the report is printed: exit 2 when a TPU would refuse the run
+        return 0 if m.ok else 2
     print(
-        f"validation AUC {_headline_auc(m)}{_scores(m)}, {m['epochs']} epoch{'s' * (m['epochs'] != 1)}, "
-        f"{m['optimizer_steps']} step{'s' * (m['optimizer_steps'] != 1)}, "
-        f"{m['replicas']} replica{'s' * (m['replicas'] > 1)} x {m['per_replica_batch_size']} = "
-        f"{m['global_batch_size']} per step, "
-        f"steps_per_execution {m['steps_per_execution']}, {m['images_per_sec']} images/s -> {cfg.run}"
+        f"validation AUC {_headline_auc(m.report, m.keras_auc, m.best)}{_scores(m.report)}, "
+        f"{m.epochs} epoch{'s' * (m.epochs != 1)}, {m.optimizer_steps} step{'s' * (m.optimizer_steps != 1)}, "
+        f"{m.replicas} replica{'s' * (m.replicas > 1)} x {m.per_replica_batch_size} = {m.global_batch_size} per "
+        f"step, steps_per_execution {m.steps_per_execution}, {m.images_per_sec} images/s -> {cfg.run}"
     )
-    if "swa" in m:
+    if m.swa:
         print(
-            f"SWA of the last {m['swa']['epochs_averaged']} epoch{'s' * (m['swa']['epochs_averaged'] != 1)}: "
-            f"validation AUC {_headline_auc(m['swa'])}{_scores(m['swa'])}"
+            f"SWA of the last {m.swa.epochs_averaged} epoch{'s' * (m.swa.epochs_averaged != 1)}: "
+            f"validation AUC {_headline_auc(m.swa.report, m.swa.val_auc, None)}{_scores(m.swa.report)}"
             f" -> {cfg.run}/model-swa.keras"
         )
-    report = m.get("report")  # model.keras's (model-swa.keras's: metrics.json, "swa", or train.inspect)
+    report = m.report  # model.keras's (model-swa.keras's: metrics.json, "swa", or train.inspect)
     if report:
         from train.decide.evaluation import class_table
 
@@ -348,27 +346,29 @@ def run_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def _scores(m: Mapping[str, Any]) -> str:
+def _scores(report: Mapping[str, Any] | None) -> str:
     """ ", exact-match ..., F1 ..." of the report, when it ran."""
     from train.decide.evaluation import headline
 
-    return f", {headline(m['report'])}" if m.get("report") else ""
+    return f", {headline(report)}" if report else ""
 
 
-def _headline_auc(m: Mapping[str, Any]) -> str:
+def _headline_auc(report: Mapping[str, Any] | None, keras: float | None, best: Best | None) -> str:
     """The exact AUC of the saved model (sklearn, as in roc.png) when the report ran, with Keras' per-epoch
-    binned estimate labelled as such; without the report only the estimate exists, and says so."""
-    keras_auc = m["final"]["val_auc"] if "final" in m else m.get("val_auc", float("nan"))
-    best = f", best {m['best'].get('val_auc', float('nan')):.4f} at epoch {m['best']['epoch']}" if "best" in m else ""
-    exact = (m.get("report") or {}).get("roc_auc_macro")
-    if m.get("report") and exact is None:  # no class has both positive and negative validation images
+    binned estimate (``keras``; ``best``: the best epoch's) labelled as such; without the report only the estimate
+    exists, and says so."""
+    keras_auc = float("nan") if keras is None else keras
+    best_auc = float("nan") if best is None or best.val_auc is None else best.val_auc
+    best_at = f", best {best_auc:.4f} at epoch {best.epoch}" if best else ""
+    exact = (report or {}).get("roc_auc_macro")
+    if report and exact is None:  # no class has both positive and negative validation images
         return (
             "undefined (no class has both positive and negative validation images; Keras' binned estimate "
             f"{keras_auc:.4f} means nothing here)"
         )
     if exact is None:
-        return f"{keras_auc:.4f} (Keras' binned estimate{best})"
-    return f"{exact:.4f} (exact; Keras' binned estimate {keras_auc:.4f}{best})"
+        return f"{keras_auc:.4f} (Keras' binned estimate{best_at})"
+    return f"{exact:.4f} (exact; Keras' binned estimate {keras_auc:.4f}{best_at})"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from tfpipe.console import quiet_call
 from tfpipe.deps import require
-from tfpipe.errors import TfpipeError, option
+from tfpipe.errors import BadSetting, NoAccelerator, TfpipeError, option
 from train.keras.names import STRATEGIES
 
 if TYPE_CHECKING:
@@ -40,7 +40,7 @@ def connect_tpu() -> tf.distribute.TPUStrategy:
             return tpu_strategy(resolver)
         except (ValueError, tf.errors.OpError, RuntimeError) as e:
             errors.append(str(e).splitlines()[0][:120])
-    raise TfpipeError(f"no TPU found (tried TPU_NAME/Colab/Kaggle address, then a local TPU VM: {errors[-1]})")
+    raise NoAccelerator(f"no TPU found (tried TPU_NAME/Colab/Kaggle address, then a local TPU VM: {errors[-1]})")
 
 
 def tpu_strategy(resolver: tf.distribute.cluster_resolver.TPUClusterResolver) -> tf.distribute.TPUStrategy:
@@ -92,7 +92,7 @@ def resolve_strategy(
     if isinstance(name, tf.distribute.Strategy):  # already built (a notebook passes the one it made)
         return name, strategy_kind(name)
     if name not in STRATEGIES:
-        raise TfpipeError(f"unknown strategy {name!r}: use one of {', '.join(STRATEGIES)}")
+        raise BadSetting(f"unknown strategy {name!r}: use one of {', '.join(STRATEGIES)}")
     if replicas is not None and replicas != 1 and name in ("tpu", "gpu", "multiworker"):
         raise TfpipeError(
             f"{option('replicas')} sets virtual CPU replicas (--strategy cpu); a {name.upper()} "
@@ -107,7 +107,7 @@ def resolve_strategy(
         return connect_tpu(), "tpu"
     gpus = tf.config.list_physical_devices("GPU") if name != "cpu" else []  # lists, starts no device
     if name == "gpu" and not gpus:
-        raise TfpipeError("no GPU found (tf.config.list_physical_devices('GPU') is empty)")
+        raise NoAccelerator("no GPU found (tf.config.list_physical_devices('GPU') is empty)")
     if gpus:  # "gpu", or "auto" with GPUs: before virtual CPU replicas (a GPU notebook trains on its GPU)
         if len(gpus) > 1:
             return tf.distribute.MirroredStrategy(), "gpu"

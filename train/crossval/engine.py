@@ -45,6 +45,7 @@ from train.runs.cv_folder import (
     shared_settings,
     submitted_model,
 )
+from train.runs.results import FitResult
 from train.runs.run import RunConfig, read_state
 
 PROG = "train.cv"
@@ -223,7 +224,8 @@ def train_fold(cfg: FitConfig, plan: CVResult, fold: int, index: int, strategy: 
     print(f"{where}: {'continuing' if started else 'training'} -> {run}", flush=True)
     begun = time.perf_counter()
     m = fit(dataclasses.replace(cfg, run=run, fold=fold, resume=started, overwrite=False, strategy=strategy))
-    report = m["report"]
+    assert isinstance(m, FitResult) and m.report is not None  # a CV trains on one machine, always with the report
+    report = m.report
     auc = report["roc_auc_macro"]
     print(
         f"{where}: validation AUC {'-' if auc is None else f'{auc:.4f}'} (exact, {describe(False, 1)}), "

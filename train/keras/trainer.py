@@ -73,6 +73,7 @@ from train.keras.plan import (
 from train.keras.schedules import make_schedule, scaled_lr
 from train.keras.swa import AverageWeights
 from train.runs import run as run_files
+from train.runs.results import FitResult, WorkerResult
 from train.runs.run import Parts, read_state, training_parts, write_state
 
 
@@ -180,8 +181,9 @@ def seed_run(plan: FitConfig) -> None:
         tf.config.experimental.enable_op_determinism()
 
 
-def fit(cfg: FitConfig) -> dict[str, Any]:
-    """Trains per ``cfg`` (a ``FitConfig``); returns the metrics dict also written to ``metrics.json``.
+def fit(cfg: FitConfig) -> FitResult | WorkerResult:
+    """Trains per ``cfg`` (a ``FitConfig``); returns the ``FitResult`` whose serialisation is ``metrics.json``
+    (a multi-worker job's other workers: a ``WorkerResult``).
 
     Called through ``train.fit.fit`` (see its example).
     """
@@ -206,7 +208,8 @@ def fit(cfg: FitConfig) -> dict[str, Any]:
                 if is_multiworker(strategy):  # before check_out, which may replace the run (--overwrite)
                     check_same_start(strategy, plan.run, start_point(plan.run, plan, shards))
                 fresh = check_out(plan, shards)
-                return train_and_report(plan, shards, parts, strategy, kind, lock, started, fresh)
+                metrics = train_and_report(plan, shards, parts, strategy, kind, lock, started, fresh)
+                return FitResult.from_metrics(plan.run, metrics)
         except BaseException:
             if created:
                 remove_if_empty(plan.run)  # made by this job, and nothing in it worth keeping
@@ -245,7 +248,7 @@ def start_point(folder: str, plan: FitConfig, shards: Shards) -> tuple[int, int,
 
 def train_as_worker(
     plan: FitConfig, shards: Shards, parts: Parts, strategy: tf.distribute.Strategy, kind: str, started: float
-) -> dict[str, Any]:
+) -> WorkerResult:
     """A worker other than the chief: the same training, step for step, in a private temporary folder removed
     when it ends (on ``resume`` a copy of what the chief's run folder holds to continue from); the chief writes
     the run. Returns which task this was."""
@@ -266,7 +269,7 @@ def train_as_worker(
                 train_and_report(mine, shards, parts, strategy, kind, lock, started, fresh)
         except TfpipeError as e:  # said of the private folder: the user knows the run folder
             raise TfpipeError(str(e).replace(own, plan.run)) from None
-    return {"chief": False, "task": task_name(strategy), "chief_task": chief_name(strategy), "run": plan.run}
+    return WorkerResult(task_name(strategy), chief_name(strategy), plan.run)
 
 
 def plan_training(cfg: FitConfig, replicas: int) -> tuple[FitConfig, Shards, Parts]:

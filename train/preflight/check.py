@@ -46,6 +46,7 @@ from train.preflight.xla_step import (
     compile_step,
     dtype_and_shape_findings,
 )
+from train.runs.results import PreflightReport
 
 PREFIX = "preflight"
 TPU_PRECISION = "mixed_bfloat16"  # what a TPU run uses unless --precision says otherwise
@@ -53,9 +54,9 @@ LANES = 128  # a TPU's matrix units multiply 128x128 tiles: a feature dimension 
 F64_FIX = "compute in float32 (a mixed policy computes in bfloat16 and keeps float32 weights)"
 
 
-def preflight(cfg: FitConfig) -> dict[str, Any]:
-    """Checks ``cfg`` as a TPU run of ``cfg.tpu`` would compile it; returns the report (``ok``: nothing a TPU
-    would refuse; ``refuse`` and ``warn``: the lines; ``memory`` and ``seconds``: the figures). Through
+def preflight(cfg: FitConfig) -> PreflightReport:
+    """Checks ``cfg`` as a TPU run of ``cfg.tpu`` would compile it; returns the ``PreflightReport`` (``ok``:
+    nothing a TPU would refuse; ``refuse`` and ``warn``: the lines; ``memory`` and ``seconds``: the figures). Through
     ``train.fit``: ``fit(FitConfig(..., preflight=True))``, or the command's ``--preflight`` (exit 2 on a refusal).
     The process's Keras precision policy is left as it was."""
     check_path(records=cfg.records)
@@ -94,7 +95,7 @@ def check_batch_fits_here(plan: FitConfig) -> None:
 
 def check_steps(
     plan: FitConfig, tpu: Tpu, replicas: int, num_classes: int, data: tuple[Any, Any, int, int, int]
-) -> dict[str, Any]:
+) -> PreflightReport:
     """The checks, in the order a TPU run meets them: the input's shapes, the model, the compiled training and
     evaluation steps, the memory of a core; then the report."""
     train_ds, val_ds, n_train, _, batch = data
@@ -357,7 +358,7 @@ def timed_step(plan: FitConfig, model: keras.Model, batch: Any, needs: int) -> f
     return round(time.perf_counter() - started, 3)
 
 
-def finish(plan: FitConfig, tpu: Tpu, findings: list[Finding], report: dict[str, Any]) -> dict[str, Any]:
+def finish(plan: FitConfig, tpu: Tpu, findings: list[Finding], report: dict[str, Any]) -> PreflightReport:
     """The report: the findings by level, the memory and time lines, and the verdict; printed unless quiet."""
     report["refuse"] = [f.line() for f in findings if f.level == "refuse"]
     report["warn"] = [f.line() for f in findings if f.level == "warn"]
@@ -374,7 +375,8 @@ def finish(plan: FitConfig, tpu: Tpu, findings: list[Finding], report: dict[str,
         f"{'s' * (len(report['refuse']) != 1)} above"
     )
     say(plan, f'{verdict} (what a preflight cannot see: docs/guides/training.md, "The preflight")', report=True)
-    return report
+    found = (tuple(report["refuse"]), tuple(report["warn"]), report["memory"], report["seconds"])
+    return PreflightReport(report["tpu"], report["replicas"], *found)
 
 
 def figures(tpu: Tpu, report: dict[str, Any]) -> list[str]:

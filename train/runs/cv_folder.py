@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from tfpipe import fs
-from tfpipe.errors import TfpipeError, option
+from tfpipe.errors import RunMismatch, TfpipeError, option
 from train.decide.choice import better_model
 from train.runs import run as run_files
 from train.runs.run import RunConfig, same_setting
@@ -266,7 +266,7 @@ def checked_fold_run(cv_folder: str, cv: CVResult, fold: int) -> tuple[str, RunC
     (``check_fold_run``); whether it finished and holds a model is the caller's question."""
     run = fold_run(cv_folder, fold)
     if not fs.exists(run_files.path(run, run_files.CONFIG)):
-        raise TfpipeError(f"{run}: fold {fold}'s run is missing from the cross-validation {cv_folder}")
+        raise RunMismatch(f"{run}: fold {fold}'s run is missing from the cross-validation {cv_folder}")
     config = RunConfig.load(run)
     check_fold_run(run, config, cv, fold)
     return run, config
@@ -277,15 +277,15 @@ def check_fold_run(run: str, config: RunConfig, cv: CVResult, fold: int) -> None
     its classes, shards and every shared setting alike (but a ``steps_per_execution`` cut to an epoch's steps,
     which train.fit records as used: a fold's epoch may be shorter than the CV's setting)."""
     if config.fold != fold:
-        raise TfpipeError(
+        raise RunMismatch(
             f"{run} holds the run of fold {config.fold} (its {run_files.CONFIG}), not of fold {fold}; a fold folder "
             f"was copied or renamed -- put the fold's own run back, or replace the CV with {option('overwrite', True)}"
         )
     if tuple(config.classes) != cv.classes:
-        raise TfpipeError(f"{run}: its classes are not those of {CV_FILE}; one of the two was edited or damaged")
+        raise RunMismatch(f"{run}: its classes are not those of {CV_FILE}; one of the two was edited or damaged")
     shards = config.dataset_id != cv.dataset_id
     if shards or any(not same_setting(k, config.settings.get(k), v) for k, v in cv.settings.items()):
-        raise TfpipeError(
+        raise RunMismatch(
             f"{run} holds a run of other {'shards' if shards else 'settings'} than its CV's ({CV_FILE}); a CV "
             f"folder never mixes them -- move it away, or replace the CV with {option('overwrite', True)}"
         )

@@ -11,7 +11,7 @@
     runs/NAME/state.json         finished phases, for --resume; backup/, checkpoints/, logs/: Keras' own
 
 Everything read back (``RunConfig.load``, ``read_state``, ``load_thresholds``, ``load_digests``) is validated
-first and a problem is one ``TfpipeError`` naming the file and the field. No TensorFlow here.
+first and a problem is one ``RunMismatch`` (a ``TfpipeError``) naming the file and the field. No TensorFlow here.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from tfpipe import fs
-from tfpipe.errors import TfpipeError, option
+from tfpipe.errors import RunMismatch, option
 from tfpipe.manifest import FITS, MANIFEST
 from tfpipe.shard_names import SHARD_NAMES
 from tfpipe.shards import Shards, fold_split, holdout_split
@@ -189,7 +189,7 @@ class RunConfig:
         """Reads and validates ``run/config.json``."""
         p = path(run, CONFIG)
         if not fs.exists(p):
-            raise TfpipeError(f"{run}: no {CONFIG}; is this a run folder written by train.fit?")
+            raise RunMismatch(f"{run}: no {CONFIG}; is this a run folder written by train.fit?")
         return from_dict(_read_json(p), p)
 
 
@@ -197,20 +197,20 @@ def _read_json(p: str) -> Any:
     return fs.read_json(p, "run file")
 
 
-def _bad(p: str, key: str, what: str, value: Any) -> TfpipeError:
+def _bad(p: str, key: str, what: str, value: Any) -> RunMismatch:
     shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
-    return TfpipeError(f"{p}: field {key!r} {what} (got {shown}); the run folder was edited or damaged")
+    return RunMismatch(f"{p}: field {key!r} {what} (got {shown}); the run folder was edited or damaged")
 
 
 def from_dict(data: Any, p: str) -> RunConfig:
     """Validates a ``config.json``'s content (``p`` names it in errors)."""
     if not isinstance(data, dict):
-        raise TfpipeError(f"{p}: not a JSON object; the run folder is damaged")
+        raise RunMismatch(f"{p}: not a JSON object; the run folder is damaged")
     version = data.get("run_version", 1)
     if type(version) is not int or version < 1:
         raise _bad(p, "run_version", "must be a whole number >= 1", version)
     if version > RUN_VERSION:
-        raise TfpipeError(f"{p}: run version {version} was written by a newer tfpipe; upgrade tfpipe")
+        raise RunMismatch(f"{p}: run version {version} was written by a newer tfpipe; upgrade tfpipe")
     classes = _classes(data, p)
     size, single = data.get("image_size"), data.get("single_label")
     if type(size) is not int or size < 1:
@@ -277,7 +277,7 @@ def read_state(run: str) -> dict[str, Any]:
     flags = {k: v for k, v in state.items() if k != "stops"} if isinstance(state, dict) else None
     stops = state.get("stops", []) if isinstance(state, dict) else None
     if flags is None or not all(isinstance(v, bool) for v in flags.values()) or not _stops(stops):
-        raise TfpipeError(
+        raise RunMismatch(
             f"{p}: expected an object of true/false flags and a list of stops (got {state!r}); the run folder is "
             "damaged"
         )
@@ -325,7 +325,7 @@ def load_digests(run: str) -> set[str] | None:
             if bad is not None
             else f"it does not hold the number of digests its first line says ({head[:40]!r})"
         )
-        raise TfpipeError(f"{p}: {what}; the run folder was edited or damaged")
+        raise RunMismatch(f"{p}: {what}; the run folder was edited or damaged")
     return set(lines[:-1])
 
 
@@ -345,10 +345,10 @@ def read_history(run: str) -> list[dict[str, str]] | None:
     try:
         rows = list(csv.reader(io.StringIO(fs.read_text(p))))
     except csv.Error as e:
-        raise TfpipeError(f"{p}: not a CSV file ({e}); the run folder was edited or damaged") from None
+        raise RunMismatch(f"{p}: not a CSV file ({e}); the run folder was edited or damaged") from None
     header, body = (rows[0], rows[1:]) if rows else ([], [])
     if "epoch" not in header:
-        raise TfpipeError(f"{p}: no header naming the epoch column; the run folder was edited or damaged")
+        raise RunMismatch(f"{p}: no header naming the epoch column; the run folder was edited or damaged")
     for n, row in enumerate(body):
         epoch = row[header.index("epoch")] if len(row) == len(header) else None
         if epoch != str(n):
@@ -357,7 +357,7 @@ def read_history(run: str) -> list[dict[str, str]] | None:
                 if epoch is None
                 else f"epoch {epoch!r} where epoch {n} belongs (each epoch once, in order)"
             )
-            raise TfpipeError(f"{p}: line {n + 2} has {why}; the run folder was edited or damaged")
+            raise RunMismatch(f"{p}: line {n + 2} has {why}; the run folder was edited or damaged")
     return [dict(zip(header, row)) for row in body]
 
 
@@ -392,20 +392,20 @@ def load_thresholds(
     remedy = remedy or f"pass {option('threshold')} to label at one threshold"
     tuned = _read_json(p)
     if not isinstance(tuned, dict):
-        raise TfpipeError(
+        raise RunMismatch(
             f"{p}: expected an object of class name: threshold (got a {type(tuned).__name__}: {_short(tuned)}); the "
             f"file was edited or damaged -- {remedy}"
         )
     if sorted(tuned) != sorted(classes):
         named = sorted(tuned)
-        raise TfpipeError(
+        raise RunMismatch(
             f"{p}: names classes {_short(named)}, not the run's ({_short(classes)}); it belongs to another run -- "
             f"{remedy}"
         )
     values = [tuned[c] for c in classes]
     for c, v in zip(classes, values):
         if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or not 0 <= v <= 1:
-            raise TfpipeError(f"{p}: threshold of {c!r} is {v!r}, not a number in [0, 1]; the file is damaged")
+            raise RunMismatch(f"{p}: threshold of {c!r} is {v!r}, not a number in [0, 1]; the file is damaged")
     return [float(v) for v in values]
 
 
