@@ -52,17 +52,24 @@ from tfpipe.errors import (
     as_command,
     check_count,
     check_positive,
+    error_line,
     option,
-    os_error_line,
     run_cli,
 )
-from tfpipe.lifecycle import dead_worker_line, die_with_parent, loader_dies_with_this_process, stop_behind
+from tfpipe.lifecycle import (
+    BAD_INPUT,
+    INTERRUPTED,
+    LOST_A_RANK,
+    die_with_parent,
+    loader_dies_with_this_process,
+    stop_behind,
+)
 from tfpipe.net import free_port
 from tfpipe.shards import open_shards
 from tfpipe.torch import RecordDataset, folds_apart, gather_rows, sync_buffers, unique_rows
 from train.runs.run import RunConfig
 from train.torch.models import add_recipe_arguments, build_model, check_model, model_inputs, validation_auc
-from train.torch.ranks import LOST_A_RANK, World, check_same_start, launched, refuse_to_the_others, spawn_ranks
+from train.torch.ranks import World, check_same_start, launched, refuse_to_the_others, spawn_ranks
 from train.torch.report import described, model_reports, run_metrics
 from train.torch.run import (
     MODEL,
@@ -262,7 +269,7 @@ def run_rank(rank: int, args: argparse.Namespace, config: RunConfig, port: int, 
 def train_rank(rank: int, args: argparse.Namespace, config: RunConfig, supervised: bool = False) -> None:
     """One rank of a started process group: the loop, the predictions, rank 0's run folder. Its errors are one
     line and exit code 2, settings spelt as flags (``as_command``); a ``supervised`` rank (spawn_ranks') that lost
-    another rank exits with ``train.torch.ranks.LOST_A_RANK`` instead, its parent saying why."""
+    another rank exits with ``tfpipe.lifecycle.LOST_A_RANK`` instead, its parent saying why."""
     try:
         with as_command(PROG):
             check_same_start(start_settings(args), rank)  # the same flags and shards on every rank, or none trains
@@ -273,19 +280,14 @@ def train_rank(rank: int, args: argparse.Namespace, config: RunConfig, supervise
             rows = test_rows(net, args, torch.device("cpu"), None) if args.predict else None
             if rank == 0:
                 finish(net, val_rows, args, config, rows, round(time.monotonic() - start, 1))
-    except TfpipeError as e:  # from a DataLoader worker, torch puts the worker's traceback in the message
-        message = str(e).strip().splitlines()[-1].removeprefix("tfpipe.errors.TfpipeError: ")
-        print(f"{PROG}: error: {message}", file=sys.stderr, flush=True)
-        sys.exit(2)
-    except Exception as e:  # one of this rank's DataLoader workers died; a full disk, an unwritable --out
+    except Exception as e:  # bad input (from a DataLoader worker too), a worker that died, a full disk, gloo's
         stop = stop_behind(e)  # Ctrl-C or SIGTERM to the process group ends the workers too: the stop is the news
         if stop is not None:
             raise stop from None
-        worker = dead_worker_line(e)
-        line = f"rank {rank}: {worker}" if worker else os_error_line(e) if isinstance(e, OSError) else None
+        line = error_line(e, who=f"rank {rank}: ")  # the one line of tfpipe.errors.run_cli, for a rank
         if line:
             print(f"{PROG}: error: {line}", file=sys.stderr, flush=True)
-            sys.exit(2)
+            sys.exit(BAD_INPUT)
         if not (isinstance(e, RuntimeError) and "gloo" in str(e)):
             raise  # a bug: its traceback
         # gloo's: another rank died (killed, out of memory) mid-collective
@@ -293,7 +295,7 @@ def train_rank(rank: int, args: argparse.Namespace, config: RunConfig, supervise
             sys.exit(LOST_A_RANK)
         first = str(e).strip().splitlines()[0]
         print(f"{PROG}: error: rank {rank} lost another rank ({first}); stopping", file=sys.stderr, flush=True)
-        sys.exit(2)
+        sys.exit(BAD_INPUT)
     finally:
         dist.destroy_process_group()
 
@@ -352,16 +354,16 @@ def run(args: argparse.Namespace) -> None:
         if world is None:
             raise
         if world[2] == 0:  # every rank of a machine finds the same: its local rank 0 says it
-            line = os_error_line(e) if isinstance(e, OSError) else str(e)
+            line = error_line(e) or str(e)
             print(f"{PROG}: error: {line}", file=sys.stderr, flush=True)
         refuse_to_the_others(str(e), world[0], world[1])  # the other machines' ranks refuse too, not wait 30 min
-        raise SystemExit(2) from None
+        raise SystemExit(BAD_INPUT) from None
     if world is not None:
         try:
             run_launched(args, config, world)
         except KeyboardInterrupt:  # Ctrl-C reaches every rank of the terminal's machine: its local rank 0 says it
             if world[2] != 0:
-                raise SystemExit(130) from None
+                raise SystemExit(INTERRUPTED) from None
             raise
     elif args.xla:
         from tfpipe.deps import require

@@ -551,12 +551,20 @@ def test_a_labeled_source_without_any_label_is_refused(labeled_folder, tmp_path,
     assert not out.exists() or tfrec_files(out) == []
 
 
-def test_an_undefined_validation_auc_is_not_reported_as_zero():
-    from train.fit import _headline_auc
+def test_an_undefined_validation_auc_is_not_reported_as_zero(trained_run, tmp_path):
+    """A run's metrics.json as train.fit wrote it, read back as the command reads it (``FitResult``), with the
+    exact AUC a validation fold without both kinds of image gives (null): never printed as a number."""
+    from train.fit import summary_lines
+    from train.runs.results import FitResult
 
-    m = {"final": {"val_auc": 0.0}, "best": {"val_auc": 0.0, "epoch": 1}, "report": {"roc_auc_macro": None}}
-    assert _headline_auc(m).startswith("undefined (no class has both positive and negative")
-    assert _headline_auc(dict(m, report={"roc_auc_macro": 0.75})).startswith("0.7500 (exact")
+    run, metrics, _ = trained_run
+    (tmp_path / "metrics.json").write_text(
+        json.dumps(dict(metrics, report=dict(metrics["report"], roc_auc_macro=None)))
+    )
+    (line, *_) = summary_lines(FitResult.load(str(tmp_path)))
+    assert line.startswith("validation AUC undefined (no class has both positive and negative validation images; ")
+    (line, *_) = summary_lines(FitResult.load(run))
+    assert line.startswith(f"validation AUC {metrics['report']['roc_auc_macro']:.4f} (exact; Keras' binned estimate")
 
 
 def test_a_full_disk_at_the_epoch_backup_is_one_line_and_leaves_no_temporaries(shard_dir, tmp_path, capsys):

@@ -755,10 +755,11 @@ def test_the_headline_auc_is_the_exact_one_and_the_estimate_is_labelled(trained_
     truth = np.array([[c in t.split() for c in "abc"] for t in val["true"]], float)
     exact = roc_auc_score(truth, val[["a", "b", "c"]].to_numpy(), average="macro")
     assert metrics["report"]["roc_auc_macro"] == pytest.approx(exact, abs=1e-6)
-    from train.fit import _headline_auc
+    from train.fit import summary_lines
+    from train.runs.results import FitResult
 
-    line = _headline_auc(metrics)
-    assert line.startswith(f"{exact:.4f} (exact; Keras' binned estimate ")
+    line = summary_lines(FitResult.load(run))[0]
+    assert line.startswith(f"validation AUC {exact:.4f} (exact; Keras' binned estimate ")
 
 
 def test_a_benchmark_child_dies_with_its_parent(tmp_path):

@@ -226,3 +226,31 @@ def test_a_moved_module_still_imports_and_warns_at_the_importers_line():
         assert caught[0].filename == __file__  # the importer's line, not importlib's or the alias's
         public = [name for name in vars(importlib.import_module(new)) if not name.startswith("_")]
         assert all(getattr(module, name) is getattr(importlib.import_module(new), name) for name in public)
+
+
+def _calls(paths, test):
+    return [
+        f"{p.relative_to(ROOT)}:{node.lineno} {ast.unparse(node)}"
+        for p in paths
+        for node in ast.walk(ast.parse(p.read_text()))
+        if isinstance(node, ast.Call) and test(node)
+    ]
+
+
+def test_one_exit_path_signal_handlers_in_one_module_and_exit_codes_from_its_table():
+    """Issue #62: ``tfpipe/lifecycle.py`` installs every signal handler, and every process -- command, rank,
+    server -- ends with a code of its table (no 2, 3, 130 or 143 typed by hand elsewhere)."""
+    from tfpipe import lifecycle
+
+    code = source_files() + sorted((ROOT / "examples").glob("*.py"))
+    handlers = _calls(code, lambda c: ast.unparse(c.func) == "signal.signal")
+    assert handlers and {h.split(":")[0] for h in handlers} == {"tfpipe/lifecycle.py"}, handlers
+
+    def typed_exit(c):
+        exits = ("sys.exit", "SystemExit", "exit_now", "os._exit")
+        return ast.unparse(c.func) in exits and any(isinstance(a, ast.Constant) and a.value != 0 for a in c.args)
+
+    assert _calls(code, typed_exit) == []
+    assert (lifecycle.BAD_INPUT, lifecycle.LOST_A_RANK, lifecycle.INTERRUPTED, lifecycle.TERMINATED) == (2, 3, 130, 143)
+    assert lifecycle.PARENT_GONE == 1 and set(lifecycle.EXITS) == {1, 2, 3, 130, 143}
+    assert lifecycle.STOPS == {2: (130, "interrupted"), 15: (143, "terminated (SIGTERM)")}

@@ -229,7 +229,7 @@ def test_workers_started_unlike_all_refuse_before_training(demo_shards, tmp_path
     assert not (run / run_files.HISTORY).exists()
 
 
-def test_predicting_refuses_a_cluster(tmp_path):
+def test_predicting_refuses_a_cluster(tmp_path, capsys):
     """Predictions come back in written order from one machine; a multi-worker strategy would return them in
     the workers' order: refused from Python before anything is read, and not offered on the command line."""
     from tfpipe.errors import TfpipeError
@@ -237,8 +237,9 @@ def test_predicting_refuses_a_cluster(tmp_path):
 
     with pytest.raises(TfpipeError, match="predicting runs on one machine"):
         predict(str(tmp_path / "run"), str(tmp_path / "records"), str(tmp_path / "s.csv"), strategy="multiworker")
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit) as e:
         build_parser().parse_args(["--run", "r", "--records", "x", "--out", "s.csv", "--strategy", "multiworker"])
+    assert e.value.code == 2 and "--strategy: invalid choice: 'multiworker'" in capsys.readouterr().err
 
 
 def test_a_worker_that_cannot_listen_at_its_address_is_one_line(shard_dir, tmp_path):

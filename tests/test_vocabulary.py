@@ -415,7 +415,7 @@ def test_fit_names_its_run_folder_as_run(shard_dir, tmp_path, capsys):
     assert afile.read_text() == "mine"
 
 
-def test_every_augment_field_is_a_flag_of_train_fit_and_reads_back_as_in_python():
+def test_every_augment_field_is_a_flag_of_train_fit_and_reads_back_as_in_python(capsys):
     """Issue #33: the flags are made from Augment's fields, so each is reachable from the command line with the
     same meaning; none given is Augment(); --no-augment with a flag asking for some is one refusal."""
     import dataclasses
@@ -438,8 +438,10 @@ def test_every_augment_field_is_a_flag_of_train_fit_and_reads_back_as_in_python(
     assert config_from_args(parser.parse_args(["--no-augment"])).augment == NO_AUGMENT
     with pytest.raises(TfpipeError, match="--no-augment turns training augmentation off, and --mixup asks for some"):
         config_from_args(parser.parse_args(["--no-augment", "--mixup", "0.2"]))
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit) as e:
         parser.parse_args(["--crop-scale", "0.5"])  # one number: argparse's one line, exit 2
+    (line,) = capsys.readouterr().err.strip().splitlines()[-1:]
+    assert e.value.code == 2 and "--crop-scale" in line and "0.5" in line, line
 
 
 @pytest.mark.parametrize(

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 
 from tfpipe.deps import require
 from tfpipe.errors import TfpipeError, option
-from tfpipe.lifecycle import exit_now
+from tfpipe.lifecycle import BAD_INPUT, exit_now
 from tfpipe.net import MAX_PORT, host_and_port
 
 if TYPE_CHECKING:
@@ -159,7 +159,7 @@ def _call(target: str, method: str, timeout: float) -> bytes:
 class WorkerWatch:
     """While a trainer consumes a service: every ``poll`` seconds the dispatcher's workers are dialled, and a
     worker that has not answered for ``gone_seconds`` while no training step ended ends the process in one line
-    (``end``; by default ``tfpipe.lifecycle.exit_now(2)``): TensorFlow's client waits for a lost worker forever,
+    (``end``; by default ``tfpipe.lifecycle.exit_now(BAD_INPUT)``): TensorFlow's client waits for a lost worker forever,
     so a dead or unreachable worker would otherwise leave the trainer saying "still compiling" or nothing at
     all. A worker restarted at the same address within ``gone_seconds`` (the epoch then goes on) is waited for;
     so is one that the trainer does not need (steps still ending)."""
@@ -230,4 +230,4 @@ def _get_workers(target: str, timeout: float) -> bytes:
 
 def _end_now(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
-    exit_now(2)
+    exit_now(BAD_INPUT)

@@ -14,8 +14,8 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NoReturn, TextIO
 
+from tfpipe.lifecycle import BAD_INPUT, dead_worker_line, ending, stop_behind, stopping_on_signals
 from tfpipe.lifecycle import Terminated as Terminated  # its old home
-from tfpipe.lifecycle import dead_worker_line, ending, stop_behind, stopping_on_signals
 
 _COMMAND: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "tfpipe_command", default=None
@@ -228,6 +228,21 @@ def warnings_as_lines(prog: str) -> Iterator[None]:
         yield
 
 
+def error_line(e: BaseException, who: str = "") -> str | None:
+    """The one line an exception ends a process with (exit code ``BAD_INPUT``), for every command and rank alike;
+    None for a bug, which keeps its traceback. A ``TfpipeError``'s message (raised in a DataLoader worker, torch
+    re-raises it with the worker's traceback before it: its last line), a DataLoader worker that died (``who``
+    first: ``rank 3: ``), an ``OSError`` naming its file (a full disk, an unreadable file: the machine's problem)."""
+    if isinstance(e, TfpipeError):
+        last = (str(e).strip().splitlines() or [""])[-1]
+        wrapped = "\n" in str(e).strip() and last.startswith(f"{type(e).__module__}.{type(e).__name__}: ")
+        return last.split(": ", 1)[1] if wrapped else str(e)  # torch's "...\ntfpipe.errors.TfpipeError: message"
+    worker = dead_worker_line(e)
+    if worker:
+        return who + worker
+    return os_error_line(e) if isinstance(e, OSError) else None
+
+
 def run_cli(prog: str, fn: Callable[..., object], *args: object) -> int:
     """Runs ``fn(*args)`` for an entry point and returns its exit code.
 
@@ -250,9 +265,6 @@ def run_cli(prog: str, fn: Callable[..., object], *args: object) -> int:
         # TensorFlow's start-up lines held back (TFPIPE_VERBOSE=1); SIGTERM ends the command as Ctrl-C does
         with as_command(prog), warnings_as_lines(prog), quiet_tensorflow(), stopping_on_signals():
             code = fn(*args)
-    except TfpipeError as e:
-        print(f"{prog}: error: {e}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt as e:  # Ctrl-C, or a Terminated (SIGTERM)
         code, words = ending(e)
         print(f"{prog}: {words}", file=sys.stderr)
@@ -263,9 +275,9 @@ def run_cli(prog: str, fn: Callable[..., object], *args: object) -> int:
             code, words = ending(stop)
             print(f"{prog}: {words}", file=sys.stderr)
             return code
-        line = dead_worker_line(e) or (os_error_line(e) if isinstance(e, OSError) else None)
+        line = error_line(e)
         if line is None:
             raise
         print(f"{prog}: error: {line}", file=sys.stderr)
-        return 2
+        return BAD_INPUT
     return code if isinstance(code, int) else 0

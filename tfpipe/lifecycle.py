@@ -37,10 +37,24 @@ from tfpipe.console import FORWARD_SECONDS, FORWARDER
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
-# signal -> (exit code, the words of the command's last line): the codes a shell gives
+# How every process of tfpipe ends -- a command, a rank of a recipe, a server -- by exit code (0: done):
+PARENT_GONE = 1  # a child (a DataLoader or pool worker, a rank) whose parent died: ended, nobody to tell
+BAD_INPUT = 2  # after its one line: a TfpipeError, an OSError naming its file, a DataLoader worker that died
+LOST_A_RANK = 3  # a spawned rank that only lost another rank: its launcher names the one that went first
+INTERRUPTED = 130  # Ctrl-C (SIGINT): the code a shell gives
+TERMINATED = 143  # SIGTERM: the code a shell gives
+EXITS: dict[int, str] = {
+    PARENT_GONE: "a child ended because its parent died",
+    BAD_INPUT: "one line said why (bad input, a full disk, a worker that died)",
+    LOST_A_RANK: "a rank lost another rank; its launcher says which",
+    INTERRUPTED: "interrupted (SIGINT)",
+    TERMINATED: "terminated (SIGTERM)",
+}
+
+# signal -> (exit code, the words of the command's last line)
 STOPS: dict[int, tuple[int, str]] = {
-    signal.SIGINT: (130, "interrupted"),
-    signal.SIGTERM: (143, "terminated (SIGTERM)"),
+    signal.SIGINT: (INTERRUPTED, "interrupted"),
+    signal.SIGTERM: (TERMINATED, "terminated (SIGTERM)"),
 }
 
 
@@ -88,6 +102,26 @@ def stopping_on_signals() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, before)
+
+
+def on_sigterm(handler: Callable[[int, Any], None]) -> None:
+    """Installs ``handler`` for SIGTERM (main thread only): for a launcher whose own handler fails (Lightning's;
+    ``train.torch.lightning_ranks.StopOnSigterm``). Every signal handler of tfpipe is installed in this module."""
+    signal.signal(signal.SIGTERM, handler)
+
+
+@contextlib.contextmanager
+def sigterm_restored() -> Iterator[None]:
+    """SIGTERM does after the block what it did before: what the block installs (TensorFlow's coordination
+    service its preemption notice, Lightning its own handler) is taken back. The handler Python knew is put
+    back; from the main thread only, where Python's handlers are set."""
+    main = threading.current_thread() is threading.main_thread()
+    before = signal.getsignal(signal.SIGTERM) if main else None
+    try:
+        yield
+    finally:
+        if before is not None:  # None: a handler Python did not install, which it cannot put back
+            signal.signal(signal.SIGTERM, before)
 
 
 class Deferred:
@@ -200,11 +234,11 @@ def die_with_parent(parent_pid: int, poll_seconds: float = 1.0, thread_bound: bo
         def watch() -> NoReturn:
             while os.getppid() == parent_pid:
                 time.sleep(poll_seconds)
-            os._exit(1)
+            os._exit(PARENT_GONE)
 
         threading.Thread(target=watch, daemon=True, name="tfpipe-parent-watch").start()
     if os.getppid() != parent_pid:  # the parent died before the line above took effect
-        os._exit(1)
+        os._exit(PARENT_GONE)
 
 
 def _killed_by_the_kernel_at_parent_death() -> bool:
@@ -248,7 +282,7 @@ def worker_dies_with_parent(
     quiet_resource_sharer()
     if os.getppid() != parent_pid:
         if method in ("fork", "spawn"):
-            os._exit(1)  # the parent died between starting this worker and now
+            os._exit(PARENT_GONE)  # the parent died between starting this worker and now
         return
     forked_from_main = method in (None, "fork") and (main_thread is None or threading.get_ident() == main_thread)
     die_with_parent(parent_pid, thread_bound=forked_from_main)

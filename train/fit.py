@@ -21,6 +21,7 @@ from tfpipe import console
 from tfpipe.console import quiet_call
 from tfpipe.deprecations import add_deprecated_flag
 from tfpipe.errors import ArgumentParser, TfpipeError, check_path, run_cli
+from tfpipe.lifecycle import BAD_INPUT
 from train.accel.tpus import TPUS
 from train.keras.config import FitConfig as FitConfig  # re-exported: train.fit.FitConfig (tfpipe 1.0)
 from train.keras.models import model_names
@@ -324,26 +325,33 @@ def run_command(args: argparse.Namespace) -> int:
         print(f"train.fit: {m.task} done; {m.chief_task}, the chief, writes the run", flush=True)
         return 0
     if isinstance(m, PreflightReport):  # the report is printed: exit 2 when a TPU would refuse the run
-        return 0 if m.ok else 2
-    print(
+        return 0 if m.ok else BAD_INPUT
+    print("\n".join(summary_lines(m)))
+    return 0
+
+
+def summary_lines(m: FitResult) -> list[str]:
+    """What the command prints of a finished run: its headline (the exact AUC, Keras' estimate labelled), the
+    SWA model's, and model.keras's class table (model-swa.keras's: metrics.json, "swa", or train.inspect)."""
+    headline = (
         f"validation AUC {_headline_auc(m.report, m.keras_auc, m.best)}{_scores(m.report)}, "
         f"{m.epochs} epoch{'s' * (m.epochs != 1)}, {m.optimizer_steps} step{'s' * (m.optimizer_steps != 1)}, "
         f"{m.replicas} replica{'s' * (m.replicas > 1)} x {m.per_replica_batch_size} = {m.global_batch_size} per "
-        f"step, steps_per_execution {m.steps_per_execution}, {m.images_per_sec} images/s -> {cfg.run}"
+        f"step, steps_per_execution {m.steps_per_execution}, {m.images_per_sec} images/s -> {m.run}"
     )
+    lines = [headline]
     if m.swa:
-        print(
+        lines.append(
             f"SWA of the last {m.swa.epochs_averaged} epoch{'s' * (m.swa.epochs_averaged != 1)}: "
             f"validation AUC {_headline_auc(m.swa.report, m.swa.val_auc, None)}{_scores(m.swa.report)}"
-            f" -> {cfg.run}/model-swa.keras"
+            f" -> {m.run}/model-swa.keras"
         )
-    report = m.report  # model.keras's (model-swa.keras's: metrics.json, "swa", or train.inspect)
-    if report:
+    if m.report:
         from train.decide.evaluation import class_table
 
         title = "model.keras, 1 view, at the thresholds of thresholds.json"
-        print("\n".join(class_table(report, title=title)) + f'\n  (every class: {cfg.run}/metrics.json, "report")')
-    return 0
+        lines += [*class_table(m.report, title=title), f'  (every class: {m.run}/metrics.json, "report")']
+    return lines
 
 
 def _scores(report: Mapping[str, Any] | None) -> str:

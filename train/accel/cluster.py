@@ -20,14 +20,13 @@ import dataclasses
 import json
 import os
 import re
-import signal
 import sys
-import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from tfpipe import fs
 from tfpipe.errors import TfpipeError, option
+from tfpipe.lifecycle import sigterm_restored
 from tfpipe.net import MAX_PORT, host_and_port
 from train.runs import run as run_files
 from train.runs.run import RunConfig
@@ -115,7 +114,7 @@ def connect() -> tf.distribute.MultiWorkerMirroredStrategy:
     import tensorflow as tf
 
     config = cluster_from_environment()
-    with sigterm_kept():
+    with sigterm_restored():  # TensorFlow's coordination service swallows SIGTERM: a worker trained on (measured)
         try:
             strategy = tf.distribute.MultiWorkerMirroredStrategy()
         except tf.errors.UnknownError as e:  # its server could not listen
@@ -128,21 +127,6 @@ def connect() -> tf.distribute.MultiWorkerMirroredStrategy:
                 "the address is not this machine's"
             ) from None
     return strategy
-
-
-@contextlib.contextmanager
-def sigterm_kept() -> Iterator[None]:
-    """SIGTERM does afterwards what it did before: TensorFlow's coordination service installs its own handler
-    (its preemption notice) and swallows the signal, and a worker told to stop trained on to its last epoch
-    (measured). The handler Python knows is put back (the default: the process ends; ``train.fit``'s own: one
-    line, exit 143: ``tfpipe.lifecycle``). From the main thread only, where Python's handlers are set."""
-    main = threading.current_thread() is threading.main_thread()
-    before = signal.getsignal(signal.SIGTERM) if main else None
-    try:
-        yield
-    finally:
-        if before is not None:  # None: a handler Python did not install, which it cannot put back
-            signal.signal(signal.SIGTERM, before)
 
 
 def is_multiworker(strategy: tf.distribute.Strategy) -> bool:

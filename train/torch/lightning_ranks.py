@@ -31,10 +31,20 @@ import pytorch_lightning as pl
 from lightning_fabric.strategies.launchers.subprocess_script import _ChildProcessObserver
 from pytorch_lightning.strategies.launchers import subprocess_script as lightning_launcher
 
-from tfpipe.lifecycle import STOPS, dead_worker_line, die_with_parent, exit_now, stop_behind
+from tfpipe.lifecycle import (
+    BAD_INPUT,
+    INTERRUPTED,
+    STOPS,
+    TERMINATED,
+    dead_worker_line,
+    die_with_parent,
+    exit_now,
+    on_sigterm,
+    sigterm_restored,
+    stop_behind,
+)
 from train.torch.ranks import check_same_start
 
-SIGTERM_CODE = STOPS[signal.SIGTERM][0]  # 143
 PARENT_PID = "TFPIPE_LIGHTNING_PARENT_PID"  # rank 0's pid, for the ranks it starts
 
 
@@ -61,14 +71,10 @@ def supervised(trainer: pl.Trainer, prog: str) -> Iterator[None]:
     ranks start, before Lightning's first stage (``run_cli``'s would raise a ``KeyboardInterrupt``, which Lightning
     turns into Ctrl-C's ``exit(1)``: a SIGTERM then said "interrupted", exit 130)."""
     watch = RankWatch(prog)
-    before = signal.getsignal(signal.SIGTERM)
-    StopOnSigterm().install(trainer)
-    try:
+    with sigterm_restored():
+        StopOnSigterm().install(trainer)
         with ranks_watched(watch), one_line_when_a_process_dies(trainer, watch):
             yield
-    finally:
-        if before is not None:  # None: a handler Python did not install, which it cannot put back
-            signal.signal(signal.SIGTERM, before)
 
 
 class StopOnSigterm(pl.Callback):
@@ -93,9 +99,9 @@ class StopOnSigterm(pl.Callback):
             launcher = trainer.strategy.launcher
             if launcher is not None and trainer.is_global_zero:
                 launcher.kill(signum)
-            raise SystemExit(SIGTERM_CODE)
+            raise SystemExit(TERMINATED)
 
-        signal.signal(signal.SIGTERM, handler)
+        on_sigterm(handler)
 
 
 class SameStart(pl.Callback):
@@ -159,7 +165,7 @@ class RankObserver(_ChildProcessObserver):
             line = rank_died_line(self.watch.prog, *self.watch.first_dead)
             if line:
                 print(line, file=sys.stderr, flush=True)
-            exit_now(2)  # rank 0 is stuck (waiting for the ranks to meet): no exception would reach it
+            exit_now(BAD_INPUT)  # rank 0 is stuck (waiting for the ranks to meet): no exception would reach it
 
 
 @contextlib.contextmanager
@@ -200,20 +206,20 @@ def one_line_when_a_process_dies(trainer: pl.Trainer, watch: RankWatch) -> Itera
         finally:
             watch.leaving.set()  # rank 0 says why itself (or is done with the ranks): the watch ends no process
     except SystemExit as e:
-        if e.code == SIGTERM_CODE:  # StopOnSigterm's
+        if e.code == TERMINATED:  # StopOnSigterm's
             terminated(trainer, watch.prog)
         if not trainer.interrupted:
             raise
         if trainer.received_sigterm:
             terminated(trainer, watch.prog)
         if not trainer.is_global_zero:
-            raise SystemExit(130) from None  # rank 0 says it
+            raise SystemExit(INTERRUPTED) from None  # rank 0 says it
         raise KeyboardInterrupt from None
     except Exception as e:
         if trainer.received_sigterm:  # a rank that the SIGTERM stopped mid-start (gloo, a worker): told to stop
             terminated(trainer, watch.prog)
         if stop_behind(e) is not None:  # Ctrl-C to the process group ended the workers too: said once, by rank 0
-            raise (KeyboardInterrupt() if trainer.is_global_zero else SystemExit(130)) from None
+            raise (KeyboardInterrupt() if trainer.is_global_zero else SystemExit(INTERRUPTED)) from None
         worker = dead_worker_line(e)  # torch's RuntimeError, or a connection to the worker broken as it died
         if worker:
             say(watch.prog, f"rank {trainer.global_rank}: {worker}")
@@ -224,14 +230,14 @@ def one_line_when_a_process_dies(trainer: pl.Trainer, watch: RankWatch) -> Itera
             line = rank_died_line(watch.prog, *dead) if dead else None
             if line:
                 print(line, file=sys.stderr, flush=True)
-        raise SystemExit(2) from None
+        raise SystemExit(BAD_INPUT) from None
 
 
 def terminated(trainer: pl.Trainer, prog: str) -> NoReturn:
     """SIGTERM (Lightning forwards it to every rank): exit 143, the code a shell gives, said once by rank 0."""
     if trainer.is_global_zero:
         print(f"{prog}: {STOPS[signal.SIGTERM][1]}; every rank stopped", file=sys.stderr, flush=True)
-    raise SystemExit(SIGTERM_CODE) from None
+    raise SystemExit(TERMINATED) from None
 
 
 def say(prog: str, line: str) -> None:

@@ -20,13 +20,11 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from tfpipe.errors import TfpipeError
-from tfpipe.lifecycle import Terminated, stop_processes
+from tfpipe.lifecycle import BAD_INPUT, LOST_A_RANK, Terminated, stop_processes
 
 # A rank started by spawn_ranks whose collective failed because another rank is gone exits with this code and says
 # nothing: its parent names the rank that went first. Before, the surviving rank's "lost another rank" line could
 # reach the parent before the killed rank's death did.
-LOST_A_RANK = 3
-SAID_WHY = 2  # a rank's exit code after it printed its own one line (a TfpipeError, a full disk)
 
 
 class World(NamedTuple):
@@ -71,11 +69,11 @@ def spawn_ranks(fn: Callable[..., None], args: tuple[Any, ...], nprocs: int) -> 
             while not ranks.join():
                 pass
         except mp.ProcessExitedException as e:
-            if e.exit_code == SAID_WHY:
-                raise SystemExit(SAID_WHY) from None
+            if e.exit_code == BAD_INPUT:
+                raise SystemExit(BAD_INPUT) from None
             index, how = first_gone(ranks.processes, e)
             if how is None:  # that rank said why on stderr
-                raise SystemExit(SAID_WHY) from None
+                raise SystemExit(BAD_INPUT) from None
             raise TfpipeError(f"rank {index} {how}; the other ranks were stopped") from None
         except mp.ProcessRaisedException as e:  # its traceback is in the message: the last line
             last = [line for line in str(e).splitlines() if line.strip()][-1]
@@ -95,7 +93,7 @@ def first_gone(processes: Sequence[Any], e: Any, wait_seconds: float = 5.0) -> t
         if code is not None and code < 0:
             return index, f"was killed by {signal.Signals(-code).name}"
         if code not in (None, 0, LOST_A_RANK):
-            return index, None if code == SAID_WHY else f"exited with code {code}"
+            return index, None if code == BAD_INPUT else f"exited with code {code}"
     return e.error_index, "lost another rank (gloo)"
 
 
