@@ -94,7 +94,7 @@ def test_an_unknown_model_from_python_writes_nothing_and_the_corrected_config_ru
     assert not run.exists()
     # a strategy object (the one a notebook made) is recorded by its class name, not deep-copied
     strategy, _ = resolve_strategy("cpu", 2)
-    assert fit(small(shard_dir, run, strategy=strategy))["replicas"] == 2
+    assert fit(small(shard_dir, run, strategy=strategy)).replicas == 2
     assert json.loads((run / "config.json").read_text())["strategy"] == "MirroredStrategy"
 
 
@@ -146,7 +146,7 @@ def test_a_job_that_fails_before_its_first_epoch_is_saved_leaves_a_new_or_empty_
     with pytest.raises(RuntimeError, match="crash in epoch 1"):  # the first epoch was saved: the run is kept
         fit(small(shard_dir, empty, epochs=2, callbacks=(CrashAt(1),)))
     assert {"config.json", "history.csv", "backup"} <= set(os.listdir(empty))
-    assert fit(small(shard_dir, empty, epochs=2, resume=True))["epochs"] == 2
+    assert fit(small(shard_dir, empty, epochs=2, resume=True)).epochs == 2
 
 
 def test_a_run_that_existed_before_the_job_is_never_cleaned_up(shard_dir, tmp_path):
@@ -158,7 +158,7 @@ def test_a_run_that_existed_before_the_job_is_never_cleaned_up(shard_dir, tmp_pa
     with pytest.raises(RuntimeError, match="crash before the first epoch"):  # the resumed job saves no epoch
         fit(small(shard_dir, run, epochs=2, resume=True, callbacks=(CrashAt(),)))
     assert sorted(os.listdir(run)) == before and (run / "history.csv").read_text() == history
-    assert fit(small(shard_dir, run, epochs=2, resume=True))["epochs"] == 2
+    assert fit(small(shard_dir, run, epochs=2, resume=True)).epochs == 2
 
 
 def test_the_cleanup_removes_only_the_names_a_run_writes():
@@ -384,7 +384,9 @@ def test_counts_of_one_are_singular(capsys, monkeypatch):
         "images_per_sec": 1.0,
         "swa": {"epochs_averaged": 1, "final": {"val_auc": 0.5}, "val_auc": 0.5},
     }
-    monkeypatch.setattr(fit_module, "fit", lambda cfg: metrics)
+    from train.runs.results import FitResult
+
+    monkeypatch.setattr(fit_module, "fit", lambda cfg: FitResult.from_metrics("r", metrics))
     monkeypatch.setattr(fit_module, "check_inputs", lambda cfg: None)
     fit_module.run_command(fit_module.build_parser().parse_args(["--records", "recs", "--run", "r"]))
     out = capsys.readouterr().out

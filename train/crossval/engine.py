@@ -23,6 +23,7 @@ from tfpipe import fs
 from tfpipe.console import counted
 from tfpipe.errors import TfpipeError, option
 from tfpipe.locks import LOCK, locked_folder
+from tfpipe.read import check_no_image_twice
 from tfpipe.shards import Shards, open_shards
 from train.accel.strategy import resolve_strategy, tpu_strategy
 from train.decide.evaluation import score
@@ -55,8 +56,13 @@ def cross_validate(cfg: FitConfig, folds: Sequence[int] | None = None, tta: int 
     """Trains ``folds`` (default: every fold of the shards) with the settings of ``cfg`` into the CV folder
     ``cfg.run``, then scores the out-of-fold predictions over ``tta`` views; returns ``cv.json``'s content.
     Called through ``train.cv.cross_validate`` (see its example)."""
+    from train.keras.trainer import check_settings
+
+    check_settings(cfg)
     strategy, kind = resolve_strategy(cfg.strategy, cfg.replicas)  # once: one TPU connection for every fold
-    plan = plan_cv(cfg, open_shards(cfg.records), folds, tta, strategy.num_replicas_in_sync)
+    shards = open_shards(cfg.records)  # once: every fold is planned from these (their dataset id in cv.json)
+    check_no_image_twice(shards)
+    plan = plan_cv(cfg, shards, folds, tta, strategy.num_replicas_in_sync)
     created = not fs.exists(cfg.run)
     try:
         with locked_folder(cfg.run, PROG, setting="run"):
@@ -65,7 +71,7 @@ def cross_validate(cfg: FitConfig, folds: Sequence[int] | None = None, tta: int 
             for i, k in enumerate(plan.folds):
                 if i:
                     strategy = between_folds(strategy, kind)
-                train_fold(cfg, plan, k, i, strategy)
+                train_fold(cfg, plan, k, i, (strategy, kind), shards)
             result = score_out_of_fold(cfg, plan, strategy)
             result.save(cfg.run)
         return result
@@ -209,9 +215,12 @@ def replace_cv(cv: str, before: CVResult, names: Sequence[str]) -> None:
     print(f"{PROG}: replaced the cross-validation in {cv} ({option('overwrite', True)})", flush=True)
 
 
-def train_fold(cfg: FitConfig, plan: CVResult, fold: int, index: int, strategy: tf.distribute.Strategy) -> None:
-    """Fold ``fold``'s run: kept when finished with the CV's settings, continued when interrupted, else trained."""
-    from train.keras.trainer import fit
+def train_fold(
+    cfg: FitConfig, plan: CVResult, fold: int, index: int, on: tuple[tf.distribute.Strategy, str], shards: Shards
+) -> None:
+    """Fold ``fold``'s run: kept when finished with the CV's settings, continued when interrupted, else trained:
+    planned from the CV's ``shards`` and handed to the engine on the CV's strategy (``on``: it and its kind)."""
+    from train.keras.trainer import plan_training, train_planned
 
     run = fold_run(cfg.run, fold)
     where = f"{PROG}: fold {fold} ({index + 1} of {len(plan.folds)})"
@@ -223,7 +232,10 @@ def train_fold(cfg: FitConfig, plan: CVResult, fold: int, index: int, strategy: 
             return
     print(f"{where}: {'continuing' if started else 'training'} -> {run}", flush=True)
     begun = time.perf_counter()
-    m = fit(dataclasses.replace(cfg, run=run, fold=fold, resume=started, overwrite=False, strategy=strategy))
+    strategy, kind = on
+    fold_cfg = dataclasses.replace(cfg, run=run, fold=fold, resume=started, overwrite=False, strategy=strategy)
+    planned, _, parts = plan_training(fold_cfg, strategy.num_replicas_in_sync, shards)
+    m = train_planned(planned, shards, parts, strategy, kind, begun)
     assert isinstance(m, FitResult) and m.report is not None  # a CV trains on one machine, always with the report
     report = m.report
     auc = report["roc_auc_macro"]

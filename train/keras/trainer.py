@@ -28,7 +28,6 @@ import tensorflow as tf
 
 import tfpipe
 from tfpipe import console, fs
-from tfpipe.batches import evaluation_steps
 from tfpipe.errors import TfpipeError, check_count, check_path, option
 from tfpipe.lifecycle import deferred_stops
 from tfpipe.locks import WriteLock, locked_folder
@@ -44,11 +43,12 @@ from train.accel.cluster import (
     records_here,
     task_name,
 )
-from train.accel.strategy import default_precision, input_pipelines, quick_teardown, resolve_strategy
+from train.accel.strategy import default_precision, quick_teardown, resolve_strategy
 from train.keras.callbacks import Phase, ShardsUnchanged, Throughput, phase_callbacks
 from train.keras.compiling import compile_model as compile_model  # train.fit hands it out (tfpipe 1.0's name)
 from train.keras.compiling import make_auc as make_auc  # train.fit hands it out (tfpipe 1.0's name)
 from train.keras.config import FitConfig
+from train.keras.data import training_data
 from train.keras.fit_run import (
     check_out,
     remove_if_empty,
@@ -75,48 +75,6 @@ from train.keras.swa import AverageWeights
 from train.runs import run as run_files
 from train.runs.results import FitResult, WorkerResult
 from train.runs.run import Parts, read_state, training_parts, write_state
-
-
-def build_datasets(
-    cfg: FitConfig, strategy: tf.distribute.Strategy, num_classes: int | None, parts: Parts
-) -> tuple[tf.distribute.DistributedDataset, tf.distribute.DistributedDataset, int, int, int]:
-    """Distributed training and validation datasets, and their sizes."""
-    train_src, train_folds, val_src, val_folds = parts
-    n_train, n_val = tfpipe.count_examples(train_src, train_folds), tfpipe.count_examples(val_src, val_folds)
-    global_batch = cfg.batch_size * strategy.num_replicas_in_sync
-    common: dict[str, Any] = {
-        "image_size": cfg.image_size,
-        "num_classes": num_classes,
-        "label_mode": "one_hot" if cfg.single_label else "multi_hot",
-    }
-
-    def train_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
-        return tfpipe.make_dataset(
-            train_src,
-            ctx.get_per_replica_batch_size(global_batch),
-            training=True,
-            folds=train_folds,
-            augment=cfg.augment,
-            seed=cfg.seed if cfg.data_service is None else None,  # the workers' input is never seeded (guide)
-            input_context=ctx,
-            service=cfg.data_service,
-            **common,
-        )
-
-    # padded to static shapes; weight 0 on padding keeps the metrics exact
-    def val_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
-        return tfpipe.make_dataset(
-            val_src,
-            ctx.get_per_replica_batch_size(global_batch),
-            folds=val_folds,
-            pad_batches=True,
-            input_context=ctx,
-            **common,
-        )
-
-    train_ds = strategy.distribute_datasets_from_function(train_fn)
-    val_ds = strategy.distribute_datasets_from_function(val_fn)
-    return train_ds, val_ds, n_train, n_val, global_batch
 
 
 def run_phase(
@@ -188,14 +146,28 @@ def fit(cfg: FitConfig) -> FitResult | WorkerResult:
     Called through ``train.fit.fit`` (see its example).
     """
     started = time.perf_counter()
+    check_settings(cfg)
+    strategy, kind = resolve_strategy(cfg.strategy, cfg.replicas)  # first: virtual CPUs need a fresh TensorFlow
+    plan, shards, parts = plan_training(cfg, strategy.num_replicas_in_sync)
+    return train_planned(plan, shards, parts, strategy, kind, started)
+
+
+def check_settings(cfg: FitConfig) -> None:
+    """What can be refused before any strategy starts: paths, numbers, the strategy's own settings, and the
+    package the report's pictures need (they come last: a missing one must not cost a whole run)."""
     check_path(records=cfg.records, run=cfg.run)
     check_count(1, replicas=cfg.replicas)
     check_numbers(cfg)
     check_strategy_settings(cfg)  # before a multi-worker strategy connects to its cluster
     if cfg.report:
-        check_installed("matplotlib")  # the pictures come last: a missing package must not cost a whole run
-    strategy, kind = resolve_strategy(cfg.strategy, cfg.replicas)  # first: virtual CPUs need a fresh TensorFlow
-    plan, shards, parts = plan_training(cfg, strategy.num_replicas_in_sync)
+        check_installed("matplotlib")
+
+
+def train_planned(
+    plan: FitConfig, shards: Shards, parts: Parts, strategy: tf.distribute.Strategy, kind: str, started: float
+) -> FitResult | WorkerResult:
+    """A run already checked and planned (``plan_training``'s) on a strategy already made, into ``plan.run``:
+    ``train.fit``'s run, and each fold's of ``train.cv`` (which plans every fold from the shards it opened once)."""
     seed_run(plan)  # after prepare's checks (a seed out of range is one line), before the model is built
     with peers_answering(strategy, plan.run):
         if not is_chief(strategy):
@@ -272,11 +244,13 @@ def train_as_worker(
     return WorkerResult(task_name(strategy), chief_name(strategy), plan.run)
 
 
-def plan_training(cfg: FitConfig, replicas: int) -> tuple[FitConfig, Shards, Parts]:
-    """The shards opened and checked, the plan (``prepare``) and the training and validation parts, for a run on
-    ``replicas`` replicas: every check that needs no model. Shared by training and ``train.preflight.check``."""
-    shards = open_shards(cfg.records)
-    check_no_image_twice(shards)
+def plan_training(cfg: FitConfig, replicas: int, shards: Shards | None = None) -> tuple[FitConfig, Shards, Parts]:
+    """The shards opened and checked (``shards``: opened and checked already, by a CV for all its folds), the
+    plan (``prepare``) and the training and validation parts, for a run on ``replicas`` replicas: every check
+    that needs no model. Shared by training, ``train.cv`` and ``train.preflight.check``."""
+    if shards is None:
+        shards = open_shards(cfg.records)
+        check_no_image_twice(shards)
     plan = prepare(cfg, shards)
     parts = training_parts(shards, plan.fold, plan.val_fraction)  # the fold exists
     check_batch_fits(plan, replicas, tfpipe.count_examples(parts.train, parts.train_folds))
@@ -329,17 +303,6 @@ def train_and_report(
     if fs.exists(run_files.path(plan.run, run_files.BACKUP)):
         fs.rmtree(run_files.path(plan.run, run_files.BACKUP))  # finished: nothing left to resume
     return metrics
-
-
-def training_data(
-    plan: FitConfig, strategy: tf.distribute.Strategy, shards: Shards, parts: Parts
-) -> tuple[PhaseData, int, int, int]:
-    """The distributed datasets and their steps, and (training images, validation images, global batch). A
-    validation pass has the steps the largest input pipeline's share needs (``evaluation_steps``)."""
-    train_ds, val_ds, n_train, n_val, global_batch = build_datasets(plan, strategy, shards.num_classes, parts)
-    context = tf.distribute.InputContext(input_pipelines(strategy), 0, strategy.num_replicas_in_sync)
-    val_steps = evaluation_steps(open_shards(parts.validation, parts.validation_folds), plan.batch_size, context)
-    return (train_ds, val_ds, max(1, n_train // global_batch), val_steps), n_train, n_val, global_batch
 
 
 def on_this_machine(

@@ -250,8 +250,8 @@ def check_submission(
     ``out`` may be written, and the columns (``(id column, labels, probabilities)``) can be written, each id
     once."""
     id_column, labels, probabilities = columns
-    check_run_fits_records(config, shards, records, prog)
     check_destination(out, overwrite)
+    check_run_fits_records(config, shards, records, prog)
     if labels:
         check_labels_can_be_joined(config.classes, config.single_label)
     check_column_names(id_column, config.classes, labels, probabilities)

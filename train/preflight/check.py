@@ -33,10 +33,11 @@ from tfpipe.errors import TfpipeError, check_path, in_command, option
 from train.accel.tpus import TPUS, Tpu
 from train.keras.compiling import compile_model
 from train.keras.config import FitConfig
+from train.keras.data import build_datasets
 from train.keras.models import build_model
 from train.keras.plan import capped_steps_per_execution
 from train.keras.schedules import make_schedule, scaled_lr
-from train.keras.trainer import build_datasets, plan_training
+from train.keras.trainer import plan_training
 from train.preflight.core_memory import HEADROOM, SUBLANES, Memory, core_memory, gibibytes, gigabytes
 from train.preflight.xla_step import (
     Compiled,

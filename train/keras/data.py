@@ -1,0 +1,69 @@
+"""What a run trains and validates on: the shards' training and validation parts as distributed datasets
+(``make_dataset`` once for each input pipeline of the strategy), and their steps."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import tensorflow as tf
+
+import tfpipe
+from tfpipe.batches import evaluation_steps
+from tfpipe.shards import Shards, open_shards
+from train.accel.strategy import input_pipelines
+from train.keras.config import FitConfig
+from train.keras.outputs import PhaseData
+from train.runs.run import Parts
+
+
+def build_datasets(
+    cfg: FitConfig, strategy: tf.distribute.Strategy, num_classes: int | None, parts: Parts
+) -> tuple[tf.distribute.DistributedDataset, tf.distribute.DistributedDataset, int, int, int]:
+    """Distributed training and validation datasets, and their sizes."""
+    train_src, train_folds, val_src, val_folds = parts
+    n_train, n_val = tfpipe.count_examples(train_src, train_folds), tfpipe.count_examples(val_src, val_folds)
+    global_batch = cfg.batch_size * strategy.num_replicas_in_sync
+    common: dict[str, Any] = {
+        "image_size": cfg.image_size,
+        "num_classes": num_classes,
+        "label_mode": "one_hot" if cfg.single_label else "multi_hot",
+    }
+
+    def train_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
+        return tfpipe.make_dataset(
+            train_src,
+            ctx.get_per_replica_batch_size(global_batch),
+            training=True,
+            folds=train_folds,
+            augment=cfg.augment,
+            seed=cfg.seed if cfg.data_service is None else None,  # the workers' input is never seeded (guide)
+            input_context=ctx,
+            service=cfg.data_service,
+            **common,
+        )
+
+    # padded to static shapes; weight 0 on padding keeps the metrics exact
+    def val_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
+        return tfpipe.make_dataset(
+            val_src,
+            ctx.get_per_replica_batch_size(global_batch),
+            folds=val_folds,
+            pad_batches=True,
+            input_context=ctx,
+            **common,
+        )
+
+    train_ds = strategy.distribute_datasets_from_function(train_fn)
+    val_ds = strategy.distribute_datasets_from_function(val_fn)
+    return train_ds, val_ds, n_train, n_val, global_batch
+
+
+def training_data(
+    plan: FitConfig, strategy: tf.distribute.Strategy, shards: Shards, parts: Parts
+) -> tuple[PhaseData, int, int, int]:
+    """The distributed datasets and their steps, and (training images, validation images, global batch). A
+    validation pass has the steps the largest input pipeline's share needs (``evaluation_steps``)."""
+    train_ds, val_ds, n_train, n_val, global_batch = build_datasets(plan, strategy, shards.num_classes, parts)
+    context = tf.distribute.InputContext(input_pipelines(strategy), 0, strategy.num_replicas_in_sync)
+    val_steps = evaluation_steps(open_shards(parts.validation, parts.validation_folds), plan.batch_size, context)
+    return (train_ds, val_ds, max(1, n_train // global_batch), val_steps), n_train, n_val, global_batch
