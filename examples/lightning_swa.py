@@ -199,7 +199,7 @@ def torchrun_nodes(args: argparse.Namespace) -> int:
     its ranks a machine, which ``--devices`` becomes (given, it must agree); 1 elsewhere (``--devices`` 8 by
     default)."""
     world = launched()
-    if world is None:
+    if world is None or world.local_size is None:  # not torchrun's (it says LOCAL_WORLD_SIZE)
         args.devices = 8 if args.devices is None else args.devices
         return 1
     if args.devices not in (None, world.local_size):
@@ -238,9 +238,8 @@ def run(args: argparse.Namespace) -> None:
         annealing_epochs=1,
     )
     trainer = ranks_trainer(args, nodes, [swa])
-    with supervised(
-        trainer, PROG
-    ):  # a rank or worker that dies, Ctrl-C, SIGTERM: one line (train.torch.lightning_ranks)
+    # a rank or worker that dies, Ctrl-C, SIGTERM: one line (train.torch.lightning_ranks)
+    with supervised(trainer, PROG):
         trainer.fit(model, datamodule=data)
         last = model.auc[args.epochs - 1]  # the last epoch's weights (SWA's batch-norm pass may add an epoch)
         model.auc.clear()

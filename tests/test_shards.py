@@ -151,3 +151,19 @@ def test_one_shard_name_template_writes_and_reads_back_every_name(split, fold, t
     assert SHARD_NAMES.parse("ld_train00-1338.tfrec") is None and SHARD_NAMES.count("ld_train00-1338.tfrec") == 1338
     assert SHARD_NAMES.count("isic-2020.tfrec") == 2020 and SHARD_NAMES.count("train.tfrecord") is None
     assert SHARD_NAMES.count("train-fold0-07.tfrec") is None and SHARD_NAMES.count("empty-0.tfrec") == 0  # an index
+
+
+def test_a_corrupt_record_error_crosses_processes_whole():
+    """``CorruptRecord`` says what and where as fields (``shard_checks`` reads them, not its text); pickled (a
+    Beam or pool worker's) it keeps them, and rebuilt from its message alone (torch re-raises a DataLoader
+    worker's error as ``type(message)``) it is still one."""
+    import pickle
+
+    from tfpipe.tfrecord import CorruptRecord
+
+    e = CorruptRecord("a.tfrec", "corrupt record length", 0, " (GZIP-compressed)")
+    back = pickle.loads(pickle.dumps(e))
+    assert (back.path, back.what, back.offset, back.note, str(back)) == (
+        "a.tfrec", "corrupt record length", 0, " (GZIP-compressed)", "a.tfrec: corrupt record length at byte 0 (GZIP-compressed)"
+    )  # fmt: skip
+    assert str(CorruptRecord(str(e))) == str(e) and isinstance(CorruptRecord(str(e)), CorruptRecord)

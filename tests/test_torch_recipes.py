@@ -554,10 +554,12 @@ def test_a_recipe_run_on_single_label_shards_is_single_label_and_submits_one_cla
         ({}, None),  # a plain script
         ({"LOCAL_RANK": "1", "WORLD_SIZE": "8"}, None),  # a rank of Lightning's own launcher: no RANK
         ({"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4"}, (5, 8, 1, 4)),
-        ({"RANK": "1", "WORLD_SIZE": "2"}, (1, 2, 0, 2)),  # no LOCAL_WORLD_SIZE: one machine
+        ({"RANK": "1", "WORLD_SIZE": "2"}, (1, 2, 0, None)),  # not torchrun's: Lightning keeps its own devices
         ({"RANK": "1", "WORLD_SIZE": "8", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "x"}, "LOCAL_WORLD_SIZE=x"),
         ({"RANK": "1", "WORLD_SIZE": "8", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "0"}, "LOCAL_WORLD_SIZE=0"),
-        ({"RANK": "0", "WORLD_SIZE": "8", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "3"}, "LOCAL_WORLD_SIZE=3"),
+        ({"RANK": "0", "WORLD_SIZE": "8", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "9"}, "LOCAL_WORLD_SIZE=9"),
+        ({"RANK": "1", "WORLD_SIZE": "8", "LOCAL_RANK": "4", "LOCAL_WORLD_SIZE": "4"}, "LOCAL_RANK=4"),
+        ({"RANK": "5", "WORLD_SIZE": "7", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4"}, (5, 7, 1, 4)),  # uneven nodes
         ({"RANK": "8", "WORLD_SIZE": "8"}, "RANK=8, WORLD_SIZE=8, LOCAL_RANK=0"),
     ],
 )

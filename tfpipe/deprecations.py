@@ -44,6 +44,8 @@ MOVED_MODULES: dict[str, str] = {
     "train.cv_folder": "train.runs.cv_folder",
     "train.models": "train.keras.models",
     "train.torch_models": "train.torch.models",
+    "train.run": "train.runs.run",  # RunConfig, named by the 1.0 guides
+    "train.evaluation": "train.decide.evaluation",  # the scores, named by the 1.0 predicting guide
 }
 
 

@@ -265,6 +265,9 @@ def run_cli(prog: str, fn: Callable[..., object], *args: object) -> int:
         # TensorFlow's start-up lines held back (TFPIPE_VERBOSE=1); SIGTERM ends the command as Ctrl-C does
         with as_command(prog), warnings_as_lines(prog), quiet_tensorflow(), stopping_on_signals():
             code = fn(*args)
+    except TfpipeError as e:  # bad input: its line, even while a stop was on its way
+        print(f"{prog}: error: {error_line(e)}", file=sys.stderr)
+        return BAD_INPUT
     except KeyboardInterrupt as e:  # Ctrl-C, or a Terminated (SIGTERM)
         code, words = ending(e)
         print(f"{prog}: {words}", file=sys.stderr)

@@ -72,9 +72,13 @@ class CorruptRecord(Exception):
     """A TFRecord file whose framing or checksums are wrong: ``what`` is wrong at byte ``offset`` of ``path``
     (``note``: what the bytes there look like instead); the message names all three."""
 
-    def __init__(self, path: str, what: str, offset: int, note: str = "") -> None:
-        super().__init__(f"{path}: {what} at byte {offset}{note}")
+    def __init__(self, path: str, what: str = "", offset: int = -1, note: str = "") -> None:
+        # one argument: the whole message (as torch rebuilds an error raised in a DataLoader worker)
+        super().__init__(f"{path}: {what} at byte {offset}{note}" if what else path)
         self.path, self.what, self.offset, self.note = path, what, offset, note
+
+    def __reduce__(self) -> tuple[type, tuple[str, str, int, str]]:  # pickled across processes whole
+        return CorruptRecord, (self.path, self.what, self.offset, self.note)
 
 
 def _record_length(f: IO[Any], path: str, offset: int) -> int | None:

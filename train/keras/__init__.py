@@ -1,4 +1,5 @@
 """The Keras trainer: ``FitConfig`` (``config``), the plan checked before the run folder is touched (``plan``),
-the model table (``models``), compile settings (``compiling``), schedules, callbacks, SWA, the run folder as
-``train.fit`` writes it (``fit_run``), what a run writes after training (``outputs``, ``report``, ``plots``) and
-the engine that runs the phases (``trainer``). Keras here is tf-keras 2.x, matched to TensorFlow."""
+the model table (``models``), compile settings (``compiling``), schedules, callbacks, SWA, the datasets a run
+trains on (``data``), the run folder as ``train.fit`` writes it (``fit_run``), what a run writes after training
+(``outputs``, ``report``, ``plots``), a run's model loaded back (``run_model``) and the engine that runs the
+phases (``trainer``). Keras here is tf-keras 2.x, matched to TensorFlow."""

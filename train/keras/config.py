@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from tfpipe.shards import Records
 
 
-PREFLIGHT_ONLY = ("preflight", "tpu")  # settings of train.preflight.check's check, not of a training run
+PREFLIGHT_ONLY = ("preflight", "tpu")  # settings of the preflight (train.preflight), not of a training run
 
 
 @dataclasses.dataclass

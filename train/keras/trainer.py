@@ -240,7 +240,7 @@ def train_as_worker(
                 fresh = check_out(mine, shards)
                 train_and_report(mine, shards, parts, strategy, kind, lock, started, fresh)
         except TfpipeError as e:  # said of the private folder: the user knows the run folder
-            raise TfpipeError(str(e).replace(own, plan.run)) from None
+            raise type(e)(str(e).replace(own, plan.run)) from None  # the same kind
     return WorkerResult(task_name(strategy), chief_name(strategy), plan.run)
 
 

@@ -41,7 +41,8 @@ from train.keras.run_model import load_model as load_model  # train.predict hand
 from train.keras.run_model import load_run
 from train.prediction.scores import evaluate_labeled, seen_rows
 from train.prediction.submission import (
-    check_submission,
+    check_submission_columns,
+    check_submission_target,
     submission_table,
     write_submission,
 )
@@ -228,12 +229,11 @@ def predict(cfg: PredictConfig) -> pd.DataFrame:
     target = open_target(cfg.run, cfg.swa, PROG, say=cfg.progress or in_command())
     config = target.config
     shards = tfpipe.open_shards(cfg.records)
+    check_submission_target(config, shards, cfg.records, cfg.out or "", cfg.overwrite)
     _num_examples(shards, cfg.records)  # predicting needs each file's count: said before any pass warns of it
     id_column = cfg.id_column or shards.id_column
     ids = tfpipe.image_names(shards)
-    check_submission(
-        config, shards, cfg.records, ids, cfg.out or "", cfg.overwrite, (id_column, labels, cfg.probabilities)
-    )
+    check_submission_columns(config, ids, cfg.records, (id_column, labels, cfg.probabilities))
     # the labels, and the scores of labeled shards, need thresholds (probabilities alone do not)
     predictor = validation_predictor(strategy, cfg.batch_size, swa=target.swa, views=cfg.tta, progress=cfg.progress)
     needed = labels or shards.labeled

@@ -235,23 +235,22 @@ def check_ids_once(ids: Sequence[str], records: Records, said: str = TWO_FOLDERS
         seen.add(i)
 
 
-def check_submission(
-    config: RunConfig,
-    shards: Shards,
-    records: Records,
-    ids: Sequence[str],
-    out: str,
-    overwrite: bool,
-    columns: tuple[str, bool, bool],
-    prog: str = "train.predict",
+def check_submission_target(
+    config: RunConfig, shards: Shards, records: Records, out: str, overwrite: bool, prog: str = "train.predict"
 ) -> None:
-    """Every check before a submission of ``config``'s run over ``shards`` (their ``ids``) is written to ``out``,
-    for ``train.predict`` and the recipes' ``--predict`` alike, before any prediction: the run fits the shards,
-    ``out`` may be written, and the columns (``(id column, labels, probabilities)``) can be written, each id
-    once."""
-    id_column, labels, probabilities = columns
+    """The checks before a submission of ``config``'s run over ``shards`` is made, for ``train.predict`` and the
+    recipes' ``--predict`` alike, as soon as the shards are open: ``out`` may be written and the run fits the
+    shards. ``check_submission_columns`` follows, once the ids are read."""
     check_destination(out, overwrite)
     check_run_fits_records(config, shards, records, prog)
+
+
+def check_submission_columns(
+    config: RunConfig, ids: Sequence[str], records: Records, columns: tuple[str, bool, bool]
+) -> None:
+    """The rest, before any prediction: the columns (``(id column, labels, probabilities)``) can be written,
+    each of the shards' ``ids`` once."""
+    id_column, labels, probabilities = columns
     if labels:
         check_labels_can_be_joined(config.classes, config.single_label)
     check_column_names(id_column, config.classes, labels, probabilities)

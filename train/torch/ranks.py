@@ -33,11 +33,12 @@ class World(NamedTuple):
     rank: int
     size: int
     local_rank: int
-    local_size: int  # the ranks on this machine
+    local_size: int | None  # the ranks on this machine (LOCAL_WORLD_SIZE: torchrun's); None: not said
 
     @property
     def nodes(self) -> int:
-        return self.size // self.local_size
+        """The machines (torchrun's), as Lightning counts them; 1 when the launcher did not say."""
+        return max(1, self.size // self.local_size) if self.local_size else 1
 
 
 def launched() -> World | None:
@@ -51,8 +52,8 @@ def launched() -> World | None:
     numbers = {k: os.environ.get(k, "0") for k in names}
     if all(v.isdigit() for v in numbers.values()):
         rank, size, local_rank = (int(numbers[k]) for k in names[:3])
-        local_size = int(numbers.get("LOCAL_WORLD_SIZE", size))
-        if rank < size and local_rank < local_size and local_size > 0 and size % local_size == 0:
+        local_size = int(numbers["LOCAL_WORLD_SIZE"]) if "LOCAL_WORLD_SIZE" in numbers else None
+        if rank < size and (local_size is None or 0 <= local_rank < local_size <= size):
             return World(rank, size, local_rank, local_size)
     shown = ", ".join(f"{k}={v}" for k, v in numbers.items())
     raise TfpipeError(f"the launcher's environment is not a rank of a world ({shown})")

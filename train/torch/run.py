@@ -32,7 +32,8 @@ from tfpipe.shards import Shards, open_shards
 from tfpipe.tfrecord import read_records
 from train.decide.choice import better_model, choice_line, run_scores, same_thresholds, scored_thresholds
 from train.prediction.submission import (
-    check_submission,
+    check_submission_columns,
+    check_submission_target,
     submission_table,
     write_submission,
     wrote_it,
@@ -219,10 +220,11 @@ def check_predict(config: RunConfig, args: argparse.Namespace, prog: str) -> Sha
         raise TfpipeError(
             f"{args.predict}: no manifest.json; {option('predict')} takes a shard folder written by tfpipe.write"
         )
+    check_submission_target(config, test, args.predict, args.out, args.overwrite, prog)
     if test.num_examples == 0:
         raise TfpipeError(f"{args.predict}: no records to predict")
     columns = (test.id_column, not args.probabilities, args.probabilities)
-    check_submission(config, test, args.predict, written_ids(test), args.out, args.overwrite, columns, prog)
+    check_submission_columns(config, written_ids(test), args.predict, columns)
     return test
 
 

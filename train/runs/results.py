@@ -1,0 +1,168 @@
+"""What ``train.fit``'s ``fit()`` returns, as types: a finished run (``FitResult``, whose serialisation is the run's
+``metrics.json``: ``FitResult.load(run)`` reads it back), a preflight's report (``PreflightReport``), and what a
+multi-worker job's other workers return (``WorkerResult``: the chief writes the run). No TensorFlow.
+
+tfpipe 1.0's ``fit()`` returned a dict in each of these shapes; ``result["key"]`` still reads the same value
+(``DeprecationWarning``, removed in tfpipe 1.2): ``FitResult.metrics`` is that dict.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+from tfpipe import fs
+from tfpipe.deprecations import MOVED_REMOVED_IN
+from tfpipe.errors import RunMismatch
+from train.runs import run as run_files
+
+
+class _ReadByKey:
+    """tfpipe 1.0's dict: ``result["key"]``, ``.get``, ``in``, ``.keys()``, ``.items()``, ``dict(result)`` read
+    what it held, each with a warning naming the attribute way."""
+
+    def as_dict(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _old(self, how: str) -> dict[str, Any]:
+        name = type(self).__name__
+        warnings.warn(
+            f"fit(){how} is deprecated: fit() returns a {name}; read its attributes (or {name}.as_dict()) "
+            f"(reading it as a dict is removed in tfpipe {MOVED_REMOVED_IN})",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        return self.as_dict()
+
+    def __getitem__(self, key: str) -> Any:
+        return self._old(f"[{key!r}]")[key]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self._old(f".get({key!r})").get(key, default)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._old(f": {key!r} in")
+
+    def keys(self) -> Any:
+        return self._old(".keys()").keys()
+
+    def items(self) -> Any:
+        return self._old(".items()").items()
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerResult(_ReadByKey):
+    """A multi-worker job's worker other than the chief: it trained its share; ``chief_task`` writes ``run``."""
+
+    task: str
+    chief_task: str
+    run: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"chief": False, **dataclasses.asdict(self)}
+
+
+@dataclasses.dataclass(frozen=True)
+class PreflightReport(_ReadByKey):
+    """``--preflight``'s findings for ``tpu`` over ``replicas`` devices: ``ok`` when nothing would be refused;
+    ``refuse`` and ``warn``, the lines; ``memory`` (a core's, ``train.preflight.core_memory.Memory``'s fields, None
+    when no step compiled) and ``seconds`` (each compile and pass)."""
+
+    tpu: str
+    replicas: int
+    refuse: tuple[str, ...]
+    warn: tuple[str, ...]
+    memory: dict[str, Any] | None
+    seconds: dict[str, float]
+
+    @property
+    def ok(self) -> bool:
+        return not self.refuse
+
+    def as_dict(self) -> dict[str, Any]:
+        found = dataclasses.asdict(self)
+        return dict(found, refuse=list(self.refuse), warn=list(self.warn), ok=self.ok)
+
+
+@dataclasses.dataclass(frozen=True)
+class Best:
+    """The epoch with the best validation AUC (Keras' binned estimate, per epoch)."""
+
+    epoch: int
+    val_auc: float | None
+
+
+@dataclasses.dataclass(frozen=True)
+class SwaResult:
+    """The SWA model's part of a run: the epochs averaged and its scores (``report``: as the final model's)."""
+
+    epochs_averaged: int
+    val_auc: float | None
+    report: dict[str, Any] | None
+
+
+@dataclasses.dataclass(frozen=True)
+class FitResult(_ReadByKey):
+    """A finished ``train.fit`` run in ``run``. ``metrics`` is ``metrics.json`` as written; the figures a caller
+    reads are typed here: the shape of the training, its speed, and the scores of model.keras (``report``: the
+    exact scores on the validation images, None with ``--no-report``; ``keras_auc``: Keras' binned estimate at
+    the last epoch) and of model-swa.keras (``swa``)."""
+
+    run: str
+    epochs: int
+    optimizer_steps: int
+    replicas: int
+    per_replica_batch_size: int
+    global_batch_size: int
+    steps_per_execution: int
+    images_per_sec: float | None  # the median epoch's, the first left out (None: no epoch timed)
+    keras_auc: float | None
+    best: Best | None
+    report: dict[str, Any] | None
+    swa: SwaResult | None
+    metrics: Mapping[str, Any] = dataclasses.field(repr=False)
+
+    @classmethod
+    def from_metrics(cls, run: str, metrics: Mapping[str, Any]) -> FitResult:
+        """The result whose serialisation ``metrics`` (a ``metrics.json`` object) is; one that lacks a figure
+        is not a finished ``train.fit`` run's (``RunMismatch`` naming it)."""
+        where = run_files.path(run, run_files.METRICS)
+        try:
+            best, swa = metrics.get("best"), metrics.get("swa")
+            final = metrics.get("final") or metrics
+            return cls(
+                run,
+                int(metrics["epochs"]),
+                int(metrics["optimizer_steps"]),
+                int(metrics["replicas"]),
+                int(metrics["per_replica_batch_size"]),
+                int(metrics["global_batch_size"]),
+                int(metrics["steps_per_execution"]),
+                _number(metrics["images_per_sec"]),
+                _number(final.get("val_auc")),
+                Best(int(best["epoch"]), _number(best.get("val_auc"))) if best else None,
+                metrics.get("report"),
+                SwaResult(int(swa["epochs_averaged"]), _number(swa.get("val_auc")), swa.get("report")) if swa else None,
+                metrics,
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            why = f"{type(e).__name__}: {e}"
+            raise RunMismatch(f"{where}: not the metrics of a finished train.fit run ({why})") from None
+
+    @classmethod
+    def load(cls, run: str) -> FitResult:
+        """The run's ``metrics.json`` read back (written when the run finished)."""
+        p = run_files.path(run, run_files.METRICS)
+        metrics = fs.read_json(p, "run file")
+        if not isinstance(metrics, dict):
+            raise RunMismatch(f"{p}: not the metrics of a finished train.fit run (not a JSON object)")
+        return cls.from_metrics(run, metrics)
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.metrics)
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
