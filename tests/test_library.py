@@ -370,6 +370,7 @@ def test_each_kind_of_error_a_notebook_can_catch_is_raised_where_it_happens_and_
 
     from tfpipe import errors
     from tfpipe.deps import require
+    from tfpipe.manifest import Manifest
     from tfpipe.shards import open_shards
     from train.accel.strategy import resolve_strategy
     from train.runs.run import RunConfig
@@ -384,6 +385,7 @@ def test_each_kind_of_error_a_notebook_can_catch_is_raised_where_it_happens_and_
     causes = {
         errors.BadSetting: lambda: resolve_strategy("tpuu", 1),
         errors.ShardsChanged: shards.check_unchanged,
+        errors.BadFile: lambda: Manifest.load(str(folder)),  # its dataset id edited: the file names its problem
         errors.RunMismatch: lambda: RunConfig.load(str(tmp_path / "run")),
         errors.MissingDependency: lambda: require("tfpipe_no_such_package"),
         errors.NoAccelerator: lambda: resolve_strategy("gpu", 1),
@@ -401,3 +403,17 @@ def test_each_kind_of_error_a_notebook_can_catch_is_raised_where_it_happens_and_
         capsys.readouterr()
         assert errors.run_cli("prog", command) == 2
         assert capsys.readouterr().err == f"prog: error: {caught.value}\n", kind
+    with pytest.raises(errors.BadFile) as caught:  # the fields, as the writer and the locks read them
+        Manifest.load(str(folder))
+    bad = caught.value
+    assert (bad.path, bad.remedy) == (str(folder / "manifest.json"), "write the shards again")
+    assert str(bad) == f"{bad.path}: {bad.problem}; {bad.remedy}" and "no longer matches its dataset_id" in bad.problem
+    (folder / "manifest.json").write_text(json.dumps(dict(manifest, split="a; b")))  # "; " inside the problem
+    from tfpipe.staging import existing_manifest
+
+    with pytest.raises(errors.BadFile) as caught:
+        existing_manifest(str(folder))
+    assert str(caught.value) == (
+        f"{folder}/manifest.json: field 'split' is not a shard-name prefix (got 'a; b'); tfpipe.write deletes "
+        f"nothing a damaged manifest lists -- restore it, or remove {folder} yourself and write again"
+    )

@@ -404,6 +404,8 @@ def test_fit_returns_a_fit_result_whose_serialisation_is_metrics_json(trained_ru
     assert result.best.epoch == metrics["best"]["epoch"] and result.keras_auc == metrics["final"]["val_auc"]
     with pytest.warns(DeprecationWarning, match=r"fit\(\)\['epochs'\] is deprecated: fit\(\) returns a FitResult"):
         assert result["epochs"] == metrics["epochs"]
-    damaged = dict(metrics, epochs="two")
     with pytest.raises(RunMismatch, match="metrics.json: not the metrics of a finished train.fit run"):
-        FitResult.from_metrics(out, damaged)
+        FitResult.from_metrics(out, dict(metrics, epochs="two"))
+    swa = dict(metrics["swa"], report=dict(metrics["swa"]["report"], exact_match=2.0))
+    with pytest.raises(RunMismatch, match=r"metrics.json: its swa.report is damaged \(exact_match: not a number"):
+        FitResult.from_metrics(out, dict(metrics, swa=swa))  # what the type says of a report is checked first

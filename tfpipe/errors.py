@@ -46,6 +46,25 @@ class MissingDependency(TfpipeError, ImportError):
     """An optional package the call needs is not installed (the message names the pip install)."""
 
 
+class BadFile(TfpipeError):
+    """A file tfpipe reads -- a manifest, a run or lock file -- that is not what it should be: its ``path``, what
+    is wrong (``problem``) and what to do (``remedy``, may be empty), as fields; the message is
+    ``PATH: PROBLEM; REMEDY`` (``joined`` between path and problem)."""
+
+    def __init__(self, path: str, problem: str = "", remedy: str = "", joined: str = ": ") -> None:
+        # one argument: the whole message (as torch rebuilds an error raised in a DataLoader worker)
+        self.path, self.problem, self.remedy, self.joined = path, problem, remedy, joined
+        super().__init__(f"{path}{joined}{self.detail}" if problem else path)
+
+    @property
+    def detail(self) -> str:
+        """The message without the path: the problem and the remedy."""
+        return self.problem + (f"; {self.remedy}" if self.remedy else "")
+
+    def __reduce__(self) -> tuple[type, tuple[str, str, str, str]]:  # pickled across processes whole
+        return BadFile, (self.path, self.problem, self.remedy, self.joined)
+
+
 class NoAccelerator(TfpipeError):
     """The hardware asked for (``--strategy tpu`` or ``gpu``) is not in this environment."""
 
@@ -226,6 +245,14 @@ def warnings_as_lines(prog: str) -> Iterator[None]:
     with warnings.catch_warnings():  # puts ``showwarning`` back, and the filters a command may add
         warnings.showwarning = one_line
         yield
+
+
+def renamed(e: TfpipeError, old: str, new: str) -> TfpipeError:
+    """``e`` of the same kind, saying ``new`` where it said ``old`` (a worker's private folder: the run's);
+    a ``BadFile`` keeps its fields."""
+    if isinstance(e, BadFile):
+        return BadFile(e.path.replace(old, new), e.problem.replace(old, new), e.remedy.replace(old, new), e.joined)
+    return type(e)(str(e).replace(old, new))
 
 
 def error_line(e: BaseException, who: str = "") -> str | None:

@@ -149,9 +149,9 @@ def check_regular(path: str, what: str = "file") -> int:
     st = os.stat(path)
     kind = not_regular(st.st_mode)
     if kind:
-        from tfpipe.errors import TfpipeError
+        from tfpipe.errors import BadFile
 
-        raise TfpipeError(f"{path} is {kind}, not a regular {what}")
+        raise BadFile(path, f"is {kind}, not a regular {what}", joined=" ")
     return st.st_size
 
 
@@ -161,9 +161,9 @@ def read_text(path: str, limit: int | None = None) -> str:
     try:
         return read_bytes(path, limit).decode("utf-8")
     except UnicodeDecodeError as e:
-        from tfpipe.errors import TfpipeError
+        from tfpipe.errors import BadFile
 
-        raise TfpipeError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start}); the file is damaged") from None
+        raise BadFile(path, f"is not UTF-8 text ({e.reason} at byte {e.start})", "the file is damaged", " ") from None
 
 
 def read_bytes(path: str, limit: int | None = None) -> bytes:
@@ -171,9 +171,11 @@ def read_bytes(path: str, limit: int | None = None) -> bytes:
     if limit is not None:
         n = check_regular(path)
         if n > limit:
-            from tfpipe.errors import TfpipeError
+            from tfpipe.errors import BadFile
 
-            raise TfpipeError(f"{path} is {n:,} bytes, more than the {limit:,} such a file can be; it is not tfpipe's")
+            raise BadFile(
+                path, f"is {n:,} bytes, more than the {limit:,} such a file can be", "it is not tfpipe's", " "
+            )
     with open(path, "rb") as f:
         return f.read()
 
@@ -204,21 +206,19 @@ def parse_json(data: bytes, path: str, what: str = "file") -> Any:
     a ``TfpipeError`` naming ``path`` and ``what``."""
     import json
 
-    from tfpipe.errors import TfpipeError
+    from tfpipe.errors import BadFile
 
     try:
         return json.loads(data.decode("utf-8"), object_pairs_hook=object_once)
     except KeyTwice as e:
-        raise TfpipeError(
-            f"{path}: {what} gives the key {e.args[0]!r} twice, and which one counts is a guess; the file was "
-            "edited or damaged"
-        ) from None
+        twice = f"{what} gives the key {e.args[0]!r} twice, and which one counts is a guess"
+        raise BadFile(path, twice, "the file was edited or damaged") from None
     except UnicodeDecodeError as e:
-        raise TfpipeError(f"{path}: {what} is not UTF-8 text ({e.reason})") from None
+        raise BadFile(path, f"{what} is not UTF-8 text ({e.reason})") from None
     except RecursionError:
-        raise TfpipeError(f"{path}: {what} is nested too deeply to be tfpipe's; the file is damaged") from None
+        raise BadFile(path, f"{what} is nested too deeply to be tfpipe's", "the file is damaged") from None
     except ValueError as e:  # JSONDecodeError, and Python's limit on the digits of an int
-        raise TfpipeError(f"{path}: {what} is not valid JSON ({e}); the file is damaged") from None
+        raise BadFile(path, f"{what} is not valid JSON ({e})", "the file is damaged") from None
 
 
 def identity(path: str, follow_links: bool = True) -> tuple[int, int]:

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 from tfpipe import fs
-from tfpipe.errors import TfpipeError, option
+from tfpipe.errors import BadFile, TfpipeError, option
 
 LOCK = ".tfpipe-write.lock"  # who is writing this folder now (outside .staging, which a new write clears)
 STALE_SECONDS = 10  # an empty or unreadable lock older than this is left by a job that died creating it
@@ -180,8 +180,10 @@ class WriteLock:
             return None
         except OSError as e:  # another user's lock of mode 0600: its job may well be alive
             holder, problem = {}, f"it cannot be read: {e.strerror or e}"
-        except TfpipeError as e:  # not JSON, a key twice, a link, a folder or a large file where the lock should be
-            holder, problem = {}, str(e).removeprefix(f"{self.path}: ")
+        except BadFile as e:  # not JSON, a key twice, a folder or a large file where the lock should be
+            holder, problem = {}, e.detail if e.joined == ": " else str(e)
+        except TfpipeError as e:  # a link
+            holder, problem = {}, str(e)
         except Exception as e:  # tf.errors.NotFoundError from a remote filesystem
             if type(e).__module__.startswith("tensorflow"):
                 return None

@@ -23,7 +23,7 @@ from typing import Any
 
 from tfpipe import fs
 from tfpipe.deprecations import warn_renamed
-from tfpipe.errors import TfpipeError
+from tfpipe.errors import BadFile, TfpipeError
 from tfpipe.shard_names import SHARD_NAMES
 
 MANIFEST = "manifest.json"
@@ -194,19 +194,15 @@ class _Fields:
 
     def __init__(self, data: Any, path: str, prefix: str = "") -> None:
         if not isinstance(data, dict):
-            raise TfpipeError(
-                f"{path}: {prefix.rstrip('.') or 'the manifest'} is not a JSON object; the "
-                "manifest is damaged -- write the shards again"
-            )
+            what = f"{prefix.rstrip('.') or 'the manifest'} is not a JSON object"
+            raise BadFile(path, what, "the manifest is damaged -- write the shards again")
         self.data, self.path, self.prefix = data, path, prefix
 
-    def bad(self, key: str, what: str) -> TfpipeError:
+    def bad(self, key: str, what: str) -> BadFile:
         value = self.data.get(key, "(missing)")
         shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
-        return TfpipeError(
-            f"{self.path}: field '{self.prefix}{key}' {what} (got {shown}); the manifest was "
-            "edited or damaged -- write the shards again"
-        )
+        field = f"field '{self.prefix}{key}' {what} (got {shown})"
+        return BadFile(self.path, field, "the manifest was edited or damaged -- write the shards again")
 
     def get(
         self,
@@ -240,10 +236,8 @@ def from_dict(data: Any, path: str) -> Manifest:
     f = _Fields(data, path)
     version = f.get("version", int, default=1, low=1)
     if version > MANIFEST_VERSION:
-        raise TfpipeError(
-            f"{path}: manifest version {version} was written by a newer tfpipe (this one reads up "
-            f"to {MANIFEST_VERSION}); upgrade tfpipe"
-        )
+        newer = f"manifest version {version} was written by a newer tfpipe (this one reads up to {MANIFEST_VERSION})"
+        raise BadFile(path, newer, "upgrade tfpipe")
     split = f.get("split", str)
     if not SPLIT_NAME.fullmatch(split):
         raise f.bad("split", "is not a shard-name prefix")
@@ -373,8 +367,9 @@ def _dataset_id(f: _Fields, version: int) -> str:
         return computed
     recorded = f.get("dataset_id", str)
     if recorded != computed:
-        raise TfpipeError(
-            f"{f.path}: its content no longer matches its dataset_id {recorded} (the manifest was "
-            "edited after tfpipe.write wrote it); write the shards again"
+        edited = (
+            f"its content no longer matches its dataset_id {recorded} (the manifest was edited after tfpipe.write "
+            "wrote it)"
         )
+        raise BadFile(f.path, edited, "write the shards again")
     return recorded

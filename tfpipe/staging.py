@@ -20,7 +20,7 @@ from types import TracebackType
 from typing import Any, Literal
 
 from tfpipe import fs
-from tfpipe.errors import TfpipeError, option, os_error_line
+from tfpipe.errors import BadFile, TfpipeError, option, os_error_line
 from tfpipe.job import PlannedShard
 from tfpipe.manifest import MANIFEST, PROGRESS, STAGING, Manifest, ShardEntry
 from tfpipe.shard_names import SHARD_NAMES
@@ -61,11 +61,9 @@ def existing_manifest(out_dir: str) -> Manifest | None:
         return None
     try:
         return Manifest.load(out_dir)
-    except TfpipeError as e:
-        raise TfpipeError(
-            f"{str(e).split('; ')[0]}; tfpipe.write deletes nothing a damaged manifest lists -- "
-            f"restore it, or remove {out_dir} yourself and write again"
-        ) from None
+    except BadFile as e:  # what is wrong, with tfpipe.write's remedy instead of the manifest's
+        remedy = f"tfpipe.write deletes nothing a damaged manifest lists -- restore it, or remove {out_dir} yourself"
+        raise BadFile(e.path, e.problem, f"{remedy} and write again", e.joined) from None
 
 
 def check_destination(

@@ -25,7 +25,7 @@ import numpy as np
 from tfpipe import fs
 from tfpipe.errors import ArgumentParser, TfpipeError, check_path, option, run_cli
 from tfpipe.labels import is_missing, present
-from train.decide.evaluation import headline, score
+from train.decide.evaluation import Scores, headline, score
 from train.runs.cv_folder import OOF_COLUMNS
 
 LABELS = "labels"
@@ -40,8 +40,8 @@ class Blend:
     weights: tuple[float, ...]
     classes: tuple[str, ...]
     thresholds: tuple[float, ...]
-    scores: tuple[dict[str, Any], ...]  # of each OOF file, at thresholds tuned on it
-    blended: dict[str, Any]
+    scores: tuple[Scores, ...]  # of each OOF file, at thresholds tuned on it
+    blended: Scores
     submission: Any = None  # a pandas DataFrame
 
 
@@ -231,7 +231,7 @@ def blend_test(
 def lines(found: Blend, oof: Sequence[str]) -> list[str]:
     """What the command prints: each OOF file's score, then the blend's."""
 
-    def auc(s: dict[str, Any]) -> str:
+    def auc(s: Scores) -> str:
         return "-" if s["roc_auc_macro"] is None else f"{s['roc_auc_macro']:.4f}"
 
     said = [f"train.blend: {p}: AUC {auc(s)} (exact, macro), {headline(s)}" for p, s in zip(oof, found.scores)]

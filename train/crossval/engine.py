@@ -26,7 +26,7 @@ from tfpipe.locks import LOCK, locked_folder
 from tfpipe.read import check_no_image_twice
 from tfpipe.shards import Shards, open_shards
 from train.accel.strategy import resolve_strategy, tpu_strategy
-from train.decide.evaluation import score
+from train.decide.evaluation import Scores, score
 from train.decide.tuning import Predictions, describe, out_of_fold, tune_thresholds, write_oof
 from train.keras.config import FitConfig
 from train.keras.fit_run import remove_if_empty, replace_run, settings_of
@@ -241,7 +241,8 @@ def train_fold(
     auc = report["roc_auc_macro"]
     print(
         f"{where}: validation AUC {'-' if auc is None else f'{auc:.4f}'} (exact, {describe(False, 1)}), "
-        f"exact-match {report['exact_match']:.3f} on {counted(report['examples'], 'image')}, "
+        f"exact-match {'-' if report['exact_match'] is None else format(report['exact_match'], '.3f')} on "
+        f"{counted(report['examples'], 'image')}, "
         f"{time.perf_counter() - begun:.0f} s",
         flush=True,
     )
@@ -292,7 +293,7 @@ def oof_thresholds_now(cfg: FitConfig, plan: CVResult, found: Predictions, swa: 
     return thresholds, run_files.model_files(swa, plan.tta)[1]
 
 
-def _rows_scored(found: Predictions, rows: Any, plan: CVResult, thresholds: list[float]) -> dict[str, Any]:
+def _rows_scored(found: Predictions, rows: Any, plan: CVResult, thresholds: list[float]) -> Scores:
     return score(found.probs[rows], found.targets[rows], plan.classes, thresholds, plan.single_label)
 
 

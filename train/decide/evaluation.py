@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 import numpy.typing as npt
@@ -25,6 +25,39 @@ import numpy.typing as npt
 TABLE_ROWS = 10  # classes shown in a terminal; the file holds them all
 
 Array = npt.NDArray[Any]
+
+
+class ClassScores(TypedDict):
+    """One class's row of ``Scores.per_class`` (None: not defined, e.g. no AUC without both kinds of row)."""
+
+    positives: int
+    roc_auc: float | None
+    f1: float | None
+    precision: float | None
+    recall: float | None
+    threshold: float | None  # None: single-label (argmax)
+
+
+class Scores(TypedDict):
+    """``score``'s result, as JSON holds it (metrics.json's ``report``, cv.json's models' ``scores``, predict's
+    evaluation): a type checker knows every key a caller reads."""
+
+    examples: int
+    roc_auc_macro: float | None
+    roc_auc_micro: float | None
+    exact_match: float | None
+    f1_micro: float | None
+    f1_macro: float | None
+    per_class: dict[str, ClassScores]
+
+
+class Report(Scores, total=False):
+    """A run's validation report (metrics.json's ``report`` and ``swa.report``): ``Scores`` and tfpipe 1.0's names
+    of two figures, and the model it scores."""
+
+    accuracy: float | None  # the exact-match accuracy
+    f1_macro_tuned: float | None  # sklearn's macro F1 over every class (0 for a class nobody has)
+    model: str
 
 
 def predicted_hits(probs: Array, thresholds: Sequence[float], single_label: bool) -> Array:
@@ -36,9 +69,45 @@ def predicted_hits(probs: Array, thresholds: Sequence[float], single_label: bool
     return probs >= np.asarray(thresholds, np.float64)[None, :]
 
 
+FRACTIONS = ("roc_auc_macro", "roc_auc_micro", "exact_match", "f1_micro", "f1_macro")  # a report's figures in [0, 1]
+ROW = ("roc_auc", "f1", "precision", "recall", "threshold")  # a class table row's figures in [0, 1]
+
+
+def scores_problem(scores: Any, classes: Sequence[str] | None = None) -> str | None:
+    """What keeps ``scores`` (read from a file) from being ``Scores`` (None: nothing): the per-class table (of
+    ``classes``, when given), and every figure a number in its range (fractions in [0, 1], counts whole and >= 0)
+    or null. What a type says of a report read back is checked here first."""
+    if not isinstance(scores, dict) or not isinstance(scores.get("per_class"), dict):
+        return "no per-class table"
+    table = scores["per_class"]
+    if classes is not None and sorted(table) != sorted(classes):
+        return "its classes are not the run's"
+    bad = [k for k in FRACTIONS if not is_fraction(scores.get(k))]  # null or absent: not defined
+    bad += [k for k in ("examples",) if not is_count(scores.get(k))]
+    for name, row in table.items():
+        if not isinstance(row, dict):
+            return f"class {name!r}: not a row of figures"
+        bad += [f"{name}.{k}" for k in ROW if not is_fraction(row.get(k))]
+        if not is_count(row.get("positives")):
+            bad.append(f"{name}.positives")
+    return f"{', '.join(bad[:3])}: not a number in range" if bad else None
+
+
+def is_fraction(v: Any) -> bool:
+    return v is None or (is_number(v) and 0 <= v <= 1)
+
+
+def is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def is_count(v: Any) -> bool:
+    return v is None or (type(v) is int and v >= 0)
+
+
 def score(
     probs: Array, targets: Array, classes: Sequence[str], thresholds: Sequence[float], single_label: bool
-) -> dict[str, Any]:
+) -> Scores:
     """The scores above of ``probs`` [N, C] against multi-hot ``targets`` [N, C] (the JSON form)."""
     from sklearn.metrics import f1_score, precision_recall_fscore_support, roc_auc_score
 
@@ -54,14 +123,14 @@ def score(
     precision, recall, f1, _ = precision_recall_fscore_support(truth, hits, average=None, zero_division=np.nan)
     occurring = [c for c in range(truth.shape[1]) if truth[:, c].any() or hits[:, c].any()]
     per_class = {
-        name: {
-            "positives": int(truth[:, c].sum()),
-            "roc_auc": float(roc_auc_score(truth[:, c], probs[:, c])) if c in both else None,
-            "f1": _number(f1[c]),
-            "precision": _number(precision[c]),
-            "recall": _number(recall[c]),
-            "threshold": None if single_label else float(thresholds[c]),
-        }
+        name: ClassScores(
+            positives=int(truth[:, c].sum()),
+            roc_auc=float(roc_auc_score(truth[:, c], probs[:, c])) if c in both else None,
+            f1=_number(f1[c]),
+            precision=_number(precision[c]),
+            recall=_number(recall[c]),
+            threshold=None if single_label else float(thresholds[c]),
+        )
         for c, name in enumerate(classes)
     }
     return {

@@ -47,7 +47,7 @@ class Validated(NamedTuple):
     thresholds: list[float]
     truth: list[str]  # the true labels of each row, space-separated
     predicted: list[str]  # the predicted labels at ``thresholds``
-    scores: dict[str, Any]  # metrics.json's "report"
+    scores: evaluation.Report  # metrics.json's "report"
 
 
 def validation_files(
@@ -80,13 +80,13 @@ def validation_files(
         plots.roc_curves(targets, probs, classes, run_files.path(run_dir, named(run_files.ROC_PNG)))
     scores = evaluation.score(probs, targets, classes, thresholds, single_label)
     hits = targets > 0
-    scores = {
+    report = evaluation.Report(
         **scores,
         # the names of tfpipe 1.0's metrics.json, kept: "accuracy" is the exact-match accuracy (null before for
         # multi-label runs), "f1_macro_tuned" sklearn's macro F1 over every class (0 for a class nobody has)
-        "accuracy": scores["exact_match"],
-        "f1_macro_tuned": None
+        accuracy=scores["exact_match"],
+        f1_macro_tuned=None
         if single_label
         else float(f1_score(hits, probs >= np.asarray(thresholds), average="macro", zero_division=0)),
-    }
-    return Validated(thresholds, truth, predicted, scores)
+    )
+    return Validated(thresholds, truth, predicted, report)

@@ -19,6 +19,7 @@ import pandas as pd
 import tfpipe
 from tfpipe import fs
 from tfpipe.shards import Records
+from train.decide.evaluation import Report
 from train.decide.validation import validation_files
 from train.keras import plots
 from train.prediction.inference import predict_probabilities
@@ -49,7 +50,7 @@ def validation_report(
     batch_size: int,
     threshold: float,
     suffix: str = "",
-) -> dict[str, Any]:
+) -> Report:
     """Predicts the validation records, writes the files above, returns the validation scores of
     ``train.decide.evaluation.score`` (exact, sklearn) at the thresholds used (``train.decide.validation``)."""
     ids = tfpipe.image_names(records, folds)

@@ -28,7 +28,7 @@ import tensorflow as tf
 
 import tfpipe
 from tfpipe import console, fs
-from tfpipe.errors import TfpipeError, check_count, check_path, option
+from tfpipe.errors import TfpipeError, check_count, check_path, option, renamed
 from tfpipe.lifecycle import deferred_stops
 from tfpipe.locks import WriteLock, locked_folder
 from tfpipe.read import check_no_image_twice
@@ -240,7 +240,7 @@ def train_as_worker(
                 fresh = check_out(mine, shards)
                 train_and_report(mine, shards, parts, strategy, kind, lock, started, fresh)
         except TfpipeError as e:  # said of the private folder: the user knows the run folder
-            raise type(e)(str(e).replace(own, plan.run)) from None  # the same kind
+            raise renamed(e, own, plan.run) from None  # the same kind, said of the run folder
     return WorkerResult(task_name(strategy), chief_name(strategy), plan.run)
 
 

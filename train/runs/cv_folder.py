@@ -21,6 +21,7 @@ from typing import Any
 from tfpipe import fs
 from tfpipe.errors import RunMismatch, TfpipeError, option
 from train.decide.choice import better_model
+from train.decide.evaluation import Scores, scores_problem
 from train.runs import run as run_files
 from train.runs.run import RunConfig, same_setting
 
@@ -81,7 +82,7 @@ class ModelScores:
     views: int
     oof: str  # the file of the OOF predictions, in the CV folder
     thresholds: str | None  # the thresholds file, in the CV folder (None: single-label, argmax)
-    scores: dict[str, Any]
+    scores: Scores
     folds: tuple[FoldScores, ...]
 
     def spread(self) -> dict[str, dict[str, float]]:
@@ -232,18 +233,10 @@ def _model(data: Any, p: str) -> ModelScores:
     )
 
 
-SCORES = ("roc_auc_macro", "roc_auc_micro", "exact_match", "f1_micro", "f1_macro")  # train.decide.evaluation.score's
-
-
 def _scores(scores: Any) -> bool:
     """``train.decide.evaluation.score``'s form: its figures each null or a number in [0, 1], its image count, the
     per-class table."""
-    return (
-        isinstance(scores, dict)
-        and type(scores.get("examples")) is int
-        and isinstance(scores.get("per_class"), dict)
-        and all(_fraction(scores.get(k, 0.0)) for k in SCORES)
-    )
+    return scores_problem(scores) is None and type(scores.get("examples")) is int
 
 
 def _fraction(x: Any) -> bool:
@@ -291,12 +284,11 @@ def check_fold_run(run: str, config: RunConfig, cv: CVResult, fold: int) -> None
         )
 
 
-def fold_scores(fold: int, scores: dict[str, Any]) -> FoldScores:
+def fold_scores(fold: int, scores: Scores) -> FoldScores:
     """A fold's entry from ``train.decide.evaluation.score``'s result over its rows."""
-    return FoldScores(fold, int(scores["examples"]), *(scores[k] for k in [f.name for f in _SCORED]))
-
-
-_SCORED = dataclasses.fields(FoldScores)[2:]
+    return FoldScores(
+        fold, scores["examples"], scores["roc_auc_macro"], scores["exact_match"], scores["f1_micro"], scores["f1_macro"]
+    )
 
 
 def described_folds(folds: Sequence[int]) -> str:

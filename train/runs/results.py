@@ -16,6 +16,7 @@ from typing import Any
 from tfpipe import fs
 from tfpipe.deprecations import MOVED_REMOVED_IN
 from tfpipe.errors import RunMismatch
+from train.decide.evaluation import Report, scores_problem
 from train.runs import run as run_files
 
 
@@ -100,7 +101,7 @@ class SwaResult:
 
     epochs_averaged: int
     val_auc: float | None
-    report: dict[str, Any] | None
+    report: Report | None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,7 +121,7 @@ class FitResult(_ReadByKey):
     images_per_sec: float | None  # the median epoch's, the first left out (None: no epoch timed)
     keras_auc: float | None
     best: Best | None
-    report: dict[str, Any] | None
+    report: Report | None
     swa: SwaResult | None
     metrics: Mapping[str, Any] = dataclasses.field(repr=False)
 
@@ -129,6 +130,12 @@ class FitResult(_ReadByKey):
         """The result whose serialisation ``metrics`` (a ``metrics.json`` object) is; one that lacks a figure
         is not a finished ``train.fit`` run's (``RunMismatch`` naming it)."""
         where = run_files.path(run, run_files.METRICS)
+        swa_part = metrics.get("swa")
+        swa_report = swa_part.get("report") if isinstance(swa_part, dict) else None
+        for part, report in (("report", metrics.get("report")), ("swa.report", swa_report)):
+            problem = report is not None and scores_problem(report)
+            if problem:
+                raise RunMismatch(f"{where}: its {part} is damaged ({problem})")
         try:
             best, swa = metrics.get("best"), metrics.get("swa")
             final = metrics.get("final") or metrics

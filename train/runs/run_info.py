@@ -9,7 +9,6 @@ say of each other is checked too (a thresholds file against the scores made at i
 
 from __future__ import annotations
 
-import math
 import re
 from typing import Any
 
@@ -20,13 +19,12 @@ from tfpipe.locks import LOCK
 from tfpipe.manifest import MANIFEST
 from tfpipe.shards import open_shards
 from train.decide.choice import run_choice, thresholds_state
+from train.decide.evaluation import is_count, is_number, scores_problem
 from train.runs import run as run_files
 from train.runs.cv_folder import CVResult, checked_fold_run, fold_run, is_cv_folder
 from train.runs.run import RunConfig
 
 THRESHOLDS_FILE = re.compile(r"^thresholds(?P<swa>-swa)?(?:-tta(?P<views>[2-8]))?\.json$")
-FRACTIONS = ("roc_auc_macro", "roc_auc_micro", "exact_match", "f1_micro", "f1_macro")  # a report's figures in [0, 1]
-ROW = ("roc_auc", "f1", "precision", "recall", "threshold")  # a class table row's figures in [0, 1]
 
 
 def folder_info(folder: str) -> dict[str, Any]:
@@ -121,7 +119,7 @@ def _model(run: str, metrics: dict[str, Any], swa: bool, config: RunConfig, wher
     report = part.get("report") if isinstance(part, dict) else None
     if report is None:
         return None
-    problem = report_problem(report, config.classes)
+    problem = scores_problem(report, config.classes)
     if problem:
         raise TfpipeError(f"{where}: the {'SWA model' if swa else 'final model'}'s report is damaged ({problem})")
     model, thresholds = run_files.model_files(swa)
@@ -132,44 +130,12 @@ def _model(run: str, metrics: dict[str, Any], swa: bool, config: RunConfig, wher
             "thresholds_file": state, "scores": report}  # fmt: skip
 
 
-def report_problem(report: Any, classes: Any) -> str | None:
-    """What is wrong with a report as train.decide.validation writes it (None: nothing): the classes, and every figure
-    a number in its range (fractions in [0, 1], counts whole and >= 0) or null."""
-    if not isinstance(report, dict) or not isinstance(report.get("per_class"), dict):
-        return "no per-class table"
-    table = report["per_class"]
-    if sorted(table) != sorted(classes):
-        return "its classes are not the run's"
-    bad = [k for k in FRACTIONS if not _fraction(report.get(k))] + [
-        k for k in ("examples",) if not _count(report.get(k))
-    ]
-    for name, row in table.items():
-        if not isinstance(row, dict):
-            return f"class {name!r}: not a row of figures"
-        bad += [f"{name}.{k}" for k in ROW if not _fraction(row.get(k))]
-        if not _count(row.get("positives")):
-            bad.append(f"{name}.positives")
-    return f"{', '.join(bad[:3])}: not a number in range" if bad else None
-
-
-def _fraction(v: Any) -> bool:
-    return v is None or (_number(v) and 0 <= v <= 1)
-
-
-def _number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def _count(v: Any) -> bool:
-    return v is None or (type(v) is int and v >= 0)
-
-
 def _checked(metrics: dict[str, Any], where: str) -> dict[str, Any]:
     """``metrics.json``'s run figures shown: epochs a count, seconds a number >= 0, stops a list."""
     seconds = metrics.get("seconds")
     ok = {
-        "epochs": _count(metrics.get("epochs")),
-        "seconds": seconds is None or (_number(seconds) and seconds >= 0),
+        "epochs": is_count(metrics.get("epochs")),
+        "seconds": seconds is None or (is_number(seconds) and seconds >= 0),
         "stops": isinstance(metrics.get("stops", []), list),
     }
     for key, fine in ok.items():
