@@ -48,7 +48,8 @@ demo: setup
 # source) run on one worker (conftest.py groups them), so each is built once; the 15 slowest tests are printed.
 PYTEST := $(PY) -m pytest -q -n 2 --dist loadgroup --durations 15
 # The tests that must run alone, after the parallel ones: the silence test times gaps on 2 cores; XLA compiles the
-# EfficientNet-B0 preflight on every core (115 s alone, up to 515 s beside the others).
+# EfficientNet-B0 preflight on every core (115 s alone, up to 515 s beside the others); the two-worker test's
+# resumed job lost TensorFlow's coordination heartbeat once beside the others.
 SERIAL := $(PY) -m pytest -q --durations 15 -m "serial and not install and not xla"
 
 # The default run (goal: under 6 minutes on 2 cores; 3.2 on a clean clone on 2026-11-26, 6.2 on a slow hour: docs/project/tests.md); the slow tests (each over
