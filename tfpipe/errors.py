@@ -252,7 +252,11 @@ def renamed(e: TfpipeError, old: str, new: str) -> TfpipeError:
     a ``BadFile`` keeps its fields."""
     if isinstance(e, BadFile):
         return BadFile(e.path.replace(old, new), e.problem.replace(old, new), e.remedy.replace(old, new), e.joined)
-    return type(e)(str(e).replace(old, new))
+    text = str(e).replace(old, new)
+    try:
+        return type(e)(text)
+    except Exception:  # a kind made from more than its message (the preflight's StepRefused, from its findings)
+        return TfpipeError(text)
 
 
 def error_line(e: BaseException, who: str = "") -> str | None:

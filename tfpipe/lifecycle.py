@@ -97,11 +97,9 @@ def stopping_on_signals() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    before = signal.signal(signal.SIGTERM, _terminate)
-    try:
+    with sigterm_restored():
+        on_sigterm(_terminate)
         yield
-    finally:
-        signal.signal(signal.SIGTERM, before)
 
 
 def on_sigterm(handler: Callable[[int, Any], None]) -> None:

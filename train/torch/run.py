@@ -30,7 +30,14 @@ from tfpipe import fs, schema
 from tfpipe.errors import TfpipeError, option
 from tfpipe.shards import Shards, open_shards
 from tfpipe.tfrecord import read_records
-from train.decide.choice import better_model, choice_line, run_scores, same_thresholds, scored_thresholds
+from train.decide.choice import (
+    RunScores,
+    better_model,
+    choice_line,
+    run_scores,
+    same_thresholds,
+    scored_thresholds,
+)
 from train.prediction.submission import (
     check_submission_columns,
     check_submission_target,
@@ -323,11 +330,12 @@ def start_settings(args: argparse.Namespace) -> dict[str, object]:
     return settings
 
 
-def chosen_model(run: str) -> tuple[bool, str]:
+def chosen_model(run: str, scores: RunScores | None = None) -> tuple[bool, str]:
     """(swa, the line saying why) for predicting with a saved recipe run: ``model-swa.pt`` when the run has an
-    SWA model and its validation AUC beats ``model.pt``'s (metrics.json), as ``train.predict`` chooses for
-    train.fit's runs. A model metrics.json scores but the folder lacks is an error, never the other model."""
-    scores = run_scores(run, required=True)
+    SWA model and its validation AUC beats ``model.pt``'s (metrics.json, or its ``scores`` already read), as
+    ``train.predict`` chooses for train.fit's runs. A model metrics.json scores but the folder lacks is an error,
+    never the other model."""
+    scores = scores or run_scores(run, required=True)
     for name, scored in ((MODEL, True), (MODEL_SWA, scores.has_swa)):
         if scored and not fs.exists(run_files.path(run, name)):
             raise TfpipeError(f"{run}: no {name}, which its metrics.json scores; the run folder lost it (train again)")
@@ -348,7 +356,8 @@ def load_saved(run: str, config: RunConfig) -> tuple[Any, list[float] | None, st
     run without the thresholds tuned for that model is an error, never a label at 0.5."""
     from train.torch.models import build_model
 
-    swa, line = chosen_model(run)
+    scores = run_scores(run, required=True)  # read once: the choice and the thresholds it was scored at
+    swa, line = chosen_model(run, scores)
     remedy = "train the run again (its thresholds are tuned on its own validation predictions)"
     thresholds = run_files.load_thresholds(run, config.classes, swa, remedy=remedy)
     if thresholds is None and not config.single_label:
@@ -363,7 +372,7 @@ def load_saved(run: str, config: RunConfig) -> tuple[Any, list[float] | None, st
         raise TfpipeError(
             f"{run_files.path(run, name)}: not the weights of the run's {config.settings['model']} ({first})"
         ) from None
-    scored = scored_thresholds(run_scores(run, required=True).report(swa), config.classes)
+    scored = scored_thresholds(scores.report(swa), config.classes)
     if thresholds is not None and not same_thresholds(scored, thresholds):
         file = run_files.model_files(swa)[1]
         line += f"; {file} holds other thresholds than its validation report was scored at (edited?): labelling at them"
