@@ -57,9 +57,11 @@ SERIAL := $(PY) -m pytest -q --durations 15 -m "serial and not install and not x
 # benchmark smoke test run in `make test-slow`, which CI runs right after it.
 test: setup
 	$(PYTEST) -m "not slow and not bench and not install"
+	TFPIPE_TEST_BACKEND=jax $(PYTEST) -m "backends and not slow and not bench and not install"
 
 test-slow: setup
 	$(PYTEST) -m "(slow or bench) and not serial and not install and not xla"
+	TFPIPE_TEST_BACKEND=jax $(PYTEST) -m "backends and slow and not serial and not install and not xla"
 	$(SERIAL)
 
 test-bench: setup
@@ -74,6 +76,7 @@ test-install: setup
 # left a core idle until it ended), then the serial tests alone.
 test-slow-install: setup
 	$(PYTEST) -m "(slow or bench or install) and not serial and not xla"
+	TFPIPE_TEST_BACKEND=jax $(PYTEST) -m "backends and slow and not serial and not install and not xla"
 	$(SERIAL)
 
 # The wheel next to torch 2.9 + torch_xla 2.9 + timm (a TPU image's PyTorch; several GB of downloads, about 8

@@ -6,6 +6,13 @@ import sys
 import warnings
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# The backend the session's trainer runs on: tf (tf-keras on TensorFlow's strategies), or jax (Keras 3 on JAX, 8
+# XLA host devices). `make test` runs the tests marked `backends` a second time with TFPIPE_TEST_BACKEND=jax: the
+# second backend is a parametrisation of the tests that matter, one process each (a process has one Keras).
+BACKEND = os.environ.get("TFPIPE_TEST_BACKEND", "tf")
+if BACKEND == "jax":
+    os.environ["KERAS_BACKEND"] = "jax"
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
 # TensorFlow's caching allocator for CPU tensors (as the Makefile sets for make test and make demo, and for the
 # processes the tests start): CPU training otherwise spends much of its time mapping fresh pages for each step.
 os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
@@ -17,6 +24,21 @@ import tensorflow as tf
 tf.config.set_logical_device_configuration(
     tf.config.list_physical_devices("CPU")[0], [tf.config.LogicalDeviceConfiguration()] * 8
 )
+
+
+def backend_keras():
+    """The Keras the session's trainer runs on (``BACKEND``): tf-keras, or Keras 3 on JAX."""
+    from train.accel.backend import keras_module
+
+    return keras_module()
+
+
+def backend_devices(strategy="cpu", replicas=8):
+    """The session backend's strategy (tf) or devices (jax) for ``strategy`` and ``replicas``."""
+    from train.accel.backend import Choice, resolve
+
+    return resolve(Choice(BACKEND), strategy, replicas)[0]
+
 
 import cv2
 import numpy as np
@@ -48,7 +70,12 @@ LONGEST_FIRST = (
 )
 
 
-def pytest_collection_modifyitems(items):
+def pytest_collection_modifyitems(config, items):
+    if BACKEND == "jax":  # only the tests that run on either backend (the rest are the TF path's or backend-free)
+        kept = [item for item in items if item.get_closest_marker("backends")]
+        config.hook.pytest_deselected(items=[item for item in items if item not in kept])
+        items[:] = kept
+
     def later(item):  # the minutes-long tests, then the ones sharing the trained run, then the rest in their order
         names, fixtures = (item.name, getattr(item, "originalname", item.name)), getattr(item, "fixturenames", ())
         rank = min((LONGEST_FIRST.index(n) for n in names if n in LONGEST_FIRST), default=len(LONGEST_FIRST))

@@ -10,21 +10,21 @@ import numpy as np
 import pandas as pd
 import pytest
 import tensorflow as tf
-import tf_keras as keras
 from PIL import Image
 
 import tfpipe
-from tests.conftest import validation_auc
+from tests.conftest import BACKEND, backend_devices, backend_keras, validation_auc
 from tfpipe.augment import NO_AUGMENT
 from tfpipe.errors import RunMismatch, TfpipeError
-from train.accel.strategy import resolve_strategy
 from train.fit import FitConfig, fit
 from train.keras.swa import average_weights, recompute_batch_norm
 from train.predict import TTA_VIEWS, load_model, predict, predict_probabilities, tta_view
 
+keras = backend_keras()  # tf-keras, or Keras 3 on JAX (TFPIPE_TEST_BACKEND)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+@pytest.mark.backends
 def test_run_leaves_thresholds_predictions_and_valid_pictures(trained_run, shard_dir):
     out, metrics, _ = trained_run
     for name in ("learning_curves.png", "roc.png", "predictions.png", "roc-swa.png", "predictions-swa.png"):
@@ -40,6 +40,7 @@ def test_run_leaves_thresholds_predictions_and_valid_pictures(trained_run, shard
     assert 0 <= metrics["report"]["roc_auc_macro"] <= 1
 
 
+@pytest.mark.backends
 def test_swa_reports_both_models(trained_run, shard_dir):
     out, metrics, _ = trained_run
     records = shard_dir[0]
@@ -54,6 +55,7 @@ def test_swa_reports_both_models(trained_run, shard_dir):
         )  # see test_train
 
 
+@pytest.mark.backends
 def test_predict_with_the_swa_model_uses_it_and_its_own_thresholds(trained_run, tmp_path, capsys):
     """``--swa``: the run's SWA model (model-swa.keras) with the thresholds its report tuned; metrics.json says
     which model each report scored. A run trained without SWA says so in one line."""
@@ -82,6 +84,7 @@ def test_predict_with_the_swa_model_uses_it_and_its_own_thresholds(trained_run, 
         predict(str(plain), test, "", strategy="cpu", swa=True)
 
 
+@pytest.mark.backends
 def test_reports_describe_the_saved_models(trained_run, shard_dir):
     """val_predictions*.csv (made in memory on 8 replicas) hold the saved models' outputs: every replica uses
     the batch-norm statistics that were saved, not its own copy (they differed before sync_batch_norm)."""
@@ -95,6 +98,7 @@ def test_reports_describe_the_saved_models(trained_run, shard_dir):
 
 
 @pytest.mark.parametrize("strategy,replicas", [("cpu", None), ("cpu", 8)])
+@pytest.mark.backends
 def test_submission_has_one_row_per_test_id_in_written_order(trained_run, strategy, replicas, tmp_path):
     run, _, test = trained_run
     out = tmp_path / "submission.csv"
@@ -114,9 +118,10 @@ def test_submission_has_one_row_per_test_id_in_written_order(trained_run, strate
     assert list(df["labels"].fillna("")) == expected
 
 
+@pytest.mark.backends
 def test_tta_one_view_equals_plain_prediction_and_more_views_average(trained_run):
     run, _, test = trained_run
-    strategy, _ = resolve_strategy("cpu", None)
+    strategy = backend_devices("cpu", None)
     model = load_model(f"{run}/model.keras")
     args = {"batch_size": 8, "image_size": 32, "num_classes": 3}
     plain = predict_probabilities(model, test, strategy, tta=1, **args)
@@ -151,8 +156,11 @@ def test_swa_of_identical_weights_is_a_no_op_and_averages_otherwise():
     np.testing.assert_allclose(avg[0], np.full(3, 3.0))
 
 
+@pytest.mark.backends
 def test_batch_norm_statistics_are_recomputed_as_exact_means():
-    strategy, _ = resolve_strategy("cpu", 8)
+    """Exact means of the batch statistics: per replica under TensorFlow's strategies (each replica normalises
+    its own 2 rows), per global batch on JAX (one program normalises all 16, as a synchronised batch norm)."""
+    strategy = backend_devices("cpu", 8)
     rng = np.random.default_rng(0)
     x = rng.normal(3.0, 2.0, size=(64, 4)).astype(np.float32) * np.array([1, 2, 3, 4], np.float32)
     with strategy.scope():
@@ -160,17 +168,19 @@ def test_batch_norm_statistics_are_recomputed_as_exact_means():
         model = keras.Model(inputs, keras.layers.BatchNormalization(momentum=0.99)(inputs))
     weights = [w.copy() for w in model.get_weights()]
     ds = tf.data.Dataset.from_tensor_slices((x, np.zeros((64, 4), np.float32))).batch(16)  # 4 steps of 8 x 2 rows
-    assert recompute_batch_norm(model, ds, 4) == 1
+    assert recompute_batch_norm(model, ds, 4, strategy) == 1
     bn = model.layers[-1]
     assert bn.momentum == 0.99  # restored
     for before, after in zip(weights[:2], model.get_weights()[:2]):  # gamma and beta: not trained
         np.testing.assert_array_equal(before, after)
-    np.testing.assert_allclose(bn.moving_mean.numpy(), x.mean(0), rtol=1e-4)
-    # mean of the per-replica batch variances (2 rows each; Keras keeps the biased batch variance)
-    per_batch = x.reshape(32, 2, 4).var(axis=1).mean(0)
-    np.testing.assert_allclose(bn.moving_variance.numpy(), per_batch, rtol=1e-3)
+    np.testing.assert_allclose(np.asarray(bn.moving_mean), x.mean(0), rtol=1e-4)
+    # the mean of the batch variances (Keras keeps the biased batch variance): 2 rows a replica, or 16 a batch
+    rows = 2 if BACKEND == "tf" else 16
+    per_batch = x.reshape(64 // rows, rows, 4).var(axis=1).mean(0)
+    np.testing.assert_allclose(np.asarray(bn.moving_variance), per_batch, rtol=1e-3)
 
 
+@pytest.mark.backends
 def test_predict_cli_writes_submission_and_rejects_a_missing_run(trained_run, tmp_path):
     run, _, test = trained_run
     env = dict(os.environ, PYTHONPATH=ROOT)
@@ -386,6 +396,7 @@ def test_a_model_file_loads_front_to_back_with_the_same_weights_and_a_damaged_on
         load_model(str(damaged))
 
 
+@pytest.mark.backends
 def test_fit_returns_a_fit_result_whose_serialisation_is_metrics_json(trained_run):
     """Issue #62: ``fit()`` returns types, not a dict in three shapes; ``FitResult.load`` reads the run back to the
     same figures, and tfpipe 1.0's ``result["key"]`` still reads them, with a warning naming the attribute."""
@@ -399,6 +410,7 @@ def test_fit_returns_a_fit_result_whose_serialisation_is_metrics_json(trained_ru
     result = FitResult.load(out)
     assert result.metrics == metrics == json.loads(open(f"{out}/metrics.json").read())
     assert (result.epochs, result.replicas, result.global_batch_size) == (metrics["epochs"], 8, 8)
+    assert result.backend == metrics["backend"] == BACKEND
     assert result.report["roc_auc_macro"] == metrics["report"]["roc_auc_macro"]
     assert result.swa.epochs_averaged == 2 and result.swa.report == metrics["swa"]["report"]
     assert result.best.epoch == metrics["best"]["epoch"] and result.keras_auc == metrics["final"]["val_auc"]

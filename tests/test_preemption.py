@@ -6,12 +6,14 @@ import os
 import signal
 
 import pytest
-import tf_keras as keras
 
+from tests.conftest import backend_keras
 from tests.test_train import history, tiny_config
 from tfpipe.errors import run_cli
 from train.fit import fit
 from train.keras.schedules import make_schedule, scaled_lr
+
+keras = backend_keras()  # tf-keras, or Keras 3 on JAX (TFPIPE_TEST_BACKEND)
 
 
 class SignalInEpoch(keras.callbacks.Callback):
@@ -31,6 +33,7 @@ class SignalInEpoch(keras.callbacks.Callback):
 
 
 @pytest.mark.slow  # two jobs of a tiny model on 8 virtual replicas, about 40 s
+@pytest.mark.backends
 def test_sigterm_mid_epoch_saves_the_step_and_resume_trains_only_the_rest(shard_dir, tmp_path, capsys):
     """Epoch 2 of 3 (the first after a burn-in epoch, the first SWA averages) stopped by SIGTERM: exit 143 and the
     line; ``--resume`` says ``epoch 2, step 2``, trains its last step and epoch 3 only (the optimizer's steps, so
@@ -65,6 +68,7 @@ def test_sigterm_mid_epoch_saves_the_step_and_resume_trains_only_the_rest(shard_
 
 
 @pytest.mark.slow  # two jobs of a tiny model on 8 virtual replicas, about 25 s
+@pytest.mark.backends
 def test_ctrl_c_inside_the_burn_in_saves_its_step_and_resume_continues_it(shard_dir, tmp_path, capsys):
     """Ctrl-C (SIGINT) in the burn-in's epoch: exit 130, its step saved in the burn-in's own backup; ``--resume``
     continues the burn-in at that step, then fine-tunes; each epoch once, the stop recorded as Ctrl-C's."""

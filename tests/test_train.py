@@ -14,9 +14,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import tensorflow as tf
-import tf_keras as keras
 
-from tests.conftest import validation_auc
+from tests.conftest import BACKEND, backend_keras, validation_auc
 from tfpipe.augment import NO_AUGMENT
 from tfpipe.errors import TfpipeError
 from train.accel.strategy import quick_teardown, resolve_strategy
@@ -24,6 +23,7 @@ from train.fit import FitConfig, compile_model, fit, set_trainable
 from train.keras import schedules
 from train.keras.models import MODELS, build_model
 
+keras = backend_keras()  # tf-keras, or Keras 3 on JAX (TFPIPE_TEST_BACKEND)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -53,6 +53,7 @@ def history(out):
 
 
 @pytest.mark.slow  # about 30 s: two replicas' graphs, bfloat16 on a CPU
+@pytest.mark.backends
 def test_mixed_bfloat16_on_several_replicas_trains_and_averages(shard_dir, tmp_path):
     """A TPU's precision in the dry run: metrics (F1's counts) and SWA under mixed_bfloat16 on 2 replicas."""
     m = fit(
@@ -65,6 +66,7 @@ def test_mixed_bfloat16_on_several_replicas_trains_and_averages(shard_dir, tmp_p
 
 
 @pytest.mark.slow  # about 75 s alone on 2 cores (2026-11-26): 8 replicas' graphs, traced once per replica
+@pytest.mark.backends
 def test_eight_virtual_replicas_with_steps_per_execution(shard_dir, tmp_path):
     cfg = tiny_config(shard_dir, tmp_path / "run", schedule="cosine", warmup_epochs=1)
     m = fit(cfg).metrics
@@ -76,7 +78,8 @@ def test_eight_virtual_replicas_with_steps_per_execution(shard_dir, tmp_path):
         validation_auc(tmp_path / "run" / "model.keras", shard_dir[0], [0]), abs=1e-3
     )
     assert m["replicas"] == 8 and m["steps_per_execution"] == 3 and m["global_batch_size"] == 8
-    assert m["strategy_class"] == "MirroredStrategy" and m["precision"] == "float32"
+    assert m["strategy_class"] == {"tf": "MirroredStrategy", "jax": "JaxDevices"}[BACKEND]
+    assert m["precision"] == "float32" and m["backend"] == BACKEND
     assert m["train_examples"] + m["val_examples"] == 40 and m["steps_per_epoch"] == m["train_examples"] // 8
     assert m["optimizer_steps"] == 2 * m["steps_per_epoch"]  # every step ran, K at a time
     assert m["scaled_lr"] == pytest.approx(8e-3)
@@ -359,6 +362,7 @@ def test_iterators_made_in_quick_teardown_have_untuned_per_replica_prefetches():
     assert ops._create_device_dataset is original
 
 
+@pytest.mark.backends
 def test_lr_scaling_and_schedules_by_value():
     assert schedules.scaled_lr(1e-4, 8) == pytest.approx(8e-4)
     cosine = schedules.make_schedule("cosine", 1.0, steps_per_epoch=10, epochs=5, warmup_epochs=1)
@@ -382,6 +386,7 @@ def test_lr_scaling_and_schedules_by_value():
 
 
 @pytest.mark.slow
+@pytest.mark.backends
 def test_swa_continues_its_average_after_resume(shard_dir, tmp_path):
     """A crash inside the averaged epochs, then --resume: the average still covers exactly the last N epochs."""
     out = tmp_path / "run"
@@ -395,6 +400,7 @@ def test_swa_continues_its_average_after_resume(shard_dir, tmp_path):
 @pytest.mark.parametrize(  # adam (the default) in the default run; the others in make test-slow (11-16 s each)
     "optimizer", ["adam", pytest.param("adamw", marks=pytest.mark.slow), pytest.param("sgd", marks=pytest.mark.slow)]
 )
+@pytest.mark.backends
 def test_every_optimizer_trains(optimizer, shard_dir, tmp_path):
     m = fit(
         tiny_config(
@@ -444,6 +450,7 @@ def test_weights_from_a_file(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.backends
 def test_a_model_learns_the_demo_shapes(demo_shards, tmp_path):
     """Not just 'it runs': small-cnn on 800 demo images at 48 px separates the five shapes."""
     m = fit(

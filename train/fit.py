@@ -25,7 +25,7 @@ from tfpipe.lifecycle import BAD_INPUT
 from train.accel.tpus import TPUS
 from train.keras.config import FitConfig as FitConfig  # re-exported: train.fit.FitConfig (tfpipe 1.0)
 from train.keras.models import model_names
-from train.keras.names import OPTIMIZERS, PRECISIONS, SCHEDULES, STRATEGIES
+from train.keras.names import BACKENDS, OPTIMIZERS, PRECISIONS, SCHEDULES, STRATEGIES
 from train.runs.results import Best, FitResult, PreflightReport, WorkerResult
 
 if TYPE_CHECKING:
@@ -52,13 +52,16 @@ def fit(cfg: FitConfig) -> FitResult | PreflightReport | WorkerResult:
         from train.fit import FitConfig, fit
         metrics = fit(FitConfig(records="gs://bucket/train", run="gs://bucket/runs/b0", strategy="tpu"))
     """
+    from train.accel import backend
+
+    choice = backend.ready(cfg.backend, cfg.strategy, cfg.replicas)  # before Keras starts: its backend, XLA's devices
     if cfg.preflight:  # a report of what a TPU would refuse, instead of training
         from train.preflight import check as preflight
 
         return preflight.preflight(cfg)
-    from train.keras import trainer  # the engine (TensorFlow): imported when training starts, not with the command
+    from train.keras import trainer  # the engine (Keras): imported when training starts, not with the command
 
-    return trainer.fit(cfg)
+    return trainer.fit(cfg, choice)
 
 
 if not TYPE_CHECKING:  # hidden from type checkers, which see the names above
@@ -112,6 +115,13 @@ def _data_args(p: ArgumentParser, d: FitConfig) -> None:
         help="auto: TPU, then GPUs, then CPU; multiworker: several machines, the cluster in TF_CONFIG",
     )
     p.add_argument("--replicas", type=int, help="with --strategy cpu: N virtual CPU replicas (dry-run a TPU: 8)")
+    p.add_argument(
+        "--backend",
+        choices=BACKENDS,
+        default=d.backend,
+        help="tf: tf-keras on TensorFlow's strategies; jax: Keras 3 on JAX (Kaggle's TPU v5e); auto: jax where "
+        "TensorFlow cannot use the TPU or tf-keras is missing, else tf",
+    )
     p.add_argument(
         "--data-service",
         metavar="grpc://HOST:PORT",

@@ -22,6 +22,7 @@ from typing import Any
 from tfpipe import fs
 from tfpipe.console import counted
 from tfpipe.errors import ArgumentParser, TfpipeError, run_cli
+from train.accel.backend import NAMES as BACKEND_NAMES
 from train.decide import evaluation
 from train.runs.run_info import folder_info as folder_info  # the --json object, from Python
 
@@ -70,8 +71,9 @@ def head_lines(info: dict[str, Any]) -> list[str]:
     names = ", ".join(classes[:8]) + (", ..." if len(classes) > 8 else "")
     size = f", {info['image_size']} px" if info.get("image_size") else ""
     labels = "single" if info["single_label"] else "multi"
+    on = f" ({BACKEND_NAMES.get(info['backend'], info['backend'])})" if info.get("backend") else ""
     lines = [
-        f"{info['folder']}: {kind} of {info['trained_by']}, {'finished' if info['finished'] else 'not finished'}",
+        f"{info['folder']}: {kind} of {info['trained_by']}{on}, {'finished' if info['finished'] else 'not finished'}",
         f"  {len(classes)} class{'es' * (len(classes) != 1)} ({names}), {labels}-label{size}",
         f"  trained on {shards['records']} (dataset id {shards['dataset_id']}{fold}; {HERE[shards['here']]})",
         *run_lines(info),

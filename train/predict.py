@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from tfpipe.console import quiet_call
 from tfpipe.errors import ArgumentParser, check_path, run_cli
 from train.keras.config import PredictConfig as PredictConfig  # re-exported: train.predict.PredictConfig
-from train.keras.names import ONE_MACHINE, TTA_VIEW_COUNT
+from train.keras.names import BACKENDS, ONE_MACHINE, TTA_VIEW_COUNT
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -53,6 +53,7 @@ def predict(
     labels: bool | None = None,
     strategy: str | tf.distribute.Strategy = "auto",
     replicas: int | None = None,
+    backend: str = "auto",
     batch_size: int = 32,
     id_column: str | None = None,
     overwrite: bool = False,
@@ -66,7 +67,8 @@ def predict(
     The keyword arguments are the command line's flags: ``tta`` views to average, one ``threshold`` for every
     class (default: the run's tuned ones), ``probabilities`` (one column per class instead of the labels;
     ``labels=True`` keeps the labels column too), ``strategy`` (a name or a
-    strategy you made) and ``replicas``, ``batch_size`` per replica, ``id_column``, ``overwrite``, ``progress``
+    strategy you made) and ``replicas``, ``backend`` (tf or jax: the run's own; auto takes it),
+    ``batch_size`` per replica, ``id_column``, ``overwrite``, ``progress``
     (a progress bar), ``swa`` (True: the run's SWA model, ``model-swa.keras``, with its own thresholds; False: its
     final model; None: the one with the better validation AUC, said in one line). Thresholds are those tuned for
     the model and the ``tta`` views predicted (``train.decide.tuning``: tuned on the validation images predicted alike
@@ -77,8 +79,13 @@ def predict(
         from train.predict import predict
         df = predict("runs/demo", "records/demo/test", "submission.csv", tta=2)
     """
-    from train.prediction import inference  # the engine (TensorFlow): imported when predicting, not with the command
+    from train.accel import backend as backends
 
+    choice = backends.for_run(backend, backends.trained_backend(run), run)
+    backends.use_backend(choice, strategy, replicas)  # before Keras starts: its backend, XLA's devices
+    from train.prediction import inference  # the engine (Keras): imported when predicting, not with the command
+
+    backend = choice.name
     options = {k: v for k, v in locals().items() if k in PARAMETERS}  # every parameter, by its field's name
     return inference.predict(PredictConfig(**options))
 
@@ -119,6 +126,9 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--id-column", help="name of the id column (default: the CSV's, from the manifest)")
     p.add_argument("--strategy", choices=ONE_MACHINE, default="auto", help="auto: TPU, then GPUs, then CPU")
     p.add_argument("--replicas", type=int, help="with --strategy cpu: N virtual CPU replicas")
+    p.add_argument(
+        "--backend", choices=BACKENDS, default="auto", help="tf or jax: the one the run trained with (auto: its own)"
+    )
     p.add_argument("--batch-size", type=int, default=32, help="per replica")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar (shown by default)")
     p.add_argument(

@@ -3,27 +3,20 @@
 from __future__ import annotations
 
 import contextlib
-import glob
-import os
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from tfpipe.console import quiet_call
 from tfpipe.deps import require
 from tfpipe.errors import BadSetting, NoAccelerator, TfpipeError, option
+from train.accel.backend import TPU_HINTS as TPU_HINTS  # where they are decided
+from train.accel.backend import tpu_present
 from train.keras.names import STRATEGIES
 
 if TYPE_CHECKING:
     import tensorflow as tf
 else:
     tf = require("tensorflow")
-
-TPU_HINTS = ("TPU_NAME", "COLAB_TPU_ADDR", "TPU_ACCELERATOR_TYPE", "KAGGLE_TPU")  # env vars set next to a TPU
-
-
-def tpu_present() -> bool:
-    """A cheap look for a TPU (environment or TPU VM device files) that starts nothing."""
-    return any(os.environ.get(k) for k in TPU_HINTS) or bool(glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"))
 
 
 def connect_tpu() -> tf.distribute.TPUStrategy:

@@ -25,7 +25,8 @@ from tfpipe.errors import TfpipeError, option
 from tfpipe.locks import LOCK, locked_folder
 from tfpipe.read import check_no_image_twice
 from tfpipe.shards import Shards, open_shards
-from train.accel.strategy import resolve_strategy, tpu_strategy
+from train.accel import backend
+from train.accel.strategy import tpu_strategy
 from train.decide.evaluation import Scores, score
 from train.decide.tuning import Predictions, describe, out_of_fold, tune_thresholds, write_oof
 from train.keras.config import FitConfig
@@ -52,14 +53,20 @@ from train.runs.run import RunConfig, read_state
 PROG = "train.cv"
 
 
-def cross_validate(cfg: FitConfig, folds: Sequence[int] | None = None, tta: int = 1) -> CVResult:
+def cross_validate(
+    cfg: FitConfig, folds: Sequence[int] | None = None, tta: int = 1, choice: backend.Choice | None = None
+) -> CVResult:
     """Trains ``folds`` (default: every fold of the shards) with the settings of ``cfg`` into the CV folder
     ``cfg.run``, then scores the out-of-fold predictions over ``tta`` views; returns ``cv.json``'s content.
     Called through ``train.cv.cross_validate`` (see its example)."""
-    from train.keras.trainer import check_settings
+    choice = choice or backend.ready(cfg.backend, cfg.strategy, cfg.replicas)  # train.cv's, made first
+    from train.keras.trainer import check_settings  # binds the backend's Keras: after ready
 
     check_settings(cfg)
-    strategy, kind = resolve_strategy(cfg.strategy, cfg.replicas)  # once: one TPU connection for every fold
+    strategy, kind = backend.resolve(choice, cfg.strategy, cfg.replicas)  # once: one TPU connection for every fold
+    if cfg.verbose:
+        print(f"{PROG}: {backend.describe(choice, strategy, kind)}", flush=True)
+    cfg = dataclasses.replace(cfg, backend=choice.name)
     shards = open_shards(cfg.records)  # once: every fold is planned from these (their dataset id in cv.json)
     check_no_image_twice(shards)
     plan = plan_cv(cfg, shards, folds, tta, strategy.num_replicas_in_sync)
@@ -251,9 +258,7 @@ def train_fold(
 def between_folds(strategy: tf.distribute.Strategy, kind: str) -> tf.distribute.Strategy:
     """Keras' global state cleared and its memory freed; on a TPU its system initialised again (the memory a
     fold's model held is freed there only then) and a new strategy over the same connection."""
-    from tfpipe.deps import require_keras
-
-    require_keras().backend.clear_session()
+    backend.keras_module().backend.clear_session()
     gc.collect()
     if kind != "tpu":
         return strategy

@@ -4,22 +4,25 @@ the epoch backed up, its pace and learning rate added to ``history.csv``, Tensor
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TextIO
 
-from tfpipe.deps import require_keras
+import numpy as np
+
+from train.accel.backend import is_keras_3, keras_module, weights_file
 
 if TYPE_CHECKING:
     import tf_keras as keras
 else:
-    keras = require_keras()  # tf-keras of TensorFlow's release, or MissingDependency saying what to install
+    keras = keras_module()  # tf-keras, or Keras 3 on JAX (train.accel.backend)
 
-from tfpipe import console
+from tfpipe import console, fs
 from tfpipe.data_service import WorkerWatch
-from tfpipe.errors import option
+from tfpipe.errors import TfpipeError, option
 from tfpipe.lifecycle import Deferred
 from tfpipe.shards import Shards
 from train.keras.config import FitConfig
@@ -41,6 +44,7 @@ class Phase:
     multiworker: bool
     stop: Deferred
     recorded: int  # the epochs history.csv records (finished, whatever their backup says)
+    rate: Any = 0.0  # the learning rate: a constant, or a schedule of the optimizer's step
 
 
 def phase_callbacks(
@@ -55,17 +59,20 @@ def phase_callbacks(
         else []
     )
     watch = [ServiceWatch(cfg.data_service)] if cfg.data_service else []
+    backup = STEP_BACKUP(
+        run_files.path(cfg.run, f"{run_files.BACKUP}/{phase.name}"), phase, cfg.save_every, cfg.verbose > 0
+    )
     callbacks = [
-        SyncBatchNorm(),
+        *([] if is_keras_3(keras) else [SyncBatchNorm()]),  # one SPMD program on JAX: one copy of each statistic
         *progress,
         *first,
-        Backup(run_files.path(cfg.run, f"{run_files.BACKUP}/{phase.name}"), phase, cfg.save_every, cfg.verbose > 0),
+        backup,
         throughput,  # after the backup (it counts the epochs saved), before the CSV logger (it adds columns)
-        LogLearningRate(),
+        LogLearningRate(phase.rate),
         keras.callbacks.CSVLogger(run_files.path(cfg.run, run_files.HISTORY), append=True),
         keras.callbacks.TensorBoard(run_files.path(cfg.run, run_files.LOGS), update_freq="epoch", profile_batch=0),
         keras.callbacks.ModelCheckpoint(
-            run_files.path(cfg.run, f"{run_files.CHECKPOINTS}/best"),
+            weights_file(run_files.path(cfg.run, f"{run_files.CHECKPOINTS}/best")),
             monitor="val_auc",
             mode="max",
             save_best_only=True,
@@ -102,9 +109,14 @@ class StepGroups:
     ``on_train_batch_end`` with its last, and nothing in between (a resumed epoch starts at the step saved)."""
 
     _group_start = 0  # the first step of the step group running
+    step_offset = 0  # the epoch's steps done before this fit began (a resumed epoch on Keras 3: run_phase)
 
     def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         self._group_start = int(batch)
+
+    def step(self, batch: int) -> int:
+        """The step of the epoch (0-based) that Keras' ``batch`` of this fit is."""
+        return int(batch) + self.step_offset
 
     def group_steps(self, batch: int) -> int:
         """The steps the group ending at ``batch`` ran."""
@@ -214,7 +226,9 @@ class Progress(StepGroups, keras.callbacks.Callback):
 
     def _replicas_here(self) -> int:
         """The replicas this process traces the step for: all of them on one machine; a multi-worker job's
-        workers each trace only their own (a chief with one device: once)."""
+        workers each trace only their own (a chief with one device: once); Keras 3 on JAX: once, one program."""
+        if is_keras_3(keras):
+            return 1
         try:
             return len(self.model.distribute_strategy.extended.worker_devices)
         except (AttributeError, TypeError, RuntimeError):  # no model (a test's), the default strategy (one device)
@@ -229,7 +243,7 @@ class Progress(StepGroups, keras.callbacks.Callback):
             self.beat.start(f"epoch {epoch + 1}/{self.epochs}: step 0/{self.steps}{waited}")
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
-        batch = int(batch)  # a resumed epoch's steps are NumPy integers
+        batch = self.step(batch)  # a resumed epoch's steps are NumPy integers
         self._bar_open = self.bar  # Keras' bar (the first callback) has just drawn this step
         if batch < self.spe:  # the epoch's first execution
             self._first_wait = time.perf_counter() - self._epoch_began
@@ -268,67 +282,60 @@ SLOW_START_SECONDS = 5.0  # an epoch start that waits longer is said, with the w
 
 
 class LogLearningRate(keras.callbacks.Callback):
-    """Adds to the logs (so to history.csv) the learning rate the epoch's last step used."""
+    """Adds to the logs (so to history.csv) the learning rate the epoch's last step used: the phase's ``rate`` (a
+    schedule, or a constant) at the optimizer's last step. (The optimizer's own ``learning_rate`` is the next
+    step's on Keras 3, the last one's on tf-keras.)"""
+
+    def __init__(self, rate: Any) -> None:
+        super().__init__()
+        self.rate = rate
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         if logs is not None:  # Keras always passes the epoch's logs
-            logs["lr"] = float(keras.backend.get_value(self.model.optimizer.learning_rate))
+            last = int(np.asarray(self.model.optimizer.iterations)) - 1
+            logs["lr"] = float(np.asarray(self.rate(last))) if callable(self.rate) else float(self.rate)
 
 
 SAVE_SECONDS = 600.0  # the backup's default interval within an epoch (--save-every not given): ten minutes
 
 
-class Backup(StepGroups, keras.callbacks.BackupAndRestore):
-    """Keras' backup of a phase (weights, optimizer, the epoch and step reached), which ``--resume`` restores.
-
-    Saved at every epoch's end; within an epoch every ``every`` steps (None: at the first step group after
-    ``SAVE_SECONDS``; 0: never); and at the step a stop was asked at (``phase.stop``: SIGTERM, Ctrl-C), after
-    which the job ends saying where. Kept after the phase (``delete_checkpoint=False``) until the whole job has
-    finished: a job interrupted after its last epoch (in the report) resumes with nothing left to train.
+class BackupPolicy(StepGroups):
+    """When a phase's backup saves, for both backends' backups (``Backup``, ``StepBackup``): at every epoch's end;
+    within an epoch every ``every`` steps (None: at the first step group after ``SAVE_SECONDS``; 0: never); and at
+    the step a stop was asked at (``phase.stop``: SIGTERM, Ctrl-C), after which the job ends saying where.
 
     On several machines a save is a collective (reading the batch-norm statistics sums over every worker): saves
     come at the same steps on every worker or not at all. There ``every`` None means epoch ends only, and a stop
     ends the job at its step without saving (the others may not stop at the same step), saying which backup
-    ``--resume`` continues from.
+    ``--resume`` continues from. The step saved is a step group's last (the one ``on_train_batch_end`` is
+    given)."""
 
-    Keras records a step when it begins; with ``steps_per_execution`` K that is a group's first step, and a
-    resume redid K - 1 steps. Here the step saved is the group's last (the one ``on_train_batch_end`` is given).
-    ``save_before_preemption`` (TensorFlow's preemption notice) is Keras' own, which it uses for multi-worker
-    runs on Google Cloud only."""
+    model: Any
 
-    def __init__(self, folder: str, phase: Phase, every: int | None, say: bool) -> None:
-        # an int save_freq: Keras then resumes within an epoch (with "epoch" it redoes the whole epoch)
-        super().__init__(folder, save_freq=max(1, every or phase.steps), delete_checkpoint=False)
-        self.save_before_preemption = phase.multiworker
+    def policy(self, phase: Phase, every: int | None, say: bool) -> None:
         self.phase, self.say = phase, say
         self.every = 0 if every is None and phase.multiworker else every
         self._since, self._saved_at = 0, time.monotonic()
         self.last: tuple[int, int] | None = None  # (epoch, step) of the last backup, 0-based; the step: done
+        self.epoch = 0  # the epoch running (0-based)
 
-    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
-        super().on_train_begin(logs)  # restores the backup, if any
-        state = self._training_state
-        if 0 <= int(state._ckpt_saved_epoch.numpy()) < self.phase.recorded:  # history.csv has that epoch's row:
-            state._ckpt_saved_batch.assign(self.phase.steps - 1)  # a backup of tfpipe 1.1 (the last group's start)
-        epoch, step = self.model._maybe_load_initial_counters_from_ckpt(self.phase.steps, -1)
-        if epoch >= 0:
-            self.last = (epoch, step)
-        if self.say and 0 <= epoch < self.phase.epochs:
-            print(f"train.fit: resuming at epoch {epoch + 1}, step {step}", flush=True)
+    def save_step(self, epoch: int, step: int) -> None:
+        raise NotImplementedError
+
+    def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        self.epoch = epoch
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
-        batch = int(batch)  # a resumed epoch's steps are NumPy integers
-        self._training_state._ckpt_saved_batch.assign(batch)  # before any save: Keras' preemption save too
-        self._training_state.backup_if_preempted()  # a no-op unless Keras turned the preemption notice on
+        step = self.step(batch)  # a resumed epoch's steps are NumPy integers
         self._since += self.group_steps(batch)  # the group's last step is the one saved (the class docstring)
         due = (self.every and self._since >= self.every) or (
             self.every is None and time.monotonic() - self._saved_at >= SAVE_SECONDS
         )
         stopping = self.phase.stop.received is not None
         if due or (stopping and not self.phase.multiworker):
-            self.save_step(self._current_epoch, batch)
+            self.save_step(self.epoch, step)
         if stopping:
-            here, at = self.position(self._current_epoch, batch), f"epoch {self._current_epoch + 1}, step {batch + 1}"
+            here, at = self.position(self.epoch, step), f"epoch {self.epoch + 1}, step {step + 1}"
             self.phase.stop.stop(f"at {at}; {self.continues(here)}", at)
 
     def position(self, epoch: int, step: int) -> tuple[int, int]:
@@ -349,6 +356,48 @@ class Backup(StepGroups, keras.callbacks.BackupAndRestore):
         if self.phase.stop.received is not None:
             self.model.stop_training = True  # the epoch's other callbacks run first (history.csv's row)
 
+    def said_resuming(self, epoch: int, step: int) -> None:
+        if self.say and 0 <= epoch < self.phase.epochs:
+            print(f"train.fit: resuming at epoch {epoch + 1}, step {step}", flush=True)
+
+
+class Backup(BackupPolicy, keras.callbacks.BackupAndRestore):
+    """tf-keras' backup of a phase (weights, optimizer, the epoch and step reached), which ``--resume`` restores,
+    saved as ``BackupPolicy`` says. Kept after the phase (``delete_checkpoint=False``) until the whole job has
+    finished: a job interrupted after its last epoch (in the report) resumes with nothing left to train.
+
+    Keras records a step when it begins; with ``steps_per_execution`` K that is a group's first step, and a
+    resume redid K - 1 steps. Here the step saved is the group's last. ``save_before_preemption`` (TensorFlow's
+    preemption notice) is Keras' own, which it uses for multi-worker runs on Google Cloud only."""
+
+    def __init__(self, folder: str, phase: Phase, every: int | None, say: bool) -> None:
+        # an int save_freq: Keras then resumes within an epoch (with "epoch" it redoes the whole epoch)
+        super().__init__(folder, save_freq=max(1, every or phase.steps), delete_checkpoint=False)
+        self.save_before_preemption = phase.multiworker
+        self.policy(phase, every, say)
+
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+        super().on_train_begin(logs)  # restores the backup, if any
+        state = self._training_state
+        if 0 <= int(state._ckpt_saved_epoch.numpy()) < self.phase.recorded:  # history.csv has that epoch's row:
+            state._ckpt_saved_batch.assign(self.phase.steps - 1)  # a backup of tfpipe 1.1 (the last group's start)
+        epoch, step = self.model._maybe_load_initial_counters_from_ckpt(self.phase.steps, -1)
+        if epoch >= 0:
+            self.last = (epoch, step)
+        self.said_resuming(epoch, step)
+
+    def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        BackupPolicy.on_epoch_begin(self, epoch, logs)
+        keras.callbacks.BackupAndRestore.on_epoch_begin(self, epoch, logs)
+
+    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        self._training_state._ckpt_saved_batch.assign(int(batch))  # before any save: Keras' preemption save too
+        self._training_state.backup_if_preempted()  # a no-op unless Keras turned the preemption notice on
+        BackupPolicy.on_train_batch_end(self, batch, logs)
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        BackupPolicy.on_epoch_end(self, epoch, logs)
+
     def save_step(self, epoch: int, step: int) -> None:
         """Backs up the weights and optimizer as they are after ``step`` (0-based) of ``epoch`` (0-based)."""
         self._training_state._ckpt_saved_epoch.assign(epoch)
@@ -356,6 +405,53 @@ class Backup(StepGroups, keras.callbacks.BackupAndRestore):
         self._backup(epoch=epoch, batch=step)
         self._since, self._saved_at = 0, time.monotonic()
         self.last = self.position(epoch, step)
+
+
+BACKUP_WEIGHTS, BACKUP_POSITION = "latest.weights.h5", "position.json"  # StepBackup's two files
+
+
+class StepBackup(BackupPolicy, keras.callbacks.Callback):
+    """Keras 3's backup of a phase, saved as ``BackupPolicy`` says: the weights with the optimizer's state
+    (``latest.weights.h5``, Keras' own weights file) and where training stands (``position.json``: the epoch and
+    the steps done), each written through a temporary name. Keras 3's ``BackupAndRestore`` resumes at an epoch's
+    start only; ``restore`` reads the backup before fit, and ``run_phase`` fits the rest of a resumed epoch
+    first."""
+
+    def __init__(self, folder: str, phase: Phase, every: int | None, say: bool) -> None:
+        super().__init__()
+        self.folder = folder
+        self.policy(phase, every, say)
+
+    def restore(self, model: Any) -> tuple[int, int] | None:
+        """Loads the backup into ``model`` (built and compiled) and returns where it continues, (epoch, steps
+        done), 0-based; None when nothing of this phase was saved."""
+        position = run_files.path(self.folder, BACKUP_POSITION)
+        if not fs.exists(position):
+            return None
+        with fs.open(position, "rb") as f:
+            saved = fs.parse_json(f.read(), position, "the backup's position")
+        if not (isinstance(saved, dict) and all(type(saved.get(k)) is int for k in ("epoch", "steps"))):
+            raise TfpipeError(f"{position}: not a backup position train.fit wrote; the backup is damaged")
+        model.optimizer.build(model.trainable_variables)
+        model.load_weights(run_files.path(self.folder, BACKUP_WEIGHTS))
+        self.last = (saved["epoch"], saved["steps"])
+        self.said_resuming(*self.last)
+        return self.last
+
+    def save_step(self, epoch: int, step: int) -> None:
+        """Backs up the weights and optimizer as they are after ``step`` (0-based) of ``epoch`` (0-based)."""
+        fs.makedirs(self.folder)
+        weights = run_files.path(self.folder, BACKUP_WEIGHTS)
+        tmp = fs.temporary_name(weights[: -len(".weights.h5")]) + ".weights.h5"
+        self.model.save_weights(tmp)
+        fs.rename(tmp, weights, overwrite=True)
+        here = self.position(epoch, step)
+        fs.write_atomic(run_files.path(self.folder, BACKUP_POSITION), json.dumps({"epoch": here[0], "steps": here[1]}))
+        self._since, self._saved_at = 0, time.monotonic()
+        self.last = here
+
+
+STEP_BACKUP = StepBackup if is_keras_3(keras) else Backup  # the backend's backup of a phase
 
 
 class ShardsUnchanged(keras.callbacks.Callback):

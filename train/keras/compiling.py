@@ -5,15 +5,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from tfpipe.deps import require_keras
+from train.accel.backend import keras_module
 
 if TYPE_CHECKING:
     import tf_keras as keras
 else:
-    keras = require_keras()  # tf-keras of TensorFlow's release, or MissingDependency saying what to install
-import tensorflow as tf
-
+    keras = keras_module()  # tf-keras, or Keras 3 on JAX (train.accel.backend)
 from tfpipe.errors import TfpipeError
+from train.accel.backend import is_keras_3, tensor_ops
 from train.keras.config import FitConfig
 
 # Keras' default 200 thresholds could not tell apart predictions squeezed into 0.463-0.483 (a run reported 0.52
@@ -26,9 +25,9 @@ class F1Score(keras.metrics.F1Score):
     """Keras' F1Score as a weighted metric: compile passes it [B, 1] sample weights, which its own update
     expands once more (to [B, 1, 1]) and then fails on; it gets them as [B]."""
 
-    def update_state(self, y_true: tf.Tensor, y_pred: tf.Tensor, sample_weight: tf.Tensor | None = None) -> Any:
+    def update_state(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> Any:
         if sample_weight is not None:
-            sample_weight = tf.reshape(sample_weight, [-1])
+            sample_weight = tensor_ops().reshape(sample_weight, [-1])
         return super().update_state(y_true, y_pred, sample_weight)
 
 
@@ -46,7 +45,8 @@ def make_metrics(num_classes: int, single_label: bool, threshold: float) -> list
     f1 = F1Score(name="f1", average="macro", threshold=threshold, dtype="float32")
     # Its variables now, not in the first traced step: a tf.function whose first trace creates variables is
     # traced a second time, and a trace of the training step on 8 replicas takes about 20 s.
-    f1.build((None, num_classes), (None, num_classes))
+    if not is_keras_3(keras):  # Keras 3 builds its metrics' variables before tracing
+        f1.build((None, num_classes), (None, num_classes))
     return [make_auc(num_classes), f1, keras.metrics.BinaryAccuracy(name="accuracy", threshold=threshold)]
 
 

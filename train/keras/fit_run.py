@@ -34,6 +34,7 @@ import tensorflow as tf  # its errors: what stops training from outside (stoppin
 
 # Settings a resumed run must share with the run it continues (others, such as verbose, may change).
 RESUME_KEYS = (
+    "backend",  # a backup is the backend's own (a TensorFlow checkpoint, or Keras 3's weights file)
     "records",
     "model",
     "image_size",
@@ -216,7 +217,10 @@ def stops_recorded(run_dir: str, where: str = "") -> Iterator[None]:
 
 def backup_saved(run_dir: str) -> bool:
     """Whether a phase's backup (an epoch's or a step's) is in ``run_dir``: something ``--resume`` continues."""
-    return bool(tf.io.gfile.glob(run_files.path(run_dir, f"{run_files.BACKUP}/*/chief/checkpoint")))
+    return bool(
+        tf.io.gfile.glob(run_files.path(run_dir, f"{run_files.BACKUP}/*/chief/checkpoint"))
+        or tf.io.gfile.glob(run_files.path(run_dir, f"{run_files.BACKUP}/*/position.json"))  # Keras 3's
+    )
 
 
 @contextlib.contextmanager
@@ -322,6 +326,7 @@ def summarise(
         seconds = float(history[run_files.EPOCH_SECONDS].sum()) + seconds - throughput.seconds
     rates = rates[1:] or rates  # the first epoch compiles (a resumed job's first too: the median outvotes it)
     return {
+        "backend": cfg.backend,
         "strategy": kind,
         "strategy_class": type(strategy).__name__,
         "replicas": strategy.num_replicas_in_sync,

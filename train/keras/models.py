@@ -2,7 +2,7 @@
 
 ``@register_model("efficientnet-{}", ("b0", ...))`` adds one name per variant, so the names the command line
 offers (``train.fit --model``) are the table's keys and cannot drift from the builders. Importing this module
-starts no TensorFlow (``--help`` answers at once); the builders import tf-keras when they build.
+starts no TensorFlow (``--help`` answers at once); the builders import the backend's Keras when they build.
 
 Models take uint8 images: the cast and the backbone's own normalisation run
 inside the model (on the accelerator), so the input pipeline moves 4x fewer bytes.
@@ -14,8 +14,9 @@ import string
 from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
-from tfpipe.deps import require, require_keras
+from tfpipe.deps import require
 from tfpipe.errors import TfpipeError, option
+from train.accel.backend import is_keras_3, keras_module
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)  # the efficientnet package's 'torch' preprocessing
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -101,8 +102,12 @@ def model_names() -> tuple[str, ...]:
 
 @register_model("efficientnet-b{}", [str(i) for i in range(8)])
 def _efficientnet(variant: str, input_shape: tuple[int, int, int], weights: str | None) -> tuple[Any, list[Any]]:
-    """EfficientNet-B0..B7 from the ``efficientnet`` package, built with tf-keras modules."""
-    keras = require_keras()
+    """EfficientNet-B0..B7: on tf-keras from the ``efficientnet`` package, built with tf-keras modules; on Keras 3
+    Keras' own (``keras.applications``, its [0, 255] input normalised inside the model)."""
+    keras = keras_module()
+    if is_keras_3(keras):
+        fn = getattr(keras.applications, f"EfficientNetB{variant}")
+        return fn(include_top=False, weights=weights, input_shape=input_shape), []
     efn = require("efficientnet.model")
     fn = getattr(efn, f"EfficientNetB{variant}")
     backbone = fn(
@@ -123,14 +128,20 @@ def _efficientnet(variant: str, input_shape: tuple[int, int, int], weights: str 
 @register_model("efficientnetv2-{}", ("s", "m", "l", "b0", "b1", "b2", "b3"))
 def _efficientnet_v2(variant: str, input_shape: tuple[int, int, int], weights: str | None) -> tuple[Any, list[Any]]:
     """EfficientNetV2 from Keras applications (includes its own [0, 255] -> [-1, 1] rescaling)."""
-    keras = require_keras()
+    keras = keras_module()
     fn = getattr(keras.applications, f"EfficientNetV2{variant.upper()}")
     return fn(include_top=False, weights=weights, input_shape=input_shape, include_preprocessing=True), []
 
 
 def custom_objects() -> dict[str, Any]:
-    """What ``load_model`` needs for the efficientnet package's layers (its swish and FixedDropout)."""
-    keras = require_keras()
+    """What ``load_model`` needs: tfpipe's metrics (Keras 3 builds the compiled metrics a model file names) and,
+    on tf-keras, the efficientnet package's layers (its swish and FixedDropout; Keras 3's EfficientNets are its
+    own)."""
+    from train.keras.compiling import F1Score
+
+    keras = keras_module()
+    if is_keras_3(keras):
+        return {"F1Score": F1Score}
     efn = require("efficientnet.model")
     kw = {"backend": keras.backend, "layers": keras.layers, "models": keras.models, "utils": keras.utils}
     return {"swish": efn.get_swish(**kw), "FixedDropout": efn.get_dropout(**kw)}
@@ -149,7 +160,7 @@ def _small_cnn(variant: str, input_shape: tuple[int, int, int], weights: str | N
     EfficientNets from scratch need far more epochs than a laptop CPU gives a demo;
     this one learns the demo shapes in a couple of minutes. No pretrained weights.
     """
-    keras = require_keras()
+    keras = keras_module()
     if weights is not None:
         raise ValueError(f"small-cnn has no pretrained weights; use {option('weights', 'none', python='weights=None')}")
     inputs = keras.Input(input_shape)
@@ -216,7 +227,7 @@ def build_model(
       (model, backbone): the backbone is returned so it can be frozen.
     """
     builder, variant, _ = registered(name)
-    keras = require_keras()
+    keras = keras_module()
     backbone, preprocess = _backbone(name, builder, variant, (image_size, image_size, 3), weights)
     inputs = keras.Input((image_size, image_size, 3), dtype="uint8", name="image")
     x = keras.layers.Rescaling(1.0, name="cast")(inputs)  # uint8 -> compute dtype

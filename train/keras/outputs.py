@@ -37,7 +37,7 @@ def finish_swa(
     """Loads the averaged weights, re-estimates batch-norm statistics, scores them and saves ``model-swa.keras``."""
     train_ds, val_ds, steps, val_steps = data
     model.set_weights(swa.average)
-    recompute_batch_norm(model, train_ds, steps)
+    recompute_batch_norm(model, train_ds, steps, strategy)
     # Scored with the validation and prediction steps training traced (compiling first would trace both again:
     # on 8 replicas, seconds each).
     scores = model.evaluate(val_ds, steps=val_steps, return_dict=True, verbose=0)

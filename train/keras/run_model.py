@@ -8,12 +8,12 @@ import tempfile
 import zipfile
 from typing import TYPE_CHECKING, Any
 
-from tfpipe.deps import require_keras
+from train.accel.backend import keras_module
 
 if TYPE_CHECKING:
     import tf_keras as keras
 else:
-    keras = require_keras()  # tf-keras of TensorFlow's release, or MissingDependency saying what to install
+    keras = keras_module()  # tf-keras, or Keras 3 on JAX (train.accel.backend)
 
 from tfpipe import fs
 from tfpipe.errors import TfpipeError, option

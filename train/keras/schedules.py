@@ -10,18 +10,16 @@ two are small classes here.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-import tensorflow as tf
-
-from tfpipe.deps import require_keras
 from tfpipe.errors import TfpipeError
+from train.accel.backend import keras_module, tensor_ops
 from train.keras.names import SCHEDULES
 
 if TYPE_CHECKING:
     import tf_keras as keras
 else:
-    keras = require_keras()
+    keras = keras_module()  # tf-keras, or Keras 3 on JAX (train.accel.backend)
 
 
 def scaled_lr(base_lr: float, replicas: int) -> float:
@@ -44,16 +42,17 @@ class OneCycle(keras.optimizers.schedules.LearningRateSchedule):
             final_div,
         )
 
-    def __call__(self, step: tf.Tensor | int) -> tf.Tensor:
-        step = tf.cast(step, tf.float32)
+    def __call__(self, step: Any) -> Any:
+        ops = tensor_ops()
+        step = ops.cast(step, "float32")
         up = max(1.0, self.pct_start * self.total_steps)
         down = max(1.0, self.total_steps - up)
         start, end = self.peak / self.div, self.peak / (self.div * self.final_div)
 
-        def anneal(a: float, b: float, t: tf.Tensor) -> tf.Tensor:
-            return b + (a - b) * (1 + tf.cos(math.pi * tf.clip_by_value(t, 0.0, 1.0))) / 2
+        def anneal(a: float, b: float, t: Any) -> Any:
+            return b + (a - b) * (1 + ops.cos(math.pi * ops.clip(t, 0.0, 1.0))) / 2
 
-        return tf.where(step < up, anneal(start, self.peak, step / up), anneal(self.peak, end, (step - up) / down))
+        return ops.where(step < up, anneal(start, self.peak, step / up), anneal(self.peak, end, (step - up) / down))
 
     def get_config(self) -> dict[str, float]:
         return {
@@ -82,16 +81,17 @@ class KaggleRamp(keras.optimizers.schedules.LearningRateSchedule):
         self.peak, self.steps_per_epoch, self.start, self.minimum = peak, steps_per_epoch, start, minimum
         self.rampup_epochs, self.sustain_epochs, self.decay = rampup_epochs, sustain_epochs, decay
 
-    def __call__(self, step: tf.Tensor | int) -> tf.Tensor:
-        epoch = tf.cast(step, tf.float32) / self.steps_per_epoch
+    def __call__(self, step: Any) -> Any:
+        ops = tensor_ops()
+        epoch = ops.cast(step, "float32") / self.steps_per_epoch
         ramp = self.start + (self.peak - self.start) * epoch / max(self.rampup_epochs, 1e-9)
         decayed = (self.peak - self.minimum) * self.decay ** (
             epoch - self.rampup_epochs - self.sustain_epochs
         ) + self.minimum
-        return tf.where(
+        return ops.where(
             epoch < self.rampup_epochs,
             ramp,
-            tf.where(epoch < self.rampup_epochs + self.sustain_epochs, self.peak, decayed),
+            ops.where(epoch < self.rampup_epochs + self.sustain_epochs, self.peak, decayed),
         )
 
     def get_config(self) -> dict[str, float]:

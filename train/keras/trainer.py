@@ -18,12 +18,14 @@ import zlib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from tfpipe.deps import check_installed, require_keras
+from tfpipe.deps import check_installed
+from train.accel import backend
+from train.accel.backend import keras_module, weights_file
 
 if TYPE_CHECKING:
     import tf_keras as keras
 else:
-    keras = require_keras()  # tf-keras of TensorFlow's release, or MissingDependency saying what to install
+    keras = keras_module()  # tf-keras, or Keras 3 on JAX (train.accel.backend)
 import tensorflow as tf
 
 import tfpipe
@@ -43,8 +45,8 @@ from train.accel.cluster import (
     records_here,
     task_name,
 )
-from train.accel.strategy import default_precision, quick_teardown, resolve_strategy
-from train.keras.callbacks import Phase, ShardsUnchanged, Throughput, phase_callbacks
+from train.accel.strategy import default_precision, quick_teardown
+from train.keras.callbacks import Phase, ShardsUnchanged, StepBackup, StepGroups, Throughput, phase_callbacks
 from train.keras.compiling import compile_model as compile_model  # train.fit hands it out (tfpipe 1.0's name)
 from train.keras.compiling import make_auc as make_auc  # train.fit hands it out (tfpipe 1.0's name)
 from train.keras.config import FitConfig
@@ -87,41 +89,65 @@ def run_phase(
     data: PhaseData,
     num_classes: int,
     throughput: Throughput,
+    strategy: Any,
     first: Sequence[keras.callbacks.Callback] = (),
 ) -> None:
     """Compiles and fits one phase, backed up at every epoch's end and within epochs, so ``--resume`` continues
     it. A stop asked meanwhile (SIGTERM, Ctrl-C) waits for the step, or the epoch's end, to be saved
-    (``train.keras.callbacks.Backup``); then the job ends saying where.
+    (``train.keras.callbacks.BackupPolicy``); then the job ends saying where.
 
     ``first``: callbacks that run before the backup at the end of an epoch.
     """
     train_ds, val_ds, steps, val_steps = data
     compile_model(model, cfg, lr_schedule, num_classes)
-    strategy = model.distribute_strategy
     with deferred_stops() as stop:
         recorded = len(run_files.read_history(cfg.run) or [])
         phase = Phase(name, steps, initial_epoch + epochs, strategy.num_replicas_in_sync, is_multiworker(strategy),
-                      stop, recorded)  # fmt: skip
+                      stop, recorded, lr_schedule)  # fmt: skip
         callbacks, closing = phase_callbacks(cfg, phase, throughput, first)
         try:
-            history = model.fit(
-                train_ds,
-                epochs=initial_epoch + epochs,
-                initial_epoch=initial_epoch,
-                steps_per_epoch=steps,
-                validation_data=val_ds,
-                validation_steps=val_steps,
-                callbacks=callbacks,
-                verbose=cfg.verbose,
-            )
+            history = None
+            for start, rest, done in fits(callbacks, model, phase, initial_epoch):
+                for c in callbacks:
+                    if isinstance(c, StepGroups):
+                        c.step_offset = done
+                history = model.fit(
+                    train_ds,
+                    epochs=rest,
+                    initial_epoch=start,
+                    steps_per_epoch=steps - done,
+                    validation_data=val_ds,
+                    validation_steps=val_steps,
+                    callbacks=callbacks,
+                    verbose=cfg.verbose,
+                    shuffle=False,  # make_dataset shuffles (Keras 3 says it ignores shuffle=True on a dataset)
+                )
+                if model.stop_training:
+                    break
         finally:
             for close in closing:  # also when fit fails: a heartbeat must not keep talking, nor a watch watching
                 close()
         if stop.received is not None:  # asked during validation or an epoch's end: the epoch was saved whole
-            done = history.epoch[-1] + 1 if history.epoch else initial_epoch
+            done = history.epoch[-1] + 1 if history is not None and history.epoch else initial_epoch
             stop.stop(
                 f"after epoch {done}; saved: {option('resume', True)} continues there", f"the end of epoch {done}"
             )
+
+
+def fits(
+    callbacks: Sequence[keras.callbacks.Callback], model: keras.Model, phase: Phase, initial_epoch: int
+) -> list[tuple[int, int, int]]:
+    """The ``model.fit`` calls of a phase, as (initial epoch, epochs, steps of the first epoch already done).
+    tf-keras' backup resumes within an epoch itself: one fit. Keras 3's (``StepBackup``) is read here first; a
+    backup within an epoch is continued by a fit of that epoch's remaining steps, then one of the epochs after."""
+    backup = next((c for c in callbacks if isinstance(c, StepBackup)), None)
+    at = backup.restore(model) if backup is not None else None
+    if at is None:
+        return [(initial_epoch, phase.epochs, 0)]
+    epoch, done = at
+    if done == 0 or epoch >= phase.epochs:
+        return [(epoch, phase.epochs, 0)] if epoch < phase.epochs else []
+    return [(epoch, epoch + 1, done)] + ([(epoch + 1, phase.epochs, 0)] if epoch + 1 < phase.epochs else [])
 
 
 def set_trainable(backbone: keras.Model, trainable: bool) -> None:
@@ -139,7 +165,7 @@ def seed_run(plan: FitConfig) -> None:
         tf.config.experimental.enable_op_determinism()
 
 
-def fit(cfg: FitConfig) -> FitResult | WorkerResult:
+def fit(cfg: FitConfig, choice: backend.Choice | None = None) -> FitResult | WorkerResult:
     """Trains per ``cfg`` (a ``FitConfig``); returns the ``FitResult`` whose serialisation is ``metrics.json``
     (a multi-worker job's other workers: a ``WorkerResult``).
 
@@ -147,8 +173,11 @@ def fit(cfg: FitConfig) -> FitResult | WorkerResult:
     """
     started = time.perf_counter()
     check_settings(cfg)
-    strategy, kind = resolve_strategy(cfg.strategy, cfg.replicas)  # first: virtual CPUs need a fresh TensorFlow
-    plan, shards, parts = plan_training(cfg, strategy.num_replicas_in_sync)
+    choice = choice or backend.ready(cfg.backend, cfg.strategy, cfg.replicas)  # train.fit.fit's, made first
+    strategy, kind = backend.resolve(choice, cfg.strategy, cfg.replicas)  # first: virtual CPUs need a fresh start
+    if cfg.verbose:
+        print(f"train.fit: {backend.describe(choice, strategy, kind)}", flush=True)
+    plan, shards, parts = plan_training(dataclasses.replace(cfg, backend=choice.name), strategy.num_replicas_in_sync)
     return train_planned(plan, shards, parts, strategy, kind, started)
 
 
@@ -353,7 +382,7 @@ def train_phases(
         )
     state = read_state(plan.run) if plan.resume else {}
     if plan.burn_epochs:
-        burn_in(model, backbone, plan, state, replicas, data, num_classes, throughput, watch)
+        burn_in(model, backbone, plan, state, strategy, data, num_classes, throughput, watch)
     set_trainable(backbone, True)
     schedule = make_schedule(plan.schedule, scaled_lr(plan.lr, replicas), steps, plan.epochs, plan.warmup_epochs)
     swa = AverageWeights(
@@ -369,6 +398,7 @@ def train_phases(
         data,
         num_classes,
         throughput,
+        strategy,
         first=[watch, swa] if plan.swa_epochs else [watch],
     )
     return model, swa
@@ -379,7 +409,7 @@ def burn_in(
     backbone: keras.Model,
     plan: FitConfig,
     state: dict[str, bool],
-    replicas: int,
+    strategy: Any,
     data: PhaseData,
     num_classes: int,
     throughput: Throughput,
@@ -393,15 +423,16 @@ def burn_in(
             model,
             plan,
             "burn",
-            scaled_lr(plan.burn_lr or plan.lr, replicas),
+            scaled_lr(plan.burn_lr or plan.lr, strategy.num_replicas_in_sync),
             plan.burn_epochs,
             0,
             data,
             num_classes,
             throughput,
+            strategy,
             first=[watch],
         )
-        model.save_weights(run_files.path(plan.run, run_files.BURN_DONE))
+        model.save_weights(weights_file(run_files.path(plan.run, run_files.BURN_DONE)))
         write_state(plan.run, dict(state, burn_done=True))
     elif not tf.io.gfile.glob(run_files.path(plan.run, run_files.BURN_DONE) + "*"):
         raise TfpipeError(
@@ -409,4 +440,4 @@ def burn_in(
             f"({run_files.BURN_DONE}) are gone; start a new run in another {option('run')} folder"
         )
     else:
-        model.load_weights(run_files.path(plan.run, run_files.BURN_DONE))
+        model.load_weights(weights_file(run_files.path(plan.run, run_files.BURN_DONE)))

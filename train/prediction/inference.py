@@ -16,13 +16,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from tfpipe.deps import require_keras
+from train.accel.backend import keras_module
 
 if TYPE_CHECKING:
     import pandas as pd
     import tf_keras as keras
 else:
-    keras = require_keras()  # tf-keras of TensorFlow's release, or MissingDependency saying what to install
+    keras = keras_module()  # tf-keras, or Keras 3 on JAX (train.accel.backend)
 import tensorflow as tf
 
 import tfpipe
@@ -31,8 +31,9 @@ from tfpipe.console import counted
 from tfpipe.deprecations import renamed_arguments
 from tfpipe.errors import TfpipeError, check_count, check_fraction, check_path, in_command, option
 from tfpipe.shards import UNKNOWN_COUNT, Records, Shards
+from train.accel import backend
 from train.accel.cluster import is_multiworker
-from train.accel.strategy import quick_teardown, resolve_strategy
+from train.accel.strategy import quick_teardown
 from train.decide.tuning import Predictor, describe
 from train.decide.tuning import tune_thresholds as tune_thresholds  # tfpipe 1.0's place of it
 from train.keras.config import PredictConfig
@@ -129,7 +130,8 @@ def predict_probabilities(
                 f"of {global_batch}",
                 flush=True,
             )
-        outputs, weights, hashes = predicted(weighed, ds, steps, progress)
+        with strategy.scope():  # Keras 3 on JAX: each batch sharded over the devices
+            outputs, weights, hashes = predicted(weighed, ds, steps, progress)
         total += real_rows(outputs, weights, hashes, expected, records)
     return (total / tta).astype(np.float32)
 
@@ -225,7 +227,9 @@ def predict(cfg: PredictConfig) -> pd.DataFrame:
     labels = check_arguments(
         cfg.run, cfg.records, cfg.tta, cfg.threshold, cfg.probabilities, cfg.labels, cfg.batch_size, cfg.replicas
     )
-    strategy, _ = resolve_strategy(cfg.strategy, cfg.replicas)  # first: virtual CPUs need a fresh TensorFlow
+    choice = backend.for_run(cfg.backend, backend.trained_backend(cfg.run), cfg.run)
+    backend.use_backend(choice, cfg.strategy, cfg.replicas)  # train.predict.predict readied it, a caller may not
+    strategy, _ = backend.resolve(choice, cfg.strategy, cfg.replicas)  # first: virtual CPUs need a fresh start
     target = open_target(cfg.run, cfg.swa, PROG, say=cfg.progress or in_command())
     config = target.config
     shards = tfpipe.open_shards(cfg.records)

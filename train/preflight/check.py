@@ -20,12 +20,12 @@ import os
 import time
 from typing import TYPE_CHECKING, Any
 
-from tfpipe.deps import require_keras
+from train.accel.backend import keras_module
 
 if TYPE_CHECKING:
     import tf_keras as keras
 else:
-    keras = require_keras()  # tf-keras of TensorFlow's release, or MissingDependency saying what to install
+    keras = keras_module()  # tf-keras, or Keras 3 on JAX (train.accel.backend)
 import tensorflow as tf
 
 from tfpipe import console

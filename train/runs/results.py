@@ -124,6 +124,7 @@ class FitResult(_ReadByKey):
     report: Report | None
     swa: SwaResult | None
     metrics: Mapping[str, Any] = dataclasses.field(repr=False)
+    backend: str = "tf"  # tf (tf-keras) or jax (Keras 3 on JAX); runs before tfpipe 1.2 are tf
 
     @classmethod
     def from_metrics(cls, run: str, metrics: Mapping[str, Any]) -> FitResult:
@@ -153,6 +154,7 @@ class FitResult(_ReadByKey):
                 metrics.get("report"),
                 SwaResult(int(swa["epochs_averaged"]), _number(swa.get("val_auc")), swa.get("report")) if swa else None,
                 metrics,
+                str(metrics.get("backend", "tf")),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             why = f"{type(e).__name__}: {e}"

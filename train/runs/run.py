@@ -109,7 +109,8 @@ def written_by_fit(name: str) -> bool:
 # The files train.fit writes inside LOGS (TensorBoard), CHECKPOINTS and BACKUP (TensorFlow checkpoints: the best
 # epoch's, the burn-in's weights, the backups)
 FOLDER_FILE = re.compile(
-    r"^(events\.out\.tfevents\..+|checkpoint|best\..+|burn-done\..+|ckpt-\d+\..+|.+\.tmp-[0-9a-f]{8}.*)$"
+    r"^(events\.out\.tfevents\..+|checkpoint|best\..+|burn-done\..+|ckpt-\d+\..+|.+\.tmp-[0-9a-f]{8}.*"
+    r"|latest\.weights\.h5|position\.json)$"  # the last two: Keras 3's backup (train.keras.callbacks.StepBackup)
 )
 
 
@@ -335,7 +336,7 @@ _COUNT = re.compile(r"# images trained on: (\d+)")
 
 def read_history(run: str) -> list[dict[str, str]] | None:
     """``history.csv``'s rows, validated as input: a header naming ``epoch``, every row as many fields, epochs
-    0, 1, 2, ... each once. None when there is none yet (before the first epoch ends)."""
+    0, 1, 2, ... each once. None when there is none yet, or it is empty (before the first epoch ends)."""
     import csv
     import io
 
@@ -346,7 +347,9 @@ def read_history(run: str) -> list[dict[str, str]] | None:
         rows = list(csv.reader(io.StringIO(fs.read_text(p))))
     except csv.Error as e:
         raise RunMismatch(f"{p}: not a CSV file ({e}); the run folder was edited or damaged") from None
-    header, body = (rows[0], rows[1:]) if rows else ([], [])
+    if not rows:  # an empty file: Keras 3's CSVLogger makes it when training begins, before any epoch ends
+        return None
+    header, body = rows[0], rows[1:]
     if "epoch" not in header:
         raise RunMismatch(f"{p}: no header naming the epoch column; the run folder was edited or damaged")
     for n, row in enumerate(body):

@@ -55,6 +55,7 @@ def run_info(run: str) -> dict[str, Any]:
         "folder": run,
         "kind": "run",
         "trained_by": config.recipe or "train.fit",
+        "backend": None if config.recipe else config.settings.get("backend", "tf"),  # tf before tfpipe 1.2 said
         "finished": finished,
         "classes": list(config.classes),
         "image_size": config.image_size,
@@ -212,6 +213,7 @@ def cv_info(cv: str) -> dict[str, Any]:
         "folder": cv,
         "kind": "cv",
         "trained_by": "train.cv",
+        "backend": result.settings.get("backend", "tf"),
         "finished": result.finished,
         "classes": list(result.classes),
         "single_label": result.single_label,
