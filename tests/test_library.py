@@ -93,9 +93,11 @@ def test_writer_without_torch_is_one_line(labeled_folder):
 
 @pytest.mark.parametrize("how", ["python -m", "console script"])
 def test_fit_without_tf_keras_is_one_line(how, shard_dir, tmp_path):
+    """--backend tf without tf-keras: one line saying what to install (auto would take Keras 3 on JAX:
+    tests/test_backend.py)."""
     import tensorflow as tf
 
-    args = f"'--records', {shard_dir[0]!r}, '--run', {str(tmp_path / 'run')!r}"
+    args = f"'--records', {shard_dir[0]!r}, '--run', {str(tmp_path / 'run')!r}, '--backend', 'tf'"
     if how == "python -m":
         code = (
             HIDE
