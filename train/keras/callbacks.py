@@ -292,7 +292,7 @@ class LogLearningRate(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         if logs is not None:  # Keras always passes the epoch's logs
-            last = int(np.asarray(self.model.optimizer.iterations)) - 1
+            last = int(self.model.optimizer.iterations.numpy()) - 1  # tf-keras': a variable mirrored over replicas
             logs["lr"] = float(np.asarray(self.rate(last))) if callable(self.rate) else float(self.rate)
 
 
