@@ -1,4 +1,5 @@
-"""Every benchmark in one run: corpus -> writer -> reader -> service -> training -> TPU dry run; results and a chart.
+"""Every benchmark in one run: corpus -> writer -> reader -> service -> training -> TPU dry run -> the two backends;
+results and a chart.
 
     python -m bench               # make bench: ~40 min on 2 cores
     python -m bench --smoke       # a handful of images, to check the benchmarks still run
@@ -154,7 +155,7 @@ def main(argv=None):
     p.add_argument("--results", default=os.path.join(ROOT, "bench", "results.md"))
     p.add_argument(
         "--only",
-        choices=("writer", "reader", "service", "training", "dry_run", "none"),
+        choices=("writer", "reader", "service", "training", "dry_run", "backends", "none"),
         help="rerun one benchmark (none: just rewrite the report); the others' figures come from "
         "their last run in --work",
     )
@@ -195,7 +196,9 @@ def main(argv=None):
     )
 
     dry_run = bench("dry_run", ["--work", args.work, *(["--smoke"] if args.smoke else [])], args.work, args.only)
+    backends = bench("backends", ["--work", args.work, *(["--smoke"] if args.smoke else [])], args.work, args.only)
 
+    from bench import backends as backends_lib
     from bench import dry_run as dry_run_lib
     from bench import reader as reader_lib
     from bench import service as service_lib
@@ -210,6 +213,7 @@ def main(argv=None):
             (f"TPU dry run: 1 / {many} replicas, train.fit", 1 / dry_run_lib.ratios(dry_run)["fit"], 0.5),
             (f"TPU dry run: 1 / {many} replicas, train.predict", 1 / dry_run_lib.ratios(dry_run)["predict"], 1 / 1.5),
         ]
+        + backends_lib.ratios(backends)
     )
     summary = ["| figure | measured | goal |", "|---|---|---|"] + [
         f"| {name} | {value:.2f} | {'' if goal is None else ('<= ' if at_most(name) else '>= ') + f'{goal:.3g}'} |"
@@ -226,6 +230,7 @@ def main(argv=None):
                 service_lib.report(service),
                 training_lib.report(training),
                 dry_run_lib.report(dry_run),
+                backends_lib.report(backends),
                 "Reproduce: `make bench` (or `python -m bench`). Each figure is a ratio of two things measured "
                 "in this run on the same data.",
             ]

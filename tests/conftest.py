@@ -55,7 +55,7 @@ SHARED_FIXTURES = ("trained_run", "slow_source", "cv_run")
 # handed out before the rest: pytest-xdist deals tests in collection order and knows nothing of their length, and a
 # 6-minute test started last ran alone for minutes after the other worker had finished.
 LONGEST_FIRST = (
-    "test_wheel_next_to_users_tensorflow[2.19]",  # make test-slow-install: the install case with the notebook
+    "test_wheel_next_to_users_tensorflow[kaggle-tpu]",  # make test-slow-install: the install case with the notebook
     "test_wheel_next_to_users_tensorflow",
     "test_every_benchmark_runs_and_writes_results_and_chart",
     "test_a_model_learns_the_demo_shapes",

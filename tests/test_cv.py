@@ -11,6 +11,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from tests.conftest import BACKEND
+
 
 @pytest.fixture(scope="session")
 def cv_shards(tmp_path_factory):
@@ -59,6 +61,7 @@ def cv_run(cv_shards, tmp_path_factory):
     return folder, cross_validate(cv_config(cv_shards["train"], folder))
 
 
+@pytest.mark.backends
 def test_oof_holds_every_image_once_scored_by_the_model_that_never_trained_on_it(cv_run, cv_shards):
     from sklearn.metrics import roc_auc_score
 
@@ -87,6 +90,7 @@ def test_oof_holds_every_image_once_scored_by_the_model_that_never_trained_on_it
     assert written["submits"] == better
 
 
+@pytest.mark.backends
 def test_the_fold_ensemble_is_the_mean_of_the_fold_models_at_the_oof_thresholds(cv_run, cv_shards, capsys):
     from train.predict import predict
     from train.runs.run import load_thresholds
@@ -322,6 +326,7 @@ def test_a_fold_folder_of_another_fold_or_with_a_users_file_is_refused_before_an
     assert sorted(str(p.relative_to(copy)) for p in (tmp_path / "cv").rglob("*")) == before
 
 
+@pytest.mark.backends
 def test_a_cv_folder_and_its_fold_runs_read_back_with_train_inspect(cv_run, capsys, tmp_path):
     """Issue #54: a CV folder read back days later: its out-of-fold scores of both models side by side (each
     column naming its model and views, the figures cv.json's), each model's class table titled with its
@@ -338,7 +343,8 @@ def test_a_cv_folder_and_its_fold_runs_read_back_with_train_inspect(cv_run, caps
     assert info["folds"][1]["run_info"]["trained_by"] == "train.fit" and info["folds"][1]["finished"]
     assert main([folder]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0] == f"{folder}: a cross-validation of train.cv, finished"
+    words = {"tf": "tf-keras on TensorFlow", "jax": "Keras 3 on JAX"}[BACKEND]
+    assert lines[0] == f"{folder}: a cross-validation of train.cv ({words}), finished"
     header = next(ln for ln in lines if "model.keras, 1 view" in ln and "model-swa.keras, 1 view" in ln)
     auc = lines[lines.index(header) + 1].split()
     assert auc[:2] == ["AUC,", "macro"] and auc[2] == f"{final['roc_auc_macro']:.4f}"
@@ -358,7 +364,7 @@ def test_a_cv_folder_and_its_fold_runs_read_back_with_train_inspect(cv_run, caps
     (fold / "state.json").write_text(json.dumps({"stops": [{"signal": "SIGINT", "at": "epoch 2, step 3"}]}))
     assert main([str(fold)]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].endswith("a run of train.fit, not finished") and lines[3] == (
+    assert lines[0].endswith(f"a run of train.fit ({words}), not finished") and lines[3] == (
         f"  {result.settings['epochs']} epochs of {result.settings['epochs']} recorded; stopped by SIGINT at epoch "
         "2, step 3; train.fit --resume continues it"
     )

@@ -1,12 +1,13 @@
 """tfpipe as users install it: the built wheel in a fresh venv that already holds *their* TensorFlow.
 
-Each case makes a venv with a user's TensorFlow + tf-keras + torch already installed (as a Kaggle, Colab or
-TPU-VM image has them), installs the wheel with the ``[train]`` extra, checks that none of those packages
-(nor numpy) was replaced, and runs demo data -> write -> fit on 8 virtual CPU replicas with
+Each case makes a venv with a user's TensorFlow (+ tf-keras, or Keras 3 and JAX) + torch already installed (as a
+Kaggle, Colab or TPU-VM image has them), installs the wheel with the ``[train,jax]`` extras, checks that none of
+those packages (nor numpy) was replaced, and runs demo data -> write -> fit on 8 CPU replicas with
 ``steps_per_execution`` -> predict through the installed commands, from a folder outside the repository with
-no ``PYTHONPATH``. The 2.19 case also executes the notebook cells of docs/guides/notebook.md; the newest case also
-installs the package the way Beam's ``--setup_file`` stages it for Dataflow workers and runs the multi-process
-DirectRunner.
+no ``PYTHONPATH``. The Kaggle TPU case is that image as Kaggle builds it (tensorflow-cpu 2.20, Keras 3, jax 0.7.2,
+no tf-keras): its run is Keras 3 on JAX, and it also executes the notebook cells of docs/guides/notebook.md; the
+newest case also trains and predicts on the newest jax for this Python (``--backend jax``), and installs the
+package the way Beam's ``--setup_file`` stages it for Dataflow workers and runs the multi-process DirectRunner.
 
 Slow (a few minutes per case; installs from the package registry): ``make test-install``, run by CI.
 """
@@ -33,15 +34,18 @@ def _lock(name):
         return re.search(rf"^{re.escape(name)}==(\S+)$", f.read(), re.M).group(1)
 
 
-# (TensorFlow, tf-keras): the oldest release we support, the one Kaggle's TPU image had last, the newest pinned.
+# What the user's image already has: the oldest TensorFlow + tf-keras we support; Kaggle's TPU v5e image (its
+# docker-python tpu/requirements.in: tensorflow-cpu 2.20, keras>3, the jax its libtpu pin holds, no tf-keras; Keras
+# 3.10, the oldest that TensorFlow 2.20 and tfpipe's [jax] take); the newest pinned.
 CASES = {
-    "oldest": ("2.18.1", "2.18.0"),
-    "2.19": ("2.19.1", "2.19.0"),
-    "newest": (_lock("tensorflow"), _lock("tf-keras")),
+    "oldest": ("tensorflow==2.18.1", "tf-keras==2.18.0"),
+    "kaggle-tpu": ("tensorflow-cpu==2.20.0", "keras==3.10.0", "jax==0.7.2", "jaxlib==0.7.2"),
+    "newest": (f"tensorflow=={_lock('tensorflow')}", f"tf-keras=={_lock('tf-keras')}"),
 }
+BACKEND = {"oldest": "tf", "kaggle-tpu": "jax", "newest": "tf"}  # what --backend auto trains with there
 TORCH = _lock("torch")  # a CPU build is on this machine's disk; the user's image has its own torch
 PACKAGE_FILES = ("pyproject.toml", "setup.py", "README.md", "tfpipe", "train")
-KEPT = ("tensorflow", "tf-keras", "torch", "numpy")  # never replaced by installing tfpipe
+KEPT = ("tensorflow", "tensorflow-cpu", "tf-keras", "keras", "jax", "jaxlib", "torch", "numpy")  # never replaced
 START_UP_WORDS = ("cuInit", "cudart", "cuFFT", "cuDNN", "cuBLAS", "oneDNN", "InitializeLog")  # whatever the format
 
 
@@ -98,16 +102,16 @@ def user_env(venv):
     return env
 
 
-def make_user_venv(path, tf_version, keras_version):
-    """A fresh venv holding what the user's image already had: TensorFlow, tf-keras, torch, and a current pip
-    (as a notebook image has; Python 3.11's bundled pip is 23.2)."""
+def make_user_venv(path, packages):
+    """A fresh venv holding what the user's image already had: ``packages`` (TensorFlow and its Keras), torch, and
+    a current pip (as a notebook image has; Python 3.11's bundled pip is 23.2)."""
     run([sys.executable, "-m", "venv", str(path)], ROOT, os.environ)
     env = user_env(path)
     run(["python", "-m", "pip", "install", "--quiet", "--upgrade", "pip"], str(path), env)
     # --no-compile: the image's own packages need no bytecode written ahead (Python writes it for what is imported,
     # user_env allows it); it saves compiling TensorFlow's and torch's ~20,000 modules per venv. tfpipe itself is
     # installed as users do.
-    image = [f"tensorflow=={tf_version}", f"tf-keras=={keras_version}", f"torch=={TORCH}"]
+    image = [*packages, f"torch=={TORCH}"]
     run(["pip", "install", "--quiet", "--no-compile", *image], str(path), env)
     return env
 
@@ -117,8 +121,63 @@ def versions(env, cwd):
     return {p["name"].lower(): p["version"] for p in listed}
 
 
-def write_fit_predict(work, env):
-    """Demo data -> shards -> 8-replica training with steps_per_execution 2 -> submission, via the installed commands."""
+def write_fit_predict(work, env, backend="auto", write=True):
+    """Demo data -> shards -> 8-replica training with steps_per_execution 2 -> submission, via the installed commands
+    (``write``: the data and shards too; else those of an earlier call), on ``backend``."""
+    if write:
+        write_shards(work, env)
+    run = f"run-{backend}"
+    train(
+        [
+            "python",
+            "-m",
+            "train.fit",
+            "--records",
+            "records/train",
+            "--run",
+            run,
+            "--backend",
+            backend,
+            "--strategy",
+            "cpu",
+            "--replicas",
+            "8",
+            "--steps-per-execution",
+            "2",
+            "--model",
+            "small-cnn",
+            "--batch-size",
+            "2",
+            "--epochs",
+            "1",
+            "--verbose",
+            "0",
+        ],
+        work,
+        env,
+    )
+    # A fresh process on 8 replicas: nothing may start TensorFlow's (or JAX's) devices before the strategy is made.
+    train(
+        ["tfpipe-predict", "--run", run, "--records", "records/test", "--out", f"{run}.csv", "--strategy", "cpu",
+         "--replicas", "8"],
+        work,
+        env,
+    )  # fmt: skip
+    with open(os.path.join(work, run, "metrics.json")) as f:
+        metrics = json.load(f)
+    with open(os.path.join(work, f"{run}.csv")) as f:
+        rows = f.read().splitlines()
+    with open(os.path.join(work, "data", "test.csv")) as f:
+        test_ids = [line.split(",")[0] for line in f.read().splitlines()[1:]]
+    return metrics, rows, test_ids
+
+
+def train(cmd, work, env):
+    run(cmd, work, env, quiet=True)
+
+
+def write_shards(work, env):
+    """The demo data and its shards, through the installed commands."""
     run(["tfpipe-demo", "data", "--train", "96", "--test", "16"], work, env, quiet=True)
     run(
         [
@@ -161,73 +220,19 @@ def write_fit_predict(work, env):
         env,
         quiet=True,
     )
-    run(
-        [
-            "python",
-            "-m",
-            "train.fit",
-            "--records",
-            "records/train",
-            "--run",
-            "run",
-            "--strategy",
-            "cpu",
-            "--replicas",
-            "8",
-            "--steps-per-execution",
-            "2",
-            "--model",
-            "small-cnn",
-            "--batch-size",
-            "2",
-            "--epochs",
-            "1",
-            "--verbose",
-            "0",
-        ],
-        work,
-        env,
-        quiet=True,
-    )
-    # A fresh process on 8 replicas: nothing may start TensorFlow's devices before the strategy is made.
-    run(
-        [
-            "tfpipe-predict",
-            "--run",
-            "run",
-            "--records",
-            "records/test",
-            "--out",
-            "submission.csv",
-            "--strategy",
-            "cpu",
-            "--replicas",
-            "8",
-        ],
-        work,
-        env,
-        quiet=True,
-    )
-    with open(os.path.join(work, "run", "metrics.json")) as f:
-        metrics = json.load(f)
-    with open(os.path.join(work, "submission.csv")) as f:
-        rows = f.read().splitlines()
-    with open(os.path.join(work, "data", "test.csv")) as f:
-        test_ids = [line.split(",")[0] for line in f.read().splitlines()[1:]]
-    return metrics, rows, test_ids
 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_wheel_next_to_users_tensorflow(case, wheel, tmp_path):
-    tf_version, keras_version = CASES[case]
     venv, work = tmp_path / "venv", tmp_path / "work"
     work.mkdir()
-    env = make_user_venv(venv, tf_version, keras_version)
+    env = make_user_venv(venv, CASES[case])
     before = versions(env, str(work))
-    run(["pip", "install", "--quiet", f"{wheel}[train]"], str(work), env)
+    run(["pip", "install", "--quiet", f"{wheel}[train,jax]"], str(work), env)
     after = versions(env, str(work))
     assert {k: after.get(k) for k in KEPT} == {k: before.get(k) for k in KEPT}
-    assert after["tensorflow"] == tf_version
+    assert all(after[p.split("==")[0]] == p.split("==")[1] for p in CASES[case])  # the image's own, kept
+    assert ("tf-keras" in after) == (case != "kaggle-tpu")
 
     # The installed package answers, from outside the repository; a train.py in the folder does not shadow it.
     where = run(
@@ -239,12 +244,15 @@ def test_wheel_next_to_users_tensorflow(case, wheel, tmp_path):
     (shadowed / "train.py").write_text("print('a user script')\n")
     assert "--replicas" in run(["tfpipe-fit", "--help"], str(shadowed), env)
 
-    metrics, rows, test_ids = write_fit_predict(str(work), env)
-    assert (metrics["replicas"], metrics["steps_per_execution"]) == (8, 2)
-    assert metrics["optimizer_steps"] == metrics["steps_per_epoch"] >= 2  # every step ran: 2 per execution
-    assert rows[0] == "image,labels" and [r.split(",")[0] for r in rows[1:]] == test_ids
+    backends = ["auto"] + (["jax"] if case == "newest" else [])  # the newest jax for this Python: [jax]'s own
+    for i, backend in enumerate(backends):
+        metrics, rows, test_ids = write_fit_predict(str(work), env, backend, write=i == 0)
+        assert metrics["backend"] == (BACKEND[case] if backend == "auto" else backend)
+        assert (metrics["replicas"], metrics["steps_per_execution"]) == (8, 2)
+        assert metrics["optimizer_steps"] == metrics["steps_per_epoch"] >= 2  # every step ran: 2 per execution
+        assert rows[0] == "image,labels" and [r.split(",")[0] for r in rows[1:]] == test_ids
 
-    if case == "2.19":
+    if case == "kaggle-tpu":
         notebook_cells_in_a_notebook(venv, env, work)
     if case == "newest":
         beam_workers_from_setup_file(env, work)
@@ -254,7 +262,7 @@ def test_wheel_next_to_users_tensorflow(case, wheel, tmp_path):
 # The install cell's TFPIPE becomes a folder holding a copy of the repository's package files (what a Kaggle dataset
 # of the repository holds); the parameters cell is followed by TEST_PARAMETERS, which point it at a tiny demo dataset.
 TFPIPE_SETTING = re.compile(r"^TFPIPE = .*$", re.M)
-DEVICES_FIRST = "import tensorflow as tf\nprint(tf.config.list_logical_devices())"
+DEVICES_FIRST = "import jax\nprint(jax.devices())"  # JAX's devices made first (the case's backend: jax)
 
 
 def notebook(cells, tfpipe_folder):
@@ -316,8 +324,8 @@ def notebook_cells_in_a_notebook(venv, env, work):
     assert "dir_info" in origin and not origin["dir_info"].get("editable"), origin
     with open(work / "submission.csv") as f:
         assert len(f.read().splitlines()) == 1 + 8
-    # A kernel where TensorFlow already listed its devices: the strategy cell says what to do instead of
-    # silently training on one replica.
+    # A kernel where JAX already made its devices: the devices cell says what to do instead of silently training
+    # on one device.
     nb = notebook([DEVICES_FIRST, install, parameters, TEST_PARAMETERS, strategy], folder)
     nbformat.write(nb, str(work / "dirty.ipynb"))
     executed = execute(work / "dirty.ipynb", str(work), env)

@@ -55,6 +55,13 @@ def fit(cfg: FitConfig) -> FitResult | PreflightReport | WorkerResult:
     from train.accel import backend
 
     choice = backend.ready(cfg.backend, cfg.strategy, cfg.replicas)  # before Keras starts: its backend, XLA's devices
+    if cfg.preflight and choice.name == "jax":  # the TPU's device count of XLA host devices, before JAX starts
+        from train.accel.tpus import TPUS
+
+        backend.ask_host_devices(cfg.replicas or TPUS[cfg.tpu].devices if cfg.tpu in TPUS else 1)
+        from train.preflight import jax_check
+
+        return jax_check.preflight(cfg)
     if cfg.preflight:  # a report of what a TPU would refuse, instead of training
         from train.preflight import check as preflight
 

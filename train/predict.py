@@ -80,7 +80,9 @@ def predict(
         df = predict("runs/demo", "records/demo/test", "submission.csv", tta=2)
     """
     from train.accel import backend as backends
+    from train.accel.cluster import check_one_machine
 
+    check_one_machine(strategy)
     choice = backends.for_run(backend, backends.trained_backend(run), run)
     backends.use_backend(choice, strategy, replicas)  # before Keras starts: its backend, XLA's devices
     from train.prediction import inference  # the engine (Keras): imported when predicting, not with the command

@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import glob
-import importlib
 import importlib.metadata
 import importlib.util
 import os
@@ -29,11 +27,11 @@ from collections.abc import Iterator
 from types import ModuleType, SimpleNamespace
 from typing import Any
 
-from tfpipe.deps import MissingDependency
+from tfpipe.deps import MissingDependency, require
 from tfpipe.errors import BadSetting, NoAccelerator, TfpipeError, option
+from train.accel.tpus import tpu_present
 from train.keras.names import BACKENDS
 
-TPU_HINTS = ("TPU_NAME", "COLAB_TPU_ADDR", "TPU_ACCELERATOR_TYPE", "KAGGLE_TPU")  # env vars set next to a TPU
 HOST_DEVICES = "--xla_force_host_platform_device_count"  # XLA's flag: N devices on the host CPU
 NAMES = {"tf": "tf-keras on TensorFlow", "jax": "Keras 3 on JAX"}
 
@@ -49,11 +47,6 @@ class Choice:
     def words(self) -> str:
         """``Keras 3 on JAX`` / ``tf-keras on TensorFlow``."""
         return NAMES[self.name]
-
-
-def tpu_present() -> bool:
-    """A cheap look for a TPU (environment or TPU VM device files) that starts nothing."""
-    return any(os.environ.get(k) for k in TPU_HINTS) or bool(glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"))
 
 
 def installed(module: str) -> bool:
@@ -99,6 +92,8 @@ def choose(asked: str, strategy: Any = "auto") -> Choice:
         raise BadSetting(f"unknown backend {asked!r}: use one of {', '.join(BACKENDS)}")
     if asked != "auto":
         return Choice(asked)
+    if isinstance(strategy, JaxDevices):
+        return Choice("jax", "JAX devices were given")
     if not isinstance(strategy, str):
         return Choice("tf", "a tf.distribute strategy was given")
     jax_ready = installed("jax") and keras_3_installed()
@@ -219,7 +214,7 @@ def keras_module() -> ModuleType:
     if keras_backend_set() == "jax":
         if not keras_3_installed():
             raise MissingDependency("KERAS_BACKEND is jax, but Keras 3 is not installed: pip install 'tfpipe[jax]'")
-        return importlib.import_module("keras")
+        return require("keras")
     from tfpipe.deps import require_keras
 
     return require_keras()
@@ -244,7 +239,7 @@ def tensor_ops() -> Any:
     """The few tensor functions the schedules and metrics use, from the running backend: ``keras.ops`` (Keras 3),
     else TensorFlow's of the same meaning."""
     if running() == "jax":
-        return importlib.import_module("keras").ops
+        return require("keras").ops
     import tensorflow as tf
 
     return SimpleNamespace(cast=tf.cast, cos=tf.cos, clip=tf.clip_by_value, where=tf.where, reshape=tf.reshape)
@@ -334,12 +329,30 @@ def jax_devices(strategy: str, replicas: int | None) -> JaxDevices:
 
 def resolve(choice: Choice, strategy: Any, replicas: int | None) -> tuple[Any, str]:
     """(the strategy or JAX devices, their kind: tpu, gpu or cpu) for a job on ``choice``'s backend."""
+    if isinstance(strategy, JaxDevices):  # made already (a notebook's devices cell)
+        return strategy, strategy.kind
     if choice.name == "jax":
         devices = jax_devices(strategy, replicas)
         return devices, devices.kind
     from train.accel.strategy import resolve_strategy
 
     return resolve_strategy(strategy, replicas)
+
+
+def resolve_devices(strategy: str = "auto", replicas: int | None = None, backend: str = "auto") -> tuple[Any, str]:
+    """A notebook's devices cell, on either backend: (the strategy or JAX devices, their kind) -- the TPU, else
+    the GPUs, else ``replicas`` CPU replicas -- after choosing the backend (``auto``: Keras 3 on JAX on Kaggle's
+    TPU v5e, whose TensorFlow has no TPU support; said in one line) and readying the process for it. Pass what it
+    returns as ``FitConfig(strategy=...)`` and ``predict(strategy=...)``.
+
+    Example (the notebook's cell 3, before anything starts TensorFlow's or JAX's devices)::
+
+        strategy, kind = resolve_devices("auto", replicas=8)
+    """
+    choice = ready(backend, strategy, replicas)
+    found, kind = resolve(choice, strategy, replicas)
+    print(f"tfpipe: {describe(choice, found, kind)}", flush=True)
+    return found, kind
 
 
 def describe(choice: Choice, strategy: Any, kind: str) -> str:

@@ -133,6 +133,12 @@ def is_multiworker(strategy: tf.distribute.Strategy) -> bool:
     return type(strategy).__name__.startswith(("MultiWorkerMirroredStrategy", "CollectiveAllReduceStrategy"))
 
 
+def check_one_machine(strategy: Any) -> None:
+    """Predicting runs on one machine: rows would come in the workers' order."""
+    if strategy == "multiworker" or is_multiworker(strategy):
+        raise TfpipeError(f"predicting runs on one machine: use {option('strategy')} auto, tpu, gpu or cpu")
+
+
 def is_chief(strategy: tf.distribute.Strategy) -> bool:
     """Whether this process writes the run: every process of one machine, the chief of a cluster."""
     return not is_multiworker(strategy) or bool(strategy.extended.should_checkpoint)

@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Any
 from tfpipe.console import quiet_call
 from tfpipe.deps import require
 from tfpipe.errors import BadSetting, NoAccelerator, TfpipeError, option
-from train.accel.backend import TPU_HINTS as TPU_HINTS  # where they are decided
-from train.accel.backend import tpu_present
+from train.accel.tpus import TPU_HINTS as TPU_HINTS  # where they are listed
+from train.accel.tpus import tpu_present
 from train.keras.names import STRATEGIES
 
 if TYPE_CHECKING:

@@ -2,14 +2,23 @@
 
 A TensorFlow device on a TPU is a TensorCore (v2, v3: two a chip, each with half the chip's memory) or a whole
 chip (v4: its two TensorCores act as one "megacore" device; v5e: one TensorCore a chip). Figures from Google's
-Cloud TPU system architecture pages (cloud.google.com/tpu/docs/v2, /v3, /v4, /v5e). No TensorFlow here.
+Cloud TPU system architecture pages (cloud.google.com/tpu/docs/v2, /v3, /v4, /v5e). No TensorFlow here; also the
+cheap look for a TPU that both backends make (``tpu_present``).
 """
 
 from __future__ import annotations
 
+import glob
+import os
 from typing import NamedTuple
 
 GIB = 2**30
+TPU_HINTS = ("TPU_NAME", "COLAB_TPU_ADDR", "TPU_ACCELERATOR_TYPE", "KAGGLE_TPU")  # env vars set next to a TPU
+
+
+def tpu_present() -> bool:
+    """A cheap look for a TPU (environment or TPU VM device files) that starts nothing."""
+    return any(os.environ.get(k) for k in TPU_HINTS) or bool(glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"))
 
 
 class Tpu(NamedTuple):

@@ -326,7 +326,6 @@ def summarise(
         seconds = float(history[run_files.EPOCH_SECONDS].sum()) + seconds - throughput.seconds
     rates = rates[1:] or rates  # the first epoch compiles (a resumed job's first too: the median outvotes it)
     return {
-        "backend": cfg.backend,
         "strategy": kind,
         "strategy_class": type(strategy).__name__,
         "replicas": strategy.num_replicas_in_sync,

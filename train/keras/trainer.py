@@ -46,7 +46,8 @@ from train.accel.cluster import (
     task_name,
 )
 from train.accel.strategy import default_precision, quick_teardown
-from train.keras.callbacks import Phase, ShardsUnchanged, StepBackup, StepGroups, Throughput, phase_callbacks
+from train.keras.backup import Phase, StepBackup, StepGroups
+from train.keras.callbacks import ShardsUnchanged, Throughput, phase_callbacks
 from train.keras.compiling import compile_model as compile_model  # train.fit hands it out (tfpipe 1.0's name)
 from train.keras.compiling import make_auc as make_auc  # train.fit hands it out (tfpipe 1.0's name)
 from train.keras.config import FitConfig
@@ -94,7 +95,7 @@ def run_phase(
 ) -> None:
     """Compiles and fits one phase, backed up at every epoch's end and within epochs, so ``--resume`` continues
     it. A stop asked meanwhile (SIGTERM, Ctrl-C) waits for the step, or the epoch's end, to be saved
-    (``train.keras.callbacks.BackupPolicy``); then the job ends saying where.
+    (``train.keras.backup.BackupPolicy``); then the job ends saying where.
 
     ``first``: callbacks that run before the backup at the end of an epoch.
     """
@@ -325,6 +326,7 @@ def train_and_report(
             save_model(model, run_files.path(plan.run, run_files.MODEL))
         sizes = (global_batch, steps, n_train, n_val, optimizer_steps)
         metrics = summarise(plan, kind, trained_on, sizes, precision, time.perf_counter() - started, throughput)
+        metrics = {"backend": plan.backend, **metrics}
         metrics.update(reports(model, swa, strategy, plan, data, report_args, parts, throughput.last_seconds))
         shards.check_unchanged(sizes=True)  # the report was of the shards trained on, none replaced in place
         fs.write_atomic(run_files.path(plan.run, run_files.METRICS), json.dumps(metrics, indent=1) + "\n")

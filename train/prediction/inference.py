@@ -32,7 +32,7 @@ from tfpipe.deprecations import renamed_arguments
 from tfpipe.errors import TfpipeError, check_count, check_fraction, check_path, in_command, option
 from tfpipe.shards import UNKNOWN_COUNT, Records, Shards
 from train.accel import backend
-from train.accel.cluster import is_multiworker
+from train.accel.cluster import check_one_machine
 from train.accel.strategy import quick_teardown
 from train.decide.tuning import Predictor, describe
 from train.decide.tuning import tune_thresholds as tune_thresholds  # tfpipe 1.0's place of it
@@ -222,8 +222,7 @@ def predict(cfg: PredictConfig) -> pd.DataFrame:
     checked against each other before the model is loaded; the records are opened once. Labeled shards are
     scored too (``train.decide.evaluation``): printed with ``progress``, and in ``df.attrs["evaluation"]``.
     """
-    if cfg.strategy == "multiworker" or is_multiworker(cfg.strategy):  # rows would come in the workers' order
-        raise TfpipeError(f"predicting runs on one machine: use {option('strategy')} auto, tpu, gpu or cpu")
+    check_one_machine(cfg.strategy)
     labels = check_arguments(
         cfg.run, cfg.records, cfg.tta, cfg.threshold, cfg.probabilities, cfg.labels, cfg.batch_size, cfg.replicas
     )

@@ -336,7 +336,7 @@ _COUNT = re.compile(r"# images trained on: (\d+)")
 
 def read_history(run: str) -> list[dict[str, str]] | None:
     """``history.csv``'s rows, validated as input: a header naming ``epoch``, every row as many fields, epochs
-    0, 1, 2, ... each once. None when there is none yet, or it is empty (before the first epoch ends)."""
+    0, 1, 2, ... each once. None when there is none yet (before the first epoch ends)."""
     import csv
     import io
 
@@ -347,9 +347,7 @@ def read_history(run: str) -> list[dict[str, str]] | None:
         rows = list(csv.reader(io.StringIO(fs.read_text(p))))
     except csv.Error as e:
         raise RunMismatch(f"{p}: not a CSV file ({e}); the run folder was edited or damaged") from None
-    if not rows:  # an empty file: Keras 3's CSVLogger makes it when training begins, before any epoch ends
-        return None
-    header, body = rows[0], rows[1:]
+    header, body = (rows[0], rows[1:]) if rows else ([], [])
     if "epoch" not in header:
         raise RunMismatch(f"{p}: no header naming the epoch column; the run folder was edited or damaged")
     for n, row in enumerate(body):
