@@ -85,6 +85,9 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_itemcollected(item):
+    backends = item.get_closest_marker("backends")
+    if BACKEND == "jax" and backends is not None and backends.kwargs.get("jax") == "slow":
+        item.add_marker(pytest.mark.slow)  # over ~20 s on JAX (a CV compiles each fold's steps): make test-slow
     shared = [name for name in SHARED_FIXTURES if name in getattr(item, "fixturenames", ())]
     if shared:
         item.add_marker(pytest.mark.xdist_group(shared[0]))

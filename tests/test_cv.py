@@ -61,7 +61,7 @@ def cv_run(cv_shards, tmp_path_factory):
     return folder, cross_validate(cv_config(cv_shards["train"], folder))
 
 
-@pytest.mark.backends
+@pytest.mark.backends(jax="slow")  # the CV: 118 s on JAX, each fold compiling its steps
 def test_oof_holds_every_image_once_scored_by_the_model_that_never_trained_on_it(cv_run, cv_shards):
     from sklearn.metrics import roc_auc_score
 
@@ -90,7 +90,7 @@ def test_oof_holds_every_image_once_scored_by_the_model_that_never_trained_on_it
     assert written["submits"] == better
 
 
-@pytest.mark.backends
+@pytest.mark.backends(jax="slow")  # the CV: 118 s on JAX, each fold compiling its steps
 def test_the_fold_ensemble_is_the_mean_of_the_fold_models_at_the_oof_thresholds(cv_run, cv_shards, capsys):
     from train.predict import predict
     from train.runs.run import load_thresholds
@@ -326,7 +326,7 @@ def test_a_fold_folder_of_another_fold_or_with_a_users_file_is_refused_before_an
     assert sorted(str(p.relative_to(copy)) for p in (tmp_path / "cv").rglob("*")) == before
 
 
-@pytest.mark.backends
+@pytest.mark.backends(jax="slow")  # the CV: 118 s on JAX, each fold compiling its steps
 def test_a_cv_folder_and_its_fold_runs_read_back_with_train_inspect(cv_run, capsys, tmp_path):
     """Issue #54: a CV folder read back days later: its out-of-fold scores of both models side by side (each
     column naming its model and views, the figures cv.json's), each model's class table titled with its

@@ -180,7 +180,7 @@ def test_batch_norm_statistics_are_recomputed_as_exact_means():
     np.testing.assert_allclose(np.asarray(bn.moving_variance), per_batch, rtol=1e-3)
 
 
-@pytest.mark.backends
+@pytest.mark.backends(jax="slow")  # a fresh process compiling on JAX: over 20 s
 def test_predict_cli_writes_submission_and_rejects_a_missing_run(trained_run, tmp_path):
     run, _, test = trained_run
     env = dict(os.environ, PYTHONPATH=ROOT)
