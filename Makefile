@@ -54,7 +54,8 @@ SERIAL := $(PY) -m pytest -q --durations 15 -m "serial and not install and not x
 
 # The default run (goal: under 6 minutes on 2 cores; 3.2 on a clean clone on 2026-11-26, 6.2 on a slow hour: docs/project/tests.md); the slow tests (each over
 # ~20 s: whole chains, the notebook, learning, kills and resumes; the rest of the model and optimizer tables) and the
-# benchmark smoke test run in `make test-slow`, which CI runs right after it.
+# benchmark smoke test run in `make test-slow`, which CI runs right after it. The tests marked `backends` run a second
+# time on Keras 3 + JAX (TFPIPE_TEST_BACKEND=jax: a process has one Keras), in the default run and in the slow one.
 test: setup
 	$(PYTEST) -m "not slow and not bench and not install"
 	TFPIPE_TEST_BACKEND=jax $(PYTEST) -m "backends and not slow and not bench and not install"

@@ -118,7 +118,7 @@ def make_user_venv(path, packages):
 
 def versions(env, cwd):
     listed = json.loads(run(["pip", "list", "--format", "json"], cwd, env))
-    return {p["name"].lower(): p["version"] for p in listed}
+    return {p["name"].lower().replace("_", "-"): p["version"] for p in listed}  # tensorflow_cpu: tensorflow-cpu
 
 
 def write_fit_predict(work, env, backend="auto", write=True):

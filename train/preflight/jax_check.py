@@ -98,6 +98,9 @@ def model_checks(
         report["seconds"]["first_batches"] = round(time.perf_counter() - started, 2)
         model = compiled_model(plan, num_classes, devices.num_replicas_in_sync, steps)
         model._symbolic_build(data_batch=batches[0])  # the compiled metrics' variables, as fit builds them
+        record = getattr(model, "_record_training_state_sharding_spec", None)
+        if callable(record):  # Keras 3.10-3.1x: the state's shardings, which its train_step reads, as fit records
+            record()
     paths = layer_paths(model)
     findings = layer_findings(paths)
     programs = []
