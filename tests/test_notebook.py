@@ -25,6 +25,7 @@ STEPS_PER_EXECUTION = 2
 WORKERS = 0
 CV_RUN = "cv"
 FOLDS = [0, 1]
+BACKEND = "auto"
 """
 
 

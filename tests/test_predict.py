@@ -24,7 +24,7 @@ keras = backend_keras()  # tf-keras, or Keras 3 on JAX (TFPIPE_TEST_BACKEND)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-@pytest.mark.backends
+@pytest.mark.backends(jax="slow")  # the trained run: 33 s on JAX
 def test_run_leaves_thresholds_predictions_and_valid_pictures(trained_run, shard_dir):
     out, metrics, _ = trained_run
     for name in ("learning_curves.png", "roc.png", "predictions.png", "roc-swa.png", "predictions-swa.png"):
@@ -40,7 +40,7 @@ def test_run_leaves_thresholds_predictions_and_valid_pictures(trained_run, shard
     assert 0 <= metrics["report"]["roc_auc_macro"] <= 1
 
 
-@pytest.mark.backends
+@pytest.mark.backends(jax="slow")  # the trained run: 33 s on JAX
 def test_swa_reports_both_models(trained_run, shard_dir):
     out, metrics, _ = trained_run
     records = shard_dir[0]
@@ -55,7 +55,7 @@ def test_swa_reports_both_models(trained_run, shard_dir):
         )  # see test_train
 
 
-@pytest.mark.backends
+@pytest.mark.backends(jax="slow")  # the trained run: 33 s on JAX
 def test_predict_with_the_swa_model_uses_it_and_its_own_thresholds(trained_run, tmp_path, capsys):
     """``--swa``: the run's SWA model (model-swa.keras) with the thresholds its report tuned; metrics.json says
     which model each report scored. A run trained without SWA says so in one line."""
@@ -84,7 +84,7 @@ def test_predict_with_the_swa_model_uses_it_and_its_own_thresholds(trained_run, 
         predict(str(plain), test, "", strategy="cpu", swa=True)
 
 
-@pytest.mark.backends
+@pytest.mark.backends(jax="slow")  # the trained run: 33 s on JAX
 def test_reports_describe_the_saved_models(trained_run, shard_dir):
     """val_predictions*.csv (made in memory on 8 replicas) hold the saved models' outputs: every replica uses
     the batch-norm statistics that were saved, not its own copy (they differed before sync_batch_norm)."""
@@ -98,7 +98,7 @@ def test_reports_describe_the_saved_models(trained_run, shard_dir):
 
 
 @pytest.mark.parametrize("strategy,replicas", [("cpu", None), ("cpu", 8)])
-@pytest.mark.backends
+@pytest.mark.backends(jax="slow")  # the trained run: 33 s on JAX
 def test_submission_has_one_row_per_test_id_in_written_order(trained_run, strategy, replicas, tmp_path):
     run, _, test = trained_run
     out = tmp_path / "submission.csv"
@@ -118,7 +118,7 @@ def test_submission_has_one_row_per_test_id_in_written_order(trained_run, strate
     assert list(df["labels"].fillna("")) == expected
 
 
-@pytest.mark.backends
+@pytest.mark.backends(jax="slow")  # the trained run: 33 s on JAX
 def test_tta_one_view_equals_plain_prediction_and_more_views_average(trained_run):
     run, _, test = trained_run
     strategy = backend_devices("cpu", None)
@@ -396,7 +396,7 @@ def test_a_model_file_loads_front_to_back_with_the_same_weights_and_a_damaged_on
         load_model(str(damaged))
 
 
-@pytest.mark.backends
+@pytest.mark.backends(jax="slow")  # the trained run: 33 s on JAX
 def test_fit_returns_a_fit_result_whose_serialisation_is_metrics_json(trained_run):
     """Issue #62: ``fit()`` returns types, not a dict in three shapes; ``FitResult.load`` reads the run back to the
     same figures, and tfpipe 1.0's ``result["key"]`` still reads them, with a warning naming the attribute."""
