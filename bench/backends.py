@@ -23,33 +23,13 @@ import sys
 import time
 
 from bench.common import dump
+from bench.dry_run import shards  # the demo's first images as shards, one folder a size
 from tfpipe.lifecycle import child_of_this_process
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FULL = {"images": 1024, "size": 64, "batch": 64, "epochs": 2, "spe": 4, "rounds": 2, "feed_steps": 48, "reps": 3}
 SMOKE = {"images": 64, "size": 16, "batch": 16, "epochs": 1, "spe": 2, "rounds": 1, "feed_steps": 3, "reps": 1}
 HOST_DEVICES = "--xla_force_host_platform_device_count=8"
-
-
-def shards(work, cfg):
-    """The demo dataset's first ``images`` images at ``size`` px with 5 folds (reused between runs)."""
-    from tfpipe import Source, write_shards
-    from tfpipe.demo import make_demo
-    from tfpipe.images import ImageSpec
-
-    out = os.path.join(work, f"backends-{cfg['images']}-{cfg['size']}")
-    if not os.path.exists(os.path.join(out, "manifest.json")):
-        data = os.path.join(work, f"backends-demo-{cfg['images']}")
-        make_demo(data, cfg["images"], 0, 0)
-        write_shards(
-            Source(os.path.join(data, "images"), csv=os.path.join(data, "train.csv")),
-            out,
-            spec=ImageSpec(image_size=cfg["size"]),
-            num_folds=5,
-            overwrite=True,
-            progress=False,
-        )
-    return out
 
 
 def fit_seconds(records, run, backend, replicas, cfg):

@@ -15,9 +15,11 @@ fits. Nothing is written and nothing trained that is kept; the run folder is not
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from train.accel.backend import keras_module
@@ -30,6 +32,7 @@ import tensorflow as tf
 
 from tfpipe import console
 from tfpipe.errors import TfpipeError, check_path, in_command, option
+from tfpipe.shards import Shards
 from train.accel.tpus import TPUS, Tpu
 from train.keras.compiling import compile_model
 from train.keras.config import FitConfig
@@ -48,6 +51,7 @@ from train.preflight.xla_step import (
     dtype_and_shape_findings,
 )
 from train.runs.results import PreflightReport
+from train.runs.run import Parts
 
 PREFIX = "preflight"
 TPU_PRECISION = "mixed_bfloat16"  # what a TPU run uses unless --precision says otherwise
@@ -60,22 +64,35 @@ def preflight(cfg: FitConfig) -> PreflightReport:
     nothing a TPU would refuse; ``refuse`` and ``warn``: the lines; ``memory`` and ``seconds``: the figures). Through
     ``train.fit``: ``fit(FitConfig(..., preflight=True))``, or the command's ``--preflight`` (exit 2 on a refusal).
     The process's Keras precision policy is left as it was."""
+    tpu, replicas = tpu_of(cfg)
+    if tf.distribute.has_strategy():  # its model would be the strategy's (mirrored variables), not one device's
+        raise TfpipeError("the preflight builds its own one-device model: call it outside strategy.scope()")
+    with planned(cfg, replicas) as (plan, shards, parts), tf.device("/CPU:0"):
+        assert shards.num_classes is not None  # prepare() decided it
+        data = build_datasets(plan, tf.distribute.get_strategy(), shards.num_classes, parts)
+        return check_steps(plan, tpu, replicas, shards.num_classes, data)
+
+
+def tpu_of(cfg: FitConfig) -> tuple[Tpu, int]:
+    """The TPU a preflight checks for and the devices of its run (``cfg.replicas``, else the TPU's)."""
     check_path(records=cfg.records)
     if cfg.tpu not in TPUS:
         raise TfpipeError(f"unknown {option('tpu')} {cfg.tpu!r}: use one of {', '.join(TPUS)}")
-    if tf.distribute.has_strategy():  # its model would be the strategy's (mirrored variables), not one device's
-        raise TfpipeError("the preflight builds its own one-device model: call it outside strategy.scope()")
     tpu = TPUS[cfg.tpu]
-    replicas = cfg.replicas or tpu.devices
+    return tpu, cfg.replicas or tpu.devices
+
+
+@contextlib.contextmanager
+def planned(cfg: FitConfig, replicas: int) -> Iterator[tuple[FitConfig, Shards, Parts]]:
+    """The run planned for ``replicas`` devices (``plan_training``'s checks, a batch this machine can hold), under
+    the TPU run's precision policy (bfloat16 unless ``--precision`` says otherwise), restored after."""
     plan, shards, parts = plan_training(cfg, replicas)
     assert plan.image_size is not None and shards.num_classes is not None  # prepare() decided them
     check_batch_fits_here(plan)
     previous = keras.mixed_precision.global_policy()
     keras.mixed_precision.set_global_policy(plan.precision or TPU_PRECISION)
     try:
-        with tf.device("/CPU:0"):
-            data = build_datasets(plan, tf.distribute.get_strategy(), shards.num_classes, parts)
-            return check_steps(plan, tpu, replicas, shards.num_classes, data)
+        yield plan, shards, parts
     finally:
         keras.mixed_precision.set_global_policy(previous)
 
@@ -104,12 +121,17 @@ def check_steps(
     plan = capped_steps_per_execution(plan, steps)
     say(plan, headline(plan, tpu, replicas))
     report: dict[str, Any] = {"tpu": tpu.name, "replicas": replicas, "seconds": {}, "memory": None}
-    findings = input_findings(train_ds.element_spec, "training batches")
-    findings += input_findings(val_ds.element_spec, "validation batches")
-    findings += batch_findings(plan, n_train // replicas) + setting_findings(plan, tpu)
+    findings = data_findings(plan, tpu, replicas, (train_ds, val_ds), n_train)
     if not any(f.level == "refuse" for f in findings):  # shapes XLA can compile: on to the model
         findings += model_checks(plan, tpu, num_classes, (replicas, steps), (train_ds, val_ds), report)
     return finish(plan, tpu, findings, report)
+
+
+def data_findings(plan: FitConfig, tpu: Tpu, replicas: int, datasets: tuple[Any, Any], n_train: int) -> list[Finding]:
+    """What needs no model: the shapes and dtypes of the training and validation batches, the batch, the settings."""
+    findings = input_findings(datasets[0].element_spec, "training batches")
+    findings += input_findings(datasets[1].element_spec, "validation batches")
+    return findings + batch_findings(plan, n_train // replicas) + setting_findings(plan, tpu)
 
 
 def headline(plan: FitConfig, tpu: Tpu, replicas: int) -> str:

@@ -20,26 +20,23 @@ from typing import Any
 import numpy as np
 
 from tfpipe import console
-from tfpipe.errors import TfpipeError, check_path, option
+from tfpipe.errors import TfpipeError
 from train.accel.backend import HOST_DEVICES, JaxDevices
-from train.accel.tpus import TPUS, Tpu
+from train.accel.tpus import Tpu
 from train.keras.config import FitConfig
 from train.keras.data import build_datasets
-from train.keras.trainer import plan_training
 from train.preflight.check import (
     PREFIX,
-    TPU_PRECISION,
-    batch_findings,
-    check_batch_fits_here,
     compiled_model,
+    data_findings,
     finish,
     headline,
-    input_findings,
     layer_findings,
     layer_paths,
     memory_findings,
+    planned,
     say,
-    setting_findings,
+    tpu_of,
 )
 from train.preflight.core_memory import HEADROOM, SUBLANES, Memory, largest_batch
 from train.preflight.xla_step import COMPILE_FIX, Finding, StepRefused
@@ -50,13 +47,8 @@ def preflight(cfg: FitConfig) -> PreflightReport:
     """``train.preflight.check.preflight`` on Keras 3 and JAX: ``cfg`` checked as a run on every core of a
     ``cfg.tpu``, compiled over that many XLA host devices (``train.fit.fit`` asked XLA for them)."""
     import jax
-    import keras
 
-    check_path(records=cfg.records)
-    if cfg.tpu not in TPUS:
-        raise TfpipeError(f"unknown {option('tpu')} {cfg.tpu!r}: use one of {', '.join(TPUS)}")
-    tpu = TPUS[cfg.tpu]
-    replicas = cfg.replicas or tpu.devices
+    tpu, replicas = tpu_of(cfg)
     cpus = jax.devices("cpu")
     if len(cpus) < replicas:
         raise TfpipeError(
@@ -64,25 +56,17 @@ def preflight(cfg: FitConfig) -> PreflightReport:
             f"{tpu.name} compiles over {replicas}: set XLA_FLAGS={HOST_DEVICES}={replicas} before JAX starts"
         )
     devices = JaxDevices(cpus[:replicas], "cpu")
-    plan, shards, parts = plan_training(cfg, replicas)
-    assert plan.image_size is not None and shards.num_classes is not None  # prepare() decided them
-    check_batch_fits_here(plan)
-    previous = keras.mixed_precision.global_policy()
-    keras.mixed_precision.set_global_policy(plan.precision or TPU_PRECISION)
-    try:
+    with planned(cfg, replicas) as (plan, shards, parts):
+        assert shards.num_classes is not None  # prepare() decided it
         train_ds, val_ds, n_train, _, _ = build_datasets(plan, devices, shards.num_classes, parts)
         steps = max(1, n_train // (plan.batch_size * replicas))
         say(plan, headline(plan, tpu, replicas).replace("compiled with XLA", "compiled by JAX's XLA"))
         report: dict[str, Any] = {"tpu": tpu.name, "replicas": replicas, "seconds": {}, "memory": None}
-        findings = input_findings(train_ds.element_spec, "training batches")
-        findings += input_findings(val_ds.element_spec, "validation batches")
-        findings += batch_findings(plan, n_train // replicas) + setting_findings(plan, tpu)
+        findings = data_findings(plan, tpu, replicas, (train_ds, val_ds), n_train)
         if not any(f.level == "refuse" for f in findings):
             with devices.scope():
                 findings += model_checks(plan, tpu, devices, (shards.num_classes, steps), (train_ds, val_ds), report)
         return finish(plan, tpu, findings, report)
-    finally:
-        keras.mixed_precision.set_global_policy(previous)
 
 
 def model_checks(
