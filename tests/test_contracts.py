@@ -371,10 +371,14 @@ def test_a_model_or_thresholds_from_another_run_are_refused(trained_run, tmp_pat
         predict(str(run), trained_run[2], str(tmp_path / "s.csv"), strategy="cpu", swa=False)
     shutil.copy(os.path.join(trained_run[0], "thresholds.json"), run / "thresholds.json")
     from train.keras.models import build_model
+    from train.runs import files
 
     other, _ = build_model("small-cnn", 5, 32)  # a model of five classes where the run's of three should be
     other.save(str(run / "model.keras"))
     assert load_model(str(run / "model.keras")).output_shape[-1] == 5
+    with pytest.raises(TfpipeError, match="model.keras: not the file this folder's job wrote"):  # its record (#64)
+        predict(str(run), trained_run[2], str(tmp_path / "s.csv"), strategy="cpu", swa=False)
+    files.record(str(run), ["model.keras"])  # the record edited with it: the model itself is checked against the run
     with pytest.raises(TfpipeError, match="outputs 5 classes, but config.json lists 3"):
         predict(str(run), trained_run[2], str(tmp_path / "s.csv"), strategy="cpu", swa=False)
     assert not (tmp_path / "s.csv").exists()
@@ -706,6 +710,7 @@ def test_an_untouched_progress_file_resumes(interrupted_write, tmp_path):
 def test_a_softmax_or_other_size_model_in_a_run_is_refused(trained_run, tmp_path):
     from train.keras.models import build_model
     from train.predict import predict
+    from train.runs import files
 
     run = copy_run(trained_run, tmp_path)
     for kwargs, needle in (
@@ -714,6 +719,7 @@ def test_a_softmax_or_other_size_model_in_a_run_is_refused(trained_run, tmp_path
     ):
         model, _ = build_model("small-cnn", 3, kwargs.pop("image_size", 32), **kwargs)
         model.save(str(run / "model.keras"))
+        files.record(str(run), ["model.keras"])  # its record edited too: the model itself is checked against the run
         with pytest.raises(TfpipeError, match=needle):
             predict(str(run), trained_run[2], str(tmp_path / "s.csv"), strategy="cpu", progress=False, swa=False)
 

@@ -93,7 +93,7 @@ def test_oof_holds_every_image_once_scored_by_the_model_that_never_trained_on_it
 @pytest.mark.backends(jax="slow")  # the CV: 118 s on JAX, each fold compiling its steps
 def test_the_fold_ensemble_is_the_mean_of_the_fold_models_at_the_oof_thresholds(cv_run, cv_shards, capsys):
     from train.predict import predict
-    from train.runs.run import load_thresholds
+    from train.runs.thresholds import load_thresholds
 
     folder, result = cv_run
     common = {"probabilities": True, "labels": True, "strategy": "cpu", "swa": False, "progress": False}
@@ -114,7 +114,7 @@ def test_thresholds_are_tuned_for_the_views_that_predict(cv_run, cv_shards, caps
     then reused), not the report's single-view ones; the prediction at each view count used its own."""
     import tfpipe
     from train.predict import predict
-    from train.runs.run import load_thresholds
+    from train.runs.thresholds import load_thresholds
 
     folder, result = cv_run
     run = f"{folder}/fold-1"
@@ -150,6 +150,7 @@ def test_the_default_model_follows_validation_and_says_so(cv_run, cv_shards, cap
     pd.testing.assert_frame_equal(df, again)
 
 
+@pytest.mark.slow  # 17 s: a fold trained again
 def test_a_cv_interrupted_in_its_last_fold_resumes_there(cv_run, cv_shards, tmp_path):
     """Folds 0 and 1 finished, fold 2 stopped after its first epoch (Ctrl-C, a notebook's time limit): --resume
     keeps the finished folds untouched and continues fold 2, ending with the folder an uninterrupted CV has."""
@@ -386,3 +387,102 @@ def test_a_cv_folder_and_its_fold_runs_read_back_with_train_inspect(cv_run, caps
         f"train.inspect: error: {copy}/fold-1/metrics.json: the final model's report is damaged (no per-class table)\n"
     )
     assert main([str(tmp_path)]) == 2 and "no config.json; not a run folder" in capsys.readouterr().err
+
+
+def test_what_a_cv_folder_holds_is_checked_against_its_record_before_anything_uses_it(
+    cv_run, cv_shards, tmp_path, capsys
+):
+    """Issue #64: a fold's model copied over another's, a fold's thresholds copied over the CV's, an edited OOF
+    file, a fold folder turned into a file: each refused in one line naming the file, before any prediction, blend
+    or removal; train.inspect names each."""
+    from train.blend import main as blend_main
+    from train.cv import main as cv_main
+    from train.inspect import main as inspect_main
+    from train.predict import main as predict_main
+
+    folder, result = cv_run
+    copy = tmp_path / "cv"
+    shutil.copytree(folder, copy)
+    record = json.loads((copy / "files.json").read_text())["files"]
+    assert {"oof.csv", "oof-swa.csv", "fold-2/model.keras", "fold-2/model-swa.keras"} <= set(record)
+    assert record["thresholds.json"]["model"] == "model.keras" and record["thresholds.json"]["views"] == 1
+    predict = ["--run", str(copy), "--records", cv_shards["heldback"], "--out", str(tmp_path / "s.csv")]
+    predict += ["--strategy", "cpu", "--swa" if result.submits == "model-swa.keras" else "--no-swa"]
+    model = result.submits
+    cases = [  # (what is done to the copy, the file named, what the line says)
+        (lambda: shutil.copy(copy / "fold-0" / model, copy / "fold-1" / model), f"fold-1/{model}", "SHA-256"),
+        (lambda: [shutil.copy(copy / "fold-0" / n, copy / "fold-1" / n) for n in (model, "files.json")],
+         f"fold-1/{model}", "SHA-256"),  # the fold's own record copied with it: the CV's record still knows
+        (lambda: shutil.copy(copy / "fold-0" / "thresholds.json", copy / "thresholds.json"), "thresholds.json",
+         "not the file this folder's job wrote"),
+        (lambda: (copy / "files.json").unlink(), "files.json", "missing"),
+    ]  # fmt: skip
+    for change, named, said in cases:
+        shutil.rmtree(copy)
+        shutil.copytree(folder, copy)
+        change()
+        argv = predict if named != "thresholds.json" else [*predict[:-1], "--no-swa"]
+        assert predict_main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"{copy}/{named}" in err[0] and said in err[0], err
+        assert not (tmp_path / "s.csv").exists()
+    assert inspect_main([str(copy)]) == 0  # files.json gone: said, not a crash
+    assert "files not as their job wrote them (predicting refuses them):" in capsys.readouterr().out
+    shutil.rmtree(copy)
+    shutil.copytree(folder, copy)
+    shutil.copy(copy / "fold-0" / "model.keras", copy / "fold-1" / "model.keras")
+    oof = pd.read_csv(copy / "oof.csv", keep_default_na=False)
+    oof[result.classes[0]] = 1 - oof[result.classes[0]]  # edited probabilities, still probabilities
+    oof.to_csv(copy / "oof.csv", index=False)
+    assert inspect_main([str(copy)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert any(ln.startswith("  fold-1/model.keras: not the file this folder's job wrote") for ln in lines), lines
+    assert any(ln.startswith("  oof.csv: not the file") for ln in lines) and "refuses the folder" in lines[-1]
+    assert blend_main(["--oof", str(copy / "oof.csv"), f"{folder}/oof-swa.csv"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{copy}/oof.csv: not the file this folder's job wrote" in err[0], err
+    assert blend_main(["--oof", f"{folder}/oof.csv", f"{folder}/oof-swa.csv", "--single-label"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "holds multi-label OOF predictions (its CV's cv.json says so)" in err[0], err
+    shutil.rmtree(copy / "fold-1")
+    (copy / "fold-1").write_text("mine")  # a user's file where a fold's run was: --overwrite removes nothing
+    before = {str(p.relative_to(copy)): p.stat().st_mtime_ns for p in copy.rglob("*")}
+    argv = ["--records", cv_shards["train"], "--run", str(copy), "--strategy", "cpu", "--model", "small-cnn"]
+    assert cv_main([*argv, "--overwrite"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{copy}/fold-1 is a file, where train.cv keeps fold 1's run folder" in err[0], err
+    assert {str(p.relative_to(copy)): p.stat().st_mtime_ns for p in copy.rglob("*")} == before
+    assert cv_main([*argv, "--no-report"]) == 2 and "which --no-report turns off" in capsys.readouterr().err
+
+
+def test_a_blend_reads_single_or_multi_label_from_the_rows_and_class_names_with_spaces_round_trip(tmp_path, capsys):
+    """Issue #64: OOF files of no CV folder: softmax rows with one true label each are single-label (argmax, said
+    so); rows with several labels refuse --single-label; a class named "big circle" round-trips through the
+    labels cells we write and read (one name as it is, several as a JSON list)."""
+    from train.blend import main
+    from train.prediction.submission import label_names, label_strings
+
+    classes = ["big circle", "cross", "big"]
+    hits = np.array([[1, 0, 0], [1, 1, 0], [0, 0, 1], [0, 0, 0], [1, 0, 1]], bool)
+    cells = label_strings(hits, classes)
+    assert cells[:4] == ["big circle", '["big circle", "cross"]', "big", ""]
+    assert [[c in label_names(cell, classes) for c in classes] for cell in cells] == hits.tolist()
+    assert label_strings(hits[:, 1:], ["a", "b"]) == ["", "a", "b", "", "b"]  # no spaces: Kaggle's form
+    rng = np.random.default_rng(0)
+    truth = rng.integers(0, 3, 60)
+    paths = []
+    for k in range(2):
+        logits = rng.normal(size=(60, 3)) + 2 * np.eye(3)[truth]
+        probs = np.exp(logits) / np.exp(logits).sum(axis=1, keepdims=True)
+        table = pd.DataFrame(probs, columns=classes).assign(labels=[classes[t] for t in truth])
+        paths.append(str(tmp_path / f"oof-{k}.csv"))
+        table.insert(0, "image_name", [f"im{i}" for i in range(60)])
+        table.to_csv(paths[-1], index=False)
+    assert main(["--oof", *paths]) == 0
+    assert "(labels by argmax)" in capsys.readouterr().out
+    multi = pd.read_csv(paths[0], keep_default_na=False)
+    multi.loc[3, "labels"] = json.dumps(classes[:2])
+    multi.to_csv(paths[1], index=False)
+    assert main(["--oof", paths[1], paths[1], "--single-label"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "holds multi-label OOF predictions (1 row holds no or several true labels)" in err[0]

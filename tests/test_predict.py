@@ -180,7 +180,8 @@ def test_batch_norm_statistics_are_recomputed_as_exact_means():
     np.testing.assert_allclose(np.asarray(bn.moving_variance), per_batch, rtol=1e-3)
 
 
-@pytest.mark.backends(jax="slow")  # a fresh process compiling on JAX: over 20 s
+@pytest.mark.slow  # a fresh process: 19 s on TF, over 20 s on JAX
+@pytest.mark.backends
 def test_predict_cli_writes_submission_and_rejects_a_missing_run(trained_run, tmp_path):
     run, _, test = trained_run
     env = dict(os.environ, PYTHONPATH=ROOT)
@@ -421,3 +422,57 @@ def test_fit_returns_a_fit_result_whose_serialisation_is_metrics_json(trained_ru
     swa = dict(metrics["swa"], report=dict(metrics["swa"]["report"], exact_match=2.0))
     with pytest.raises(RunMismatch, match=r"metrics.json: its swa.report is damaged \(exact_match: not a number"):
         FitResult.from_metrics(out, dict(metrics, swa=swa))  # what the type says of a report is checked first
+
+
+def test_a_runs_files_are_checked_against_its_record_and_a_resume_against_its_layout(
+    trained_run, shard_dir, tmp_path, capsys
+):
+    """Issue #64: a model or thresholds file copied over another, or the record gone, is refused in one line
+    naming the file before anything is predicted; a resume on other replicas, or on another shard folder, is
+    refused naming what differs (the folder as another one, not as rewritten)."""
+    from train.fit import main as fit_main
+    from train.predict import main as predict_main
+
+    run, _, test = trained_run
+    copy = tmp_path / "run"
+    with open(os.path.join(run, "files.json")) as f:
+        record = json.load(f)["files"]
+    assert {"model.keras", "model-swa.keras", "thresholds-swa.json", "val_predictions.csv"} <= set(record)
+    assert (record["thresholds-swa.json"]["model"], record["val_predictions.csv"]["views"]) == ("model-swa.keras", 1)
+    out = tmp_path / "s.csv"
+    argv = ["--run", str(copy), "--records", test, "--out", str(out), "--strategy", "cpu", "--no-swa"]
+    for source, target, said in (
+        ("model-swa.keras", "model.keras", "model.keras: not the file this folder's job wrote"),
+        ("thresholds-swa.json", "thresholds.json", "thresholds.json: not the file this folder's job wrote (of "
+         "model.keras, 1 view)"),
+        (None, "files.json", "files.json: missing, the record of the files this folder's job wrote"),
+    ):  # fmt: skip
+        shutil.rmtree(copy, ignore_errors=True)
+        shutil.copytree(run, copy)
+        if source:
+            shutil.copy(copy / source, copy / target)
+        else:
+            (copy / target).unlink()
+        assert predict_main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"{copy}/{said}" in err[0], err
+        assert not out.exists()
+    shutil.rmtree(copy)
+    shutil.copytree(run, copy)
+    (copy / "state.json").write_text(json.dumps({"finished": False}))  # as a job stopped mid-run leaves it
+    others, root = tmp_path / "others", os.path.dirname(shard_dir[0])  # the same images in other shards
+    source = tfpipe.Source(f"{root}/images", csv=f"{root}/train.csv")
+    tfpipe.write_shards(source, str(others), spec=tfpipe.ImageSpec(image_size=32), num_folds=4, num_shards=4,
+                        workers=0, progress=False)  # fmt: skip
+    config = json.loads((copy / "config.json").read_text())
+    assert (config["replicas_in_sync"], config["global_batch_size"]) == (8, 8 * config["batch_size"])
+    flags = ["--run", str(copy), "--resume", "--model", "small-cnn", "--batch-size", "1", "--epochs", "3"]
+    flags += ["--lr", "1e-3", "--swa-epochs", "2", "--no-augment", "--seed", "1", "--strategy", "cpu"]
+    for records, replicas, said in (
+        (shard_dir[0], "2", "was started with replicas_in_sync=8, not 2; --resume continues a run with its own "
+         "settings (--strategy, --replicas:"),
+        (str(others), "8", f"{others} holds other shards than {copy} trained on ({shard_dir[0]})"),
+    ):  # fmt: skip
+        assert fit_main([*flags, "--records", records, "--replicas", replicas]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and said in err[0], err

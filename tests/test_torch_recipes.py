@@ -167,7 +167,7 @@ def test_torch_ddp_under_torchrun_on_two_nodes_learns_the_demo_and_submits(demo_
 
 
 @pytest.mark.parametrize(
-    "script", ["examples/torch_ddp.py", pytest.param("examples/lightning_swa.py", marks=pytest.mark.slow)]
+    "script", [pytest.param(s, marks=pytest.mark.slow) for s in ("examples/torch_ddp.py", "examples/lightning_swa.py")]
 )
 def test_torchrun_nodes_started_with_other_settings_are_refused_on_every_rank(shard_dir, tmp_path, script):
     """Two torchrun nodes whose commands differ in --lr (issue #53: they trained together and exited 0, the
@@ -335,7 +335,7 @@ def test_a_recipe_writes_only_a_new_or_empty_run_folder_or_its_own_run_with_over
         check_run_folder(str(run), overwrite=False)
     check_run_folder(str(run), overwrite=True)
     save_run(str(run), recipe_config(), {"model.pt": {"w": torch.zeros(2)}}, {"validation_auc": 0.7})
-    assert sorted(p.name for p in run.iterdir()) == ["config.json", "metrics.json", "model.pt"]  # nothing of SWA left
+    assert sorted(p.name for p in run.iterdir()) == ["config.json", "files.json", "metrics.json", "model.pt"]  # no SWA
     (run / "notes.txt").write_text("mine")
     with pytest.raises(TfpipeError, match=r"holds what no recipe wrote \(notes.txt\)"):
         check_run_folder(str(run), overwrite=True)
@@ -468,7 +468,7 @@ def test_a_recipe_run_reports_as_train_fit_and_reads_back(recipe_run, shard_dir,
     from train.decide.validation import RUN_FIGURES
     from train.inspect import folder_info
     from train.runs.run import RunConfig
-    from train.torch.run import load_saved
+    from train.torch.run import load_saved, load_weights
 
     run, _, _, printed = recipe_run
     assert "per class, model.pt, 1 view, at the thresholds of thresholds.json:" in printed.splitlines()
@@ -492,9 +492,12 @@ def test_a_recipe_run_reports_as_train_fit_and_reads_back(recipe_run, shard_dir,
 
     copy = tmp_path / "run"
     shutil.copytree(run, copy)  # the module's run stays as it is
-    (copy / "thresholds.json").write_text(json.dumps({**tuned, next(iter(tuned)): 0.99}))  # edited: used, and said
-    _, thresholds, line = load_saved(str(copy), RunConfig.load(str(copy)))
-    assert thresholds[0] == 0.99 and "thresholds.json holds other thresholds than its validation report" in line
+    (copy / "thresholds.json").write_text(json.dumps({**tuned, next(iter(tuned)): 0.99}))  # edited: refused (#64)
+    with pytest.raises(TfpipeError, match=r"thresholds.json: not the file this folder's job wrote \(of model.pt"):
+        load_saved(str(copy), RunConfig.load(str(copy)))
+    shutil.copy(copy / "config.json", copy / "model.pt")  # weights replaced: refused before torch reads them
+    with pytest.raises(TfpipeError, match=r"model.pt: not the file this folder's job wrote"):
+        load_weights(str(copy), "model.pt")
     (copy / "thresholds.json").unlink()  # never a label at 0.5 instead of the tuned thresholds (hostile round)
     with pytest.raises(TfpipeError, match=r"thresholds.json: missing; the run labels at the thresholds tuned"):
         load_saved(str(copy), RunConfig.load(str(copy)))

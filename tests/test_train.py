@@ -632,3 +632,25 @@ def _alive(pid: int) -> bool:
     except FileNotFoundError:
         return False
     return "\nState:\tZ" not in status  # a zombie has ended
+
+
+def test_overwrite_checks_every_path_it_replaces_before_removing_any(tmp_path):
+    """Issue #64: a folder of the user's named like a run file (``model.keras/``), or a file where train.fit keeps
+    a folder, is refused before anything of the run is removed."""
+    from train.keras.fit_run import replace_run
+
+    run = tmp_path / "run"
+    run.mkdir()
+    for name in ("config.json", "history.csv", "metrics.json"):
+        (run / name).write_text("{}")
+    (run / "model.keras").mkdir()
+    (run / "model.keras" / "notes.txt").write_text("mine")
+    before = sorted(str(p) for p in run.rglob("*"))
+    with pytest.raises(TfpipeError, match=r"run/model.keras is a folder, which train.fit never writes there"):
+        replace_run(str(run), os.listdir(run), progress=False)
+    assert sorted(str(p) for p in run.rglob("*")) == before
+    (run / "model.keras" / "notes.txt").unlink()
+    (run / "model.keras").rmdir()
+    (run / "logs").write_text("mine")
+    with pytest.raises(TfpipeError, match=r"run/logs is a file, which train.fit never writes there"):
+        replace_run(str(run), os.listdir(run), progress=False)

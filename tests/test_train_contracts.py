@@ -232,6 +232,7 @@ def test_the_engine_names_type_checkers_see_are_the_ones_handed_out(module, engi
     assert not hidden, "a module-level __getattr__ visible to type checkers makes every typo a valid name"
 
 
+@pytest.mark.slow  # 12 s: mypy over a user's script
 def test_a_type_checker_flags_misspelt_names_keywords_and_types_in_a_users_script(tmp_path):
     script = tmp_path / "user.py"
     script.write_text(

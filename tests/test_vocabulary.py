@@ -395,8 +395,19 @@ def test_open_source_refuses_settings_that_would_be_ignored(kwargs, needle):
 
 
 def test_read_options_help_and_dir_hold_no_surprises():
+    from tfpipe.augment import AUGMENT_LIMITS, Augment
+    from tfpipe.parse import READ_LIMITS
+
     with pytest.raises(TfpipeError, match="parse_batch must be at least 1"):
         tfpipe.ReadOptions(parse_batch=0)
+    for make, limits in ((tfpipe.ReadOptions, READ_LIMITS), (Augment, AUGMENT_LIMITS)):  # issue #64: every field
+        for name, high in limits.items():
+            make(**{name: high})  # the limit itself is fine
+            beyond = high * 2 if isinstance(high, int) else high * 1.5
+            with pytest.raises(TfpipeError, match=f"^{name} must be at most "):
+                make(**{name: beyond})
+    with pytest.raises(TfpipeError, match=re.escape("read_buffer must be at most 1,073,741,824 (got 9,223,372")):
+        tfpipe.ReadOptions(read_buffer=2**63)  # was TensorFlow's InvalidArgumentError at the first batch
     from tfpipe.write import build_parser
 
     text = " ".join(build_parser().format_help().split())

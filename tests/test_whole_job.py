@@ -294,7 +294,7 @@ def test_an_image_is_known_by_its_content_and_every_image_given_is_scored(traine
 def test_every_json_file_read_back_refuses_a_key_given_twice(tmp_path):
     from tfpipe import fs
     from tfpipe.manifest import Manifest
-    from train.runs.run import load_thresholds
+    from train.runs.thresholds import load_thresholds
 
     (tmp_path / "thresholds.json").write_text('{"a": 0.3, "b": 0.5, "a": 0.9}')
     with pytest.raises(TfpipeError, match=r"thresholds.json: run file gives the key 'a' twice"):
@@ -968,3 +968,44 @@ def test_the_lightning_recipe_stops_every_rank_and_says_why_in_one_line(demo_sha
         job.kill()
         for pid in processes_marked(mark):
             os.kill(pid, 9)
+
+
+def test_a_folders_record_of_its_files_is_input_too(tmp_path):
+    """Issue #64: ``files.json`` is checked like every file read back: a folder of a tfpipe that keeps it and has
+    none, a file it does not list, an entry of the wrong shape, each one line; a folder of an older tfpipe is read
+    with a warning that its files are not checked."""
+    import warnings
+
+    from train.runs import files
+    from train.runs.run import RUN_VERSION, check_file
+    from train.runs.thresholds import load_thresholds, save_thresholds
+
+    config = {"classes": ["a", "b"], "image_size": 8, "single_label": False, "fit": "stretch", "dataset_id": "d"}
+    (tmp_path / "config.json").write_text(json.dumps({"run_version": 2, **config}))
+    (tmp_path / "thresholds.json").write_text('{"a": 0.3, "b": 0.5}')
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        assert load_thresholds(str(tmp_path), ["a", "b"]) == [0.3, 0.5]
+    assert [str(w.message) for w in said] == [
+        f"{tmp_path} was written by an earlier tfpipe, which kept no record of its files: thresholds.json is used "
+        "unchecked"
+    ]
+    (tmp_path / "config.json").write_text(json.dumps({"run_version": RUN_VERSION, **config}))
+    with pytest.raises(TfpipeError, match=r"files.json: missing, the record of the files this folder's job wrote"):
+        load_thresholds(str(tmp_path), ["a", "b"])
+    save_thresholds(str(tmp_path), ["a", "b"], [0.3, 0.5], "model-swa.keras", "-swa", views=2)  # recorded
+    assert load_thresholds(str(tmp_path), ["a", "b"], swa=True, views=2) == [0.3, 0.5]
+    with pytest.raises(TfpipeError, match=r"thresholds.json: not in files.json, .*: copied in from elsewhere\?"):
+        load_thresholds(str(tmp_path), ["a", "b"])
+    files.record(str(tmp_path), ["thresholds.json"], "model-swa.keras", 1)  # recorded as another model's
+    with pytest.raises(TfpipeError, match=r"recorded as the file \(of model-swa.keras, 1 view\), not of model.keras"):
+        load_thresholds(str(tmp_path), ["a", "b"])
+    record = json.loads((tmp_path / "files.json").read_text())
+    for damage in ({"sha256": "x"}, {"views": 0}, {"extra": 1}):
+        entry = dict(record["files"]["thresholds.json"], **damage)
+        (tmp_path / "files.json").write_text(json.dumps({**record, "files": {"thresholds.json": entry}}))
+        with pytest.raises(TfpipeError, match=r"files.json: its entry 'thresholds.json' is not a file's record"):
+            check_file(str(tmp_path), "thresholds.json", "remedy")
+    (tmp_path / "files.json").write_text(json.dumps({**record, "files": {"../x": record["files"]["thresholds.json"]}}))
+    with pytest.raises(TfpipeError, match=r"its entry '../x' is not a file's record"):
+        files.read(str(tmp_path))

@@ -366,6 +366,16 @@ def test_existing_shards_are_refused_without_overwrite(labeled_folder, tmp_path,
     assert {p: os.path.getmtime(p) for p in glob.glob(os.path.join(out, "*"))} == before
     assert write(args + ["--overwrite"]) == 0
     assert manifest(out)["image"]["image_size"] is None
+    shard = sorted(glob.glob(os.path.join(out, "*.tfrec")))[0]  # issue #64: a folder where a shard was
+    os.remove(shard)
+    os.mkdir(shard)
+    with open(os.path.join(shard, "notes.txt"), "w") as f:
+        f.write("mine")
+    before = sorted(glob.glob(os.path.join(out, "**"), recursive=True))
+    assert write(args + ["--overwrite"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{shard} is a folder named like a shard" in err[0], err
+    assert sorted(glob.glob(os.path.join(out, "**"), recursive=True)) == before  # nothing removed
 
 
 def test_skip_bad_writes_the_rest_and_reports(labeled_folder, tmp_path, capsys):

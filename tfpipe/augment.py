@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, TypeAlias
 
 from tfpipe.deps import lazy_module
-from tfpipe.errors import TfpipeError, check_at_least, check_count, option
+from tfpipe.errors import TfpipeError, check_at_least, check_at_most, check_count, option
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -77,6 +77,19 @@ class Augment:
         check_augment(self)
 
 
+# The largest value of each open-ended field: a jitter beyond 1 turns the image's contrast or colours inside out,
+# an alpha of 1000 already draws 0.5 every time, a pad or erasing count beyond these is a typo.
+AUGMENT_LIMITS = {
+    "pad": 4096,
+    "erasing": 64,
+    "brightness": 1.0,
+    "contrast": 1.0,
+    "saturation": 1.0,
+    "mixup": 1000.0,
+    "cutmix": 1000.0,
+}
+
+
 def check_augment(aug: Augment) -> None:
     """``Augment``'s ranges: strengths and alphas finite and >= 0, ``erasing_prob`` a probability, the crop's
     ranges ``0 < low <= high`` (the scale at most 1), a known crop."""
@@ -84,6 +97,8 @@ def check_augment(aug: Augment) -> None:
         raise TfpipeError(f"crop must be 'pad', 'resized' or None (got {aug.crop!r})")
     check_count(0, pad=aug.pad, erasing=aug.erasing)
     check_at_least(0, **{k: getattr(aug, k) for k in ("brightness", "contrast", "saturation", "mixup", "cutmix")})
+    for name, high in AUGMENT_LIMITS.items():
+        check_at_most(high, **{name: getattr(aug, name)})
     if not (isinstance(aug.erasing_prob, (int, float)) and 0 <= aug.erasing_prob <= 1):
         raise TfpipeError(f"{option('erasing_prob')} must be a probability, 0..1 (got {aug.erasing_prob!r})")
     for name, top in (("crop_scale", 1.0), ("crop_ratio", math.inf)):

@@ -70,12 +70,16 @@ class NoAccelerator(TfpipeError):
 
 
 def option(name: str, value: object = None, python: str | None = None) -> str:
-    """A setting as the user wrote it: ``--skip-bad`` / ``--num-folds 4`` / ``--tta`` under a command,
+    """A setting as the user wrote it: ``--skip-bad`` / ``--num-folds 4`` / ``--tta`` / ``--no-report`` (False)
+    under a command,
     ``skip_bad=True`` / ``num_folds=4`` / ``tta`` from Python, so an error names what the user can change where
     they are. ``python`` is the Python spelling when it is not the flag's name (``--unlabeled``:
     ``Source(..., labeled=False)``)."""
     if _COMMAND.get():
-        return f"--{name.replace('_', '-')}" + ("" if value is None or value is True else f" {_shell_word(value)}")
+        flag = name.replace("_", "-")
+        if value is False:  # a switch turned off: its --no- form (argparse's BooleanOptionalAction)
+            return f"--no-{flag}"
+        return f"--{flag}" + ("" if value is None or value is True else f" {_shell_word(value)}")
     if python is not None:
         return python
     return name if value is None else f"{name}={value!r}"
@@ -105,6 +109,15 @@ def check_at_least(low: float, **values: float | None) -> None:
             check_finite(name, value)
             if not value >= low:  # "not >=" also refuses NaN
                 raise BadSetting(f"{option(name)} must be at least {low} (got {value})")
+
+
+def check_at_most(high: float, **values: float | None) -> None:
+    """Refuses settings above ``high`` (checked for being numbers by ``check_at_least``/``check_count`` first),
+    naming the setting and the range: a value no pipeline can hold (``read_buffer=2**63``) is one line when the
+    options are made, never TensorFlow's error at the first batch."""
+    for name, value in values.items():
+        if value is not None and value > high:
+            raise BadSetting(f"{option(name)} must be at most {high:,} (got {value:,})")
 
 
 def check_finite(name: str, value: object) -> None:

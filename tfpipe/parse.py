@@ -15,7 +15,7 @@ else:
     tf = require("tensorflow")  # or one line saying what to install
 from tfpipe import augment as aug_lib
 from tfpipe import schema
-from tfpipe.errors import TfpipeError, check_count
+from tfpipe.errors import TfpipeError, check_at_most, check_count
 from tfpipe.shards import Shards, checked_num_classes
 
 AUTOTUNE = tf.data.AUTOTUNE
@@ -33,9 +33,23 @@ class ReadOptions:
     cache_budget: int = 2 * 2**30  # bytes of decoded images that cache="auto" may keep in memory
 
     def __post_init__(self) -> None:
+        """Each field a whole number in its range (``READ_LIMITS``), refused in one line when made."""
         check_count(1, read_buffer=self.read_buffer, cycle_length=self.cycle_length, parse_batch=self.parse_batch)
         check_count(1, shuffle_buffer=self.shuffle_buffer)
         check_count(0, cache_budget=self.cache_budget)
+        for name, high in READ_LIMITS.items():
+            check_at_most(high, **{name: getattr(self, name)})
+
+
+# The largest value of each ReadOptions field: a buffer TensorFlow can allocate per file (1 GiB), shards and
+# records a host can hold open or parse at once, decoded bytes within a 64-bit count.
+READ_LIMITS = {
+    "read_buffer": 2**30,
+    "cycle_length": 4096,
+    "parse_batch": 2**20,
+    "shuffle_buffer": 2**30,
+    "cache_budget": 2**62,
+}
 
 
 def targets_from_indices(indices: tf.Tensor, num_classes: int, label_mode: str) -> tf.Tensor:

@@ -77,6 +77,12 @@ def check_destination(
     finished dataset, a finished dataset when neither ``overwrite`` nor (for the same job) ``resume`` says so,
     and anything a manifest that fails validation lists (an edited manifest naming ``../precious.txt``).
     """
+    folders = [p for p in existing_shards(out_dir) if fs.isdir(p)]
+    if folders:  # checked before anything is written or removed: the commit could not put a shard there
+        raise TfpipeError(
+            f"{folders[0]} is a folder named like a shard; tfpipe.write removes or replaces only files it wrote "
+            f"-- move it out of {out_dir} first"
+        )
     manifest = existing_manifest(out_dir)
     pending = pending_commit(out_dir)  # a commit killed half-way: the shards it moved are tfpipe's too
     listed = set(manifest.files if manifest else ()) | set(pending.files if pending else ())
@@ -332,6 +338,12 @@ class StagedShards:
                 f"cannot write {MANIFEST} ({e.strerror or e}); every shard is finished and kept in "
                 f"{self.staging}: fix that and run it again with {option('resume', True)}"
             ) from None
+        blocked = next((dst for _, dst in moves if fs.isdir(dst)), None)
+        if blocked is not None:  # made while this job wrote: nothing is removed, the shards stay for --resume
+            raise TfpipeError(
+                f"{blocked} is a folder, where this write puts a shard; move it away and run it again with "
+                f"{option('resume', True)} (every shard is finished and kept in {self.staging})"
+            )
         if replace is not None:
             remove_outputs(self.out_dir, replace)
         _move_all(moves)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import posixpath
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -23,10 +24,13 @@ from typing import Any
 import numpy as np
 
 from tfpipe import fs
+from tfpipe.console import counted
 from tfpipe.errors import ArgumentParser, TfpipeError, check_path, option, run_cli
 from tfpipe.labels import is_missing, present
 from train.decide.evaluation import Scores, headline, score
-from train.runs.cv_folder import OOF_COLUMNS
+from train.prediction.submission import label_names
+from train.runs import run as run_files
+from train.runs.cv_folder import OOF_COLUMNS, CVResult, is_cv_folder
 
 LABELS = "labels"
 
@@ -42,6 +46,7 @@ class Blend:
     thresholds: tuple[float, ...]
     scores: tuple[Scores, ...]  # of each OOF file, at thresholds tuned on it
     blended: Scores
+    single_label: bool = False  # read from the data: labels by argmax, no thresholds
     submission: Any = None  # a pandas DataFrame
 
 
@@ -51,12 +56,14 @@ def blend(
     out: str | None = None,
     *,
     weights: Sequence[float] | None = None,
-    single_label: bool = False,
+    single_label: bool | None = None,
     probabilities: bool = False,
     overwrite: bool = False,
 ) -> Blend:
     """Blends the OOF files ``oof`` (and, given, the test files ``test``, one per OOF file in the same order,
-    written to ``out``) with ``weights`` (default: equal). Example::
+    written to ``out``) with ``weights`` (default: equal). Single- or multi-label is read from the CV folders
+    beside the OOF files, else from their rows (``oof_kind``); ``single_label`` given must agree. An OOF file of a
+    CV folder is checked against its record first (``train.runs.files``). Example::
 
         from train.blend import blend
         found = blend(["runs/cv-a/oof.csv", "runs/cv-b/oof.csv"], ["a.csv", "b.csv"], "blend.csv", weights=[1, 2])
@@ -64,16 +71,55 @@ def blend(
     """
     check_inputs(oof, test, out)
     w = normalised(weights, len(oof))
+    cvs = [checked_oof(p) for p in oof]
     tables = [read_table(p, oof=True) for p in oof]
     classes, ids, truth = agreed(tables, oof, oof=True)
     probs = [aligned(t, ids, classes, p) for t, p in zip(tables, oof)]
+    single_label = oof_kind(oof, cvs, truth, probs, single_label)
     alone = tuple(score(p, truth, classes, _tuned(p, truth, single_label), single_label) for p in probs)
     mixed = np.tensordot(np.asarray(w), np.stack(probs), axes=1)
     thresholds = _tuned(mixed, truth, single_label)
-    found = Blend(w, tuple(classes), tuple(thresholds), alone, score(mixed, truth, classes, thresholds, single_label))
+    blended = score(mixed, truth, classes, thresholds, single_label)
+    found = Blend(w, tuple(classes), tuple(thresholds), alone, blended, single_label)
     if test:
         found = dataclasses.replace(
             found, submission=blend_test(test, out, found, single_label, probabilities, overwrite)
+        )
+    return found
+
+
+def checked_oof(path: str) -> bool | None:
+    """An OOF file in a CV folder (``cv.json`` beside it) is the one train.cv recorded there; returns that CV's
+    single-label (None: a file of no CV folder, read as it is)."""
+    folder, name = posixpath.split(path)
+    if not is_cv_folder(folder or "."):
+        return None
+    cv = CVResult.load(folder or ".")
+    run_files.check_file(folder or ".", name, "blend the OOF file train.cv wrote, or run train.cv again")
+    return cv.single_label
+
+
+def oof_kind(
+    paths: Sequence[str], cvs: Sequence[bool | None], truth: Any, probs: Sequence[Any], asked: bool | None
+) -> bool:
+    """Single-label (True) or multi-label: what the CV folders beside the OOF files say, else their rows (one
+    true label each and probabilities summing to 1, a softmax's, is single-label); ``asked`` must agree."""
+    known = {c for c in cvs if c is not None}
+    several = np.flatnonzero(truth.sum(axis=1) != 1)
+    if len(known) > 1:
+        raise TfpipeError(f"{option('oof')}: single-label and multi-label CVs cannot be blended")
+    if known:
+        found, why = known.pop(), "its CV's cv.json says so"
+    elif len(several):
+        found, why = False, f"{counted(len(several), 'row')} hold{'s' * (len(several) == 1)} no or several true labels"
+    else:
+        sums = [float(np.abs(p.sum(axis=1) - 1).max()) for p in probs]
+        found, why = max(sums) <= 1e-3, "each row's probabilities sum to 1, or not"
+    if asked is not None and asked != found:
+        kind = "multi-label" if asked else "single-label"
+        raise TfpipeError(
+            f"{option('single_label')}: {paths[0]} holds {kind} OOF predictions ({why}); leave the flag out (the "
+            "kind is read from the data)"
         )
     return found
 
@@ -167,17 +213,21 @@ def agreed(tables: Sequence[Any], paths: Sequence[str], oof: bool) -> tuple[list
         if oof and list(table.loc[ids, LABELS]) != list(first[LABELS]):
             bad = next(i for i in ids if table.loc[i, LABELS] != first.loc[i, LABELS])
             raise TfpipeError(f"{path}: the labels of {bad!r} are not {paths[0]}'s; these are not OOF of one dataset")
-    truth = np.array([[c in set(row.split()) for c in classes] for row in first[LABELS]], np.float32) if oof else None
+    truth = (
+        np.array([[c in set(label_names(row, classes)) for c in classes] for row in first[LABELS]], np.float32)
+        if oof
+        else None
+    )
     return classes, ids, truth
 
 
 def check_oof_labels(cells: Any, classes: Sequence[str], path: str) -> None:
-    """Each OOF ``labels`` cell is the true labels, class names separated by spaces (empty: none): a missing-value
+    """Each OOF ``labels`` cell is the true labels, as ``label_strings`` writes them (empty: none): a missing-value
     spelling or a name that is not one of the class columns is refused naming its row (it would be read as "no
     labels", and the blend's scores and thresholds tuned on a wrong truth)."""
     known = set(classes)
     for row, cell in enumerate(cells, start=1):
-        for label in cell.split():
+        for label in label_names(cell, classes):
             where = f"{path}: row {row}, column {LABELS!r}"
             if is_missing(label):
                 raise TfpipeError(f"{where}: {label!r} is a missing-value spelling, not a label (empty: none)")
@@ -236,9 +286,10 @@ def lines(found: Blend, oof: Sequence[str]) -> list[str]:
 
     said = [f"train.blend: {p}: AUC {auc(s)} (exact, macro), {headline(s)}" for p, s in zip(oof, found.scores)]
     weights = ", ".join(f"{w:.3f}" for w in found.weights)
+    how = "labels by argmax" if found.single_label else "each at thresholds tuned on its own OOF predictions"
     said.append(
         f"train.blend: the blend (weights {weights}): AUC {auc(found.blended)} (exact, macro), "
-        f"{headline(found.blended)} (each at thresholds tuned on its own OOF predictions)"
+        f"{headline(found.blended)} ({how})"
     )
     return said
 
@@ -249,7 +300,12 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--test", nargs="+", default=[], help="test predictions (--probabilities), one an OOF file")
     p.add_argument("--out", help="the blended submission to write (with --test)")
     p.add_argument("--weights", type=_numbers, help="one weight a file, e.g. 0.4,0.6 (default: equal)")
-    p.add_argument("--single-label", action="store_true", help="labels by argmax (one class an image)")
+    p.add_argument(
+        "--single-label",
+        action="store_true",
+        default=None,
+        help="assert single-label (labels by argmax); the kind is read from the CVs or the rows anyway",
+    )
     p.add_argument("--probabilities", action="store_true", help="the blended probabilities after the labels")
     p.add_argument("--overwrite", action="store_true", help="replace --out whatever it holds")
     return p

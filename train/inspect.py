@@ -57,10 +57,20 @@ def text_lines(info: dict[str, Any]) -> list[str]:
         lines += fold_lines(info)
     tuned = ", ".join(f"{t['file']} ({t['model']}, {_views(t['views'])})" for t in info["thresholds_files"])
     lines.append(f"thresholds files: {tuned or 'none'}{' (single-label: the argmax)' * info['single_label']}")
+    lines += file_lines(info["files"])
     chosen = info["predicts_with"]
     if chosen:
         lines.append(f"{chosen['command']}: {chosen['why']}")
     return lines
+
+
+def file_lines(record: dict[str, Any]) -> list[str]:
+    """``files.json`` against the folder: each file a decision reads as its job wrote it, or what is not."""
+    if record["problems"]:
+        return ["files not as their job wrote them (predicting refuses them):", *(f"  {p}" for p in record["problems"])]
+    if not record["recorded"]:
+        return ["files: no record of their digests (a folder of an earlier tfpipe): not checked"]
+    return ["files: each as its job wrote it (files.json)"]
 
 
 def head_lines(info: dict[str, Any]) -> list[str]:

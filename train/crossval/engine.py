@@ -43,12 +43,12 @@ from train.runs.cv_folder import (
     described_folds,
     fold_run,
     fold_scores,
-    oof_name,
     shared_settings,
     submitted_model,
 )
 from train.runs.results import FitResult
 from train.runs.run import RunConfig, read_state
+from train.runs.thresholds import save_thresholds
 
 PROG = "train.cv"
 
@@ -167,6 +167,11 @@ def check_fold_folders(cv: str, folds: Sequence[int], overwrite: bool) -> None:
     others' runs first)."""
     for k in folds:
         run = fold_run(cv, k)
+        if fs.exists(run) and not fs.isdir(run):
+            raise TfpipeError(
+                f"{run} is a file, where train.cv keeps fold {k}'s run folder; move it out of the CV folder first "
+                "(nothing was removed or trained)"
+            )
         if not fs.isdir(run):
             continue
         names = [n for n in fs.listdir(run) if n != LOCK]
@@ -278,8 +283,7 @@ def oof_scores(cfg: FitConfig, plan: CVResult, strategy: tf.distribute.Strategy,
     """One model's OOF file, thresholds (tuned on it, always anew) and scores, over all rows and fold by fold."""
     predict = validation_predictor(strategy, cfg.batch_size, swa=swa, views=plan.tta, progress=bool(cfg.verbose))
     found, fold_of = out_of_fold(plan, cfg.run, swa=swa, views=plan.tta, predict=predict)
-    oof = oof_name(swa, plan.tta)
-    write_oof(run_files.path(cfg.run, oof), found, fold_of, plan.classes)
+    oof = write_oof(plan, cfg.run, found, fold_of, swa=swa, views=plan.tta)
     thresholds, named = oof_thresholds_now(cfg, plan, found, swa)
     scores = score(found.probs, found.targets, plan.classes, thresholds, plan.single_label)
     per_fold = tuple(fold_scores(k, _rows_scored(found, fold_of == k, plan, thresholds)) for k in plan.folds)
@@ -294,7 +298,8 @@ def oof_thresholds_now(cfg: FitConfig, plan: CVResult, found: Predictions, swa: 
     if plan.single_label:
         return [cfg.threshold] * len(plan.classes), None
     thresholds = tune_thresholds(found.probs, found.targets, cfg.threshold)
-    run_files.save_thresholds(cfg.run, plan.classes, thresholds, run_files.SWA_SUFFIX if swa else "", plan.tta)
+    model = run_files.model_files(swa)[0]
+    save_thresholds(cfg.run, plan.classes, thresholds, model, run_files.SWA_SUFFIX if swa else "", plan.tta)
     return thresholds, run_files.model_files(swa, plan.tta)[1]
 
 

@@ -14,6 +14,8 @@ from typing import Any, NamedTuple
 from tfpipe import fs
 from tfpipe.errors import in_command
 from train.runs import run as run_files
+from train.runs.files import NotAsRecorded
+from train.runs.thresholds import load_thresholds
 
 SAME = 1e-6  # a thresholds file's value and the report's are the same threshold (JSON round trips)
 
@@ -116,9 +118,12 @@ def same_thresholds(scored: Sequence[Any], found: Sequence[float]) -> bool:
 
 def thresholds_state(folder: str, classes: Sequence[str], swa: bool, views: int, report: Any) -> str:
     """Whether the model's thresholds file (for ``views``) in ``folder`` holds the thresholds its report was scored
-    at: ``same``, ``differs`` or ``missing``."""
+    at, and is the file its job recorded: ``same``, ``differs`` or ``missing``."""
     remedy = "the report was scored at the thresholds metrics.json (cv.json) holds"
-    found = run_files.load_thresholds(folder, classes, swa, views, remedy=remedy)
+    try:
+        found = load_thresholds(folder, classes, swa, views, remedy=remedy)
+    except NotAsRecorded:  # not the file its job wrote (train.runs.files): train.predict refuses it
+        return "differs"
     if found is None:
         return "missing"
     return "same" if same_thresholds(scored_thresholds(report, classes), found) else "differs"

@@ -27,9 +27,11 @@ from tfpipe.console import counted
 from tfpipe.errors import TfpipeError, option
 from tfpipe.shards import Shards
 from train.prediction.submission import label_strings
+from train.runs import files
 from train.runs import run as run_files
-from train.runs.cv_folder import CVResult, fold_run, oof_name
+from train.runs.cv_folder import CVResult, fold_model, fold_run, oof_name
 from train.runs.run import RunConfig, training_parts
+from train.runs.thresholds import load_thresholds, save_thresholds
 
 Array = npt.NDArray[Any]
 
@@ -79,12 +81,15 @@ def validation_predictions(
     classes = list(config.classes)
     names, digests = tfpipe.image_names(records, folds), tfpipe.image_digests(records, folds)
     targets = tfpipe.read_targets(records, len(classes), folds)
-    recorded = run_files.path(run, run_files.variant(run_files.VAL_PREDICTIONS, swa, views))
+    name = run_files.variant(run_files.VAL_PREDICTIONS, swa, views)
+    recorded, model = run_files.path(run, name), run_files.model_name(run, swa)
     if fs.exists(recorded):
+        run_files.check_file(run, name, f"delete it to predict anew ({why})", model, views)
         probs = read_probabilities(recorded, classes, digests)
     else:
         probs = predict(records, folds)
         write_predictions(recorded, names, digests, targets, probs, classes)
+        files.record(run, [name], model, views)
     return Predictions(names, digests, probs, targets)
 
 
@@ -160,14 +165,15 @@ def tuned_thresholds(
     """The per-class thresholds of ``folder`` (a run or a CV folder) for its final or ``swa`` model over
     ``views`` views: recorded ones, else tuned on ``predictions()`` (the same model, the same views) and
     recorded. A folder that cannot be written (a read-only Kaggle input) is said, and tuned again next time."""
-    recorded = run_files.load_thresholds(folder, classes, swa, views)
+    recorded = load_thresholds(folder, classes, swa, views)
     if recorded is not None:
         return recorded
     found = predictions()
     thresholds = tune_thresholds(found.probs, found.targets, default)
     name = run_files.model_files(swa, views)[1]
     try:
-        run_files.save_thresholds(folder, classes, thresholds, run_files.SWA_SUFFIX if swa else "", views)
+        model = run_files.model_name(folder, swa)
+        save_thresholds(folder, classes, thresholds, model, run_files.SWA_SUFFIX if swa else "", views)
         kept = f"-> {run_files.path(folder, name)}"
     except (OSError, TfpipeError) as e:
         kept = f"not recorded ({folder} cannot be written: {str(e)[:60]}); tuned again next time"
@@ -205,14 +211,21 @@ def out_of_fold(cv: CVResult, folder: str, *, swa: bool, views: int, predict: Pr
     return joined, np.concatenate(fold_of)
 
 
-def write_oof(path: str, found: Predictions, fold_of: Array, classes: Sequence[str]) -> None:
-    """``oof.csv``: image_name, image_digest, fold, one probability column per class, labels (the true ones)."""
+def write_oof(cv: CVResult, folder: str, found: Predictions, fold_of: Array, *, swa: bool, views: int) -> str:
+    """The OOF file of the fold models (final, or ``swa``) over ``views`` (``oof.csv``: image_name, image_digest,
+    fold, one probability column per class, labels, the true ones), recorded in the CV folder's ``files.json``
+    with the fold models that predicted it; returns its name."""
     import pandas as pd
 
+    name = oof_name(swa, views)
     table = pd.DataFrame({"image_name": found.names, "image_digest": found.digests, "fold": fold_of})
-    labels = label_strings(found.targets > 0, classes)
-    table = pd.concat([table, pd.DataFrame(found.probs, columns=list(classes))], axis=1)
-    fs.write_atomic(path, table.assign(labels=labels).to_csv(index=False))
+    labels = label_strings(found.targets > 0, cv.classes)
+    table = pd.concat([table, pd.DataFrame(found.probs, columns=list(cv.classes))], axis=1)
+    fs.write_atomic(run_files.path(folder, name), table.assign(labels=labels).to_csv(index=False))
+    model = run_files.model_files(swa)[0]
+    files.record(folder, [name], model, views)
+    files.record(folder, [fold_model(k, swa) for k in cv.folds])
+    return name
 
 
 def oof_thresholds(
@@ -223,7 +236,7 @@ def oof_thresholds(
 
     def predictions() -> Predictions:
         found, fold_of = out_of_fold(cv, folder, swa=swa, views=views, predict=predict)
-        write_oof(run_files.path(folder, oof_name(swa, views)), found, fold_of, cv.classes)
+        write_oof(cv, folder, found, fold_of, swa=swa, views=views)
         return found
 
     return tuned_thresholds(

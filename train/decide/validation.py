@@ -24,7 +24,9 @@ from train.decide import evaluation
 from train.decide.tuning import tune_thresholds
 from train.keras import plots
 from train.prediction.submission import label_strings, labels_at
+from train.runs import files
 from train.runs import run as run_files
+from train.runs.thresholds import save_thresholds
 
 # The figures every run's metrics.json holds, train.fit's and the PyTorch recipes' alike (a test compares them):
 # "model" the architecture, "report" the exact validation scores of the saved model (with "model" its file).
@@ -60,11 +62,13 @@ def validation_files(
     *,
     single_label: bool,
     threshold: float,
+    model: str,
     swa: bool = False,
 ) -> Validated:
     """Tunes the thresholds on ``probs`` [N, C] (multi-label; ``threshold`` for a class with no positive, and the
     single-label argmax needs none), writes the files above in ``run_dir`` (``swa``: the SWA model's; None: no
-    files) and returns the scores of ``train.decide.evaluation.score`` at those thresholds, in metrics.json's words."""
+    files; each recorded in ``files.json`` as of the file ``model``, one view)
+    and returns the scores of ``train.decide.evaluation.score`` at those thresholds, in metrics.json's words."""
     from sklearn.metrics import f1_score
 
     thresholds = [threshold] * len(classes) if single_label else tune_thresholds(probs, targets, threshold)
@@ -75,8 +79,9 @@ def validation_files(
         table = pd.concat([table, pd.DataFrame(probs, columns=list(classes))], axis=1)
         named = run_files.swa_name if swa else str  # the SWA model's report files: roc-swa.png, ...
         fs.write_atomic(run_files.path(run_dir, named(run_files.VAL_PREDICTIONS)), table.to_csv(index=False))
+        files.record(run_dir, [named(run_files.VAL_PREDICTIONS)], model, 1)
         if not single_label:
-            run_files.save_thresholds(run_dir, classes, thresholds, run_files.SWA_SUFFIX if swa else "")
+            save_thresholds(run_dir, classes, thresholds, model, run_files.SWA_SUFFIX if swa else "")
         plots.roc_curves(targets, probs, classes, run_files.path(run_dir, named(run_files.ROC_PNG)))
     scores = evaluation.score(probs, targets, classes, thresholds, single_label)
     hits = targets > 0

@@ -9,22 +9,25 @@ import dataclasses
 import errno
 import json
 import os
+import posixpath
 import shutil
 import signal
 import statistics
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from tfpipe import fs
+from tfpipe.columns import count_examples
 from tfpipe.errors import TfpipeError, option
 from tfpipe.lifecycle import with_detail
 from tfpipe.locks import LOCK
 from tfpipe.shards import Shards
 from train.keras.config import PREFLIGHT_ONLY, FitConfig
 from train.keras.schedules import scaled_lr
+from train.runs import files
 from train.runs import run as run_files
 from train.runs.cv_folder import CV_FILE
-from train.runs.run import RunConfig, read_state, same_setting
+from train.runs.run import Parts, RunConfig, read_state, same_setting
 
 if TYPE_CHECKING:
     import tf_keras as keras
@@ -35,7 +38,6 @@ import tensorflow as tf  # its errors: what stops training from outside (stoppin
 # Settings a resumed run must share with the run it continues (others, such as verbose, may change).
 RESUME_KEYS = (
     "backend",  # a backup is the backend's own (a TensorFlow checkpoint, or Keras 3's weights file)
-    "records",
     "model",
     "image_size",
     "batch_size",
@@ -50,10 +52,34 @@ RESUME_KEYS = (
     "single_label",
     "swa_epochs",
     "classes",
+    # how the run was laid out on its replicas (config.json's, RUN_VERSION 3): the global batch, and with it the
+    # steps of an epoch, the learning-rate schedule and the position a backup saved, follow them
+    "replicas_in_sync",
+    "global_batch_size",
+    "train_examples",
 )
 
 
-def check_out(cfg: FitConfig, shards: Shards) -> bool:
+class Layout(NamedTuple):
+    """How a run is laid out: the replicas in sync and the training images (an epoch's steps follow)."""
+
+    replicas: int
+    train_examples: int
+
+    @classmethod
+    def of(cls, strategy: tf.distribute.Strategy, parts: Parts) -> Layout:
+        return cls(strategy.num_replicas_in_sync, count_examples(parts.train, parts.train_folds))
+
+    def settings(self, batch_size: int) -> dict[str, int]:
+        """config.json's record of it (``RESUME_KEYS``' last three)."""
+        return {
+            "replicas_in_sync": self.replicas,
+            "global_batch_size": batch_size * self.replicas,
+            "train_examples": self.train_examples,
+        }
+
+
+def check_out(cfg: FitConfig, shards: Shards, layout: Layout) -> bool:
     """A run folder is a new or empty folder, or a run that ``resume`` continues with the settings it started
     with, on the same shards; a finished run is never trained over, and a folder holding anything train.fit did
     not write (no valid ``config.json``) is never trained into. Each is an error naming the way out. Called
@@ -85,26 +111,33 @@ def check_out(cfg: FitConfig, shards: Shards) -> bool:
             f"{cfg.run} already holds a run; pass {option('resume', True)} to continue it or "
             f"{option('overwrite', True)} to replace it, or choose another {option('run')} folder"
         )
-    check_resume_fits(cfg, shards, config)
+    check_resume_fits(cfg, shards, config, layout)
     run_files.remove_half_saved(cfg.run)  # of a job killed while saving: this one saves them again
     return False
 
 
-def check_resume_fits(cfg: FitConfig, shards: Shards, config: RunConfig) -> None:
-    """``resume`` continues an unfinished run on its own shards with the settings it started with."""
+def check_resume_fits(cfg: FitConfig, shards: Shards, config: RunConfig, layout: Layout) -> None:
+    """``resume`` continues an unfinished run on its own shards (their dataset id: wherever they are now) with
+    the settings it started with, laid out alike (``layout``: its replicas, global batch and epoch)."""
     if read_state(cfg.run).get("finished"):
         raise TfpipeError(
             f"{cfg.run} holds a finished run (model.keras); {option('resume', True)} continues an interrupted "
             f"one -- pass {option('overwrite', True)} to replace it, or choose another {option('run')} folder"
         )
     if config.dataset_id and config.dataset_id != shards.dataset_id:
+        same = isinstance(config.records, str) and _same_place(config.records, cfg.records)
+        what = (
+            f"{cfg.records} was rewritten since {cfg.run} started"
+            if same
+            else f"{cfg.records} holds other shards than {cfg.run} trained on ({config.records})"
+        )
         raise TfpipeError(
-            f"{cfg.records} was rewritten since {cfg.run} started (dataset id {config.dataset_id}, "
-            f"now {shards.dataset_id}); {option('resume', True)} continues a run on its own shards "
-            f"-- choose another {option('run')} folder to train on the new ones"
+            f"{what} (dataset id {config.dataset_id}, {'now' if same else 'here'} {shards.dataset_id}); "
+            f"{option('resume', True)} continues a run on its own shards -- choose another {option('run')} folder "
+            "to train on these"
         )
     before = config.settings
-    now = dict(settings_of(cfg), classes=shards.classes)
+    now = dict(settings_of(cfg), classes=shards.classes, **layout.settings(cfg.batch_size))
     changed = [
         k
         for k in RESUME_KEYS
@@ -112,11 +145,24 @@ def check_resume_fits(cfg: FitConfig, shards: Shards, config: RunConfig) -> None
     ]
     if changed:
         k = changed[0]
+        how = (
+            f" ({option('strategy')}, {option('replicas')}: the global batch, an epoch's steps and the learning "
+            "rate's schedule follow the replicas)"
+            if k in ("replicas_in_sync", "global_batch_size")
+            else ""
+        )
         raise TfpipeError(
             f"{cfg.run} was started with {k}={before[k]!r}, not {now[k]!r}; {option('resume', True)} "
-            "continues a run with its own settings"
+            f"continues a run with its own settings{how}"
         )
     check_resumable(cfg.run, config)
+
+
+def _same_place(a: str, b: str) -> bool:
+    """Whether two shard paths name one folder (local ones resolved; remote ones as written)."""
+    if fs.is_remote(a) or fs.is_remote(b):
+        return a.rstrip("/") == b.rstrip("/")
+    return os.path.realpath(a) == os.path.realpath(b)
 
 
 def replace_run(run: str, names: Sequence[str], progress: bool) -> None:
@@ -130,6 +176,14 @@ def replace_run(run: str, names: Sequence[str], progress: bool) -> None:
             "removes whole; move it out of the run folder first"
         )
     own = sorted((n for n in names if run_files.written_by_fit(n)), key=lambda n: n == run_files.CONFIG)
+    folders = (run_files.BACKUP, run_files.CHECKPOINTS, run_files.LOGS)
+    odd = next((n for n in own if fs.isdir(run_files.path(run, n)) != (n in folders)), None)
+    if odd is not None and not os.path.islink(run_files.path(run, odd)):  # a link is removed as a link
+        kind = "a folder" if odd not in folders else "a file"
+        raise TfpipeError(
+            f"{run_files.path(run, odd)} is {kind}, which train.fit never writes there; move it out of the run "
+            f"folder first (nothing was removed)"
+        )
     for name in own:
         p = run_files.path(run, name)
         fs.rmtree(p) if fs.isdir(p) and not os.path.islink(p) else fs.remove(p)
@@ -159,15 +213,18 @@ def check_resumable(run: str, config: RunConfig) -> None:
 
 
 def save_model(model: keras.Model, path: str) -> None:
-    """Saves through a temporary name: a crash while saving never leaves a half-written model file."""
+    """Saves through a temporary name: a crash while saving never leaves a half-written model file; the file is
+    recorded in the run's ``files.json``."""
     tmp = fs.temporary_name(path[: -len(".keras")]) + ".keras"  # a name no user file has
     model.save(tmp)
     fs.rename(tmp, path, overwrite=True)
+    files.record(posixpath.dirname(path), [posixpath.basename(path)])
 
 
-def write_run_config(plan: FitConfig, shards: Shards) -> None:
+def write_run_config(plan: FitConfig, shards: Shards, layout: Layout) -> None:
     """config.json: what predicting with this run depends on (classes, input size, how the images were fitted,
-    single- or multi-label, the shards' dataset id, the validation fold), plus every setting used."""
+    single- or multi-label, the shards' dataset id, the validation fold), plus every setting used and the
+    run's ``layout`` (what a resume must keep)."""
     manifest = shards.manifest
     # prepare() refuses shards without a manifest, and decides the input size and single- or multi-label
     assert manifest is not None and plan.image_size is not None and plan.single_label is not None
@@ -179,7 +236,7 @@ def write_run_config(plan: FitConfig, shards: Shards) -> None:
         dataset_id=shards.dataset_id,
         fold=plan.fold,
         records=plan.records,
-        settings=settings_of(plan),
+        settings=dict(settings_of(plan), **layout.settings(plan.batch_size)),
         stored_size=shards.image_size or run_files.OWN_SIZES,
     ).save(plan.run)
 
@@ -271,12 +328,12 @@ def stopping_cleanly(plan: FitConfig, shards: Shards) -> Iterator[None]:
 def remove_temporaries(folder: str) -> int:
     """Deletes the ``*_temp*`` files and folders TensorFlow's checkpoint writer left under ``folder``."""
     removed = 0
-    for root, dirs, files in os.walk(folder) if not fs.is_remote(folder) else ():
+    for root, dirs, names in os.walk(folder) if not fs.is_remote(folder) else ():
         for name in [d for d in dirs if "_temp" in d]:
             shutil.rmtree(os.path.join(root, name), ignore_errors=True)
             dirs.remove(name)
             removed += 1
-        for name in [f for f in files if "_temp" in f]:
+        for name in [f for f in names if "_temp" in f]:
             os.remove(os.path.join(root, name))
             removed += 1
     return removed

@@ -62,8 +62,9 @@ def validation_report(
     targets = tfpipe.read_targets(records, len(classes), folds)
     digests = tfpipe.image_digests(records, folds)  # what train.predict knows these images by, whatever their names
     done = validation_files(
-        run_dir, ids, digests, probs, targets, classes, single_label=single_label, threshold=threshold, swa=bool(suffix)
-    )
+        run_dir, ids, digests, probs, targets, classes, single_label=single_label, threshold=threshold,
+        model=run_files.model_files(bool(suffix))[0], swa=bool(suffix),
+    )  # fmt: skip
     images = next(
         iter(tfpipe.make_dataset(records, GRID_IMAGES, image_size=image_size, folds=folds, num_classes=len(classes)))
     )[0].numpy()

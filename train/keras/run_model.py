@@ -28,7 +28,9 @@ def load_run(run: str, config: RunConfig | None = None, swa: bool = False) -> tu
     model must output the run's classes."""
     config = config or RunConfig.load(run)
     check_model_present(run, swa)
-    model_path = run_files.path(run, run_files.model_files(swa)[0])
+    name = run_files.model_files(swa)[0]
+    run_files.check_file(run, name, f"put the run's own {name} back, or train the run again")
+    model_path = run_files.path(run, name)
     model = load_model(model_path)
     check_model_fits_run(model, config, model_path)
     return model, config

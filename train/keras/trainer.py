@@ -53,6 +53,7 @@ from train.keras.compiling import make_auc as make_auc  # train.fit hands it out
 from train.keras.config import FitConfig
 from train.keras.data import training_data
 from train.keras.fit_run import (
+    Layout,
     check_out,
     remove_if_empty,
     removed_unless_an_epoch_is_saved,
@@ -209,7 +210,7 @@ def train_planned(
             with locked_folder(plan.run, "train.fit", setting="run") as lock, quick_teardown():
                 if is_multiworker(strategy):  # before check_out, which may replace the run (--overwrite)
                     check_same_start(strategy, plan.run, start_point(plan.run, plan, shards))
-                fresh = check_out(plan, shards)
+                fresh = check_out(plan, shards, Layout.of(strategy, parts))
                 metrics = train_and_report(plan, shards, parts, strategy, kind, lock, started, fresh)
                 return FitResult.from_metrics(plan.run, metrics)
         except BaseException:
@@ -267,7 +268,7 @@ def train_as_worker(
                 console.saying("train.fit", None, still, plan.verbose > 0),
             ):  # a heartbeat: a worker's log is not silent for its whole run
                 check_same_start(strategy, plan.run, start_point(own, mine, shards))
-                fresh = check_out(mine, shards)
+                fresh = check_out(mine, shards, Layout.of(strategy, parts))
                 train_and_report(mine, shards, parts, strategy, kind, lock, started, fresh)
         except TfpipeError as e:  # said of the private folder: the user knows the run folder
             raise renamed(e, own, plan.run) from None  # the same kind, said of the run folder
@@ -306,7 +307,7 @@ def train_and_report(
     plan = capped_steps_per_execution(plan, data[2])
     throughput = Throughput(global_batch)
     with stops_recorded(plan.run), removed_unless_an_epoch_is_saved(plan.run, fresh, throughput):
-        write_run_config(plan, shards)
+        write_run_config(plan, shards, Layout(strategy.num_replicas_in_sync, n_train))
         keras.mixed_precision.set_global_policy(precision)
         if plan.verbose:
             announce_build(plan, strategy, kind, n_train, n_val, shards.image_size)

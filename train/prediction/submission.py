@@ -11,6 +11,7 @@ column, the table, and its writing (whole, with its hash recorded beside it).
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import posixpath
 import sys
@@ -40,8 +41,30 @@ def labels_at(
 
 
 def label_strings(hits: npt.NDArray[np.bool_], classes: Sequence[str]) -> list[str]:
-    """Space-separated class names of each row of boolean ``hits`` [N, C]: a labels column (predicted or true)."""
-    return [" ".join(c for c, on in zip(classes, row) if on) for row in hits]
+    """The class names of each row of boolean ``hits`` [N, C], a labels cell (predicted or true): separated by
+    spaces, as Kaggle's submissions are; one class is its name as it is; several, where a class name holds a space
+    (``big circle``), a JSON list (``["big circle", "cross"]``), which ``label_names`` reads back."""
+    spaced = any(len(c.split()) != 1 for c in classes)
+    out = []
+    for row in hits:
+        names = [c for c, on in zip(classes, row) if on]
+        out.append(json.dumps(names, ensure_ascii=False) if spaced and len(names) > 1 else " ".join(names))
+    return out
+
+
+def label_names(cell: str, classes: Sequence[str]) -> list[str]:
+    """The class names of a labels cell ``label_strings`` wrote: one class's name as it is, a JSON list, or names
+    separated by spaces (empty: none). Whether each is a class is the caller's check."""
+    if cell in classes:
+        return [cell]
+    if cell.startswith("["):
+        try:
+            names = json.loads(cell)
+        except json.JSONDecodeError:
+            names = None
+        if isinstance(names, list) and all(isinstance(n, str) for n in names):
+            return names
+    return cell.split()
 
 
 def check_column_names(id_column: str, classes: Sequence[str], labels: bool, probabilities: bool) -> None:

@@ -17,8 +17,9 @@ from train.decide.choice import choice_line, run_choice
 from train.decide.tuning import Predictor, describe, oof_thresholds, tuned_thresholds
 from train.keras.run_model import check_model_present
 from train.runs import run as run_files
-from train.runs.cv_folder import CVResult, checked_fold_run, is_cv_folder, oof_name
+from train.runs.cv_folder import CVResult, checked_fold_run, fold_model, is_cv_folder, oof_name
 from train.runs.run import RunConfig
+from train.runs.thresholds import load_thresholds
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,6 +70,11 @@ def fold_member(cv_folder: str, cv: CVResult, fold: int, swa: bool) -> tuple[str
     if not run_files.read_state(run).get("finished"):
         raise TfpipeError(f"{run}: fold {fold} did not finish; continue it with train.cv {option('resume', True)}")
     check_model_present(run, swa)
+    model = fold_model(fold, swa)
+    run_files.check_file(
+        cv_folder, model, f"a CV's models are those its OOF predictions were scored with; put the fold's own "
+        f"{run_files.model_files(swa)[0]} back, or train the CV again ({option('overwrite', True)})",
+    )  # fmt: skip
     return run, config
 
 
@@ -126,7 +132,7 @@ def target_thresholds(
 def run_thresholds(run: str, config: RunConfig, swa: bool) -> list[float]:
     """A run's thresholds for one view: tuned by its report (validated; with ``swa`` the SWA model's), else its
     default for runs trained without the report."""
-    tuned = run_files.load_thresholds(run, list(config.classes), swa)
+    tuned = load_thresholds(run, list(config.classes), swa)
     default = float(config.settings.get("threshold", 0.5))
     if tuned is None and config.settings.get("report", True):
         # train.fit wrote them with its report: labels at one threshold instead would change without a word

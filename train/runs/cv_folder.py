@@ -25,9 +25,9 @@ from train.decide.evaluation import Scores, scores_problem
 from train.runs import run as run_files
 from train.runs.run import RunConfig, same_setting
 
-CV_FILE = "cv.json"
+CV_FILE = run_files.CV_FILE
 OOF = "oof.csv"
-CV_VERSION = 1
+CV_VERSION = 2  # 2: files.json records the OOF files, thresholds and each fold's model (train.runs.files)
 FOLD_RUN = "fold-{}"  # a fold's run folder inside the CV folder
 # Settings each fold's run has of its own; every other setting is the CV's, the same for every fold.
 PER_FOLD = ("run", "fold", "resume", "overwrite", "verbose", "strategy", "replicas", "save_every")
@@ -38,6 +38,11 @@ SPREAD = ("roc_auc_macro", "exact_match")  # the fold figures whose spread cv.js
 def fold_run(cv: str, fold: int) -> str:
     """``CV_DIR/fold-3``: the run folder of fold 3."""
     return run_files.path(cv, FOLD_RUN.format(fold))
+
+
+def fold_model(fold: int, swa: bool) -> str:
+    """``fold-2/model.keras``: a fold's model, as the CV folder's ``files.json`` names it."""
+    return f"{FOLD_RUN.format(fold)}/{run_files.model_files(swa)[0]}"
 
 
 def is_cv_folder(folder: str) -> bool:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 import posixpath
 import re
@@ -26,10 +25,12 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from tfpipe import fs
-from tfpipe.errors import RunMismatch, option
+from tfpipe.errors import RunMismatch
 from tfpipe.manifest import FITS, MANIFEST
 from tfpipe.shard_names import SHARD_NAMES
 from tfpipe.shards import Shards, fold_split, holdout_split
+from train.runs import files
+from train.runs.files import FILES
 
 CONFIG = "config.json"
 MODEL = "model.keras"
@@ -48,13 +49,17 @@ LOGS = "logs"
 BURN_DONE = f"{CHECKPOINTS}/burn-done"  # the weights after the burn-in phase, for --resume (TensorFlow's files)
 # Every name train.fit writes in a run folder besides the report's files (train.keras.report): what a job that fails
 # before its first epoch is saved removes again from a folder that was new or empty when it started.
-WRITTEN = (CONFIG, MODEL, MODEL_SWA, THRESHOLDS, HISTORY, STATE, METRICS, SWA_AVERAGE, BACKUP, CHECKPOINTS, LOGS)
+WRITTEN = (CONFIG, MODEL, MODEL_SWA, THRESHOLDS, HISTORY, STATE, METRICS, SWA_AVERAGE, BACKUP, CHECKPOINTS, LOGS, FILES)
 ROC_PNG, PREDICTIONS_PNG, CURVES_PNG = "roc.png", "predictions.png", "learning_curves.png"  # the report's pictures
 REPORT = (VAL_PREDICTIONS, TRAIN_DIGESTS, THRESHOLDS, ROC_PNG, PREDICTIONS_PNG, CURVES_PNG)  # each also with SWA_SUFFIX
 TORCH_MODEL, TORCH_MODEL_SWA = "model.pt", "model-swa.pt"  # the PyTorch recipes' weights (train.torch.run)
 RECIPES = ("torch_ddp", "lightning_swa")  # the PyTorch recipes (examples/) whose runs config.json can name
-# 1: tfpipe <= 0.2 (no version, fit and dataset id unknown); 2: run_version, fit, dataset_id, num_classes.
-RUN_VERSION = 2
+# 1: tfpipe <= 0.2 (no version, fit and dataset id unknown); 2: run_version, fit, dataset_id, num_classes;
+# 3: files.json (train.runs.files), replicas_in_sync, global_batch_size, train_examples.
+RUN_VERSION = 3
+CV_FILE = "cv.json"  # a CV folder's plan and scores (train.runs.cv_folder)
+# The version of config.json, and of cv.json, from which a folder keeps files.json (train.runs.files)
+RECORDED_SINCE = {CONFIG: ("run_version", 3), CV_FILE: ("cv_version", 2)}
 IMAGES_PER_SEC, EPOCH_SECONDS = "images_per_sec", "seconds"  # history.csv's timing of each epoch (not scores)
 OWN_SIZES = "own"  # config.json's stored_image_size for training shards written without --image-size
 
@@ -125,8 +130,8 @@ def foreign_in_folders(run: str) -> list[str]:
         top = path(run, folder)
         if os.path.islink(top) or not os.path.isdir(top):
             continue  # a link is removed as a link, its target untouched
-        for parent, _, files in os.walk(top):
-            found += [os.path.relpath(os.path.join(parent, f), run) for f in files if not FOLDER_FILE.match(f)]
+        for parent, _, names in os.walk(top):
+            found += [os.path.relpath(os.path.join(parent, f), run) for f in names if not FOLDER_FILE.match(f)]
     return sorted(found)
 
 
@@ -309,6 +314,7 @@ def save_digests(run: str, digests: Sequence[str]) -> None:
     a first line gives their number, so a file cut short is known."""
     lines = [f"# images trained on: {len(digests)}", *digests]
     fs.write_atomic(path(run, TRAIN_DIGESTS), "".join(f"{line}\n" for line in lines))
+    files.record(run, [TRAIN_DIGESTS])
 
 
 def load_digests(run: str) -> set[str] | None:
@@ -327,6 +333,7 @@ def load_digests(run: str) -> set[str] | None:
             else f"it does not hold the number of digests its first line says ({head[:40]!r})"
         )
         raise RunMismatch(f"{p}: {what}; the run folder was edited or damaged")
+    check_file(run, TRAIN_DIGESTS, "train the run again, or copy the run's own file back")
     return set(lines[:-1])
 
 
@@ -362,15 +369,20 @@ def read_history(run: str) -> list[dict[str, str]] | None:
     return [dict(zip(header, row)) for row in body]
 
 
-def save_thresholds(
-    run: str, classes: Sequence[str], thresholds: Sequence[float], suffix: str = "", views: int = 1
-) -> None:
-    """``thresholds.json`` (``suffix`` "-swa": the SWA model's; ``views`` > 1: tuned on predictions averaged over
-    that many TTA views) in ``run``, a run folder or a CV folder."""
-    fs.write_atomic(
-        path(run, views_name(f"thresholds{suffix}.json", views)),
-        json.dumps(dict(zip(classes, thresholds)), indent=1, ensure_ascii=False) + "\n",
-    )
+def keeps_record(folder: str) -> bool:
+    """Whether ``folder`` (a run or a CV folder) was written by a tfpipe that records its files (``files.json``):
+    its absence there is then a problem, not an older folder's."""
+    for name, (key, since) in RECORDED_SINCE.items():
+        if fs.exists(path(folder, name)):
+            data = _read_json(path(folder, name))
+            version = data.get(key, 1) if isinstance(data, dict) else 1
+            return type(version) is int and version >= since
+    return False
+
+
+def check_file(folder: str, name: str, remedy: str, model: str | None = None, views: int | None = None) -> None:
+    """``folder/name`` is the file recorded in the folder's ``files.json`` (``train.runs.files.check``)."""
+    files.check(folder, name, required=keeps_record(folder), model=model, views=views, remedy=remedy)
 
 
 def model_files(swa: bool = False, views: int = 1) -> tuple[str, str]:
@@ -380,39 +392,11 @@ def model_files(swa: bool = False, views: int = 1) -> tuple[str, str]:
     return (MODEL_SWA, variant(THRESHOLDS, True, views)) if swa else (MODEL, variant(THRESHOLDS, False, views))
 
 
-def load_thresholds(
-    run: str, classes: Sequence[str], swa: bool = False, views: int = 1, remedy: str | None = None
-) -> list[float] | None:
-    """The tuned per-class thresholds in ``classes`` order (with ``swa``, the SWA model's; for ``views`` TTA
-    views), or None when the folder has none (single-label runs, views not tuned yet). A file naming other
-    classes (copied from another run) or holding a value outside [0, 1] is an error, ending with ``remedy``
-    (default: train.predict's ``--threshold``)."""
-    p = path(run, model_files(swa, views)[1])
-    if not fs.exists(p):
-        return None
-    remedy = remedy or f"pass {option('threshold')} to label at one threshold"
-    tuned = _read_json(p)
-    if not isinstance(tuned, dict):
-        raise RunMismatch(
-            f"{p}: expected an object of class name: threshold (got a {type(tuned).__name__}: {_short(tuned)}); the "
-            f"file was edited or damaged -- {remedy}"
-        )
-    if sorted(tuned) != sorted(classes):
-        named = sorted(tuned)
-        raise RunMismatch(
-            f"{p}: names classes {_short(named)}, not the run's ({_short(classes)}); it belongs to another run -- "
-            f"{remedy}"
-        )
-    values = [tuned[c] for c in classes]
-    for c, v in zip(classes, values):
-        if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or not 0 <= v <= 1:
-            raise RunMismatch(f"{p}: threshold of {c!r} is {v!r}, not a number in [0, 1]; the file is damaged")
-    return [float(v) for v in values]
-
-
-def _short(names: Any, most: int = 6) -> str:
-    names = list(names) if isinstance(names, (list, tuple)) else [repr(names)]
-    return ", ".join(map(str, names[:most])) + (f", ... {len(names)} in all" if len(names) > most else "")
+def model_name(folder: str, swa: bool) -> str:
+    """The file name of the final (or ``swa``) model of a run folder (a PyTorch recipe's ``model.pt``) or of each
+    fold of a CV folder."""
+    recipe = fs.exists(path(folder, CONFIG)) and RunConfig.load(folder).recipe
+    return (TORCH_MODEL_SWA if swa else TORCH_MODEL) if recipe else model_files(swa)[0]
 
 
 def same_setting(key: str, used: Any, planned: Any) -> bool:

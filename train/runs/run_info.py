@@ -20,6 +20,7 @@ from tfpipe.manifest import MANIFEST
 from tfpipe.shards import open_shards
 from train.decide.choice import run_choice, thresholds_state
 from train.decide.evaluation import is_count, is_number, scores_problem
+from train.runs import files
 from train.runs import run as run_files
 from train.runs.cv_folder import CVResult, checked_fold_run, fold_run, is_cv_folder
 from train.runs.run import RunConfig
@@ -67,8 +68,28 @@ def run_info(run: str) -> dict[str, Any]:
         "stops": metrics.get("stops", progress.get("stops", [])),
         "models": models,
         "thresholds_files": thresholds_files(run, config.recipe),
+        "files": recorded_files(run, finished),
     }
-    return dict(info, locked=locked, predicts_with=predicts_with(run, config, models) if finished else None)
+    chosen = predicts_with(run, config, models) if finished else None
+    return dict(info, locked=locked, predicts_with=refused_by_record(chosen, info["files"]))
+
+
+def recorded_files(folder: str, finished: bool) -> dict[str, Any]:
+    """``files.json`` checked against the folder (``train.runs.files``): ``recorded`` (false: a folder of an older
+    tfpipe, its files unchecked) and ``problems``, a line for each file not as recorded (gone, once finished)."""
+    if files.read(folder) is None:
+        return {
+            "recorded": False,
+            "problems": [f"{files.FILES}: missing"] * (finished and run_files.keeps_record(folder)),
+        }
+    return {"recorded": True, "problems": files.problems(folder, missing=finished)}
+
+
+def refused_by_record(chosen: dict[str, Any] | None, record: dict[str, Any]) -> dict[str, Any] | None:
+    """What predicting would do, once a file not as recorded is known: refused, naming the first."""
+    if chosen is None or not record["problems"]:
+        return chosen
+    return dict(chosen, why=f"{chosen['why']}; but it refuses the folder: {record['problems'][0]}")
 
 
 def read_metrics(run: str) -> dict[str, Any]:
@@ -209,7 +230,7 @@ def cv_info(cv: str) -> dict[str, Any]:
                                                               m.views, m.scores)}
         for m in result.models
     ]  # fmt: skip
-    return {
+    info = {
         "folder": cv,
         "kind": "cv",
         "trained_by": "train.cv",
@@ -222,8 +243,10 @@ def cv_info(cv: str) -> dict[str, Any]:
         "folds": folds,
         "models": models,
         "thresholds_files": thresholds_files(cv),
+        "files": recorded_files(cv, result.finished),
         "predicts_with": cv_predicts_with(result, folds) if result.submits else None,
     }
+    return dict(info, predicts_with=refused_by_record(info["predicts_with"], info["files"]))
 
 
 def fold_info(cv: str, result: CVResult, k: int) -> dict[str, Any]:

@@ -54,7 +54,7 @@ def validation_report(
     order = [at[n] for n in names]
     return validation_files(
         run, names, digests, np.asarray(probs)[order], np.asarray(targets)[order], config.classes,
-        single_label=config.single_label, threshold=THRESHOLD, swa=swa,
+        single_label=config.single_label, threshold=THRESHOLD, model=MODEL_SWA if swa else MODEL, swa=swa,
     )  # fmt: skip
 
 

@@ -45,8 +45,10 @@ from train.prediction.submission import (
     write_submission,
     wrote_it,
 )
+from train.runs import files
 from train.runs import run as run_files
 from train.runs.run import RunConfig
+from train.runs.thresholds import load_thresholds
 
 MODEL, MODEL_SWA = run_files.TORCH_MODEL, run_files.TORCH_MODEL_SWA
 # every file a recipe writes in a run folder: metrics.json first (the mark of a finished run), the report's files
@@ -54,6 +56,7 @@ MODEL, MODEL_SWA = run_files.TORCH_MODEL, run_files.TORCH_MODEL_SWA
 WRITTEN = (
     run_files.METRICS,
     run_files.CONFIG,
+    run_files.FILES,
     MODEL,
     MODEL_SWA,
     *(
@@ -287,6 +290,7 @@ def end_run(run: str, weights: Mapping[str, Any], metrics: Mapping[str, Any]) ->
         buffer = io.BytesIO()
         torch.save({k: v.detach().cpu() for k, v in state.items()}, buffer)
         fs.write_atomic(run_files.path(run, name), buffer.getvalue())
+    files.record(run, list(weights))
     fs.write_atomic(run_files.path(run, run_files.METRICS), json.dumps(dict(metrics), indent=1) + "\n")
 
 
@@ -298,6 +302,7 @@ def load_weights(run: str, name: str = MODEL) -> dict[str, Any]:
     import torch
 
     p = run_files.path(run, name)
+    run_files.check_file(run, name, f"put the run's own {name} back, or {AGAIN}")
     try:
         with fs.open(p, "rb") as f:
             state = torch.load(io.BytesIO(f.read()), weights_only=True)
@@ -359,7 +364,7 @@ def load_saved(run: str, config: RunConfig) -> tuple[Any, list[float] | None, st
     scores = run_scores(run, required=True)  # read once: the choice and the thresholds it was scored at
     swa, line = chosen_model(run, scores)
     remedy = "train the run again (its thresholds are tuned on its own validation predictions)"
-    thresholds = run_files.load_thresholds(run, config.classes, swa, remedy=remedy)
+    thresholds = load_thresholds(run, config.classes, swa, remedy=remedy)
     if thresholds is None and not config.single_label:
         missing = run_files.path(run, run_files.model_files(swa)[1])
         raise TfpipeError(f"{missing}: missing; the run labels at the thresholds tuned for its model -- {remedy}")
