@@ -415,6 +415,8 @@ def test_what_a_cv_folder_holds_is_checked_against_its_record_before_anything_us
          f"fold-1/{model}", "SHA-256"),  # the fold's own record copied with it: the CV's record still knows
         (lambda: shutil.copy(copy / "fold-0" / "thresholds.json", copy / "thresholds.json"), "thresholds.json",
          "not the file this folder's job wrote"),
+        (lambda: (copy / "cv.json").write_text((copy / "cv.json").read_text().replace('"tta": 1', '"tta": 1 ')),
+         "cv.json", "not the file this folder's job wrote"),  # an edit that still validates: its scores choose
         (lambda: (copy / "files.json").unlink(), "files.json", "missing"),
     ]  # fmt: skip
     for change, named, said in cases:
@@ -441,6 +443,9 @@ def test_what_a_cv_folder_holds_is_checked_against_its_record_before_anything_us
     assert blend_main(["--oof", str(copy / "oof.csv"), f"{folder}/oof-swa.csv"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"{copy}/oof.csv: not the file this folder's job wrote" in err[0], err
+    again = os.path.join(folder, "..", os.path.basename(folder), "oof.csv")  # the same file under another name
+    assert blend_main(["--oof", f"{folder}/oof.csv", again]) == 2
+    assert f"{again} is given twice" in capsys.readouterr().err
     assert blend_main(["--oof", f"{folder}/oof.csv", f"{folder}/oof-swa.csv", "--single-label"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "holds multi-label OOF predictions (its CV's cv.json says so)" in err[0], err
@@ -483,6 +488,7 @@ def test_a_blend_reads_single_or_multi_label_from_the_rows_and_class_names_with_
     multi = pd.read_csv(paths[0], keep_default_na=False)
     multi.loc[3, "labels"] = json.dumps(classes[:2])
     multi.to_csv(paths[1], index=False)
-    assert main(["--oof", paths[1], paths[1], "--single-label"]) == 2
+    multi.to_csv(paths[0], index=False)
+    assert main(["--oof", *paths, "--single-label"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "holds multi-label OOF predictions (1 row holds no or several true labels)" in err[0]

@@ -446,14 +446,19 @@ def test_a_runs_files_are_checked_against_its_record_and_a_resume_against_its_la
         ("thresholds-swa.json", "thresholds.json", "thresholds.json: not the file this folder's job wrote (of "
          "model.keras, 1 view)"),
         (None, "files.json", "files.json: missing, the record of the files this folder's job wrote"),
+        ("edit", "metrics.json", "metrics.json: not the file this folder's job wrote"),  # its scores choose
     ):  # fmt: skip
         shutil.rmtree(copy, ignore_errors=True)
         shutil.copytree(run, copy)
-        if source:
+        if source == "edit":  # the final model's AUC raised: it would be chosen over the SWA model
+            metrics = json.loads((copy / target).read_text())
+            metrics["report"]["roc_auc_macro"] = 0.99
+            (copy / target).write_text(json.dumps(metrics))
+        elif source:
             shutil.copy(copy / source, copy / target)
         else:
             (copy / target).unlink()
-        assert predict_main(argv) == 2
+        assert predict_main(argv if source != "edit" else argv[:-1]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and f"{copy}/{said}" in err[0], err
         assert not out.exists()

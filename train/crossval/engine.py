@@ -135,7 +135,7 @@ def check_out_cv(cfg: FitConfig, plan: CVResult) -> None:
     if not names:
         return
     if CV_FILE in names:  # every fold folder this job trains into or replaces holds train.fit's files only
-        folds = set(plan.folds) | (set(CVResult.load(cfg.run).folds) if cfg.overwrite else set())
+        folds = set(plan.folds) | (set(CVResult.load(cfg.run, checked=False).folds) if cfg.overwrite else set())
         check_fold_folders(cfg.run, sorted(folds), cfg.overwrite)
     if CV_FILE not in names and run_files.CONFIG in names:
         raise TfpipeError(f"{cfg.run} is a run folder of train.fit; choose a new or empty {option('run')} folder")
@@ -144,7 +144,7 @@ def check_out_cv(cfg: FitConfig, plan: CVResult) -> None:
             f"{cfg.run}: it holds files train.cv did not write ({', '.join(names[:3])}); choose a new or empty "
             f"{option('run')} folder"
         )
-    before = CVResult.load(cfg.run)
+    before = CVResult.load(cfg.run, checked=not cfg.overwrite)  # replaced whole: its record does not matter
     if cfg.overwrite:
         replace_cv(cfg.run, before, names)
     elif not cfg.resume:

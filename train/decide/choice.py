@@ -56,6 +56,8 @@ def run_scores(run: str, required: bool = False) -> RunScores:
     """The run's ``metrics.json`` read for the choice; a run without one has recorded nothing, unless
     ``required`` (a finished recipe run always has one: its absence is an error)."""
     p = run_files.path(run, run_files.METRICS)
+    if fs.exists(p):  # its scores choose the model: the file the run wrote (train.runs.files)
+        run_files.check_file(run, run_files.METRICS, "the run's scores choose its model; train the run again")
     metrics = fs.read_json(p, "run file") if required or fs.exists(p) else {}
     metrics = metrics if isinstance(metrics, dict) else {}
     part = metrics.get("swa")

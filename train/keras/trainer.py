@@ -76,6 +76,7 @@ from train.keras.plan import (
 )
 from train.keras.schedules import make_schedule, scaled_lr
 from train.keras.swa import AverageWeights
+from train.runs import files
 from train.runs import run as run_files
 from train.runs.results import FitResult, WorkerResult
 from train.runs.run import Parts, read_state, training_parts, write_state
@@ -331,6 +332,7 @@ def train_and_report(
         metrics.update(reports(model, swa, strategy, plan, data, report_args, parts, throughput.last_seconds))
         shards.check_unchanged(sizes=True)  # the report was of the shards trained on, none replaced in place
         fs.write_atomic(run_files.path(plan.run, run_files.METRICS), json.dumps(metrics, indent=1) + "\n")
+        files.record(plan.run, [run_files.METRICS])  # its scores choose the model train.predict uses
     write_state(plan.run, dict(read_state(plan.run), burn_done=bool(plan.burn_epochs), finished=True))
     if fs.exists(run_files.path(plan.run, run_files.BACKUP)):
         fs.rmtree(run_files.path(plan.run, run_files.BACKUP))  # finished: nothing left to resume

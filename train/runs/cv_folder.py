@@ -22,6 +22,7 @@ from tfpipe import fs
 from tfpipe.errors import RunMismatch, TfpipeError, option
 from train.decide.choice import better_model
 from train.decide.evaluation import Scores, scores_problem
+from train.runs import files
 from train.runs import run as run_files
 from train.runs.run import RunConfig, same_setting
 
@@ -137,14 +138,21 @@ class CVResult:
     def save(self, cv: str) -> None:
         text = json.dumps(self.to_dict(), indent=1, ensure_ascii=False, allow_nan=False)
         fs.write_atomic(run_files.path(cv, CV_FILE), text + "\n")
+        files.record(cv, [CV_FILE])  # its scores choose the models train.predict uses
 
     @classmethod
-    def load(cls, cv: str) -> CVResult:
-        """Reads and validates ``cv/cv.json``."""
+    def load(cls, cv: str, checked: bool = True) -> CVResult:
+        """Reads and validates ``cv/cv.json``, ``checked`` against the folder's record (``train.runs.files``;
+        ``train.inspect`` shows what is wrong with it instead)."""
         p = run_files.path(cv, CV_FILE)
         if not fs.exists(p):
             raise TfpipeError(f"{cv}: no {CV_FILE}; is this a folder written by train.cv?")
-        return from_dict(fs.read_json(p, "CV file"), p)
+        result = from_dict(fs.read_json(p, "CV file"), p)
+        if checked:
+            run_files.check_file(
+                cv, CV_FILE, f"its scores choose the CV's models; train the CV again ({option('overwrite', True)})"
+            )
+        return result
 
 
 def _bad(p: str, key: str, what: str, value: Any) -> TfpipeError:

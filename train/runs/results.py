@@ -165,6 +165,7 @@ class FitResult(_ReadByKey):
         """The run's ``metrics.json`` read back (written when the run finished)."""
         p = run_files.path(run, run_files.METRICS)
         metrics = fs.read_json(p, "run file")
+        run_files.check_file(run, run_files.METRICS, "train the run again")
         if not isinstance(metrics, dict):
             raise RunMismatch(f"{p}: not the metrics of a finished train.fit run (not a JSON object)")
         return cls.from_metrics(run, metrics)

@@ -222,7 +222,7 @@ def predicts_with(run: str, config: RunConfig, models: list[dict[str, Any]]) -> 
 def cv_info(cv: str) -> dict[str, Any]:
     """A CV folder: its plan, its out-of-fold scores of each model, each fold's run (checked to be the CV's),
     the thresholds files and the models train.predict uses."""
-    result = CVResult.load(cv)
+    result = CVResult.load(cv, checked=False)  # the record's problems are shown: recorded_files
     folds = [fold_info(cv, result, k) for k in result.folds]
     models = [
         {"model": m.model, "views": m.views, "thresholds": m.thresholds, "scores": m.scores, "spread": m.spread(),

@@ -292,6 +292,7 @@ def end_run(run: str, weights: Mapping[str, Any], metrics: Mapping[str, Any]) ->
         fs.write_atomic(run_files.path(run, name), buffer.getvalue())
     files.record(run, list(weights))
     fs.write_atomic(run_files.path(run, run_files.METRICS), json.dumps(dict(metrics), indent=1) + "\n")
+    files.record(run, [run_files.METRICS])
 
 
 def load_weights(run: str, name: str = MODEL) -> dict[str, Any]:
