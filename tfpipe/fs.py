@@ -24,6 +24,13 @@ def _gfile() -> Any:
     return require("tensorflow").io.gfile
 
 
+def same_path(a: str, b: str) -> bool:
+    """Whether two paths name one file or folder: local ones resolved (links, ``..``), remote ones as written."""
+    if is_remote(a) or is_remote(b):
+        return a.rstrip("/") == b.rstrip("/")
+    return os.path.realpath(a) == os.path.realpath(b)
+
+
 def exists(path: str) -> bool:
     return _gfile().exists(path) if is_remote(path) else os.path.exists(path)
 

@@ -141,19 +141,11 @@ def check_inputs(oof: Sequence[str], test: Sequence[str], out: str | None) -> No
     if test and not out:
         raise TfpipeError(f"{option('test')} blends test predictions: {option('out')} names the CSV to write")
     check_path(out=out)
-    twice = next((p for i, p in enumerate(oof) if any(_same_file(p, q) for q in oof[:i])), None)
+    twice = next((p for i, p in enumerate(oof) if any(fs.same_path(p, q) for q in oof[:i])), None)
     if twice is not None:
         raise TfpipeError(f"{option('oof')}: {twice} is given twice; a blend mixes the predictions of other models")
-    if out and any(_same_file(out, p) for p in (*oof, *test)):
+    if out and any(fs.same_path(out, p) for p in (*oof, *test)):
         raise TfpipeError(f"{option('out')} {out} is one of the blend's inputs; write the blend to another file")
-
-
-def _same_file(a: str, b: str) -> bool:
-    import os
-
-    if fs.is_remote(a) or fs.is_remote(b):
-        return a == b
-    return os.path.realpath(a) == os.path.realpath(b)
 
 
 def normalised(weights: Sequence[float] | None, n: int) -> tuple[float, ...]:

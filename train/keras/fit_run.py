@@ -125,7 +125,7 @@ def check_resume_fits(cfg: FitConfig, shards: Shards, config: RunConfig, layout:
             f"one -- pass {option('overwrite', True)} to replace it, or choose another {option('run')} folder"
         )
     if config.dataset_id and config.dataset_id != shards.dataset_id:
-        same = isinstance(config.records, str) and _same_place(config.records, cfg.records)
+        same = isinstance(config.records, str) and fs.same_path(config.records, cfg.records)
         what = (
             f"{cfg.records} was rewritten since {cfg.run} started"
             if same
@@ -156,13 +156,6 @@ def check_resume_fits(cfg: FitConfig, shards: Shards, config: RunConfig, layout:
             f"continues a run with its own settings{how}"
         )
     check_resumable(cfg.run, config)
-
-
-def _same_place(a: str, b: str) -> bool:
-    """Whether two shard paths name one folder (local ones resolved; remote ones as written)."""
-    if fs.is_remote(a) or fs.is_remote(b):
-        return a.rstrip("/") == b.rstrip("/")
-    return os.path.realpath(a) == os.path.realpath(b)
 
 
 def replace_run(run: str, names: Sequence[str], progress: bool) -> None:

@@ -115,14 +115,13 @@ def check(
     model: str | None = None,
     views: int | None = None,
     remedy: str,
-    entries: dict[str, Entry] | None = None,
 ) -> None:
     """``folder/name`` is the file its job recorded (and, given ``model`` and ``views``, recorded as belonging to
     them), else one ``RunMismatch`` line naming it, what it should be, and ``remedy``. ``required``: the folder
     was written by a tfpipe that keeps the record (its absence is then a problem too); without it, a folder with
-    no record is used with a warning. ``entries``: the record, read already."""
+    no record is used with a warning."""
     p = posixpath.join(folder, name)
-    entries = entries if entries is not None else read(folder)
+    entries = read(folder)
     if entries is None:
         if required:
             raise NotAsRecorded(
