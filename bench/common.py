@@ -47,3 +47,16 @@ def dump(result, path):
 
         with open(path, "w") as f:
             json.dump(result, f, indent=1)
+
+
+def check_work_folder(work, mark):
+    """The work folder is new or empty, or one this benchmark made (its ``mark`` file): its images, shards and
+    runs are then replaced; nobody else's folder is written into."""
+    from tfpipe.errors import TfpipeError
+
+    if os.path.isdir(work) and os.listdir(work) and not os.path.isfile(os.path.join(work, mark)):
+        raise TfpipeError(f"{work} holds files this benchmark did not write; choose a new or empty folder")
+    if os.path.exists(work) and not os.path.isdir(work):
+        raise TfpipeError(f"{work} is a file; name a folder")
+    os.makedirs(work, exist_ok=True)
+    open(os.path.join(work, mark), "w").close()

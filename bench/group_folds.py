@@ -21,6 +21,8 @@ import sys
 import cv2
 import numpy as np
 
+from bench.common import check_work_folder
+
 CROP = 0.8  # a crop keeps this share of each side, at a random place
 SIZE = 32
 
@@ -72,19 +74,6 @@ def fold_and_score(work: str, train_csv: str, test: str, group_col: str | None, 
 MARK = ".bench-group-folds"  # written first into the work folder: what a later run may write over
 
 
-def check_work_folder(work: str) -> None:
-    """The work folder is new or empty, or one this benchmark made (its mark): its images, shards and runs are
-    then replaced; nobody else's folder is written into."""
-    from tfpipe.errors import TfpipeError
-
-    if os.path.isdir(work) and os.listdir(work) and not os.path.isfile(os.path.join(work, MARK)):
-        raise TfpipeError(f"{work} holds files this benchmark did not write; choose a new or empty folder")
-    if os.path.exists(work) and not os.path.isdir(work):
-        raise TfpipeError(f"{work} is a file; name a folder")
-    os.makedirs(work, exist_ok=True)
-    open(os.path.join(work, MARK), "w").close()
-
-
 def run(args: argparse.Namespace) -> None:
     import tfpipe
     from tfpipe.demo import SHAPES  # every class in both writes, whatever the few photographs of a smoke run hold
@@ -92,7 +81,7 @@ def run(args: argparse.Namespace) -> None:
 
     check_count(1, copies=args.copies, epochs=args.epochs)
     check_count(3, photos=args.photos)  # a third of them, new, are the test set
-    check_work_folder(args.work)
+    check_work_folder(args.work, MARK)
     train_csv = write_photos(args.work, "train", args.photos, args.copies, seed=0)
     test_csv = write_photos(args.work, "test", args.photos // 3, args.copies, seed=1)
     test = os.path.join(args.work, "records", "test")

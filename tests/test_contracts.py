@@ -65,6 +65,8 @@ def _shard0(key, value):
         (lambda d: d["image"].__setitem__("image_size", "32"), "field 'image.image_size' must be a whole number"),
         (_set("labeled", "yes"), "field 'labeled' must be bool"),
         (_set("version", 99), "manifest version 99 was written by a newer tfpipe"),
+        (lambda d: d["label_format"].__setitem__("class_col", " "), "field 'label_format.class_col' is empty"),
+        (lambda d: d["label_format"].__setitem__("labels_col", 3), "field 'label_format.labels_col' must be str"),
         (_set("classes", ["x", "b", "c"]), "no longer matches its dataset_id"),  # valid, but not what was written
     ],
 )
@@ -91,9 +93,10 @@ def test_a_damaged_manifest_is_one_line(shard_dir, tmp_path, text, needle):
 def test_a_manifest_of_tfpipe_0_2_still_reads(shard_dir, tmp_path):
     """No version, dataset id or label counts: read as version 1, its id derived from its content."""
     folder = copy_records(shard_dir, tmp_path)
-    edit_manifest(folder, lambda d: [d.pop(k) for k in ("version", "dataset_id", "max_labels")])
+    edit_manifest(folder, lambda d: [d.pop(k) for k in ("version", "dataset_id", "max_labels", "label_format")])
     m = Manifest.load(str(folder))
     assert m.dataset_id and m.max_labels is None and m.num_examples == 40
+    assert m.label_column == "labels"  # no layout recorded: a submission's labels column keeps its old name
     assert tfpipe.count_examples(str(folder)) == 40
 
 
@@ -105,6 +108,31 @@ def test_a_shard_linking_out_of_the_folder_is_refused(shard_dir, tmp_path):
     os.symlink(outside, folder / name)
     with pytest.raises(TfpipeError, match="not a shard file of .* a link out of it"):
         tfpipe.open_shards(str(folder))
+
+
+@pytest.mark.parametrize(
+    "fmt, column",
+    [({"class_col": "label"}, "label"), ({"labels_col": "tags"}, "tags"), ({"label_cols": ("cat", "dog")}, "labels")],
+    ids=["class-col", "labels-col", "one-hot"],
+)
+def test_the_manifest_says_the_training_csvs_label_column(tmp_path, fmt, column):
+    """Issue #65: a submission's labels column is named as the training CSV's (``--class-col label``: ``label``),
+    read from the layout the write recorded; one-hot columns name none, so ``labels``."""
+    from tfpipe.labels import LabelFormat
+
+    (tmp_path / "images").mkdir()
+    rows = [(f"im{i}", ["cat", "dog"][i % 2]) for i in range(4)]
+    for i, (name, _) in enumerate(rows):
+        save(tmp_path / "images" / f"{name}.jpg", size=(16, 16), seed=i)
+    if "label_cols" in fmt:
+        csv_path = write_csv(
+            tmp_path / "t.csv", ["image", "cat", "dog"], [(n, int(c == "cat"), int(c == "dog")) for n, c in rows]
+        )
+    else:
+        csv_path = write_csv(tmp_path / "t.csv", ["image", next(iter(fmt.values()))], rows)
+    source = Source(str(tmp_path / "images"), csv=str(csv_path), label_format=LabelFormat(**fmt))
+    write_shards(source, str(tmp_path / "records"), spec=ImageSpec(image_size=16), workers=0, progress=False)
+    assert Manifest.load(str(tmp_path / "records")).label_column == column
 
 
 def test_write_returns_the_typed_manifest(shard_dir):
@@ -411,7 +439,9 @@ def test_predict_opens_its_records_once(trained_run, tmp_path, monkeypatch):
         progress=False,
         probabilities=True,
     )  # fmt: skip  (labels at 2 views would tune thresholds on the training shards)
-    assert len(calls) == 2  # opened once (not once a view); the sizes checked once more before the CSV is written
+    # the test shards opened once (not once a view); their sizes checked once more before the CSV is written (the
+    # run's validation shards are opened too: --tta 2 is measured against 1 view on them first)
+    assert [a[-1] for a in calls].count(trained_run[2]) == 2, calls
 
 
 # --------------------------------------------------------------------------------- 5: label modes are a contract

@@ -5,6 +5,7 @@ demo's shapes (3 folds, 16 px, SWA) is trained once and shared."""
 import dataclasses
 import json
 import os
+import re
 import shutil
 
 import numpy as np
@@ -87,26 +88,36 @@ def test_oof_holds_every_image_once_scored_by_the_model_that_never_trained_on_it
     assert [f["fold"] for f in final["folds"]] == [0, 1, 2] and sum(f["examples"] for f in final["folds"]) == 150
     assert written["models"][1]["model"] == "model-swa.keras"  # SWA's OOF too, and the better one submits
     better = max(written["models"], key=lambda m: m["scores"]["roc_auc_macro"])["model"]
-    assert written["submits"] == better
+    assert written["submits"] == better and written["metric"] == "roc_auc"  # the default --metric decides
+    best = max(final["folds"], key=lambda f: f["roc_auc_macro"])  # the best single fold, beside the pooled OOF
+    assert final["best_fold"] == best and final["one_view"] is None  # scored over 1 view: nothing to compare
 
 
 @pytest.mark.backends(jax="slow")  # the CV: 118 s on JAX, each fold compiling its steps
-def test_the_fold_ensemble_is_the_mean_of_the_fold_models_at_the_oof_thresholds(cv_run, cv_shards, capsys):
+def test_the_fold_ensemble_is_the_mean_of_the_fold_models_at_the_oof_thresholds(cv_run, cv_shards, tmp_path, capsys):
+    """--save-probabilities keeps the ensemble's probabilities and each fold model's (issue #65), from the one
+    prediction."""
     from train.predict import predict
     from train.runs.thresholds import load_thresholds
 
     folder, result = cv_run
     common = {"probabilities": True, "labels": True, "strategy": "cpu", "swa": False, "progress": False}
-    ensemble = predict(folder, cv_shards["heldback"], "", **common)
+    ensemble = predict(folder, cv_shards["heldback"], "", **common, save_probabilities=str(tmp_path / "p.csv"))
     classes = list(result.classes)
     own = [predict(f"{folder}/fold-{k}", cv_shards["heldback"], "", **common)[classes].to_numpy() for k in range(3)]
     np.testing.assert_allclose(ensemble[classes].to_numpy(), np.mean(own, axis=0), atol=1e-6)
+    saved = [pd.read_csv(tmp_path / name) for name in ("p.csv", "p-fold-0.csv", "p-fold-1.csv", "p-fold-2.csv")]
+    assert all(list(t.columns) == ["image", *classes] and list(t["image"]) == list(ensemble["image"]) for t in saved)
+    np.testing.assert_allclose(saved[0][classes].to_numpy(), ensemble[classes].to_numpy(), atol=1e-6)
+    for k in range(3):
+        np.testing.assert_allclose(saved[k + 1][classes].to_numpy(), own[k], atol=1e-6)
     thresholds = load_thresholds(folder, classes)  # tuned on oof.csv, not a fold's validation
     assert thresholds != load_thresholds(f"{folder}/fold-0", classes)
     expected = [" ".join(c for c, t in zip(classes, thresholds) if row[c] >= t) for _, row in ensemble.iterrows()]
     assert list(ensemble["labels"]) == expected
     scores = ensemble.attrs["evaluation"]
-    assert set(scores) == {"thresholds", "own_training_shards", "all"} and scores["all"]["examples"] == 40
+    assert set(scores) == {"thresholds", "own_training_shards", "all", "metric"} and scores["all"]["examples"] == 40
+    assert scores["metric"] == "roc_auc"  # the CV's default --metric leads the lines
 
 
 def test_thresholds_are_tuned_for_the_views_that_predict(cv_run, cv_shards, capsys):
@@ -125,9 +136,13 @@ def test_thresholds_are_tuned_for_the_views_that_predict(cv_run, cv_shards, caps
         used = load_thresholds(run, classes, views=views)
         expected = [" ".join(c for c, t in zip(classes, used) if row[c] >= t) for _, row in df.iterrows()]
         assert list(df["labels"]) == expected
-    said = capsys.readouterr().out
+    said = "".join(capsys.readouterr())
     n = tfpipe.count_examples(cv_shards["train"], folds=[1])
     assert said.count(f"thresholds for model.keras, 2 TTA views tuned on {n} images") == 1  # tuned once, then read
+    # each --tta 2 says what 2 views did on the same validation images, by the run's metric, before predicting
+    worth = re.findall(r"validation images \(model\.keras\), 2 TTA views score AUC \(exact, macro\) ([\d.]+) "
+                       r"against ([\d.]+) for 1 view", said)  # fmt: skip
+    assert len(worth) == 2 and worth[0] == worth[1]
     assert load_thresholds(run, classes, views=2) != load_thresholds(run, classes, views=1)
     validation = pd.read_csv(f"{run}/val_predictions-tta2.csv")
     assert len(validation) == n and not np.allclose(
@@ -225,9 +240,10 @@ def test_a_blend_is_the_weighted_mean_scored_on_oof_and_refuses_what_disagrees(c
     folder, result = cv_run
     classes = list(result.classes)
     tests = []
-    for swa in (False, True):
+    for swa in (False, True):  # a submission with --probabilities, and --save-probabilities' file (issue #65)
         tests.append(str(tmp_path / f"test-{swa}.csv"))
-        predict(folder, cv_shards["heldback"], tests[-1], probabilities=True, strategy="cpu", swa=swa, progress=False)
+        how = {"out": "", "save_probabilities": tests[-1]} if swa else {"out": tests[-1], "probabilities": True}
+        predict(folder, cv_shards["heldback"], **how, strategy="cpu", swa=swa, progress=False)
     oofs = [f"{folder}/oof.csv", f"{folder}/oof-swa.csv"]
     out = str(tmp_path / "blend.csv")
     argv = ["--oof", *oofs, "--test", *tests, "--out", out, "--weights", "5e307,1.5e308", "--probabilities"]  # 1:3
@@ -238,7 +254,13 @@ def test_a_blend_is_the_weighted_mean_scored_on_oof_and_refuses_what_disagrees(c
     thresholds = tune_thresholds(mixed, truth, 0.5)
     expected = score(mixed, truth, classes, thresholds, False)
     said = capsys.readouterr().out
-    assert f"the blend (weights 0.250, 0.750): AUC {expected['roc_auc_macro']:.4f}" in said
+    assert f"the blend (weights 0.250, 0.750): AUC (exact, macro) {expected['roc_auc_macro']:.4f}" in said
+    assert main(["--oof", *oofs, "--search-weights"]) == 0  # by the CV's metric, from equal weights
+    said = capsys.readouterr().out
+    searched = re.search(r"searched on the OOF rows by AUC \(exact, macro\): ([\d.]+), ([\d.]+) score ([\d.]+) there, "
+                         r"equal weights ([\d.]+)", said)  # fmt: skip
+    assert searched and float(searched[3]) >= float(searched[4]), said
+    assert f"the blend (weights {searched[1]}, {searched[2]}): AUC (exact, macro) {searched[3]}" in said
     written = pd.read_csv(out, keep_default_na=False)
     ta, tb = (pd.read_csv(p)[classes].to_numpy() for p in tests)
     blended = 0.25 * ta + 0.75 * tb
@@ -271,6 +293,8 @@ def test_a_blend_is_the_weighted_mean_scored_on_oof_and_refuses_what_disagrees(c
         ([oofs[0], wrong["unknown"]], wrong["unknown"], "row 1, column 'labels': 'dog' is not one of the class"),
         ([oofs[0], wrong["commas"]], wrong["commas"], "row 1, column 'labels': "),
         ([*oofs, "--test", *tests, "--out", tests[1]], tests[1], "is one of the blend's inputs"),
+        ([*oofs, "--search-weights", "--weights", "1,2"], "--search-weights", "leave out --weights"),
+        ([*oofs, "--metric", "accuracy"], "--metric accuracy", "does not apply to a multi-label run"),
     ):
         assert main(["--oof", *argv]) == 2
         err = capsys.readouterr().err.strip().splitlines()
@@ -282,7 +306,7 @@ def test_a_blend_is_the_weighted_mean_scored_on_oof_and_refuses_what_disagrees(c
     [
         (lambda d: d.update(folds=[0, 1]), "'folds' must be the folds each model was scored on"),
         (lambda d: d.update(submits=next(m for m in ("model.keras", "model-swa.keras") if m != d["submits"])),
-         "'submits' must name the model with the better OOF AUC"),
+         "'submits' must name the better OOF AUC"),
         (lambda d: d["models"][0]["scores"].update(roc_auc_macro=float("nan")), "'scores' must hold the OOF scores"),
         (lambda d: d.update(replicas=0), "'replicas' must be a count"),
     ],
@@ -492,3 +516,53 @@ def test_a_blend_reads_single_or_multi_label_from_the_rows_and_class_names_with_
     assert main(["--oof", *paths, "--single-label"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "holds multi-label OOF predictions (1 row holds no or several true labels)" in err[0]
+
+
+def test_a_blend_follows_a_sample_submission_and_refuses_one_of_other_ids(tmp_path, capsys):
+    """Issue #65: --sample-submission gives the blend the competition's header, id column and id order; class
+    columns there take the blended probabilities (in its order); an id twice, an id not blended and a blended
+    id it lacks are one line each naming the file, how many and one id; --probabilities on its one labels column
+    is refused (the sample decides the form)."""
+    from train.blend import main
+
+    rng = np.random.default_rng(1)
+    classes, n = ["a", "b", "c"], 30
+    truth = rng.random((n, 3)) < 0.4
+    oofs, tests = [], []
+    for k in range(2):
+        oof = pd.DataFrame(np.clip(truth + rng.normal(0, 0.4, (n, 3)), 0, 1), columns=classes)
+        oof.insert(0, "image_name", [f"im{i}" for i in range(n)])
+        oof["labels"] = [" ".join(c for c, on in zip(classes, row) if on) for row in truth]
+        oofs.append(str(tmp_path / f"oof-{k}.csv"))
+        oof.to_csv(oofs[-1], index=False)
+        test = pd.DataFrame(rng.random((8, 3)), columns=classes)
+        test.insert(0, "image", [f"t{i}" for i in range(8)])
+        tests.append(str(tmp_path / f"test-{k}.csv"))
+        test.to_csv(tests[-1], index=False)
+    order = [f"t{i}" for i in (3, 1, 7, 0, 2, 6, 5, 4)]
+    sample, out, plain = (str(tmp_path / name) for name in ("sample.csv", "blend.csv", "plain.csv"))
+    blend = ["--oof", *oofs, "--test", *tests]
+    assert main([*blend, "--out", plain]) == 0
+    pd.DataFrame({"image_id": order, "label": ""}).to_csv(sample, index=False)
+    assert main([*blend, "--out", out, "--sample-submission", sample]) == 0
+    written, labelled = pd.read_csv(out, keep_default_na=False), pd.read_csv(plain, keep_default_na=False)
+    assert list(labelled.columns) == ["image", "labels"]  # no CV folder says the training CSV's name
+    assert list(written.columns) == ["image_id", "label"] and list(written["image_id"]) == order
+    assert list(written["label"]) == list(labelled.set_index("image").loc[order, "labels"])
+    pd.DataFrame({"image_id": order, "c": 0, "a": 0, "b": 0}).to_csv(sample, index=False)
+    assert main([*blend, "--out", out, "--sample-submission", sample]) == 0
+    written = pd.read_csv(out)
+    mixed = np.mean([pd.read_csv(p).set_index("image").loc[order, ["c", "a", "b"]].to_numpy() for p in tests], axis=0)
+    assert list(written.columns) == ["image_id", "c", "a", "b"]
+    np.testing.assert_allclose(written[["c", "a", "b"]].to_numpy(), mixed, atol=1e-6)
+    capsys.readouterr()
+    for ids, more, needle in (
+        ([*order, "t3"], [], "1 id in two rows or more (e.g. 't3')"),
+        ([*order, "x1", "x2"], [], "2 ids not predicted (not in"),
+        (order[1:], [], "lacks 1 predicted id (of"),
+        (order, ["--probabilities"], "its one column 'label' is a labels column"),
+    ):
+        pd.DataFrame({"image_id": ids, "label": ""}).to_csv(sample, index=False)
+        assert main([*blend, "--out", out, "--overwrite", "--sample-submission", sample, *more]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and sample in err[0] and needle in err[0] and "Traceback" not in err[0], err

@@ -55,3 +55,68 @@ def test_the_terminal_table_shows_the_weakest_classes_when_there_are_many():
     worst = sorted(names, key=lambda n: s["per_class"][n]["roc_auc"])[:4]
     assert shown == worst
     assert "exact-match" in headline(s) and "F1 micro" in headline(s)
+
+
+def test_the_metric_leads_the_line_and_single_label_figures_are_scikit_learns():
+    """Balanced accuracy and log-loss are scikit-learn's; a single-label line leads with --metric and names no
+    threshold; a metric of the other kind is one line naming the ones that apply; log-loss is better lower."""
+    from sklearn.metrics import balanced_accuracy_score, log_loss
+
+    from tfpipe.errors import TfpipeError
+    from train.decide.evaluation import figure
+    from train.decide.metrics import METRICS, better, metric_of
+
+    rng = np.random.default_rng(0)
+    true = np.array([0] * 12 + [1] * 5 + [2] * 3)
+    probs = rng.dirichlet([1, 1, 1], len(true)).astype(np.float32)
+    probs[np.arange(15), true[:15]] += 1.0
+    probs /= probs.sum(axis=1, keepdims=True)
+    s = score(probs, np.eye(3)[true], CLASSES, [0.5] * 3, single_label=True)
+    assert s["balanced_accuracy"] == pytest.approx(balanced_accuracy_score(true, probs.argmax(axis=1)))
+    assert s["log_loss"] == pytest.approx(log_loss(true, probs, labels=[0, 1, 2]), rel=1e-5)
+    for key in ("balanced_accuracy", "log_loss", "exact_match", "f1_macro", "roc_auc_macro"):
+        assert figure(probs, np.eye(3)[true], [0.5] * 3, True, key) == pytest.approx(s[key]), key
+    line = headline(s, metric_of("balanced_accuracy", single_label=True))
+    assert (
+        line.startswith(f"balanced accuracy {s['balanced_accuracy']:.3f}, AUC (exact, macro) ") and "accuracy" in line
+    )
+    assert "threshold" not in line and "micro" not in line and "threshold" not in "".join(class_table(s))
+    with pytest.raises(TfpipeError, match="exact_match'? does not apply to a single-label run; a single-label run is"):
+        metric_of("exact_match", single_label=True)
+    worse, good = {"log_loss": 0.9}, {"log_loss": 0.4}
+    assert better(good, worse, METRICS["log_loss"]) and not better(worse, good, METRICS["log_loss"])
+    assert not better({"log_loss": None}, good, METRICS["log_loss"])  # an unknown figure never wins
+
+
+def test_thresholds_tuned_for_exact_match_beat_per_class_f1_on_it():
+    """Per-class F1 tuning ignores how the classes' errors fall on rows; coordinate ascent for exact_match
+    never scores lower on it, and here scores higher."""
+    from train.decide.metrics import METRICS
+    from train.decide.tuning import tune_thresholds
+
+    rng = np.random.default_rng(3)
+    targets = (rng.random((300, 4)) < [0.5, 0.3, 0.2, 0.1]).astype(np.float32)
+    probs = np.clip(targets * 0.35 + rng.random((300, 4)) * 0.65, 0, 1).astype(np.float32)
+    exact = [
+        score(probs, targets, list("abcd"), tune_thresholds(probs, targets, 0.5, m), False)["exact_match"]
+        for m in (None, METRICS["exact_match"])
+    ]
+    assert exact[1] > exact[0] + 0.01, exact
+
+
+def test_a_blend_searched_on_the_oof_rows_weighs_the_better_model():
+    """Nelder-Mead over the simplex from equal weights: a good model beside a random one gets nearly all the
+    weight, and the searched blend scores better than the equal one by the metric (log-loss: lower)."""
+    from train.decide.metrics import METRICS
+    from train.decide.weights import search_weights
+
+    rng = np.random.default_rng(0)
+    true = rng.integers(0, 4, 400)
+    truth = np.eye(4)[true]
+    good = truth * 0.6 + rng.random((400, 4)) * 0.7
+    noise = rng.random((400, 4))
+    good, noise = good / good.sum(1, keepdims=True), noise / noise.sum(1, keepdims=True)
+    for name, single in (("log_loss", True), ("accuracy", True), ("f1_micro", False)):
+        found = search_weights([noise, good], truth, single, METRICS[name])
+        assert found.weights[1] > 0.9 and abs(sum(found.weights) - 1) < 1e-9, (name, found)
+        assert (found.score < found.equal_score) if name == "log_loss" else (found.score > found.equal_score), found

@@ -204,3 +204,87 @@ def test_only_a_column_named_for_a_group_gets_the_hint():
     groups = ["patient", "PatientID", "patientId", "patientid", "StudyInstanceUID", "Case Number", "scene_id", "videos"]
     others = ["site_count", "is_site_visit", "camera_model", "user_rating", "AgeGroup", "image", "labels", "width"]
     assert [reads_like_a_group(c) for c in groups + others] == [True] * len(groups) + [False] * len(others)
+
+
+def distinct(root):
+    """The grouped folder's images made all distinct: seeds 18 and 20 draw one colour, so img20 copies img18."""
+    save(root / "images" / "img20.jpg", size=(20, 20), seed=24)
+
+
+def with_copies(root, csv):
+    """The grouped folder (all distinct) plus two byte-identical copies: ``dup-b`` of img01 (label a) labelled b
+    in img01's patient p0, ``dup-c`` of img04 (patient p1) in patient p5."""
+    import shutil
+
+    distinct(root)
+    shutil.copy(root / "images" / "img01.jpg", root / "images" / "dup-b.jpg")
+    shutil.copy(root / "images" / "img04.jpg", root / "images" / "dup-c.jpg")
+    with open(csv, "a") as f:
+        f.write("dup-b,b,p0\ndup-c,b,p5\n")
+    rows = [line.split(",") for line in csv.read_text().splitlines()[1:]]
+    return [[{"a": 0, "b": 1}[c] for c in labels.split()] for _, labels, _ in rows], [p for *_, p in rows]
+
+
+def folds_by_name(out, k):
+    return {name: f for f in range(k) for name in tfpipe.image_names(str(out), folds=[f])}
+
+
+def test_identical_images_stay_in_one_fold_their_groups_joined_and_their_labels_kept(grouped_folder, capsys):
+    """Issue #65: a copy in another fold than its original makes validation score an image it trained on."""
+    from tfpipe.columns import read_targets
+
+    root, csv = grouped_folder
+    targets, groups = with_copies(root, csv)
+    naive, naive_grouped = assign_folds(targets, 2, 4, seed=0), assign_folds(targets, 2, 4, seed=0, groups=groups)
+    assert naive[1] != naive[24] and naive[4] != naive[25] and naive_grouped[3] != naive_grouped[15]  # would split
+    args = ["--csv", str(csv), "--images", str(root / "images"), "--image-size", "8", "--workers", "0", "--no-progress"]
+    for extra, merged in (([], ""), (["--group-col", "patient"], " (2 groups merged into 1)")):
+        out = root / f"out{len(extra)}"
+        assert main([*args, "--out", str(out), "--num-folds", "4", *extra]) == 0
+        said, warned = capsys.readouterr()
+        line = f"tfpipe.write: 2 byte-identical images kept in the fold of the image they copy{merged}"
+        assert line in said.splitlines(), said
+        assert "1 image is labelled otherwise than the image it copies (e.g. dup-b [b], img01 [a])" in warned
+        assert "in another fold" not in warned, warned
+        fold = folds_by_name(out, 4)
+        assert fold["dup-b"] == fold["img01"] and fold["dup-c"] == fold["img04"], fold
+        if extra:  # p1 and p5 joined: all six images in one fold
+            assert len({fold[f"img{i:02d}"] for i in (3, 4, 5, 15, 16, 17)}) == 1, fold
+        stored = dict(zip(tfpipe.image_names(str(out)), read_targets(str(out), 2).tolist()))
+        assert stored["dup-b"] == [0, 1] and stored["img01"] == [1, 0] and stored["dup-c"] == [0, 1]  # as given
+        assert main([*args, "--out", str(out), "--num-folds", "4", *extra, "--resume"]) == 0  # the same plan
+        assert "this write already finished" in capsys.readouterr().out
+
+
+def test_without_copies_the_folds_and_fingerprint_are_as_before(grouped_folder):
+    from tfpipe.images import ImageSpec
+    from tfpipe.job import input_identities, job_fingerprint, plan_job
+
+    root, csv = grouped_folder
+    distinct(root)
+    rows = [line.split(",") for line in csv.read_text().splitlines()[1:]]
+    targets = [[{"a": 0, "b": 1}[c] for c in labels.split()] for _, labels, _ in rows]
+    for group_col in (None, "patient"):
+        source = tfpipe.Source(str(root / "images"), csv=str(csv), group_col=group_col)
+        job = plan_job(source, ImageSpec(), None, "train", None, 4, 0, False)
+        groups = [p for *_, p in rows] if group_col else None
+        fold = {
+            item.name: s["fold"] for item, s in zip(job.items, (s for s in job.shard_plan for _ in range(s["size"])))
+        }
+        assert [fold[name] for name, *_ in rows] == assign_folds(targets, 2, 4, seed=0, groups=groups)
+        assert job.kept is None
+        assert job.fingerprint == job_fingerprint(job.items, job.targets, job.classes, job.shard_plan, ImageSpec(),
+                                                  "train", input_identities(job.items), job.group_column)  # fmt: skip
+
+
+def test_copies_join_groups_by_union_and_refuse_too_few_distinct_images():
+    from tfpipe.folds import merge_groups
+
+    merged = merge_groups(["g0", "g1", "g2", "g3", "g1", "g3"], [0, 1, 2, 3, 0, 2])  # g1-g0, g3-g2
+    assert merged.groups == ["g0", "g0", "g2", "g2", "g0", "g2"] and (merged.merged, merged.into) == (4, 2)
+    targets = [[0], [1], [0], [1]]
+    assert assign_folds(targets, 2, 2, copies=[0, 1, 2, 3]) == assign_folds(targets, 2, 2)
+    folds = assign_folds(targets, 2, 2, copies=[0, 1, 0, 1])
+    assert folds[0] == folds[2] and folds[1] == folds[3] and folds[0] != folds[1]
+    with pytest.raises(TfpipeError, match="num_folds=3 is more than the 2 distinct images"):
+        assign_folds(targets, 2, 3, copies=[0, 1, 0, 1])

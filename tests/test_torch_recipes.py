@@ -547,7 +547,7 @@ def test_a_recipe_run_on_single_label_shards_is_single_label_and_submits_one_cla
     assert done.scores["per_class"]["cat"]["threshold"] is None and not (tmp_path / "thresholds.json").exists()
     test_ids = written_ids(tfpipe.open_shards(records))
     write_predictions(config, args, tfpipe.open_shards(records), (test_ids, np.random.rand(24, 3)), None)
-    labels = pd.read_csv(tmp_path / "s.csv", keep_default_na=False)["labels"]
+    labels = pd.read_csv(tmp_path / "s.csv", keep_default_na=False)["label"]  # the training CSV's column name
     assert all(len(cell.split()) == 1 for cell in labels)
 
 

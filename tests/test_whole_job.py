@@ -273,7 +273,7 @@ def test_an_image_is_known_by_its_content_and_every_image_given_is_scored(traine
         return df.attrs["evaluation"], capsys.readouterr().out
 
     result, said = scored("others")
-    assert set(result) == {"thresholds", "own_training_shards", "all"} and result["all"]["examples"] == 12
+    assert set(result) == {"thresholds", "own_training_shards", "all", "metric"} and result["all"]["examples"] == 12
     assert "scores on the labeled shards" in said and "validated on" not in said, said
 
     validated = pd.read_csv(f"{run}/val_predictions.csv", dtype=str, keep_default_na=False)["image_name"]

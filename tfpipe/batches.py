@@ -10,6 +10,8 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from tfpipe.deps import require
 
 if TYPE_CHECKING:
@@ -69,8 +71,10 @@ def training_batches(
     drop_remainder: bool = True,
     options: ReadOptions = ReadOptions(),
     service: str | None = None,
+    class_counts: Sequence[int] | None = None,
 ) -> tf.data.Dataset:
-    """Serialized records -> shuffled, repeated, augmented batches of examples (dicts); with ``service``
+    """Serialized records -> shuffled, repeated, augmented batches of examples (dicts), drawn evenly over the
+    classes with ``class_counts`` (``balanced``); with ``service``
     (``grpc://HOST:PORT``), every stage up to whole augmented batches runs on a tf.data service's workers
     (``tfpipe.data_service.served``): this process only receives them."""
     ds = ds.batch(options.parse_batch)
@@ -85,6 +89,8 @@ def training_batches(
     ds = ds.shuffle(options.shuffle_buffer, seed=here)  # before decoding (when not cached): a buffer of small JPEGs
     if service is None:
         ds = ds.repeat()
+        if class_counts is not None:
+            ds = balanced(ds, class_counts, seed)
         ds = _augment_images(ds, parser, augment, cached, seed, deterministic)
         ds = ds.batch(batch_size, drop_remainder=drop_remainder)  # static shapes for the TPU
         return _augment_batches(ds, parser, augment, seed, deterministic)
@@ -112,6 +118,27 @@ def _augment_batches(
             lambda b, s: _augment_batch(b, s, per_batch, mix), num_parallel_calls=AUTOTUNE, deterministic=deterministic
         )
     return ds
+
+
+def balanced(ds: tf.data.Dataset, class_counts: Sequence[int], seed: int | None) -> tf.data.Dataset:
+    """Examples of a repeated stream kept or rejected so that the classes present come evenly: rejection
+    sampling with the known class shares of ``class_counts`` (each example kept with its class's target share over
+    its share, scaled so the rarest class keeps all: the rule of ``tf.data.Dataset.rejection_resample``, which
+    also prints a line on every call where most examples are rejected, as here they are meant to be); a record
+    without a label counts as class 0, as its argmax does."""
+    counts = np.asarray(class_counts, np.float64)
+    if counts.sum() == 0:
+        return ds
+    ratio = np.where(counts > 0, 1.0 / np.maximum(counts, 1), 0.0)  # target share over share, up to a factor
+    keep = tf.constant(ratio / ratio.max(), tf.float32)
+
+    def kept(e: dict[str, tf.Tensor], draw: tf.Tensor) -> tf.Tensor:
+        t = e["target"]
+        c = tf.maximum(tf.cast(t, tf.int32), 0) if t.shape.rank == 0 else tf.argmax(t, output_type=tf.int32)
+        return tf.cast(draw % 2**24, tf.float32) / 2**24 < keep[c]
+
+    ds = tf.data.Dataset.zip((ds, tf.data.Dataset.random(seed=seed)))
+    return ds.filter(kept).map(lambda e, _: e, num_parallel_calls=AUTOTUNE)
 
 
 def _augment_images(

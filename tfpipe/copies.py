@@ -1,11 +1,14 @@
 """Byte-identical copies among the images of one write: reported, never silently written.
 
 Kaggle datasets often hold one image under two names, sometimes with two different answers, and a copy in
-another fold than its original makes validation score an image the model trained on. ``tfpipe.write`` reads its
-staged shards back once before committing them (every runner, a resumed write too) and reports what it found;
-the shards stay exactly as the input asked (nothing is merged or dropped).
+another fold than its original makes validation score an image the model trained on. So a write with folds first
+finds the source files of equal bytes (``source_copies``; ``tfpipe.folds`` keeps each set in one fold), and after
+encoding ``tfpipe.write`` reads its staged shards back once before committing them (every runner, a resumed write
+too) and reports what it found -- which also catches images stored alike from different source bytes; the shards
+stay exactly as the input asked (nothing is merged, dropped or relabelled).
 
-    copies = find_copies([(path, fold), ...])
+    first_of = source_copies(items, identities)  # planning, with folds
+    copies = find_copies([(path, fold), ...])  # after encoding
     for line in copy_lines(copies, classes):
         print(f"tfpipe.write: warning: {line}", file=sys.stderr)
 """
@@ -13,10 +16,18 @@ the shards stay exactly as the input asked (nothing is merged or dropped).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
-from tfpipe import schema
+from tfpipe import fs, schema
+from tfpipe.errors import TfpipeError
+from tfpipe.shard_checks import STAT_THREADS
+from tfpipe.sources import Item
 from tfpipe.tfrecord import read_records
+
+HASH_CHUNK = 2**20  # bytes read at a time while hashing a source file
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,3 +105,38 @@ def _count(copies: Sequence[Copy]) -> str:
 
 def _labels(image: Stored, classes: Sequence[str]) -> str:
     return " ".join(classes[i] for i in sorted(image.labels or ()))
+
+
+def source_copies(items: Sequence[Item], sizes: Sequence[int | None]) -> list[int]:
+    """For every item, the index of the first item whose source bytes equal its own (its own index when none
+    does). ``sizes``: each item's size in bytes (None: not readable now; its record reports it). Only items of a
+    size that repeats are hashed (SHA-256, in threads: one read each is slow on a bucket), so a dataset of
+    distinct sizes reads nothing."""
+    by_size: dict[int, list[int]] = defaultdict(list)
+    for i, size in enumerate(sizes):
+        if size:  # 0 bytes is no image (and a FIFO or a device stats as 0): its record reports it
+            by_size[size].append(i)
+    candidates = [i for same in by_size.values() if len(same) > 1 for i in same]
+    with ThreadPoolExecutor(STAT_THREADS) as pool:
+        digests = list(pool.map(lambda i: _digest(items[i]), candidates))
+    first_of = list(range(len(items)))
+    seen: dict[tuple[int, str], int] = {}
+    for i, digest in sorted(zip(candidates, digests)):  # input order: the first of equal bytes is the earliest
+        if digest is not None:
+            first_of[i] = seen.setdefault((sizes[i] or 0, digest), i)
+    return first_of
+
+
+def _digest(item: Item) -> str | None:
+    """The SHA-256 of an item's source bytes; None for a file that cannot be read now (its record reports it)."""
+    if item.data is not None:
+        return hashlib.sha256(item.data).hexdigest()
+    h = hashlib.sha256()
+    try:
+        fs.check_regular(item.path, "image")  # a FIFO would hang the read
+        with fs.open(item.path, "rb") as f:
+            while chunk := f.read(HASH_CHUNK):
+                h.update(chunk)
+    except (OSError, TfpipeError):
+        return None
+    return h.hexdigest()

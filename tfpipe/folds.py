@@ -17,6 +17,7 @@ def assign_folds(
     k: int,
     seed: int = 0,
     groups: Sequence[str] | None = None,
+    copies: Sequence[int] | None = None,
 ) -> list[int]:
     """Gives every record a fold in [0, k) so each fold has a similar label mix.
 
@@ -28,6 +29,12 @@ def assign_folds(
     trained on (Kaggle's GroupKFold practice), at the price of a less even balance
     where groups are large (``fold_balance`` measures it).
 
+    With ``copies`` (one per record: the index of the first record of the same bytes, its own index when unique;
+    ``tfpipe.copies.source_copies``) every copy gets its first's fold: groups that share an image are joined
+    (``merge_groups``); without groups the unique images are stratified, each by the labels any of its copies
+    has (for the balance only: no record's labels change). Without any copy the folds are those drawn without
+    ``copies``.
+
     Returns:
       A list of fold numbers, one per record, in input order.
     """
@@ -38,8 +45,52 @@ def assign_folds(
     y = multi_hot(targets, num_classes, np.int8)
     y = np.concatenate([y, (y.sum(axis=1, keepdims=True) == 0)], axis=1)  # stratify "no label" like a class
     if groups is not None:
-        return _grouped(y, groups, k, seed).tolist()
-    return _stratified(y, k, seed).tolist()
+        joined = merge_groups(groups, copies).groups if copies is not None else groups
+        return _grouped(y, joined, k, seed).tolist()
+    if copies is None or all(first == i for i, first in enumerate(copies)):
+        return _stratified(y, k, seed).tolist()
+    firsts, copy_of = np.unique(np.asarray(copies), return_inverse=True)  # firsts in input order
+    if k > len(firsts):
+        raise TfpipeError(
+            f"{option('num_folds', k)} is more than the {len(firsts)} distinct images ({n - len(firsts)} of the "
+            f"{n} are byte-identical copies, kept in the fold of the image they copy)"
+        )
+    labels = np.zeros((len(firsts), y.shape[1] - 1), np.int8)
+    np.maximum.at(labels, copy_of, y[:, :-1])  # a content's labels: those any of its copies has
+    unique = np.concatenate([labels, (labels.sum(axis=1, keepdims=True) == 0)], axis=1)
+    return _stratified(unique, k, seed)[copy_of].tolist()
+
+
+@dataclasses.dataclass(frozen=True)
+class MergedGroups:
+    """Groups joined where a byte-identical image links them: every record's group (a joined set under the name of
+    its first group in input order), how many groups were joined and into how many."""
+
+    groups: list[str]
+    merged: int
+    into: int
+
+
+def merge_groups(groups: Sequence[str], copies: Sequence[int]) -> MergedGroups:
+    """Joins the groups of every record and the record it copies (``copies``: as ``assign_folds`` takes them), and
+    the groups joined to those (union-find), so one content never sits in two groups' folds."""
+    parent: dict[str, str] = {}
+    first_seen = {group: i for i, group in reversed(list(enumerate(groups)))}  # each group's first record
+
+    def root(group: str) -> str:
+        while parent.setdefault(group, group) != group:
+            parent[group] = parent[parent[group]]  # path halving
+            group = parent[group]
+        return group
+
+    for i, first in enumerate(copies):
+        a, b = sorted((root(groups[first]), root(groups[i])), key=first_seen.__getitem__)
+        if a != b:  # the group seen first names the joined set
+            parent[b] = a
+    joined = [root(group) for group in groups]
+    members = {group: root(group) for group in set(groups)}
+    sizes = np.unique(list(members.values()), return_counts=True)[1]
+    return MergedGroups(joined, int(sizes[sizes > 1].sum()), int((sizes > 1).sum()))
 
 
 def _grouped(y: np.ndarray, groups: Sequence[str], k: int, seed: int) -> np.ndarray:

@@ -35,6 +35,7 @@ MANIFEST_VERSION = 2
 FITS = ("stretch", "crop", "pad")
 FORMATS = ("jpeg", "png")
 SPLIT_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+LABEL_COLUMN = "labels"  # a submission's labels column when the training CSV named none (one-hot columns, folders)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,6 +100,16 @@ class Manifest:
     @property
     def files(self) -> tuple[str, ...]:
         return tuple(s.file for s in self.shards)
+
+    @property
+    def label_column(self) -> str:
+        """The training CSV's label column, whose name a submission's labels column takes: the class column
+        (``--class-col``) or the label lists' (``--labels-col``); ``labels`` for one-hot columns, a folder per
+        class, TFDS, and manifests that recorded no layout (``label_format``, validated on ``load``)."""
+        fmt = self.label_format or {}
+        if fmt.get("class_col"):
+            return str(fmt["class_col"])
+        return LABEL_COLUMN if fmt.get("label_cols") else str(fmt.get("labels_col") or LABEL_COLUMN)
 
     @property
     def one_label_each(self) -> bool:
@@ -259,7 +270,7 @@ def from_dict(data: Any, path: str) -> Manifest:
         seed=f.get("seed", int, default=0, low=0),
         fingerprint=f.get("fingerprint", str, default=None),
         skipped=tuple(_skipped(f)),
-        label_format=f.get("label_format", dict, default=None),
+        label_format=_label_format(f),
         schema=f.get("schema", dict, default=None),
         tfpipe_version=f.get("tfpipe_version", str, default=""),
         dataset_id="",
@@ -274,6 +285,21 @@ def _group_column(f: _Fields, num_folds: int | None) -> str | None:
     if column is not None and (not column or num_folds is None):
         raise f.bad("group_column", "names the CSV column folds were made by: not empty, and only with folds")
     return column
+
+
+def _label_format(f: _Fields) -> dict | None:
+    """The CSV's label layout as written (``LabelFormat``'s fields); the columns it names (``label_column``'s
+    source) are checked: non-empty strings, a list of them for the one-hot columns."""
+    fmt = f.get("label_format", dict, default=None)
+    if fmt is None:
+        return None
+    g = _Fields(fmt, f.path, "label_format.")
+    _non_empty(g, "labels_col", LABEL_COLUMN)
+    if not (g.get("class_col", str, default=None) or "x").strip():
+        raise g.bad("class_col", "is empty")
+    if not all(isinstance(c, str) and c.strip() for c in g.get("label_cols", list, default=[])):
+        raise g.bad("label_cols", "must list the one-hot columns' names")
+    return fmt
 
 
 def _classes(f: _Fields) -> tuple[str, ...]:

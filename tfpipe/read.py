@@ -74,6 +74,7 @@ def make_dataset(
     pad_batches: bool = False,
     options: ReadOptions = ReadOptions(),
     service: str | None = None,
+    sampling: str | None = None,
 ) -> tf.data.Dataset:
     """Builds a ``tf.data.Dataset`` of ``(images, targets)`` batches from shards.
 
@@ -127,6 +128,7 @@ def make_dataset(
     """
     check_count(1, batch_size=batch_size)
     _check_modes(training, pad_batches, cache, service, deterministic)
+    _check_sampling(sampling, training, service)
     if service is not None and input_context is not None and input_context.num_input_pipelines > 1:
         raise TfpipeError(
             "service= with several input pipelines (hosts) is not supported: each would run its own job, and "
@@ -151,6 +153,7 @@ def make_dataset(
         ds = training_batches(
             ds, parser, batch_size, augment=augment or aug_lib.Augment(), cached=cached, seed=seed,
             deterministic=deterministic, drop_remainder=drop_remainder is not False, options=options, service=service,
+            class_counts=class_counts(shards, parser) if sampling else None,
         )  # fmt: skip
     else:
         ds = read_in_order(shards, input_context=input_context, options=options)
@@ -159,6 +162,27 @@ def make_dataset(
             ds = pad_to_replicas(ds, batch_size, shards, input_context)
     ds = as_tuples(ds, weights=pad_batches and not training, ids=with_ids)
     return ds.prefetch(AUTOTUNE)  # last: overlap the input pipeline with the training step
+
+
+def _check_sampling(sampling: str | None, training: bool, service: str | None) -> None:
+    if sampling not in (None, "balanced"):
+        raise TfpipeError(f"sampling must be None or 'balanced' (got {sampling!r})")
+    if sampling and not training:
+        raise TfpipeError("sampling='balanced' draws training batches; evaluation reads every record once")
+    if sampling and service is not None:
+        raise TfpipeError("sampling='balanced' with service= is not supported: the workers' epochs are their own")
+
+
+def class_counts(shards: Shards, parser: Parser) -> list[int]:
+    """The records of each class (single-label: the class of each record's one label), for balanced sampling;
+    refused for records of several labels, which no class sampling can balance."""
+    targets = read_targets(shards, parser.num_classes)
+    if (targets.sum(axis=1) > 1).any():
+        raise TfpipeError(
+            f"{shards.describe_labels()}: sampling='balanced' balances single-label images, and some have several "
+            "labels; weigh the classes' loss instead (train.fit --class-weight balanced)"
+        )
+    return [int(c) for c in targets.sum(axis=0)]
 
 
 def _check_served_files(shards: Shards) -> None:

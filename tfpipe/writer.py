@@ -196,8 +196,10 @@ def _summary(manifest: Manifest, out: str, seconds: float, pace: Pace | None) ->
 
 
 def _after_summary(job: Job, manifest: Manifest, copies: Sequence[Copy], asked: int | None) -> list[str]:
-    """Prints how even the folds by group are; returns the warnings: another shard count than ``asked`` (folds
-    share it out evenly), uneven folds, copies."""
+    """Prints the copies kept in one fold and how even the folds by group are; returns the warnings: another shard
+    count than ``asked`` (folds share it out evenly), uneven folds, copies."""
+    if job.kept is not None:
+        print(f"tfpipe.write: {job.kept.line()}")
     warnings = copy_lines(copies, job.classes) + group_hints(job)
     if asked and len(job.shard_plan) != asked:
         warnings.insert(

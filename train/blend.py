@@ -8,8 +8,12 @@ on their out-of-fold predictions, with thresholds tuned on the blend, and applie
 class and the true ``labels``); ``--test`` files are submissions written with ``--probabilities`` (the id column
 first, then one column per class), given in the same order. Rows are matched by id; the class columns must be the
 same, in the same order, and the ids the same set, else one line names the file. Each OOF's score and the
-blend's are printed (AUC, exact-match and F1 at thresholds tuned on the blended OOF predictions); the blended
-test predictions are labelled at those thresholds. No TensorFlow here.
+blend's are printed by the CVs' ``--metric`` (or ``--metric``; multi-label thresholds tuned on the blended OOF
+predictions for it); ``--search-weights`` searches the weights on the OOF rows by that metric (scipy's Nelder-Mead,
+``train.decide.weights``) and prints them with their OOF score and the equal weights'. The blended
+test predictions are labelled at those thresholds, in a labels column named as the training CSV's label column
+(``labels`` when the CV folders do not say); ``--sample-submission FILE`` gives the blend the competition's header,
+id order and form instead. No TensorFlow here.
 """
 
 from __future__ import annotations
@@ -28,9 +32,12 @@ from tfpipe.console import counted
 from tfpipe.errors import ArgumentParser, TfpipeError, check_path, option, run_cli
 from tfpipe.labels import is_missing, present
 from train.decide.evaluation import Scores, headline, score
+from train.decide.metrics import METRICS, Metric, metric_of
+from train.decide.weights import Searched, search_weights
+from train.prediction.sample import SAMPLE_HELP
 from train.prediction.submission import label_names
 from train.runs import run as run_files
-from train.runs.cv_folder import OOF_COLUMNS, CVResult, is_cv_folder
+from train.runs.cv_folder import OOF_COLUMNS, CVResult, fold_run, is_cv_folder
 
 LABELS = "labels"
 
@@ -48,6 +55,8 @@ class Blend:
     blended: Scores
     single_label: bool = False  # read from the data: labels by argmax, no thresholds
     submission: Any = None  # a pandas DataFrame
+    metric: Metric = METRICS["roc_auc"]  # the figure that leads the lines, tunes thresholds and weighs the blend
+    searched: Searched | None = None  # with search_weights: the weights found, their OOF score, the equal weights'
 
 
 def blend(
@@ -59,32 +68,52 @@ def blend(
     single_label: bool | None = None,
     probabilities: bool = False,
     overwrite: bool = False,
+    sample_submission: str | None = None,
+    metric: str | None = None,
+    search: bool = False,
 ) -> Blend:
     """Blends the OOF files ``oof`` (and, given, the test files ``test``, one per OOF file in the same order,
     written to ``out``) with ``weights`` (default: equal). Single- or multi-label is read from the CV folders
     beside the OOF files, else from their rows (``oof_kind``); ``single_label`` given must agree. An OOF file of a
-    CV folder is checked against its record first (``train.runs.files``). Example::
+    CV folder is checked against its record first (``train.runs.files``). ``sample_submission`` (the
+    competition's ``sample_submission.csv``): the blended submission takes its header, id column, ids in its order
+    (the test files' ids, each once) and its form (class columns: the probabilities; one column: the labels);
+    without it the labels column is named as the training CSV's (the CV folders' runs recorded it), else
+    ``labels``. ``metric`` (scikit-learn's name, ``train.decide.metrics``; default: the one the CVs decided by,
+    else ``roc_auc``) leads the scores and tunes multi-label thresholds; ``search`` searches the weights on the OOF
+    rows by it, from equal weights (``weights`` must then be left out). Example::
 
         from train.blend import blend
         found = blend(["runs/cv-a/oof.csv", "runs/cv-b/oof.csv"], ["a.csv", "b.csv"], "blend.csv", weights=[1, 2])
         found.blended["roc_auc_macro"]
     """
     check_inputs(oof, test, out)
+    if sample_submission and not test:
+        raise TfpipeError(
+            f"{option('sample_submission')} shapes the blended test submission; give {option('test')} too"
+        )
+    if search and weights is not None:
+        raise TfpipeError(f"{option('search_weights', True)} searches the weights: leave out {option('weights')}")
     w = normalised(weights, len(oof))
     cvs = [checked_oof(p) for p in oof]
     tables = [read_table(p, oof=True) for p in oof]
     classes, ids, truth = agreed(tables, oof, oof=True)
     probs = [aligned(t, ids, classes, p) for t, p in zip(tables, oof)]
     single_label = oof_kind(oof, cvs, truth, probs, single_label)
-    alone = tuple(score(p, truth, classes, _tuned(p, truth, single_label), single_label) for p in probs)
+    decides = blend_metric(oof, metric, single_label)
+    searched = search_weights(probs, truth, single_label, decides) if search else None
+    w = searched.weights if searched else w
+    alone = tuple(score(p, truth, classes, _tuned(p, truth, single_label, decides), single_label) for p in probs)
     mixed = np.tensordot(np.asarray(w), np.stack(probs), axes=1)
-    thresholds = _tuned(mixed, truth, single_label)
+    thresholds = _tuned(mixed, truth, single_label, decides)
     blended = score(mixed, truth, classes, thresholds, single_label)
-    found = Blend(w, tuple(classes), tuple(thresholds), alone, blended, single_label)
+    found = Blend(w, tuple(classes), tuple(thresholds), alone, blended, single_label, None, decides, searched)
     if test:
-        found = dataclasses.replace(
-            found, submission=blend_test(test, out, found, single_label, probabilities, overwrite)
-        )
+        written = blend_test(
+            test, out, found, single_label, probabilities, overwrite,
+            sample=sample_submission, label_column=label_column_of(oof),
+        )  # fmt: skip
+        found = dataclasses.replace(found, submission=written)
     return found
 
 
@@ -124,10 +153,19 @@ def oof_kind(
     return found
 
 
-def _tuned(probs: Any, truth: Any, single_label: bool) -> list[float]:
+def _tuned(probs: Any, truth: Any, single_label: bool, metric: Metric) -> list[float]:
     from train.decide.tuning import tune_thresholds
 
-    return [0.5] * probs.shape[1] if single_label else tune_thresholds(probs, truth, 0.5)
+    return [0.5] * probs.shape[1] if single_label else tune_thresholds(probs, truth, 0.5, metric)
+
+
+def blend_metric(oof: Sequence[str], asked: str | None, single_label: bool) -> Metric:
+    """The metric a blend decides by: ``asked``, else the one the CV folders beside the OOF files decided by
+    (when they agree), else ``roc_auc``; one line when it does not apply to the blend's kind."""
+    if asked is None:
+        found = {CVResult.load(f).metric.name for f in (posixpath.dirname(p) or "." for p in oof) if is_cv_folder(f)}
+        asked = found.pop() if len(found) == 1 else None
+    return metric_of(asked, single_label)
 
 
 def check_inputs(oof: Sequence[str], test: Sequence[str], out: str | None) -> None:
@@ -250,43 +288,80 @@ def aligned(table: Any, ids: Sequence[str], classes: Sequence[str], path: str) -
 
 
 def blend_test(
-    test: Sequence[str], out: str | None, found: Blend, single_label: bool, probabilities: bool, overwrite: bool
+    test: Sequence[str],
+    out: str | None,
+    found: Blend,
+    single_label: bool,
+    probabilities: bool,
+    overwrite: bool,
+    *,
+    sample: str | None = None,
+    label_column: str = LABELS,
 ) -> Any:
-    """The blended test predictions, labelled at the blend's thresholds, written to ``out``."""
+    """The blended test predictions, labelled at the blend's thresholds (in ``label_column``), written to
+    ``out``; with ``sample`` (a sample submission) in its columns, form and id order."""
     import pandas as pd
 
+    from train.prediction.sample import check_sample_ids, follow_sample, read_sample, sample_form
     from train.prediction.submission import check_destination, labels_at, write_submission
 
     assert out is not None
     check_destination(out, overwrite)
+    followed = read_sample(sample, found.classes) if sample else None
+    labels, probabilities = sample_form(followed, probabilities) if followed else (True, probabilities)
     tables = [read_table(p, oof=False) for p in test]
     classes, ids, _ = agreed(tables, test, oof=False)
     if classes != list(found.classes):
         raise TfpipeError(f"{test[0]}: its classes are not the OOF files' ({', '.join(found.classes[:6])})")
+    if followed:
+        check_sample_ids(followed, ids, test[0])
     probs = np.stack([aligned(t, ids, classes, p) for t, p in zip(tables, test)])
     mixed = np.tensordot(np.asarray(found.weights), probs, axes=1)
-    df = pd.DataFrame({tables[0].index.name: ids})  # the first file's id column, as it names it
-    df[LABELS] = labels_at(mixed, classes, found.thresholds, single_label)
+    df = pd.DataFrame({followed.id_column if followed else tables[0].index.name: ids})  # else the first file's
+    if labels:
+        named = followed.label_column if followed and followed.label_column else label_column
+        df[named] = labels_at(mixed, classes, found.thresholds, single_label)
     if probabilities:
         df = pd.concat([df, pd.DataFrame(mixed.astype(np.float32), columns=classes)], axis=1)
+    df = follow_sample(df, followed) if followed else df
     write_submission(out, df.to_csv(index=False), overwrite)
     return df
+
+
+def label_column_of(oof: Sequence[str]) -> str:
+    """The blended labels column's name without a sample: the training CSV's label column, as the runs of the
+    CV folders beside the OOF files recorded it (when they agree), else ``labels``."""
+    from train.runs.run import RunConfig
+
+    names = set()
+    for path in oof:
+        folder = posixpath.dirname(path) or "."
+        if is_cv_folder(folder):
+            run = fold_run(folder, CVResult.load(folder).folds[0])
+            if fs.exists(run_files.path(run, run_files.CONFIG)):  # a CV folder copied without its fold runs: none
+                names.add(RunConfig.load(run).label_column)
+    return names.pop() if len(names) == 1 else LABELS
 
 
 def lines(found: Blend, oof: Sequence[str]) -> list[str]:
     """What the command prints: each OOF file's score, then the blend's."""
 
-    def auc(s: Scores) -> str:
-        return "-" if s["roc_auc_macro"] is None else f"{s['roc_auc_macro']:.4f}"
-
-    said = [f"train.blend: {p}: AUC {auc(s)} (exact, macro), {headline(s)}" for p, s in zip(oof, found.scores)]
+    m = found.metric
+    how = "labels by argmax" if found.single_label else f"at thresholds tuned on its own OOF predictions for {m.words}"
+    said = [f"train.blend: {p}: {headline(s, m)} ({how})" for p, s in zip(oof, found.scores)]
     weights = ", ".join(f"{w:.3f}" for w in found.weights)
-    how = "labels by argmax" if found.single_label else "each at thresholds tuned on its own OOF predictions"
-    said.append(
-        f"train.blend: the blend (weights {weights}): AUC {auc(found.blended)} (exact, macro), "
-        f"{headline(found.blended)} ({how})"
-    )
+    if found.searched is not None:
+        equal, best = (_figure(v) for v in (found.searched.equal_score, found.searched.score))
+        said.append(
+            f"train.blend: weights searched on the OOF rows by {m.words}: {weights} score {best} there, "
+            f"equal weights {equal}"
+        )
+    said.append(f"train.blend: the blend (weights {weights}): {headline(found.blended, m)} ({how})")
     return said
+
+
+def _figure(v: float | None) -> str:
+    return "-" if v is None else f"{v:.4f}"
 
 
 def build_parser() -> ArgumentParser:
@@ -296,6 +371,16 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--out", help="the blended submission to write (with --test)")
     p.add_argument("--weights", type=_numbers, help="one weight a file, e.g. 0.4,0.6 (default: equal)")
     p.add_argument(
+        "--search-weights",
+        action="store_true",
+        help="search the weights on the OOF rows by --metric (scipy's Nelder-Mead, from equal weights)",
+    )
+    p.add_argument(
+        "--metric",
+        help="the figure that leads the lines, tunes thresholds and weighs the search (scikit-learn's names: "
+        "roc_auc, accuracy, balanced_accuracy, f1_macro, log_loss, exact_match, f1_micro; default: the CVs')",
+    )
+    p.add_argument(
         "--single-label",
         action="store_true",
         default=None,
@@ -303,6 +388,11 @@ def build_parser() -> ArgumentParser:
     )
     p.add_argument("--probabilities", action="store_true", help="the blended probabilities after the labels")
     p.add_argument("--overwrite", action="store_true", help="replace --out whatever it holds")
+    p.add_argument(
+        "--sample-submission",
+        metavar="FILE",
+        help=SAMPLE_HELP,
+    )
     return p
 
 
@@ -316,7 +406,8 @@ def _numbers(text: str) -> list[float]:
 def run_command(args: argparse.Namespace) -> None:
     found = blend(
         args.oof, args.test, args.out, weights=args.weights, single_label=args.single_label,
-        probabilities=args.probabilities, overwrite=args.overwrite,
+        probabilities=args.probabilities, overwrite=args.overwrite, sample_submission=args.sample_submission,
+        metric=args.metric, search=args.search_weights,
     )  # fmt: skip
     print("\n".join(lines(found, args.oof)), flush=True)
     if args.test:

@@ -23,9 +23,10 @@ from tfpipe.deprecations import add_deprecated_flag
 from tfpipe.errors import ArgumentParser, TfpipeError, check_path, run_cli
 from tfpipe.lifecycle import BAD_INPUT
 from train.accel.tpus import TPUS
+from train.decide.metrics import METRICS, Metric
 from train.keras.config import FitConfig as FitConfig  # re-exported: train.fit.FitConfig (tfpipe 1.0)
 from train.keras.models import model_names
-from train.keras.names import BACKENDS, OPTIMIZERS, PRECISIONS, SCHEDULES, STRATEGIES
+from train.keras.names import BACKENDS, CLASS_WEIGHTS, OPTIMIZERS, PRECISIONS, SAMPLINGS, SCHEDULES, STRATEGIES
 from train.runs.results import Best, FitResult, PreflightReport, WorkerResult
 
 if TYPE_CHECKING:
@@ -173,6 +174,20 @@ def _training_args(p: ArgumentParser, d: FitConfig) -> None:
     p.add_argument("--precision", choices=PRECISIONS, help="default: bfloat16 on TPU, float16 on GPU, float32 on CPU")
     p.add_argument("--single-label", action="store_true", default=None, help="softmax (default: from the manifest)")
     p.add_argument("--threshold", type=float, default=d.threshold, help="for F1 and accuracy of multi-label outputs")
+    p.add_argument(
+        "--metric",
+        choices=tuple(METRICS),
+        default=d.metric,
+        help="the competition's figure: it heads the report and chooses final vs SWA, thresholds and TTA "
+        "(single-label: accuracy, balanced_accuracy, f1_macro, roc_auc, log_loss; multi-label: exact_match, "
+        "f1_micro, f1_macro, roc_auc)",
+    )
+    p.add_argument(
+        "--class-weight",
+        choices=CLASS_WEIGHTS,
+        help="balanced: weigh each class's loss by n / (classes x its training images), as scikit-learn does",
+    )
+    p.add_argument("--sampling", choices=SAMPLINGS, help="balanced: single-label batches drawn evenly over the classes")
 
 
 AUGMENT_CROPS = ("pad", "resized", "none")  # Augment.crop's values on the command line ("none": None)
@@ -351,7 +366,8 @@ def summary_lines(m: FitResult) -> list[str]:
     """What the command prints of a finished run: its headline (the exact AUC, Keras' estimate labelled), the
     SWA model's, and model.keras's class table (model-swa.keras's: metrics.json, "swa", or train.inspect)."""
     headline = (
-        f"validation AUC {_headline_auc(m.report, m.keras_auc, m.best)}{_scores(m.report)}, "
+        f"validation {_lead(m.report, m.metric)}AUC {_headline_auc(m.report, m.keras_auc, m.best)}"
+        f"{_scores(m.report, m.metric)}, "
         f"{m.epochs} epoch{'s' * (m.epochs != 1)}, {m.optimizer_steps} step{'s' * (m.optimizer_steps != 1)}, "
         f"{m.replicas} replica{'s' * (m.replicas > 1)} x {m.per_replica_batch_size} = {m.global_batch_size} per "
         f"step, steps_per_execution {m.steps_per_execution}, {m.images_per_sec} images/s -> {m.run}"
@@ -360,22 +376,33 @@ def summary_lines(m: FitResult) -> list[str]:
     if m.swa:
         lines.append(
             f"SWA of the last {m.swa.epochs_averaged} epoch{'s' * (m.swa.epochs_averaged != 1)}: "
-            f"validation AUC {_headline_auc(m.swa.report, m.swa.val_auc, None)}{_scores(m.swa.report)}"
+            f"validation {_lead(m.swa.report, m.metric)}AUC {_headline_auc(m.swa.report, m.swa.val_auc, None)}"
+            f"{_scores(m.swa.report, m.metric)}"
             f" -> {m.run}/model-swa.keras"
         )
     if m.report:
         from train.decide.evaluation import class_table
 
-        title = "model.keras, 1 view, at the thresholds of thresholds.json"
+        title = "model.keras, 1 view, " + (
+            "labels by argmax" if m.single_label else "at the thresholds of thresholds.json"
+        )
         lines += [*class_table(m.report, title=title), f'  (every class: {m.run}/metrics.json, "report")']
     return lines
 
 
-def _scores(report: Mapping[str, Any] | None) -> str:
-    """ ", exact-match ..., F1 ..." of the report, when it ran."""
-    from train.decide.evaluation import headline
+def _lead(report: Mapping[str, Any] | None, metric: Metric) -> str:
+    """``balanced accuracy 0.8120, `` first where the run's metric is not the AUC that follows."""
+    return f"{metric.figure(report)}, " if report and metric.key != "roc_auc_macro" else ""
 
-    return f", {headline(report)}" if report else ""
+
+def _scores(report: Mapping[str, Any] | None, metric: Metric) -> str:
+    """ ", exact-match ..., F1 ..." of the report (the figures the line has not given yet), when it ran."""
+    from train.decide.evaluation import headline, is_single_label
+
+    if not report:
+        return ""
+    how = " (labels by argmax)" if is_single_label(report) else ""
+    return f", {headline(report, metric, skip=(metric.key, 'roc_auc_macro'))}{how}"
 
 
 def _headline_auc(report: Mapping[str, Any] | None, keras: float | None, best: Best | None) -> str:

@@ -24,10 +24,11 @@ from tfpipe.console import counted
 from tfpipe.errors import ArgumentParser, TfpipeError, run_cli
 from train.accel.backend import NAMES as BACKEND_NAMES
 from train.decide import evaluation
+from train.decide.metrics import run_metric
 from train.runs.run_info import folder_info as folder_info  # the --json object, from Python
 
 PROG = "train.inspect"
-FIGURES = (
+FIGURES = (  # a multi-label run's
     ("roc_auc_macro", "AUC, macro"),
     ("roc_auc_micro", "AUC, micro"),
     ("exact_match", "exact-match"),
@@ -35,6 +36,15 @@ FIGURES = (
     ("f1_macro", "F1, macro"),
     ("examples", "images"),
 )
+SINGLE_FIGURES = (  # a single-label run's (its argmax)
+    ("roc_auc_macro", "AUC, macro"),
+    ("exact_match", "accuracy"),
+    ("balanced_accuracy", "balanced acc."),
+    ("f1_macro", "F1, macro"),
+    ("log_loss", "log-loss"),
+    ("examples", "images"),
+)
+MULTI_ONLY = ("threshold",)  # settings a single-label run has but never uses (its labels are the argmax)
 SHOWN_SETTINGS = 24  # scalar settings shown in the text form (--json: all)
 HERE = {
     "same": "the folder still holds it",
@@ -88,7 +98,8 @@ def head_lines(info: dict[str, Any]) -> list[str]:
         f"  trained on {shards['records']} (dataset id {shards['dataset_id']}{fold}; {HERE[shards['here']]})",
         *run_lines(info),
     ]
-    scalars = [(k, v) for k, v in info["settings"].items() if not isinstance(v, (dict, list)) and k != "records"]
+    hidden = ("records", *MULTI_ONLY * info["single_label"])
+    scalars = [(k, v) for k, v in info["settings"].items() if not isinstance(v, (dict, list)) and k not in hidden]
     shown = ", ".join(f"{k} {v}" for k, v in scalars[:SHOWN_SETTINGS])
     more = f" (+{len(scalars) - SHOWN_SETTINGS} more: --json)" if len(scalars) > SHOWN_SETTINGS else ""
     return lines + textwrap.wrap(f"settings: {shown}{more}", 116, initial_indent="  ", subsequent_indent="    ")
@@ -123,10 +134,14 @@ def score_lines(info: dict[str, Any]) -> list[str]:
     where = "out-of-fold, every validation image once" if info["kind"] == "cv" else "the validation fold"
     heads = [f"{m['model']}, {_views(m['views'])}" for m in models]
     width = max(len(h) for h in heads) + 2
-    lines = [f"scores on {where} (exact):", "  " + " " * 12 + "".join(f"{h:>{width}}" for h in heads)]
-    for key, label in FIGURES:
+    metric = run_metric(info["settings"], info["single_label"])
+    lines = [
+        f"scores on {where} (exact; decided by {metric.words}, --metric {metric.name}):",
+        "  " + " " * 13 + "".join(f"{h:>{width}}" for h in heads),
+    ]
+    for key, label in SINGLE_FIGURES if info["single_label"] else FIGURES:
         values = [m["scores"].get(key) for m in models]
-        lines.append(f"  {label:<12}" + "".join(f"{_figure(v):>{width}}" for v in values))
+        lines.append(f"  {label:<13}" + "".join(f"{_figure(v):>{width}}" for v in values))
     for m in models:
         at = THRESHOLDS_NOW[m["thresholds_file"]].format(m["thresholds"]) if m["thresholds"] else ""
         lines += evaluation.class_table(m["scores"], title=f"{m['model']}, {_views(m['views'])}{', ' * bool(at)}{at}")
@@ -141,10 +156,11 @@ def fold_lines(info: dict[str, Any]) -> list[str]:
             continue
         run = f["run_info"]
         report = next(iter(run["models"]), None)
-        auc = f"{_figure(report['scores'].get('roc_auc_macro'))} ({report['model']}, 1 view)" if report else "-"
+        metric = run_metric(run["settings"], run["single_label"])
+        scored = f"{metric.figure(report['scores'])} ({report['model']}, 1 view)" if report else f"{metric.words} -"
         epochs = counted(int(run["epochs"]), "epoch") if run.get("epochs") is not None else "no epochs recorded"
         done = "finished" if f["finished"] else "not finished"
-        lines.append(f"  fold {f['fold']}: {f['run']}, {done}, {epochs}, validation AUC {auc}")
+        lines.append(f"  fold {f['fold']}: {f['run']}, {done}, {epochs}, validation {scored}")
     return lines
 
 

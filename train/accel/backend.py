@@ -242,7 +242,10 @@ def tensor_ops() -> Any:
         return require("keras").ops
     import tensorflow as tf
 
-    return SimpleNamespace(cast=tf.cast, cos=tf.cos, clip=tf.clip_by_value, where=tf.where, reshape=tf.reshape)
+    return SimpleNamespace(
+        cast=tf.cast, cos=tf.cos, clip=tf.clip_by_value, where=tf.where, reshape=tf.reshape, log=tf.math.log,
+        sum=tf.reduce_sum, mean=tf.reduce_mean,
+    )  # fmt: skip
 
 
 class JaxDevices:

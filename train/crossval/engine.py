@@ -27,7 +27,8 @@ from tfpipe.read import check_no_image_twice
 from tfpipe.shards import Shards, open_shards
 from train.accel import backend
 from train.accel.strategy import tpu_strategy
-from train.decide.evaluation import Scores, score
+from train.decide.evaluation import Scores, headline, score
+from train.decide.tta import scored_at_own_thresholds, views_worth
 from train.decide.tuning import Predictions, describe, out_of_fold, tune_thresholds, write_oof
 from train.keras.config import FitConfig
 from train.keras.fit_run import remove_if_empty, replace_run, settings_of
@@ -250,11 +251,9 @@ def train_fold(
     m = train_planned(planned, shards, parts, strategy, kind, begun)
     assert isinstance(m, FitResult) and m.report is not None  # a CV trains on one machine, always with the report
     report = m.report
-    auc = report["roc_auc_macro"]
     print(
-        f"{where}: validation AUC {'-' if auc is None else f'{auc:.4f}'} (exact, {describe(False, 1)}), "
-        f"exact-match {'-' if report['exact_match'] is None else format(report['exact_match'], '.3f')} on "
-        f"{counted(report['examples'], 'image')}, "
+        f"{where}: validation of {describe(False, 1)} on {counted(report['examples'], 'image')}: "
+        f"{headline(report, plan.metric)}{' (labels by argmax)' * bool(plan.single_label)}, "
         f"{time.perf_counter() - begun:.0f} s",
         flush=True,
     )
@@ -276,7 +275,7 @@ def score_out_of_fold(cfg: FitConfig, plan: CVResult, strategy: tf.distribute.St
     models = [oof_scores(cfg, plan, strategy, swa=False)]
     if cfg.swa_epochs:
         models.append(oof_scores(cfg, plan, strategy, swa=True))
-    return dataclasses.replace(plan, models=tuple(models), submits=submitted_model(models))
+    return dataclasses.replace(plan, models=tuple(models), submits=submitted_model(models, plan.metric))
 
 
 def oof_scores(cfg: FitConfig, plan: CVResult, strategy: tf.distribute.Strategy, swa: bool) -> ModelScores:
@@ -287,9 +286,20 @@ def oof_scores(cfg: FitConfig, plan: CVResult, strategy: tf.distribute.Strategy,
     thresholds, named = oof_thresholds_now(cfg, plan, found, swa)
     scores = score(found.probs, found.targets, plan.classes, thresholds, plan.single_label)
     per_fold = tuple(fold_scores(k, _rows_scored(found, fold_of == k, plan, thresholds)) for k in plan.folds)
-    result = ModelScores(run_files.model_files(swa)[0], plan.tta, oof, named, scores, per_fold)
+    one = one_view_scores(cfg, plan, strategy, swa) if plan.tta > 1 else None
+    result = ModelScores(run_files.model_files(swa)[0], plan.tta, oof, named, scores, per_fold, one)
     print(oof_line(plan, result, len(found.names)), flush=True)
     return result
+
+
+def one_view_scores(cfg: FitConfig, plan: CVResult, strategy: tf.distribute.Strategy, swa: bool) -> Scores:
+    """The same OOF rows over 1 view (each fold run's report predicted them so: read back), scored alike: what
+    the plan's TTA views are measured against (``train.decide.tta``)."""
+    predict = validation_predictor(strategy, cfg.batch_size, swa=swa, views=1, progress=bool(cfg.verbose))
+    found, _ = out_of_fold(plan, cfg.run, swa=swa, views=1, predict=predict)
+    return scored_at_own_thresholds(
+        found.probs, found.targets, list(plan.classes), plan.single_label, plan.metric, cfg.threshold
+    )
 
 
 def oof_thresholds_now(cfg: FitConfig, plan: CVResult, found: Predictions, swa: bool) -> tuple[list[float], str | None]:
@@ -297,7 +307,7 @@ def oof_thresholds_now(cfg: FitConfig, plan: CVResult, found: Predictions, swa: 
     runs, labelled by argmax), and their file's name."""
     if plan.single_label:
         return [cfg.threshold] * len(plan.classes), None
-    thresholds = tune_thresholds(found.probs, found.targets, cfg.threshold)
+    thresholds = tune_thresholds(found.probs, found.targets, cfg.threshold, plan.metric)
     model = run_files.model_files(swa)[0]
     save_thresholds(cfg.run, plan.classes, thresholds, model, run_files.SWA_SUFFIX if swa else "", plan.tta)
     return thresholds, run_files.model_files(swa, plan.tta)[1]
@@ -308,18 +318,23 @@ def _rows_scored(found: Predictions, rows: Any, plan: CVResult, thresholds: list
 
 
 def oof_line(plan: CVResult, m: ModelScores, n: int) -> str:
-    """``train.cv: OOF of model.keras, 1 view (2000 images, folds 0..4): AUC 0.9712 ...``."""
-    from train.decide.evaluation import headline
-
-    auc = m.scores["roc_auc_macro"]
-    spread = m.spread().get("roc_auc_macro")
+    """``train.cv: OOF of model.keras, 1 view (2000 images, folds 0..4): AUC (exact, macro) 0.9712, ... at
+    thresholds tuned on them; fold AUC ... best fold 3 ...``: the CV's metric first, the folds' spread of it and
+    the best single fold's figure."""
+    metric = plan.metric
+    spread = m.spread().get(metric.key)
+    best = m.best_fold(metric)
     folds = (
-        f"; fold AUC {spread['mean']:.4f} +- {spread['sd']:.4f} ({spread['min']:.4f}..{spread['max']:.4f})"
+        f"; fold {metric.words} {spread['mean']:.4f} +- {spread['sd']:.4f} ({spread['min']:.4f}..{spread['max']:.4f})"
         if spread
         else ""
     )
+    folds += f", best fold {best.fold} alone {metric.figure(dataclasses.asdict(best))}" if best else ""
+    if m.one_view is not None:
+        worth = views_worth(m.one_view, m.scores, m.views, metric)
+        folds += f"; over 1 view {metric.figure(m.one_view)}" + (f" (the {m.views} views lose)" * worth.hurts)
+    how = " (labels by argmax)" if plan.single_label else " at thresholds tuned on them"
     return (
         f"{PROG}: OOF of {describe(m.model == run_files.MODEL_SWA, m.views)} ({counted(n, 'image')}, "
-        f"{described_folds(plan.folds)}): AUC {'-' if auc is None else f'{auc:.4f}'} (exact, macro), "
-        f"{headline(m.scores)} at thresholds tuned on them{folds}"
+        f"{described_folds(plan.folds)}): {headline(m.scores, metric)}{how}{folds}"
     )

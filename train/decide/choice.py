@@ -2,8 +2,9 @@
 here once for every caller (``train.predict``, ``train.cv``, ``train.inspect``, the PyTorch recipes' ``--predict``
 and ``--predict-only``).
 
-A run with an SWA model predicts with it only when its validation AUC (exact, macro; a CV's: out-of-fold) beats
-the final model's; a tie or an unknown score keeps the final model. No TensorFlow.
+A run with an SWA model predicts with it only when its validation figure of the run's ``--metric`` (default: AUC,
+exact, macro; a CV's: out-of-fold) beats the final model's; a tie or an unknown score keeps the final model. No
+TensorFlow.
 """
 
 from __future__ import annotations
@@ -13,8 +14,10 @@ from typing import Any, NamedTuple
 
 from tfpipe import fs
 from tfpipe.errors import in_command
+from train.decide.metrics import DEFAULT, METRICS, Metric, better, run_metric, value
 from train.runs import run as run_files
 from train.runs.files import NotAsRecorded
+from train.runs.run import RunConfig
 from train.runs.thresholds import load_thresholds
 
 SAME = 1e-6  # a thresholds file's value and the report's are the same threshold (JSON round trips)
@@ -22,34 +25,30 @@ SAME = 1e-6  # a thresholds file's value and the report's are the same threshold
 
 class RunScores(NamedTuple):
     """What a run's ``metrics.json`` says of its models: the final model's and the SWA model's validation report
-    (None: not recorded), and whether it reports an SWA model at all."""
+    (None: not recorded), whether it reports an SWA model at all, and the metric its choices decide by (its
+    ``config.json``'s ``--metric``)."""
 
     final_report: Any
     swa_report: Any
     has_swa: bool
+    metric: Metric = METRICS[DEFAULT]
 
     @property
-    def final_auc(self) -> float | None:
-        return report_auc(self.final_report)
+    def final_value(self) -> float | None:
+        return value(self.final_report, self.metric)
 
     @property
-    def swa_auc(self) -> float | None:
-        return report_auc(self.swa_report)
+    def swa_value(self) -> float | None:
+        return value(self.swa_report, self.metric)
 
     def report(self, swa: bool) -> Any:
         return self.swa_report if swa else self.final_report
 
 
-def better_model(final_auc: float | None, swa_auc: float | None) -> bool:
-    """Whether the SWA model is the better by validation AUC (exact, macro); a tie or an unknown score keeps the
-    final model."""
-    return final_auc is not None and swa_auc is not None and swa_auc > final_auc
-
-
-def report_auc(report: Any) -> float | None:
-    """A report's macro AUC (``metrics.json``'s ``report`` or ``swa.report``), None when it holds no number."""
-    value = report.get("roc_auc_macro") if isinstance(report, dict) else None
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+def better_model(final: Any, averaged: Any, metric: Metric) -> bool:
+    """Whether the SWA model's scores (``averaged``: a report, OOF scores) beat the final model's by ``metric``;
+    a tie or an unknown figure keeps the final model."""
+    return better(averaged, final, metric)
 
 
 def run_scores(run: str, required: bool = False) -> RunScores:
@@ -62,31 +61,42 @@ def run_scores(run: str, required: bool = False) -> RunScores:
     metrics = metrics if isinstance(metrics, dict) else {}
     part = metrics.get("swa")
     swa = part.get("report") if isinstance(part, dict) else None
-    return RunScores(metrics.get("report"), swa, part is not None)
+    return RunScores(metrics.get("report"), swa, part is not None, recorded_metric(run))
+
+
+def recorded_metric(run: str) -> Metric:
+    """The metric a run decides by: its ``config.json``'s (``DEFAULT`` for runs before --metric, and for a
+    folder without one)."""
+    if not fs.exists(run_files.path(run, run_files.CONFIG)):
+        return METRICS[DEFAULT]
+    config = RunConfig.load(run)
+    return run_metric(config.settings, config.single_label)
 
 
 def choice_line(
     chosen: bool,
-    final_auc: float | None,
-    swa_auc: float | None,
+    final: float | None,
+    averaged: float | None,
     what: str,
+    metric: Metric,
     names: tuple[str, str] = (run_files.MODEL, run_files.MODEL_SWA),
     whose: str = "",
     flags: bool = True,
 ) -> str:
-    """``predicting with model-swa.keras: its validation AUC 0.9812 beats model.keras's 0.9790 (--no-swa ...)``;
-    ``names`` the (final, SWA) model files, ``whose`` ("the fold models' ") before the model's name, ``flags``
-    whether the caller has ``--swa``/``--no-swa`` (``swa=`` in Python) to choose the other."""
-    shown = {True: swa_auc, False: final_auc}
+    """``predicting with model-swa.keras: its validation AUC (exact, macro) 0.9812 beats model.keras's 0.9790
+    (--no-swa ...)``: ``final``/``averaged`` the two models' ``metric`` figures, ``names`` the (final, SWA) model
+    files, ``whose`` ("the fold models' ") before the model's name, ``flags`` whether the caller has
+    ``--swa``/``--no-swa`` (``swa=`` in Python) to choose the other."""
+    shown = {True: averaged, False: final}
     name, other = names[chosen], names[not chosen]
-    if final_auc is None or swa_auc is None:
-        why = f"{what} AUC of both not recorded"
+    if final is None or averaged is None:
+        why = f"{what} {metric.words} of both not recorded"
         if not flags:
             return f"predicting with {whose}{name} ({why})"
     else:
         why = (
-            f"{'their' if whose else 'its'} {what} AUC {_f(shown[chosen])} {'beats' if chosen else 'is at least'} "
-            f"{other}'s {_f(shown[not chosen])}"
+            f"{'their' if whose else 'its'} {what} {metric.words} {_f(shown[chosen])} "
+            f"{'beats' if chosen else 'is at least as good as'} {other}'s {_f(shown[not chosen])}"
         )
         if not flags:
             return f"predicting with {whose}{name}: {why}"
@@ -96,12 +106,12 @@ def choice_line(
 
 def run_choice(run: str, swa: bool | None) -> tuple[bool, str | None]:
     """(swa, the line saying why) for a ``train.fit`` run: ``swa`` as given, else the model with the better
-    validation AUC in ``metrics.json``. No line when there is no choice."""
+    validation figure of its metric in ``metrics.json``. No line when there is no choice."""
     if swa is not None or not fs.exists(run_files.path(run, run_files.MODEL_SWA)):
         return bool(swa), None
     scores = run_scores(run)
-    chosen = better_model(scores.final_auc, scores.swa_auc)
-    return chosen, choice_line(chosen, scores.final_auc, scores.swa_auc, "validation")
+    chosen = better_model(scores.final_report, scores.swa_report, scores.metric)
+    return chosen, choice_line(chosen, scores.final_value, scores.swa_value, "validation", scores.metric)
 
 
 def scored_thresholds(report: Any, classes: Sequence[str]) -> list[Any]:

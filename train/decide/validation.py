@@ -21,6 +21,7 @@ import pandas as pd
 
 from tfpipe import fs
 from train.decide import evaluation
+from train.decide.metrics import Metric
 from train.decide.tuning import tune_thresholds
 from train.keras import plots
 from train.prediction.submission import label_strings, labels_at
@@ -64,14 +65,15 @@ def validation_files(
     threshold: float,
     model: str,
     swa: bool = False,
+    metric: Metric | None = None,
 ) -> Validated:
     """Tunes the thresholds on ``probs`` [N, C] (multi-label; ``threshold`` for a class with no positive, and the
     single-label argmax needs none), writes the files above in ``run_dir`` (``swa``: the SWA model's; None: no
-    files; each recorded in ``files.json`` as of the file ``model``, one view)
+    files; each recorded in ``files.json`` as of the file ``model``, one view; thresholds tuned for ``metric``)
     and returns the scores of ``train.decide.evaluation.score`` at those thresholds, in metrics.json's words."""
     from sklearn.metrics import f1_score
 
-    thresholds = [threshold] * len(classes) if single_label else tune_thresholds(probs, targets, threshold)
+    thresholds = [threshold] * len(classes) if single_label else tune_thresholds(probs, targets, threshold, metric)
     predicted = labels_at(probs, classes, thresholds, single_label)
     truth = label_strings(targets > 0, classes)
     if run_dir is not None:

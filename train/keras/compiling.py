@@ -14,6 +14,7 @@ else:
 from tfpipe.errors import TfpipeError
 from train.accel.backend import is_keras_3, tensor_ops
 from train.keras.config import FitConfig
+from train.keras.imbalance import LossWeights, make_loss
 
 # Keras' default 200 thresholds could not tell apart predictions squeezed into 0.463-0.483 (a run reported 0.52
 # for an exact 0.61); 1000 costs nothing measurable (a [1000, C] counter update per batch).
@@ -63,13 +64,14 @@ def make_optimizer(
 
 
 def compile_model(
-    model: keras.Model, cfg: FitConfig, lr: float | keras.optimizers.schedules.LearningRateSchedule, num_classes: int
+    model: keras.Model,
+    cfg: FitConfig,
+    lr: float | keras.optimizers.schedules.LearningRateSchedule,
+    num_classes: int,
+    loss_weights: LossWeights | None = None,
 ) -> None:
-    loss = (
-        keras.losses.CategoricalCrossentropy(label_smoothing=cfg.label_smoothing)
-        if cfg.single_label
-        else keras.losses.BinaryCrossentropy(label_smoothing=cfg.label_smoothing)
-    )
+    """The run's loss (weighted by ``loss_weights``: ``--class-weight``), optimizer and per-epoch metrics."""
+    loss = make_loss(keras, bool(cfg.single_label), cfg.label_smoothing, loss_weights)
     # weighted_metrics, not metrics: Keras' plain metrics ignore sample weights, so the weight-0 rows that pad
     # validation batches to static shapes would count as negatives (a tiny fold on 8 replicas reported an AUC
     # of 0.20 for a model whose AUC on the real rows is 0.40).

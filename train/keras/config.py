@@ -57,6 +57,9 @@ class FitConfig:
     augment: Augment | None = None  # a tfpipe.Augment; None: Augment() (the default augmentation)
     threshold: float = 0.5
     single_label: bool | None = None
+    metric: str = "roc_auc"  # the figure that decides (train.decide.metrics.METRICS): final vs SWA, thresholds, TTA
+    class_weight: str | None = None  # "balanced": each class's loss weighed by its training images' rarity
+    sampling: str | None = None  # "balanced": single-label training batches drawn evenly over the classes
     seed: int | None = None
     deterministic: bool = False  # seeded input order and augmentation, deterministic TensorFlow ops (slower)
     resume: bool = False
@@ -108,6 +111,8 @@ class PredictConfig:
     overwrite: bool = False  # replace out whatever it holds
     progress: bool = True  # a progress bar and the lines saying what happens
     swa: bool | None = None
+    sample_submission: str | None = None  # the competition's CSV: header, id column, ids and their order, form
+    save_probabilities: str | None = None  # also the test probabilities here (a CV's each fold's too: -fold-K)
 
 
 FitConfig.__init__ = renamed_arguments(where="FitConfig", out="run")(FitConfig.__init__)  # type: ignore[method-assign]

@@ -12,6 +12,7 @@ from tfpipe.batches import evaluation_steps
 from tfpipe.shards import Shards, open_shards
 from train.accel.strategy import input_pipelines
 from train.keras.config import FitConfig
+from train.keras.imbalance import training_counts, weights_of
 from train.keras.outputs import PhaseData
 from train.runs.run import Parts
 
@@ -39,6 +40,7 @@ def build_datasets(
             seed=cfg.seed if cfg.data_service is None else None,  # the workers' input is never seeded (guide)
             input_context=ctx,
             service=cfg.data_service,
+            sampling=cfg.sampling,
             **common,
         )
 
@@ -66,4 +68,9 @@ def training_data(
     train_ds, val_ds, n_train, n_val, global_batch = build_datasets(plan, strategy, shards.num_classes, parts)
     context = tf.distribute.InputContext(input_pipelines(strategy), 0, strategy.num_replicas_in_sync)
     val_steps = evaluation_steps(open_shards(parts.validation, parts.validation_folds), plan.batch_size, context)
-    return (train_ds, val_ds, max(1, n_train // global_batch), val_steps), n_train, n_val, global_batch
+    weights = None
+    if plan.class_weight == "balanced":
+        assert shards.num_classes is not None  # labeled shards: prepare() checked them
+        weights = weights_of(*training_counts(parts, shards.num_classes), bool(plan.single_label))
+    data = PhaseData(train_ds, val_ds, max(1, n_train // global_batch), val_steps, weights)
+    return data, n_train, n_val, global_batch

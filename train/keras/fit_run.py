@@ -51,6 +51,9 @@ RESUME_KEYS = (
     "burn_epochs",
     "single_label",
     "swa_epochs",
+    "class_weight",  # the loss and the batches it trained on (older runs recorded neither: resumed unchecked)
+    "sampling",
+    "metric",  # the figure its report and a CV's choices decide by
     "classes",
     # how the run was laid out on its replicas (config.json's, RUN_VERSION 3): the global batch, and with it the
     # steps of an epoch, the learning-rate schedule and the position a backup saved, follow them
@@ -231,6 +234,7 @@ def write_run_config(plan: FitConfig, shards: Shards, layout: Layout) -> None:
         records=plan.records,
         settings=dict(settings_of(plan), **layout.settings(plan.batch_size)),
         stored_size=shards.image_size or run_files.OWN_SIZES,
+        label_column=manifest.label_column,  # the submission names its labels column so
     ).save(plan.run)
 
 

@@ -11,3 +11,5 @@ SCHEDULES = ("cosine", "onecycle", "kaggle", "constant")
 OPTIMIZERS = ("adam", "adamw", "sgd")
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
 TTA_VIEW_COUNT = 8  # train.prediction.inference.TTA_VIEWS
+CLASS_WEIGHTS = ("balanced",)  # --class-weight (None: every image weighs 1)
+SAMPLINGS = ("balanced",)  # --sampling (None: every training image once an epoch, shuffled)

@@ -4,16 +4,18 @@ once the model is saved."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import tensorflow as tf
 
 import tfpipe
 from tfpipe import console
 from tfpipe.shards import Shards
+from train.decide.metrics import metric_of
 from train.keras.compiling import compile_model
 from train.keras.config import FitConfig
 from train.keras.fit_run import save_model
+from train.keras.imbalance import LossWeights
 from train.keras.report import learning_curves, validation_report
 from train.keras.swa import AverageWeights, recompute_batch_norm
 from train.runs import run as run_files
@@ -22,8 +24,16 @@ from train.runs.run import Parts
 if TYPE_CHECKING:
     import tf_keras as keras
 
-# (training dataset, validation dataset, training steps an epoch, validation steps)
-PhaseData = tuple[tf.distribute.DistributedDataset, tf.distribute.DistributedDataset, int, int]
+
+class PhaseData(NamedTuple):
+    """What a phase trains and validates on: the datasets, their steps, and the loss weights of
+    ``--class-weight`` (None: every image weighs 1)."""
+
+    train: tf.distribute.DistributedDataset
+    validation: tf.distribute.DistributedDataset
+    steps: int
+    validation_steps: int
+    loss_weights: LossWeights | None = None
 
 
 def finish_swa(
@@ -35,7 +45,7 @@ def finish_swa(
     report_args: dict[str, Any],
 ) -> dict[str, Any]:
     """Loads the averaged weights, re-estimates batch-norm statistics, scores them and saves ``model-swa.keras``."""
-    train_ds, val_ds, steps, val_steps = data
+    train_ds, val_ds, steps, val_steps, _ = data
     model.set_weights(swa.average)
     recompute_batch_norm(model, train_ds, steps, strategy)
     # Scored with the validation and prediction steps training traced (compiling first would trace both again:
@@ -49,7 +59,7 @@ def finish_swa(
     if cfg.report:
         result["report"] = validation_report(model, strategy, cfg.run, suffix=run_files.SWA_SUFFIX, **report_args)
     with strategy.scope():  # saved with a fresh optimizer: the training one's slots belong to other weights
-        compile_model(model, cfg, 0.0, len(report_args["classes"]))
+        compile_model(model, cfg, 0.0, len(report_args["classes"]), data.loss_weights)
     save_model(model, run_files.path(cfg.run, run_files.MODEL_SWA))
     return result
 
@@ -65,6 +75,7 @@ def report_arguments(plan: FitConfig, shards: Shards, parts: Parts) -> dict[str,
         "image_size": plan.image_size,
         "batch_size": plan.batch_size,
         "threshold": plan.threshold,
+        "metric": metric_of(plan.metric, bool(plan.single_label)),
     }
 
 

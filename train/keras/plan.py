@@ -20,9 +20,10 @@ from tfpipe.errors import (
 from tfpipe.locks import check_not_a_file
 from tfpipe.shards import Shards
 from train.accel.tpus import TPUS
+from train.decide.metrics import METRICS, metric_of
 from train.keras.config import FitConfig
 from train.keras.models import min_image_size
-from train.keras.names import OPTIMIZERS, PRECISIONS, SCHEDULES
+from train.keras.names import CLASS_WEIGHTS, OPTIMIZERS, PRECISIONS, SAMPLINGS, SCHEDULES
 
 
 def prepare(cfg: FitConfig, shards: Shards) -> FitConfig:
@@ -50,12 +51,7 @@ def prepare(cfg: FitConfig, shards: Shards) -> FitConfig:
         )
     if not 0 <= cfg.swa_epochs <= cfg.epochs:
         raise TfpipeError(f"{option('swa_epochs')} must be in 0..{cfg.epochs} (the epochs); got {cfg.swa_epochs}")
-    if cfg.single_label and shards.multi_label:
-        raise TfpipeError(
-            f"{cfg.records}: {shards.describe_labels()}; {option('single_label', True)} (softmax, one "
-            "class an image) would keep one label per image and drop the rest -- leave it out"
-        )
-    single_label = shards.single_label if cfg.single_label is None else cfg.single_label
+    single_label = kind_of(cfg, shards)
     seed = (0 if cfg.seed is None else cfg.seed) if cfg.deterministic else cfg.seed  # seeded input order
     weights = None if cfg.weights in (None, "none") else cfg.weights  # "none": the command line's word for None
     fold = 0 if cfg.fold is None and shards.num_folds else cfg.fold
@@ -68,6 +64,24 @@ def prepare(cfg: FitConfig, shards: Shards) -> FitConfig:
         fold=fold,
         augment=cfg.augment or Augment(),
     )
+
+
+def kind_of(cfg: FitConfig, shards: Shards) -> bool:
+    """Whether the run is single-label (``cfg.single_label``, else the shards' kind), checked with what depends on
+    it: the metric applies to the kind, balanced sampling is of single labels."""
+    if cfg.single_label and shards.multi_label:
+        raise TfpipeError(
+            f"{cfg.records}: {shards.describe_labels()}; {option('single_label', True)} (softmax, one "
+            "class an image) would keep one label per image and drop the rest -- leave it out"
+        )
+    single_label = bool(shards.single_label if cfg.single_label is None else cfg.single_label)
+    metric_of(cfg.metric, single_label)
+    if cfg.sampling == "balanced" and not single_label:
+        raise TfpipeError(
+            f"{option('sampling', 'balanced')} draws batches evenly over the classes of single-label images; "
+            f"{cfg.records} is multi-label (an image of several classes) -- use {option('class_weight', 'balanced')}"
+        )
+    return single_label
 
 
 def checked_image_size(cfg: FitConfig, shards: Shards) -> int:
@@ -96,6 +110,9 @@ def check_names(cfg: FitConfig) -> None:
         ("schedule", cfg.schedule, SCHEDULES),
         ("precision", cfg.precision, (None, *PRECISIONS)),
         ("tpu", cfg.tpu, tuple(TPUS)),
+        ("metric", cfg.metric, tuple(METRICS)),
+        ("class_weight", cfg.class_weight, (None, *CLASS_WEIGHTS)),
+        ("sampling", cfg.sampling, (None, *SAMPLINGS)),
     ):
         if value not in known:
             raise TfpipeError(f"unknown {name} {value!r}: use one of {', '.join(k for k in known if k)}")

@@ -20,6 +20,7 @@ import tfpipe
 from tfpipe import fs
 from tfpipe.shards import Records
 from train.decide.evaluation import Report
+from train.decide.metrics import Metric
 from train.decide.validation import validation_files
 from train.keras import plots
 from train.prediction.inference import predict_probabilities
@@ -49,6 +50,7 @@ def validation_report(
     image_size: int,
     batch_size: int,
     threshold: float,
+    metric: Metric | None = None,
     suffix: str = "",
 ) -> Report:
     """Predicts the validation records, writes the files above, returns the validation scores of
@@ -63,7 +65,7 @@ def validation_report(
     digests = tfpipe.image_digests(records, folds)  # what train.predict knows these images by, whatever their names
     done = validation_files(
         run_dir, ids, digests, probs, targets, classes, single_label=single_label, threshold=threshold,
-        model=run_files.model_files(bool(suffix))[0], swa=bool(suffix),
+        model=run_files.model_files(bool(suffix))[0], swa=bool(suffix), metric=metric,
     )  # fmt: skip
     images = next(
         iter(tfpipe.make_dataset(records, GRID_IMAGES, image_size=image_size, folds=folds, num_classes=len(classes)))

@@ -101,8 +101,8 @@ def run_phase(
 
     ``first``: callbacks that run before the backup at the end of an epoch.
     """
-    train_ds, val_ds, steps, val_steps = data
-    compile_model(model, cfg, lr_schedule, num_classes)
+    train_ds, val_ds, steps, val_steps, loss_weights = data
+    compile_model(model, cfg, lr_schedule, num_classes, loss_weights)
     with deferred_stops() as stop:
         recorded = len(run_files.read_history(cfg.run) or [])
         phase = Phase(name, steps, initial_epoch + epochs, strategy.num_replicas_in_sync, is_multiworker(strategy),
@@ -328,7 +328,8 @@ def train_and_report(
             save_model(model, run_files.path(plan.run, run_files.MODEL))
         sizes = (global_batch, steps, n_train, n_val, optimizer_steps)
         metrics = summarise(plan, kind, trained_on, sizes, precision, time.perf_counter() - started, throughput)
-        metrics = {"backend": plan.backend, **metrics}
+        # the kind and the metric its choices decide by (train.decide.metrics), said with its scores
+        metrics = {"backend": plan.backend, "single_label": bool(plan.single_label), "metric": plan.metric, **metrics}
         metrics.update(reports(model, swa, strategy, plan, data, report_args, parts, throughput.last_seconds))
         shards.check_unchanged(sizes=True)  # the report was of the shards trained on, none replaced in place
         fs.write_atomic(run_files.path(plan.run, run_files.METRICS), json.dumps(metrics, indent=1) + "\n")
@@ -351,9 +352,9 @@ def on_this_machine(
         model, _ = build_model(
             plan.model, shards.num_classes, plan.image_size, weights=None, multi_label=not plan.single_label
         )
-        compile_model(model, plan, 0.0, shards.num_classes)
+        data, *_ = training_data(plan, strategy, shards, parts)
+        compile_model(model, plan, 0.0, shards.num_classes, data.loss_weights)
         model.set_weights(weights)
-    data, *_ = training_data(plan, strategy, shards, parts)
     return model, strategy, data
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import sys
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -41,13 +42,8 @@ from train.keras.run_model import check_model_present as check_model_present
 from train.keras.run_model import load_model as load_model  # train.predict hands it out (tfpipe 1.0's name)
 from train.keras.run_model import load_run
 from train.prediction.scores import evaluate_labeled, seen_rows
-from train.prediction.submission import (
-    check_submission_columns,
-    check_submission_target,
-    submission_table,
-    write_submission,
-)
-from train.prediction.target import Target, open_target, target_thresholds, threshold_words
+from train.prediction.submission import check_submission_target, planned_output, submission_table, write_submission
+from train.prediction.target import Target, open_target, target_thresholds, threshold_words, tta_worth
 from train.runs import run as run_files
 from train.runs.run import RunConfig
 
@@ -234,15 +230,16 @@ def predict(cfg: PredictConfig) -> pd.DataFrame:
     shards = tfpipe.open_shards(cfg.records)
     check_submission_target(config, shards, cfg.records, cfg.out or "", cfg.overwrite)
     _num_examples(shards, cfg.records)  # predicting needs each file's count: said before any pass warns of it
-    id_column = cfg.id_column or shards.id_column
     ids = tfpipe.image_names(shards)
-    check_submission_columns(config, ids, cfg.records, (id_column, labels, cfg.probabilities))
+    output = planned_output(cfg, config, target.cv.folds if target.cv else (), (shards.id_column, ids, labels))
     # the labels, and the scores of labeled shards, need thresholds (probabilities alone do not)
     predictor = validation_predictor(strategy, cfg.batch_size, swa=target.swa, views=cfg.tta, progress=cfg.progress)
-    needed = labels or shards.labeled
+    needed = output.labels or shards.labeled
     thresholds = target_thresholds(target, cfg.threshold, cfg.tta, predictor, PROG) if needed else []
-    probs = ensemble_probabilities(cfg, strategy, target, shards, ids)
-    df = submission_table(probs, ids, id_column, config, thresholds if labels else None, cfg.probabilities)
+    if cfg.tta > 1:
+        say_tta_worth(cfg, strategy, target)
+    probs, each = ensemble_probabilities(cfg, strategy, target, shards, ids)
+    df = output.table(probs, ids, config, thresholds)
     df.attrs["model"] = target.describe(cfg.tta)  # which model and views the predictions are of
     shards.check_unchanged(sizes=True)  # before any score is printed: the predictions are of the shards opened
     if shards.labeled:
@@ -252,21 +249,36 @@ def predict(cfg: PredictConfig) -> pd.DataFrame:
     shards.check_unchanged()  # the ids and predictions above are of the shards that were opened
     if cfg.out:
         write_submission(cfg.out, df.to_csv(index=False), cfg.overwrite)
+    for path, found in zip(output.saved, [probs, *each] if target.cv else [probs]):
+        table = submission_table(found, ids, output.id_column, config, None, True)  # the form blend --test reads
+        write_submission(path, table.to_csv(index=False), cfg.overwrite, "save_probabilities")
     return df
+
+
+def say_tta_worth(cfg: PredictConfig, strategy: tf.distribute.Strategy, target: Target) -> None:
+    """One line before the test images are predicted: what ``cfg.tta`` views did to the same model's held-out
+    predictions by the run's metric (a CV's OOF rows, a run's validation images), to stderr as a warning when
+    they scored worse than one view; said also without ``progress``, a warning most of all."""
+
+    def predictor_for(views: int) -> Predictor:
+        return validation_predictor(strategy, cfg.batch_size, swa=target.swa, views=views, progress=cfg.progress)
+
+    worth, rows = tta_worth(target, cfg.tta, predictor_for)
+    print(worth.line(PROG, rows), file=sys.stderr if worth.hurts else sys.stdout, flush=True)
 
 
 def ensemble_probabilities(
     cfg: PredictConfig, strategy: tf.distribute.Strategy, target: Target, shards: Shards, ids: Sequence[str]
-) -> npt.NDArray[np.float32]:
+) -> tuple[npt.NDArray[np.float32], list[npt.NDArray[np.float32]]]:
     """The probabilities of every record of ``shards`` (whose names are ``ids``): the run's model's, or the mean
-    of a CV's fold models'."""
+    of a CV's fold models'; and each model's (a CV's each fold's, in its folds' order), predicted once."""
     n = _num_examples(shards, cfg.records)
     batch_size = _batch_for(n, cfg.batch_size, strategy.num_replicas_in_sync, cfg.progress)
     found = [
         _member_probabilities(strategy, m, target.swa, shards, (batch_size, cfg.tta, cfg.progress), ids)
         for m in target.members
     ]
-    return np.mean(found, axis=0).astype(np.float32)
+    return np.mean(found, axis=0).astype(np.float32), found
 
 
 PROG = "train.predict"

@@ -14,6 +14,7 @@ import tfpipe
 from tfpipe import fs
 from tfpipe.errors import TfpipeError, in_command
 from tfpipe.shards import Records, Shards
+from train.decide.metrics import DEFAULT, METRICS, run_metric
 from train.runs import run as run_files
 from train.runs.run import RunConfig, training_parts
 
@@ -105,6 +106,7 @@ def _scores_of_parts(
     targets = tfpipe.read_targets(shards, len(classes))
     own = bool(config.dataset_id) and shards.dataset_id == config.dataset_id
     result: dict[str, Any] = {"thresholds": threshold_words, "own_training_shards": own}
+    result["metric"] = run_metric(config.settings, config.single_label).name  # what leads each line
     result["all"] = score(probs, targets, classes, thresholds, config.single_label)  # every image given, always
     parts = _parts(shards, config, own, seen) if apart else None
     if parts is None or any(len(rows) != len(probs) for rows in parts.values()):
@@ -143,11 +145,12 @@ def evaluation_lines(result: dict[str, Any], records: object) -> list[str]:
     images that say the most about unseen ones."""
     from train.decide.evaluation import class_table, headline
 
+    metric = METRICS[result.get("metric", DEFAULT)]
+
     def line(what: str, scores: dict[str, Any]) -> str:
-        auc = scores["roc_auc_macro"]
         return (
             f"train.predict: {what} ({scores['examples']} image{'s' * (scores['examples'] != 1)}), "
-            f"{result['thresholds']}: AUC {'-' if auc is None else f'{auc:.4f}'} (exact, macro), {headline(scores)}"
+            f"{result['thresholds']}: {headline(scores, metric)}"
         )
 
     everything = line(f"scores on the labeled shards {records}", result["all"])

@@ -16,20 +16,31 @@ import os
 import posixpath
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
 
 from tfpipe import fs
 from tfpipe.errors import TfpipeError, in_command, option
+from tfpipe.manifest import LABEL_COLUMN
 from tfpipe.shards import Records, Shards
 from train.decide.evaluation import predicted_hits
+from train.prediction.sample import (
+    SampleSubmission,
+    check_sample_ids,
+    follow_sample,
+    read_sample,
+    sample_form,
+    sample_id_column,
+)
 from train.runs import run as run_files
 from train.runs.run import RunConfig
 
 if TYPE_CHECKING:
     import pandas as pd
+
+    from train.keras.config import PredictConfig
 
 
 def labels_at(
@@ -67,10 +78,12 @@ def label_names(cell: str, classes: Sequence[str]) -> list[str]:
     return cell.split()
 
 
-def check_column_names(id_column: str, classes: Sequence[str], labels: bool, probabilities: bool) -> None:
-    """Every column of the submission has its own name: a class named like the id column (or ``labels`` beside
-    the labels column) would make two columns one when the CSV is read back."""
-    names = [id_column, *(["labels"] if labels else []), *(classes if probabilities else [])]
+def check_column_names(
+    id_column: str, classes: Sequence[str], labels: bool, probabilities: bool, label_column: str = LABEL_COLUMN
+) -> None:
+    """Every column of the submission has its own name: a class named like the id column (or like the labels
+    column, ``label_column``, beside it) would make two columns one when the CSV is read back."""
+    names = [id_column, *([label_column] if labels else []), *(classes if probabilities else [])]
     twice = next((n for i, n in enumerate(names) if n in names[:i]), None)
     if twice is not None:
         raise TfpipeError(
@@ -87,45 +100,48 @@ def submission_table(
     config: RunConfig,
     thresholds: list[float] | None,
     probabilities: bool,
+    label_column: str | None = None,
 ) -> pd.DataFrame:
     """The submission: ``id_column``, the labels at ``thresholds`` (space-separated; none when ``thresholds`` is
-    None), then one probability column per class with ``probabilities``."""
+    None) in ``label_column`` (default: the run's, named as its training CSV's), then one probability column per
+    class with ``probabilities``."""
     import pandas as pd
 
     classes = list(config.classes)
     df = pd.DataFrame({id_column: list(ids)})
     if thresholds is not None:
-        df["labels"] = labels_at(probs, classes, thresholds, config.single_label)
+        df[label_column or config.label_column] = labels_at(probs, classes, thresholds, config.single_label)
     if probabilities:
         df = pd.concat([df, pd.DataFrame(probs, columns=classes)], axis=1)
     return df
 
 
-def check_destination(out: str, overwrite: bool) -> None:
+def check_destination(out: str, overwrite: bool, flag: str = "out") -> None:
     """Before any predicting: ``out`` must be a regular file name whose folder exists (created if missing). An
     existing file is replaced only when ``train.predict`` wrote it and nobody changed it since (its hash is
     recorded beside it in ``.NAME.tfpipe``), or with ``overwrite``: never a ``train.csv``, a manifest or anything
     else named as ``out`` by mistake, whatever its columns. A FIFO or a device (``/dev/stdout``) is never written,
     nor a link (written over, it would become a file), nor -- even with ``overwrite`` -- a file of tfpipe's own
-    contracts (a run's ``config.json`` or weights, a ``manifest.json``, a shard)."""
+    contracts (a run's ``config.json`` or weights, a ``manifest.json``, a shard). ``flag``: the setting that
+    named it (``out``, ``save_probabilities``)."""
     if not out:
         return
     if fs.isdir(out) or out.endswith("/"):
-        raise TfpipeError(f"{out} is a folder; {option('out')} names the CSV file to write")
+        raise TfpipeError(f"{out} is a folder; {option(flag)} names the CSV file to write")
     if run_files.contract_file(posixpath.basename(out)):
         raise TfpipeError(
             f"{out} is a name tfpipe's own files have (a run's, a shard folder's); a submission never replaces one "
-            f"-- choose another {option('out')}"
+            f"-- choose another {option(flag)}"
         )
     for path in (out, _record_path(out)):
         if fs.exists(path):
             fs.check_regular(path)  # a FIFO would hang the hash, a device be replaced by a file
     if not fs.is_remote(out) and os.path.islink(out):
-        raise TfpipeError(f"{out} is a link; {option('out')} names the file itself (the link would become a file)")
+        raise TfpipeError(f"{out} is a link; {option(flag)} names the file itself (the link would become a file)")
     if fs.exists(out) and not overwrite and not wrote_it(out):
         raise TfpipeError(
             f"{out} exists and was not written by train.predict (or was changed since); it is not "
-            f"replaced -- choose another {option('out')} or pass {option('overwrite', True)}"
+            f"replaced -- choose another {option(flag)} or pass {option('overwrite', True)}"
         )
     folder = posixpath.dirname(out)
     if folder and not fs.isdir(folder):
@@ -162,9 +178,10 @@ def wrote_it(out: str) -> bool:
     return recorded == _sha256(out)
 
 
-def write_submission(out: str, text: str, overwrite: bool) -> None:
-    """Writes ``out`` whole (complete or absent, also on gs://) and records its hash beside it."""
-    check_destination(out, overwrite)  # again: another job may have put a file there while this one predicted
+def write_submission(out: str, text: str, overwrite: bool, flag: str = "out") -> None:
+    """Writes ``out`` whole (complete or absent, also on gs://) and records its hash beside it (``flag``: the
+    setting that named it)."""
+    check_destination(out, overwrite, flag)  # again: another job may have put a file there while this one predicted
     data = text.encode("utf-8")
     fs.write_atomic(out, data)
     fs.write_atomic(_record_path(out), hashlib.sha256(data).hexdigest() + "\n")
@@ -269,12 +286,78 @@ def check_submission_target(
 
 
 def check_submission_columns(
-    config: RunConfig, ids: Sequence[str], records: Records, columns: tuple[str, bool, bool]
+    config: RunConfig,
+    ids: Sequence[str],
+    records: Records,
+    columns: tuple[str, bool, bool],
+    label_column: str | None = None,
 ) -> None:
-    """The rest, before any prediction: the columns (``(id column, labels, probabilities)``) can be written,
-    each of the shards' ``ids`` once."""
+    """The rest, before any prediction: the columns (``(id column, labels, probabilities)``; the labels in
+    ``label_column``, default the run's) can be written, each of the shards' ``ids`` once."""
     id_column, labels, probabilities = columns
     if labels:
         check_labels_can_be_joined(config.classes, config.single_label)
-    check_column_names(id_column, config.classes, labels, probabilities)
+    check_column_names(id_column, config.classes, labels, probabilities, label_column or config.label_column)
     check_ids_once(ids, records)
+
+
+def probabilities_paths(save: str, folds: Sequence[int] = ()) -> list[str]:
+    """``--save-probabilities FILE``'s files: FILE (the model's probabilities, a fold ensemble's mean), then a
+    CV's each fold's model's, FILE with ``-fold-K`` before its extension (``test-probs-fold-2.csv``)."""
+    stem, ext = posixpath.splitext(save)
+    return [save, *(f"{stem}-fold-{k}{ext}" for k in folds)]
+
+
+def check_probabilities_paths(paths: Sequence[str], out: str, overwrite: bool) -> None:
+    """Before any predicting: each of ``paths`` may be written as ``out`` may (``check_destination``: a file
+    train.predict wrote and nobody changed, else only with ``overwrite``), and none is ``out`` or another."""
+    for i, path in enumerate(paths):
+        if (out and fs.same_path(path, out)) or any(fs.same_path(path, p) for p in paths[:i]):
+            raise TfpipeError(
+                f"{option('save_probabilities')}: {path} would also be written as {option('out')} or as another "
+                "probabilities file; name another file"
+            )
+        check_destination(path, overwrite, "save_probabilities")
+
+
+class Output(NamedTuple):
+    """What ``predict`` writes, decided before any prediction: the id column, the labels column (in
+    ``label_column``), the probabilities, the sample submission followed, ``--save-probabilities``' files."""
+
+    id_column: str
+    labels: bool
+    probabilities: bool
+    label_column: str
+    sample: SampleSubmission | None
+    saved: list[str]
+
+    def table(
+        self, probs: npt.NDArray[np.float32], ids: Sequence[str], config: RunConfig, thresholds: list[float]
+    ) -> pd.DataFrame:
+        """The submission of ``probs`` (rows of ``ids``) labelled at ``thresholds``, in the sample's columns
+        and order when there is one."""
+        labelled = thresholds if self.labels else None
+        df = submission_table(probs, ids, self.id_column, config, labelled, self.probabilities, self.label_column)
+        return df if self.sample is None else follow_sample(df, self.sample)
+
+
+def planned_output(
+    cfg: PredictConfig, config: RunConfig, folds: Sequence[int], shards: tuple[str, Sequence[str], bool]
+) -> Output:
+    """What ``cfg`` writes with the run of ``config`` (a CV's: of ``folds``) over shards (``(their id column,
+    their ids, whether the flags ask for labels)``), checked before any prediction: the sample's header, form
+    and ids (``--sample-submission``) or the flags' columns, each id once, and the files of
+    ``--save-probabilities`` (a CV's each fold's too)."""
+    shards_id_column, ids, labels = shards
+    sample = read_sample(cfg.sample_submission, config.classes) if cfg.sample_submission else None
+    id_column, probabilities = cfg.id_column or shards_id_column, cfg.probabilities
+    label_column = config.label_column  # the training CSV's name
+    if sample is not None:
+        labels, probabilities = sample_form(sample, cfg.probabilities, cfg.labels, cfg.threshold)
+        id_column, label_column = sample_id_column(sample, cfg.id_column), sample.label_column or label_column
+    check_submission_columns(config, ids, cfg.records, (id_column, labels, probabilities), label_column)
+    if sample is not None:
+        check_sample_ids(sample, ids, cfg.records)
+    saved = probabilities_paths(cfg.save_probabilities, folds) if cfg.save_probabilities else []
+    check_probabilities_paths(saved, cfg.out or "", cfg.overwrite)
+    return Output(id_column, labels, probabilities, label_column, sample, saved)

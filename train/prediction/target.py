@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Callable
 
 from tfpipe import fs
 from tfpipe.errors import TfpipeError, option
 from train.decide.choice import choice_line, run_choice
-from train.decide.tuning import Predictor, describe, oof_thresholds, tuned_thresholds
+from train.decide.metrics import Metric, run_metric, value
+from train.decide.tta import Worth, scored_at_own_thresholds, views_worth
+from train.decide.tuning import Predictions, Predictor, describe, oof_thresholds, tuned_thresholds
 from train.keras.run_model import check_model_present
 from train.runs import run as run_files
 from train.runs.cv_folder import CVResult, checked_fold_run, fold_model, is_cv_folder, oof_name
@@ -34,6 +37,11 @@ class Target:
     @property
     def config(self) -> RunConfig:
         return self.members[0][1]  # every member has the same classes, input and shards (checked)
+
+    @property
+    def metric(self) -> Metric:
+        """The metric the folder decides by (a CV's, or the run's ``--metric``)."""
+        return self.cv.metric if self.cv else run_metric(self.config.settings, self.config.single_label)
 
     def describe(self, views: int) -> str:
         """Which model and views the predictions are of: for the score lines."""
@@ -80,13 +88,13 @@ def fold_member(cv_folder: str, cv: CVResult, fold: int, swa: bool) -> tuple[str
 
 def cv_choice(cv: CVResult, swa: bool | None) -> tuple[bool, str | None]:
     """(swa, the line saying why) for a CV folder: ``swa`` as given, else the models cv.json submits with (the
-    better OOF AUC)."""
+    better OOF figure of its metric)."""
     final, averaged = cv.scores_of(False), cv.scores_of(True)
     if swa is not None or averaged is None or final is None:
         return bool(swa), None
-    chosen = cv.submits == run_files.MODEL_SWA
-    auc = final.scores.get("roc_auc_macro"), averaged.scores.get("roc_auc_macro")
-    return chosen, choice_line(chosen, auc[0], auc[1], "OOF", whose="the fold models' ")
+    chosen, metric = cv.submits == run_files.MODEL_SWA, cv.metric
+    shown = value(final.scores, metric), value(averaged.scores, metric)
+    return chosen, choice_line(chosen, *shown, "OOF", metric, whose="the fold models' ")
 
 
 def target_thresholds(
@@ -116,6 +124,7 @@ def target_thresholds(
         swa=target.swa,
         views=views,
         default=default,
+        metric=run_metric(config.settings, config.single_label),
         predictions=functools.partial(
             validation_predictions,
             run,
@@ -127,6 +136,40 @@ def target_thresholds(
         ),
         prog=prog,
     )
+
+
+def tta_worth(target: Target, views: int, predictor_for: Callable[[int], Predictor]) -> tuple[Worth, str]:
+    """What ``views`` TTA views did to the target's held-out predictions by its metric (``train.decide.tta``),
+    and which rows those are: a CV's OOF rows (from cv.json when it scored these views, else predicted alike
+    fold by fold), a run's validation images. ``predictor_for(n)`` predicts what is missing over n views."""
+    config, metric, swa = target.config, target.metric, target.swa
+    model = run_files.model_files(swa)[0]
+    if target.cv is not None:
+        rows = f"the OOF rows ({len(target.cv.folds)} fold models' {model}, each on its own fold)"
+        m = target.cv.scores_of(swa)
+        if m is not None and m.views == views and m.one_view is not None:
+            return views_worth(m.one_view, m.scores, views, metric), rows
+    else:
+        rows = f"{target.folder}'s validation images ({model})"
+    default = float(config.settings.get("threshold", 0.5))
+    one, many = (
+        scored_at_own_thresholds(f.probs, f.targets, list(config.classes), config.single_label, metric, default)
+        for f in (held_out(target, v, predictor_for(v)) for v in (1, views))
+    )
+    return views_worth(one, many, views, metric), rows
+
+
+def held_out(target: Target, views: int, predictor: Predictor) -> Predictions:
+    """The target's held-out images as its model predicts them over ``views`` views: a CV's OOF rows, a run's
+    validation images (each read back where recorded, else predicted with ``predictor`` and recorded)."""
+    from train.decide.tuning import out_of_fold, validation_predictions
+
+    if target.cv is not None:
+        return out_of_fold(target.cv, target.folder, swa=target.swa, views=views, predict=predictor)[0]
+    run, config = target.folder, target.config
+    predict = functools.partial(predictor, run, config)
+    why = f"measuring {option('tta', views)}"
+    return validation_predictions(run, config, swa=target.swa, views=views, predict=predict, why=why)
 
 
 def run_thresholds(run: str, config: RunConfig, swa: bool) -> list[float]:

@@ -22,18 +22,23 @@ from tfpipe import fs
 from tfpipe.errors import RunMismatch, TfpipeError, option
 from train.decide.choice import better_model
 from train.decide.evaluation import Scores, scores_problem
+from train.decide.metrics import Metric, better, run_metric, value
 from train.runs import files
 from train.runs import run as run_files
 from train.runs.run import RunConfig, same_setting
 
 CV_FILE = run_files.CV_FILE
 OOF = "oof.csv"
-CV_VERSION = 2  # 2: files.json records the OOF files, thresholds and each fold's model (train.runs.files)
+# 2: files.json records the OOF files, thresholds and each fold's model (train.runs.files); 3: --metric (the
+# folds' balanced accuracy and log-loss, each model's best fold)
+CV_VERSION = 3
 FOLD_RUN = "fold-{}"  # a fold's run folder inside the CV folder
 # Settings each fold's run has of its own; every other setting is the CV's, the same for every fold.
 PER_FOLD = ("run", "fold", "resume", "overwrite", "verbose", "strategy", "replicas", "save_every")
 OOF_COLUMNS = ("image_name", "image_digest", "fold", "labels")  # oof.csv's columns besides the classes
-SPREAD = ("roc_auc_macro", "exact_match")  # the fold figures whose spread cv.json gives
+# the fold figures whose spread cv.json gives (FoldScores' figures; the last two single-label only)
+SPREAD = ("roc_auc_macro", "exact_match", "f1_micro", "f1_macro", "balanced_accuracy", "log_loss")
+NEWER_FOLD_FIGURES = ("balanced_accuracy", "log_loss")  # absent from the cv.json of tfpipe before --metric
 
 
 def fold_run(cv: str, fold: int) -> str:
@@ -76,6 +81,8 @@ class FoldScores:
     exact_match: float | None
     f1_micro: float | None
     f1_macro: float | None
+    balanced_accuracy: float | None = None
+    log_loss: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,9 +97,20 @@ class ModelScores:
     thresholds: str | None  # the thresholds file, in the CV folder (None: single-label, argmax)
     scores: Scores
     folds: tuple[FoldScores, ...]
+    one_view: Scores | None = None  # with views > 1: the same OOF rows over 1 view (train.decide.tta)
+
+    def best_fold(self, metric: Metric) -> FoldScores | None:
+        """The fold whose own rows score best by ``metric`` (None: no fold has the figure): what a single fold
+        model is worth beside the ensemble."""
+        scored = [f for f in self.folds if value(dataclasses.asdict(f), metric) is not None]
+        best = None
+        for f in scored:
+            if best is None or better(dataclasses.asdict(f), dataclasses.asdict(best), metric):
+                best = f
+        return best
 
     def spread(self) -> dict[str, dict[str, float]]:
-        """Mean, standard deviation, lowest and highest of the folds' AUC and exact-match."""
+        """Mean, standard deviation, lowest and highest of each of the folds' figures."""
         found = {}
         for key in SPREAD:
             values = [v for f in self.folds if (v := getattr(f, key)) is not None]
@@ -116,7 +134,7 @@ class CVResult:
     settings: dict[str, Any]  # the shared settings (``shared_settings``)
     replicas: int  # the replicas every fold trains on (the global batch and the scaled LR follow them)
     models: tuple[ModelScores, ...] = ()  # the final models' OOF scores, then the SWA models' (when trained)
-    submits: str | None = None  # the model train.predict uses by default: the better OOF AUC
+    submits: str | None = None  # the model train.predict uses by default: the better OOF figure of ``metric``
 
     @property
     def finished(self) -> bool:
@@ -126,13 +144,22 @@ class CVResult:
     def digest(self) -> str:
         return settings_digest(self.settings)
 
+    @property
+    def metric(self) -> Metric:
+        """The metric the CV decides by (its folds' ``--metric``, one of the shared settings)."""
+        return run_metric(self.settings, self.single_label)
+
     def scores_of(self, swa: bool) -> ModelScores | None:
         name = run_files.model_files(swa)[0]
         return next((m for m in self.models if m.model == name), None)
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
-        data["models"] = [dict(dataclasses.asdict(m), spread=m.spread()) for m in self.models]
+        data["models"] = [
+            dict(dataclasses.asdict(m), spread=m.spread(), best_fold=_asdict(m.best_fold(self.metric)))
+            for m in self.models
+        ]
+        data["metric"] = self.metric.name  # also in settings: said at the top for a reader
         return dict(data, cv_version=CV_VERSION, settings_digest=self.digest)
 
     def save(self, cv: str) -> None:
@@ -196,19 +223,20 @@ def from_dict(data: Any, p: str) -> CVResult:
         _check(p, data, "folds", [f.fold for f in m.folds] == folds, "must be the folds each model was scored on")
         _check(p, data, "tta", m.views == data["tta"], "must be the views of the models' scores")
     submits = data.get("submits")
-    _check(p, data, "submits", submits == submitted_model(parsed), "must name the model with the better OOF AUC")
+    metric = run_metric(settings, data["single_label"])
+    _check(p, data, "submits", submits == submitted_model(parsed, metric), f"must name the better OOF {metric.words}")
     return CVResult(
         data["records"], data["dataset_id"], n, tuple(folds), tuple(classes), data["single_label"], data["tta"],
         settings, data["replicas"], parsed, submits,
     )  # fmt: skip
 
 
-def submitted_model(models: Sequence[ModelScores]) -> str | None:
-    """The model a CV submits with: the SWA models when their OOF AUC beats the final ones'; None unscored."""
+def submitted_model(models: Sequence[ModelScores], metric: Metric) -> str | None:
+    """The model a CV submits with: the SWA models when their OOF figure of ``metric`` beats the final ones';
+    None unscored."""
     if not models:
         return None
-    auc = [m.scores.get("roc_auc_macro") for m in models]
-    return run_files.model_files(len(models) == 2 and better_model(auc[0], auc[-1]))[0]
+    return run_files.model_files(len(models) == 2 and better_model(models[0].scores, models[-1].scores, metric))[0]
 
 
 def _fold_list(folds: Any, n: Any) -> bool:
@@ -241,8 +269,10 @@ def _model(data: Any, p: str) -> ModelScores:
     _check(p, data, "scores", _scores(data.get("scores")), "must hold the OOF scores (numbers in [0, 1] or null)")
     folds: Any = data.get("folds")
     _check(p, data, "folds", isinstance(folds, list), "must list the folds' scores")
+    one = data.get("one_view")
+    _check(p, data, "one_view", one is None or (data["views"] > 1 and _scores(one)), "must hold 1-view OOF scores")
     return ModelScores(
-        data["model"], data["views"], data["oof"], thresholds, data["scores"], tuple(_fold(f, p) for f in folds)
+        data["model"], data["views"], data["oof"], thresholds, data["scores"], tuple(_fold(f, p) for f in folds), one
     )
 
 
@@ -258,13 +288,19 @@ def _fraction(x: Any) -> bool:
 
 def _fold(data: Any, p: str) -> FoldScores:
     fields = [f.name for f in dataclasses.fields(FoldScores)]
-    if not isinstance(data, dict) or sorted(data) != sorted(fields):
+    required = [k for k in fields if k not in NEWER_FOLD_FIGURES]
+    if not isinstance(data, dict) or not set(required) <= set(data) <= set(fields):
         raise _bad(p, "folds", f"must hold objects of {', '.join(fields)}", data)
-    numbers = [data[k] for k in fields[2:]]
     ok = type(data["fold"]) is int and type(data["examples"]) is int
-    if not ok or not all(_fraction(v) for v in numbers):
+    loss = data.get("log_loss")
+    ok = ok and (loss is None or (isinstance(loss, (int, float)) and not isinstance(loss, bool) and loss >= 0))
+    if not ok or not all(_fraction(data.get(k)) for k in fields[2:] if k != "log_loss"):
         raise _bad(p, "folds", "must hold a fold, its image count and numbers", data)
     return FoldScores(**data)
+
+
+def _asdict(fold: FoldScores | None) -> dict[str, Any] | None:
+    return None if fold is None else dataclasses.asdict(fold)
 
 
 def checked_fold_run(cv_folder: str, cv: CVResult, fold: int) -> tuple[str, RunConfig]:
@@ -299,9 +335,8 @@ def check_fold_run(run: str, config: RunConfig, cv: CVResult, fold: int) -> None
 
 def fold_scores(fold: int, scores: Scores) -> FoldScores:
     """A fold's entry from ``train.decide.evaluation.score``'s result over its rows."""
-    return FoldScores(
-        fold, scores["examples"], scores["roc_auc_macro"], scores["exact_match"], scores["f1_micro"], scores["f1_macro"]
-    )
+    figures: dict[str, Any] = {f.name: scores.get(f.name) for f in dataclasses.fields(FoldScores)[2:]}
+    return FoldScores(fold, scores["examples"], **figures)
 
 
 def described_folds(folds: Sequence[int]) -> str:

@@ -16,7 +16,8 @@ from typing import Any
 from tfpipe import fs
 from tfpipe.deprecations import MOVED_REMOVED_IN
 from tfpipe.errors import RunMismatch
-from train.decide.evaluation import Report, scores_problem
+from train.decide.evaluation import Report, is_single_label, scores_problem
+from train.decide.metrics import Metric, run_metric
 from train.runs import run as run_files
 
 
@@ -172,6 +173,17 @@ class FitResult(_ReadByKey):
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.metrics)
+
+    @property
+    def single_label(self) -> bool:
+        """Whether the run labels by argmax (metrics.json's record; runs before it: its report says)."""
+        recorded = self.metrics.get("single_label")
+        return recorded if isinstance(recorded, bool) else bool(self.report) and is_single_label(self.report or {})
+
+    @property
+    def metric(self) -> Metric:
+        """The metric the run decides by (``--metric``; runs before it: ``roc_auc``)."""
+        return run_metric(self.metrics, self.single_label)
 
 
 def _number(value: Any) -> float | None:

@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 
 from tfpipe import fs
 from tfpipe.errors import RunMismatch
-from tfpipe.manifest import FITS, MANIFEST
+from tfpipe.manifest import FITS, LABEL_COLUMN, MANIFEST
 from tfpipe.shard_names import SHARD_NAMES
 from tfpipe.shards import Shards, fold_split, holdout_split
 from train.runs import files
@@ -55,7 +55,8 @@ REPORT = (VAL_PREDICTIONS, TRAIN_DIGESTS, THRESHOLDS, ROC_PNG, PREDICTIONS_PNG, 
 TORCH_MODEL, TORCH_MODEL_SWA = "model.pt", "model-swa.pt"  # the PyTorch recipes' weights (train.torch.run)
 RECIPES = ("torch_ddp", "lightning_swa")  # the PyTorch recipes (examples/) whose runs config.json can name
 # 1: tfpipe <= 0.2 (no version, fit and dataset id unknown); 2: run_version, fit, dataset_id, num_classes;
-# 3: files.json (train.runs.files), replicas_in_sync, global_batch_size, train_examples.
+# 3: files.json (train.runs.files), replicas_in_sync, global_batch_size, train_examples; label_column since 1.1
+# (optional: a run without it names its submission's labels column "labels", as before).
 RUN_VERSION = 3
 CV_FILE = "cv.json"  # a CV folder's plan and scores (train.runs.cv_folder)
 # The version of config.json, and of cv.json, from which a folder keeps files.json (train.runs.files)
@@ -163,6 +164,8 @@ class RunConfig:
     # OWN_SIZES when written without a fixed size, None when unknown (runs before tfpipe 1.1). Shards to predict
     # must be stored alike.
     stored_size: int | str | None = None
+    # The training CSV's label column (``Manifest.label_column``): the submission's labels column is named so.
+    label_column: str = LABEL_COLUMN
 
     @property
     def recipe(self) -> str | None:
@@ -184,6 +187,7 @@ class RunConfig:
             fold=self.fold,
             records=self.records,
             stored_image_size=self.stored_size,
+            label_column=self.label_column,
             run_version=self.version,
         )
 
@@ -248,7 +252,15 @@ def from_dict(data: Any, p: str) -> RunConfig:
         settings=data,
         version=version,
         stored_size=stored,
+        label_column=_label_column(data, p),
     )
+
+
+def _label_column(data: dict[str, Any], p: str) -> str:
+    label_column = data.get("label_column", LABEL_COLUMN)  # runs before tfpipe 1.1 recorded none
+    if not isinstance(label_column, str) or not label_column.strip():
+        raise _bad(p, "label_column", "must name the training CSV's label column", label_column)
+    return label_column
 
 
 def _check_records_and_recipe(data: dict[str, Any], p: str) -> None:

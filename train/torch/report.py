@@ -103,7 +103,9 @@ def described(report: Mapping[str, Any], model: str) -> list[str]:
     auc = report.get("roc_auc_macro")
     shown = "-" if auc is None else f"{auc:.4f}"
     thresholds = run_files.THRESHOLDS if model == MODEL else run_files.swa_name(run_files.THRESHOLDS)
+    how = "labels by argmax" if evaluation.is_single_label(report) else f"at the thresholds of {thresholds}"
+    rest = evaluation.headline(report, skip=("roc_auc_macro",))
     return [
-        f"{model}, 1 view: validation AUC {shown} (exact, macro), {evaluation.headline(report)}",
-        *evaluation.class_table(report, title=f"{model}, 1 view, at the thresholds of {thresholds}"),
+        f"{model}, 1 view: validation AUC {shown} (exact, macro), {rest}",
+        *evaluation.class_table(report, title=f"{model}, 1 view, {how}"),
     ]

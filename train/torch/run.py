@@ -215,6 +215,7 @@ def run_config(recipe: str, args: argparse.Namespace, shards: Shards) -> RunConf
         records=args.records,
         settings=dict(settings, recipe=recipe, threshold=THRESHOLD),
         stored_size=shards.image_size,
+        label_column=manifest.label_column,  # the submission names its labels column so
     )
 
 
@@ -347,13 +348,14 @@ def chosen_model(run: str, scores: RunScores | None = None) -> tuple[bool, str]:
             raise TfpipeError(f"{run}: no {name}, which its metrics.json scores; the run folder lost it (train again)")
     if not scores.has_swa:
         return False, f"predicting with {MODEL} (the run has no SWA model)"
-    chosen = better_model(scores.final_auc, scores.swa_auc)
-    return chosen, recipe_choice_line(chosen, scores.final_auc, scores.swa_auc)
+    chosen = better_model(scores.final_report, scores.swa_report, scores.metric)
+    return chosen, recipe_choice_line(chosen, scores)
 
 
-def recipe_choice_line(swa: bool, final_auc: float | None, swa_auc: float | None) -> str:
+def recipe_choice_line(swa: bool, scores: RunScores) -> str:
     """``train.decide.choice.choice_line`` for a recipe's weights (the recipes have no ``--swa`` flag)."""
-    return choice_line(swa, final_auc, swa_auc, "validation", names=(MODEL, MODEL_SWA), flags=False)
+    final, averaged = scores.final_value, scores.swa_value
+    return choice_line(swa, final, averaged, "validation", scores.metric, names=(MODEL, MODEL_SWA), flags=False)
 
 
 def load_saved(run: str, config: RunConfig) -> tuple[Any, list[float] | None, str]:
