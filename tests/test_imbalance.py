@@ -60,6 +60,42 @@ def test_balanced_sampling_draws_the_classes_evenly_and_refuses_what_it_cannot_b
             tfpipe.make_dataset(records, 8, **dict({"sampling": "balanced"}, **kw))
 
 
+def test_the_pytorch_reader_balances_by_the_same_rule_and_keeps_its_length(imbalanced, shard_dir):
+    """RecordDataset(sampling="balanced"): each of 3 ranks x 2 workers reads its full share (len() holds, so DDP
+    ranks stay in step), the classes about a third each over 4 epochs (without: the common class 83%);
+    multi-label shards and a typo are refused in one line each."""
+    from tfpipe.errors import TfpipeError
+    from tfpipe.torch import RecordDataset
+
+    def drawn(sampling):
+        found = collections.Counter()
+        for rank in range(3):
+            ds = RecordDataset(imbalanced, shuffle=True, seed=0, rank=rank, world_size=3, sampling=sampling)
+            for epoch in range(4):
+                ds.set_epoch(epoch)
+                got = [int(t.argmax()) for w in range(2) for _, t in _worker_iter(ds, w, 2)]
+                assert len(got) == len(ds) == 48
+                found.update(got)
+        return [found[c] / (3 * 4 * 48) for c in range(3)]
+
+    natural, even = drawn(None), drawn("balanced")
+    assert max(natural) > 0.75, natural
+    assert all(0.25 < s < 0.42 for s in even), even
+    with pytest.raises(TfpipeError, match="some have several labels"):
+        RecordDataset(shard_dir[0], sampling="balanced")
+    with pytest.raises(TfpipeError, match="sampling must be None or 'balanced'"):
+        RecordDataset(imbalanced, sampling="even")
+
+
+def _worker_iter(ds, worker, workers):
+    """What DataLoader worker ``worker`` of ``workers`` yields, without starting processes."""
+    from unittest import mock
+
+    info = mock.Mock(id=worker, num_workers=workers)
+    with mock.patch("tfpipe.torch.get_worker_info", return_value=info):
+        yield from ds
+
+
 def test_weights_are_scikit_learns_balanced_ones_and_weigh_the_loss():
     """Single-label: n / (classes x n_c); multi-label: each class's positives and negatives as a binary problem;
     the weighted loss is Keras' own cross-entropy times each row's weight (and equal to it at equal weights)."""

@@ -91,7 +91,8 @@ def test_writer_without_torch_is_one_line(labeled_folder):
     assert not (labeled_folder["root"] / "out").exists() or not os.listdir(labeled_folder["root"] / "out")
 
 
-@pytest.mark.parametrize("how", ["python -m", "console script"])
+# the console script is the same entry point by another door: make test-slow (make test keeps python -m)
+@pytest.mark.parametrize("how", ["python -m", pytest.param("console script", marks=pytest.mark.slow)])
 def test_fit_without_tf_keras_is_one_line(how, shard_dir, tmp_path):
     """--backend tf without tf-keras: one line saying what to install (auto would take Keras 3 on JAX:
     tests/test_backend.py)."""

@@ -73,7 +73,11 @@ def offline_model():
 
 @pytest.mark.parametrize(
     "wrong",
-    [["--fold", "7"], ["--batch-size", "500"], ["--weights", "imagenet"]],
+    [  # a fold outside the folds is refused before training as a batch larger than the data is: make test-slow
+        pytest.param(["--fold", "7"], marks=pytest.mark.slow),
+        ["--batch-size", "500"],
+        ["--weights", "imagenet"],
+    ],
     ids=["fold-outside-the-folds", "batch-larger-than-the-data", "imagenet-offline"],
 )
 def test_the_corrected_command_runs_in_the_folder_a_failed_one_named(shard_dir, tmp_path, capsys, wrong, offline_model):

@@ -563,7 +563,8 @@ def test_predict_refuses_a_test_shard_changed_while_the_model_loads(trained_run,
     assert not out.exists()
 
 
-@pytest.mark.parametrize("change", ["cut", "copied"])
+# "copied" is the same check by another change: make test-slow
+@pytest.mark.parametrize("change", ["cut", pytest.param("copied", marks=pytest.mark.slow)])
 def test_a_validation_shard_changed_during_training_ends_the_report_in_one_line(shard_dir, tmp_path, change):
     """Training reads cached images after the first epoch; the report reads the validation shards again: a
     shard cut meanwhile is named in one line (before: a FailedPreconditionError traceback), and so is one whose

@@ -10,8 +10,6 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 from tfpipe.deps import require
 
 if TYPE_CHECKING:
@@ -22,6 +20,7 @@ from tfpipe import augment as aug_lib
 from tfpipe.data_service import served
 from tfpipe.errors import TfpipeError
 from tfpipe.parse import AUTOTUNE, Parser, ReadOptions
+from tfpipe.sampling import keep_shares
 from tfpipe.shards import Shards
 
 
@@ -126,11 +125,7 @@ def balanced(ds: tf.data.Dataset, class_counts: Sequence[int], seed: int | None)
     its share, scaled so the rarest class keeps all: the rule of ``tf.data.Dataset.rejection_resample``, which
     also prints a line on every call where most examples are rejected, as here they are meant to be); a record
     without a label counts as class 0, as its argmax does."""
-    counts = np.asarray(class_counts, np.float64)
-    if counts.sum() == 0:
-        return ds
-    ratio = np.where(counts > 0, 1.0 / np.maximum(counts, 1), 0.0)  # target share over share, up to a factor
-    keep = tf.constant(ratio / ratio.max(), tf.float32)
+    keep = tf.constant(keep_shares(class_counts), tf.float32)  # tfpipe.sampling: the PyTorch reader's rule too
 
     def kept(e: dict[str, tf.Tensor], draw: tf.Tensor) -> tf.Tensor:
         t = e["target"]

@@ -41,6 +41,8 @@ from tfpipe.parse import ReadOptions as ReadOptions
 from tfpipe.parse import targets_from_indices as targets_from_indices
 from tfpipe.passes import read_in_order as read_in_order
 from tfpipe.passes import read_shuffled as read_shuffled
+from tfpipe.sampling import check_sampling
+from tfpipe.sampling import class_counts as sampling_counts
 from tfpipe.shards import MANIFEST, Records, Shards, fold_split, open_shards
 
 
@@ -165,8 +167,7 @@ def make_dataset(
 
 
 def _check_sampling(sampling: str | None, training: bool, service: str | None) -> None:
-    if sampling not in (None, "balanced"):
-        raise TfpipeError(f"sampling must be None or 'balanced' (got {sampling!r})")
+    check_sampling(sampling)
     if sampling and not training:
         raise TfpipeError("sampling='balanced' draws training batches; evaluation reads every record once")
     if sampling and service is not None:
@@ -176,13 +177,7 @@ def _check_sampling(sampling: str | None, training: bool, service: str | None) -
 def class_counts(shards: Shards, parser: Parser) -> list[int]:
     """The records of each class (single-label: the class of each record's one label), for balanced sampling;
     refused for records of several labels, which no class sampling can balance."""
-    targets = read_targets(shards, parser.num_classes)
-    if (targets.sum(axis=1) > 1).any():
-        raise TfpipeError(
-            f"{shards.describe_labels()}: sampling='balanced' balances single-label images, and some have several "
-            "labels; weigh the classes' loss instead (train.fit --class-weight balanced)"
-        )
-    return [int(c) for c in targets.sum(axis=0)]
+    return sampling_counts(read_targets(shards, parser.num_classes), shards.describe_labels())
 
 
 def _check_served_files(shards: Shards) -> None:

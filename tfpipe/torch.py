@@ -22,6 +22,11 @@ contiguous slice of the epoch's stream (the shards in a shuffled order, from a
 shifted start: both new every epoch), skipping by the TFRecord framing to
 where its slice starts, and its DataLoader workers split that slice at batch
 boundaries.
+
+``sampling="balanced"`` (single-label) draws each reader's share evenly over the classes instead: records of
+the common classes are rejected by the rule the TF reader uses (``tfpipe.sampling``), reading on around the
+epoch's stream until the share is full, so ``len()`` and the ranks' equal counts hold and a rare image comes
+several times an epoch.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from tfpipe import schema
 from tfpipe.errors import TfpipeError, check_count, check_seed, option
+from tfpipe.sampling import check_sampling, class_counts, keep_shares
 from tfpipe.shards import Records, Shards, check_fold_ids, checked_num_classes, open_shards
 from tfpipe.tfrecord import count_records, read_records
 
@@ -131,6 +137,8 @@ class RecordDataset(IterableDataset[Sample]):
         epoch by repeating records from its start (``DistributedSampler``'s ``drop_last``).
       batch_size: the DataLoader's batch size: its workers then split a rank's records at batch
         boundaries, so the loader yields exactly ``len(loader)`` batches and every rank as many.
+      sampling: ``"balanced"`` (single-label records): each reader's share drawn evenly over the classes
+        present (rejection sampling with the files' class counts, read when the dataset is made).
     """
 
     def __init__(
@@ -147,8 +155,10 @@ class RecordDataset(IterableDataset[Sample]):
         world_size: int | None = None,
         drop_last: bool = False,
         batch_size: int | None = None,
+        sampling: str | None = None,
     ) -> None:
         super().__init__()
+        check_sampling(sampling)
         if (rank is None) != (world_size is None):
             raise TfpipeError(f"RecordDataset: give rank and world_size together (got {rank=}, {world_size=})")
         check_count(
@@ -169,6 +179,8 @@ class RecordDataset(IterableDataset[Sample]):
         self.rank, self.world_size, self.drop_last, self.batch_size = rank, world_size, drop_last, batch_size
         # in shared memory: DataLoader workers (persistent ones too) read the epoch set after they started
         self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()
+        # with sampling: the probability of keeping a record of each class, from every file's labels
+        self.keep = keep_shares(class_counts(self._targets(), shards)) if sampling else None
         if rank is not None:
             self.share()  # refuses here what no rank could read
 
@@ -219,6 +231,11 @@ class RecordDataset(IterableDataset[Sample]):
 
     def segments(self, epoch: int, worker: int = 0, workers: int = 1) -> list[Segment]:
         """What one reader (this rank's DataLoader ``worker`` of ``workers``) reads in ``epoch``."""
+        files, counts, start, stop = self._slice(epoch, worker, workers)
+        return deal(files, counts, start, stop)
+
+    def _slice(self, epoch: int, worker: int, workers: int) -> tuple[list[str], list[int], int, int]:
+        """The epoch's stream (its files in order, their counts) and one reader's positions in it."""
         rank, size = self.ranks()[0], self.share()
         total, order, shift = self.num_records, list(range(len(self.files))), 0
         if self.shuffle and total:  # the same on every rank and worker, so the slices stay disjoint
@@ -227,7 +244,29 @@ class RecordDataset(IterableDataset[Sample]):
             shift = rng.randrange(total)  # the slices start elsewhere every epoch, also with one shard
         lo, hi = worker_range(size, worker, workers, self.batch_size or 1)
         files, counts = [self.files[i] for i in order], [self.counts[i] for i in order]
-        return deal(files, counts, shift + rank * size + lo, shift + rank * size + hi)
+        return files, counts, shift + rank * size + lo, shift + rank * size + hi
+
+    def _balanced(self, epoch: int, worker: int, workers: int) -> Iterator[bytes]:
+        """One reader's share drawn evenly over the classes: the epoch's stream read from the reader's start,
+        around and around, each record kept with its class's share (``self.keep``) until the share is full."""
+        assert self.keep is not None
+        files, counts, start, stop = self._slice(epoch, worker, workers)
+        rng = random.Random(f"{self.seed}/{epoch}/{self.ranks()[0]}/{worker}/balanced")
+        wanted, total = stop - start, sum(counts)
+        while wanted > 0 and total:
+            for record in self._records(deal(files, counts, start, start + total)):
+                target = schema.decode_example(record).get(schema.TARGET, [0])
+                if rng.random() < self.keep[int(target[0]) if len(target) else 0]:
+                    yield record
+                    wanted -= 1
+                    if not wanted:
+                        return
+
+    def _targets(self) -> np.ndarray:
+        """Multi-hot [N, C] targets of every record of the files (for the class counts; images not decoded)."""
+        every = deal(list(self.files), list(self.counts), 0, self.num_records)
+        rows = [schema.decode_example(r).get(schema.TARGET, []) for r in self._records(every)]
+        return schema.multi_hot([list(r) for r in rows], self.num_classes)
 
     def _records(self, segments: Iterable[Segment]) -> Iterator[bytes]:
         for seg in segments:
@@ -262,7 +301,10 @@ class RecordDataset(IterableDataset[Sample]):
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         epoch = self.epoch
-        records = self._records(self.segments(epoch, worker, workers))
+        if self.keep is not None:
+            records = self._balanced(epoch, worker, workers)
+        else:
+            records = self._records(self.segments(epoch, worker, workers))
         if self.shuffle:
             rng = random.Random(f"{self.seed}/{epoch}/{self.ranks()[0]}/{worker}")  # str seeds: the same every run
             records = _shuffled(records, self.shuffle_buffer, rng)
