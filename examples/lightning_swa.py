@@ -45,10 +45,17 @@ from tfpipe.lifecycle import loader_dies_with_this_process
 from tfpipe.lightning import ShardDataModule
 from tfpipe.shards import open_shards
 from tfpipe.torch import RecordDataset, gather_rows, sync_buffers
-from train.decide.choice import better_model
+from train.decide.choice import RunScores
 from train.runs.run import RunConfig
 from train.torch.lightning_ranks import SameStart, StopOnSigterm, ranks_end_with_rank_zero, supervised, without_tips
-from train.torch.models import add_recipe_arguments, build_model, check_model, model_inputs, validation_auc
+from train.torch.models import (
+    add_recipe_arguments,
+    build_model,
+    check_model,
+    model_inputs,
+    recipe_loss,
+    validation_auc,
+)
 from train.torch.ranks import launched
 from train.torch.report import described, model_reports, run_metrics
 from train.torch.run import (
@@ -61,6 +68,7 @@ from train.torch.run import (
     prepare,
     recipe_choice_line,
     start_settings,
+    swa_beats,
     write_predictions,
 )
 
@@ -83,17 +91,34 @@ def build_parser() -> argparse.ArgumentParser:
 class Classifier(pl.LightningModule):
     """Multi-label (BCE on logits); validation AUC over every rank's predictions, each image once."""
 
-    def __init__(self, model: str, num_classes: int, lr: float, swa_start: int, epochs: int) -> None:
+    def __init__(
+        self, model: str, num_classes: int, lr: float, swa_start: int, epochs: int, loss: torch.nn.Module
+    ) -> None:
         super().__init__()
-        self.net, self.lr, self.swa_start, self.rows = build_model(model, num_classes), lr, swa_start, []
+        self.net, self.lr, self.swa_start = build_model(model, num_classes), lr, swa_start
+        self.rows: list[tuple[Any, ...]] = []  # this rank's (names, probabilities[, targets]) of the phase so far
         self.epochs = epochs  # asked for: SWA's batch-norm pass adds one to the trainer's max_epochs
-        self.loss = torch.nn.BCEWithLogitsLoss()
+        self.loss = loss  # train.torch.models.recipe_loss
         self.auc: dict[int, float] = {}  # epoch -> validation AUC
         self.last_weights: dict[str, torch.Tensor] = {}  # of the last epoch, before SWA puts in its average
         self.swa_weights: dict[str, torch.Tensor] = {}  # the average, as validated
         self.val_rows: dict[bool, tuple[Any, ...]] = {}  # swa -> the validation rows of that model, every rank's
         self.predicted: tuple[list[str], np.ndarray] | None = None  # every rank's test rows, each image once
         self.loss_sum, self.loss_steps = 0.0, 0  # this epoch's, this rank's: its mean is the loss we show
+
+    @property
+    def data(self) -> ShardDataModule:
+        """The trainer's data module (fitting and validating)."""
+        data = getattr(self.trainer, "datamodule", None)
+        assert isinstance(data, ShardDataModule)
+        return data
+
+    @property
+    def predicting(self) -> RecordDataset:
+        """The shards being predicted (``PredictData``'s, this rank's share)."""
+        dataset = getattr(self.trainer.predict_dataloaders, "dataset", None)
+        assert isinstance(dataset, RecordDataset)
+        return dataset
 
     @property
     def mean_loss(self) -> float | None:
@@ -121,7 +146,9 @@ class Classifier(pl.LightningModule):
     def on_validation_epoch_end(self) -> None:
         names = [n for part in self.rows for n in part[0]]
         columns = (np.concatenate([p[k] for p in self.rows]) for k in (1, 2))
-        rows = gather_rows(names, *columns, expected=self.trainer.datamodule.val_set.num_records)
+        val_set = self.data.val_set
+        assert val_set is not None  # built by the data module's setup
+        rows = gather_rows(names, *columns, expected=val_set.num_records)
         self.rows.clear()
         auc = validation_auc(*rows[1:])  # the same on every rank: from every rank's rows
         self.auc[self.current_epoch] = auc
@@ -141,14 +168,14 @@ class Classifier(pl.LightningModule):
     def on_predict_epoch_end(self) -> None:
         names = [n for part in self.rows for n in part[0]]
         probs = np.concatenate([p[1] for p in self.rows])
-        self.predicted = gather_rows(names, probs, expected=self.trainer.predict_dataloaders.dataset.num_records)
+        self.predicted = gather_rows(names, probs, expected=self.predicting.num_records)
         self.rows.clear()
 
     def configure_optimizers(self) -> Any:
         """AdamW at lr x ranks on one cycle that ends where SWA starts (SWA then swaps in its own SWALR)."""
         peak = self.lr * self.trainer.world_size
         optimizer = torch.optim.AdamW(self.parameters(), lr=peak)
-        steps = self.swa_start * len(self.trainer.datamodule.train_dataloader())  # RecordDataset's len()
+        steps = self.swa_start * len(self.data.train_dataloader())  # RecordDataset's len()
         schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, peak, total_steps=max(steps, 1))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
@@ -229,9 +256,11 @@ def run(args: argparse.Namespace) -> None:
         return predict_saved(args, config, nodes)
     start = time.monotonic()
     data = ShardDataModule(
-        args.records, val_folds=[args.fold], batch_size=args.batch_size, workers=args.workers, seed=args.seed
-    )
-    model = Classifier(args.model, data.num_classes, args.lr, args.epochs - args.swa_epochs, args.epochs)
+        args.records, val_folds=[args.fold], batch_size=args.batch_size, workers=args.workers, seed=args.seed,
+        sampling=args.sampling,
+    )  # fmt: skip
+    loss = recipe_loss(args.class_weight, RecordDataset(data.shards, folds=data.train_folds))
+    model = Classifier(args.model, data.num_classes, args.lr, args.epochs - args.swa_epochs, args.epochs, loss)
     swa = pl.callbacks.StochasticWeightAveraging(
         swa_lrs=args.lr * args.devices * nodes * SWA_LR,
         swa_epoch_start=args.epochs - args.swa_epochs + 1,  # Lightning counts this one from 1 (its swa_start: -1)
@@ -244,7 +273,7 @@ def run(args: argparse.Namespace) -> None:
         last = model.auc[args.epochs - 1]  # the last epoch's weights (SWA's batch-norm pass may add an epoch)
         model.auc.clear()
         trainer.validate(model, datamodule=data, verbose=False)  # the averaged weights
-        swa_chosen = better_model(last, model.auc[trainer.current_epoch])  # as train.predict chooses
+        swa_chosen = swa_beats(last, model.auc[trainer.current_epoch])  # as predict_saved chooses
         if args.predict:
             if not swa_chosen:
                 model.net.load_state_dict(model.last_weights)
@@ -294,7 +323,8 @@ def predict_saved(args: argparse.Namespace, config: RunConfig | None, nodes: int
     by validation AUC), rank 0 writes the submission at that model's tuned thresholds."""
     assert config is not None
     net, thresholds, line = load_saved(args.run, config)
-    model = Classifier(args.model, len(config.classes), args.lr, 1, args.epochs)
+    loss = torch.nn.BCEWithLogitsLoss()  # unused: it predicts only
+    model = Classifier(args.model, len(config.classes), args.lr, 1, args.epochs, loss)
     model.net.load_state_dict(net.state_dict())
     trainer = ranks_trainer(args, nodes, [])
     if trainer.is_global_zero:
@@ -319,7 +349,8 @@ def finish(
         print(f"saved {args.run}/{MODEL} and {MODEL_SWA}", flush=True)
     print("\n".join([*described(part["report"], MODEL), *described(part["swa"]["report"], MODEL_SWA)]), flush=True)
     if args.predict and model.predicted is not None:
-        print(f"{PROG}: {recipe_choice_line(swa_chosen, part['validation_auc'], part['swa_validation_auc'])}")
+        scores = RunScores(part["report"], part["swa"]["report"], has_swa=True)  # decided by AUC, as swa_beats
+        print(f"{PROG}: {recipe_choice_line(swa_chosen, scores)}")
         thresholds = done[swa_chosen].thresholds
         print(write_predictions(config, args, open_shards(args.predict), model.predicted, thresholds), flush=True)
     print(f"validation AUC {part['validation_auc']:.4f}", flush=True)

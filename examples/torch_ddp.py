@@ -68,7 +68,14 @@ from tfpipe.net import free_port
 from tfpipe.shards import open_shards
 from tfpipe.torch import RecordDataset, folds_apart, gather_rows, sync_buffers, unique_rows
 from train.runs.run import RunConfig
-from train.torch.models import add_recipe_arguments, build_model, check_model, model_inputs, validation_auc
+from train.torch.models import (
+    add_recipe_arguments,
+    build_model,
+    check_model,
+    model_inputs,
+    recipe_loss,
+    validation_auc,
+)
 from train.torch.ranks import World, check_same_start, launched, refuse_to_the_others, spawn_ranks
 from train.torch.report import described, model_reports, run_metrics
 from train.torch.run import (
@@ -102,7 +109,7 @@ def datasets(args: argparse.Namespace, rank: int | None, world_size: int | None)
     shards = open_shards(args.records)
     folds = folds_apart(shards, [args.fold])
     common: dict[str, Any] = {"batch_size": args.batch_size, "rank": rank, "world_size": world_size}
-    train = RecordDataset(shards, folds=folds, shuffle=True, seed=args.seed, **common)
+    train = RecordDataset(shards, folds=folds, shuffle=True, seed=args.seed, sampling=args.sampling, **common)
     return train, RecordDataset(shards, folds=[args.fold], with_ids=True, **common)
 
 
@@ -118,13 +125,17 @@ def loader(ds: RecordDataset, args: argparse.Namespace) -> torch.utils.data.Data
 
 
 def train_epoch(
-    model: torch.nn.Module, batches: Any, step: Callable[[], None], device: Any, where: Callable[[str], None]
+    model: torch.nn.Module,
+    loss_fn: torch.nn.Module,
+    batches: Any,
+    step: Callable[[], None],
+    device: Any,
+    where: Callable[[str], None],
 ) -> float:
     """One pass over ``batches``; ``step`` applies the gradients, ``where`` hears the step and loss so far (rank
     0's heartbeat says them every 15 s, from a thread: also while one step waits long). Returns this rank's mean
     loss."""
     model.train()
-    loss_fn = torch.nn.BCEWithLogitsLoss()
     total, count = 0.0, 0
     for i, (images, targets) in enumerate(batches):
         loss = loss_fn(model(model_inputs(images.to(device), training=True)), targets.to(device))
@@ -157,6 +168,7 @@ def fit(
     torch.manual_seed(args.seed)  # the same initial weights on every rank (DDP also broadcasts them)
     train, val = datasets(args, rank, world_size) if xla else datasets(args, None, None)  # None: from dist
     net = build_model(args.model, train.num_classes).to(device)
+    loss_fn = recipe_loss(args.class_weight, train).to(device)
     model = net if xla or world_size == 1 else DistributedDataParallel(net)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr * world_size)
     train_loader, val_loader = loader(train, args), loader(val, args)
@@ -185,7 +197,7 @@ def fit(
         batches = xla_loader(train_loader, device) if xla else train_loader
         if beat is not None:
             beat.start(f"epoch {epoch + 1}/{args.epochs}: starting")
-        loss = train_epoch(model, batches, step, device, where)
+        loss = train_epoch(model, loss_fn, batches, step, device, where)
         where("validating")
         rows = validate(net, val_loader, val.num_records, device, xla)
         auc = validation_auc(*rows[1:])
@@ -208,12 +220,12 @@ def validate(net: torch.nn.Module, data: Any, images: int, device: Any, xla: Any
 
 def test_rows(net: torch.nn.Module, args: argparse.Namespace, device: Any, xla: Any) -> tuple[list[str], np.ndarray]:
     """(ids, probabilities) of every image of ``--predict``, each once, on every rank: each predicts its share."""
-    ranks: dict[str, int] = {}
+    rank = world_size = None  # from torch.distributed
     if xla is not None:
         import torch_xla.runtime as xr
 
-        ranks = {"rank": xr.global_ordinal(), "world_size": xr.world_size()}
-    test = RecordDataset(args.predict, with_ids=True, batch_size=args.batch_size, **ranks)
+        rank, world_size = xr.global_ordinal(), xr.world_size()
+    test = RecordDataset(args.predict, with_ids=True, batch_size=args.batch_size, rank=rank, world_size=world_size)
     data = loader(test, args)
     if xla is None:
         ids, probs = gather_rows(*predict(net, data, device)[:2], expected=test.num_records)

@@ -7,12 +7,16 @@ import json
 import os
 import re
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 
 from tests.conftest import BACKEND
+from train.decide.metrics import metric_of
+from train.runs import files
+from train.runs.cv_folder import submitted_model
 
 
 @pytest.fixture(scope="session")
@@ -299,6 +303,18 @@ def test_a_blend_is_the_weighted_mean_scored_on_oof_and_refuses_what_disagrees(c
         assert main(["--oof", *argv]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and bad in err[0] and line in err[0], err
+    other = tmp_path / "other-cv"  # a CV that decided by another metric: the blend's is asked for, not guessed
+    os.makedirs(other)
+    shutil.copy(f"{folder}/oof-swa.csv", other)
+    settings = dict(result.settings, metric="f1_macro")
+    decided = dataclasses.replace(
+        result, settings=settings, submits=submitted_model(result.models, metric_of("f1_macro", False))
+    )
+    decided.save(str(other))  # as train.cv writes and records it
+    files.record(str(other), ["oof-swa.csv"])
+    assert main(["--oof", oofs[0], f"{other}/oof-swa.csv"]) == 2
+    assert f"decided by different metrics ({folder}: roc_auc, {other}: f1_macro)" in capsys.readouterr().err
+    assert main(["--oof", oofs[0], f"{other}/oof-swa.csv", "--metric", "f1_macro"]) == 0
 
 
 @pytest.mark.parametrize(
@@ -566,3 +582,27 @@ def test_a_blend_follows_a_sample_submission_and_refuses_one_of_other_ids(tmp_pa
         assert main([*blend, "--out", out, "--overwrite", "--sample-submission", sample, *more]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and sample in err[0] and needle in err[0] and "Traceback" not in err[0], err
+    # a file as a competition or a hand made it: an old Mac's line ends are read; a comma closing each row, a
+    # header field past the csv module's limit, a folder: one line each, the culprit cut short
+    Path(sample).write_bytes(("image_id,label\r" + "".join(f"{i},\r" for i in order)).encode())
+    assert main([*blend, "--out", out, "--overwrite", "--sample-submission", sample]) == 0
+    assert list(pd.read_csv(out)["image_id"]) == order
+    for text, needle in (
+        ("image_id,label\n" + "".join(f"{i},x,\n" for i in order), "line 2 has 3 fields, the header 2"),
+        ("image_id" + "x" * 200_000 + ",label\nt0,\n", "not a CSV file (field larger than field limit"),
+        ("\0" * 4000, "are none"),  # one column named by 4,000 NULs: quoted in 40
+    ):
+        Path(sample).write_text(text)
+        assert main([*blend, "--out", out, "--overwrite", "--sample-submission", sample]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and needle in err and len(err) < len(sample) + 400, err[:500]
+    assert main([*blend, "--out", out, "--overwrite", "--sample-submission", str(tmp_path)]) == 2
+    assert "is a folder" in capsys.readouterr().err
+    # a test file as train.predict --probabilities --labels writes it (its labels column named as the training
+    # CSV named it): the labels are left out, the blend labels anew; a column of numbers that is no class is not
+    labelled = pd.read_csv(tests[0]).assign(label="a b")
+    labelled.to_csv(tests[0], index=False)
+    assert main([*blend, "--out", out, "--overwrite"]) == 0
+    labelled.assign(label=0.5).rename(columns={"label": "d"}).to_csv(tests[0], index=False)
+    assert main([*blend, "--out", out, "--overwrite"]) == 2
+    assert "column 'd' is no class of the OOF files (a, b, c)" in capsys.readouterr().err

@@ -107,6 +107,12 @@ def test_weights_are_scikit_learns_balanced_ones_and_weigh_the_loss():
     assert np.allclose(single.positive, [144 / 360, 144 / 36, 144 / 36])
     multi = weights_of([10, 50], 100, single_label=False)
     assert np.allclose(multi.positive, [5.0, 1.0]) and np.allclose(multi.negative, [100 / 180, 1.0])
+    lacking = weights_of([120, 0, 24], 144, single_label=True)  # a class of the CSV no training image has
+    assert lacking.absent == (1,) and np.allclose(lacking.positive, [144 / 240, 1.0, 144 / 48])
+    assert lacking.line(["common", "zebra", "rare"], True) == (
+        "class_weight='balanced': each image of its class weighs common 0.60, zebra 1.00, rare 3.00; no training "
+        "image of zebra (weighs 1)"
+    )
     y = np.array([[1.0, 0, 0], [0, 0, 1]], np.float32)
     p = np.array([[0.7, 0.2, 0.1], [0.2, 0.2, 0.6]], np.float32)
     weighted = np.asarray(make_loss(keras, True, 0.0, single).call(y, p))
@@ -116,6 +122,40 @@ def test_weights_are_scikit_learns_balanced_ones_and_weigh_the_loss():
     y2, p2 = y[:, :2], np.array([[0.7, 0.2], [0.4, 0.6]], np.float32)
     got = np.asarray(make_loss(keras, False, 0.1, even).call(y2, p2))
     assert np.allclose(got, np.asarray(keras.losses.binary_crossentropy(y2, p2, label_smoothing=0.1)), rtol=1e-5)
+
+
+def test_the_recipes_weigh_the_loss_by_the_training_folds_and_refuse_balanced_multi_label(imbalanced, shard_dir):
+    """The PyTorch recipes' --class-weight balanced: BCE on logits whose mean equals each class's scikit-learn
+    log-loss with balanced sample weights, averaged over the classes (counts of the training folds only); without
+    it torch's own BCE. --sampling balanced of multi-label shards is refused in one line before anything starts."""
+    import argparse
+
+    import torch
+    from sklearn.metrics import log_loss
+    from sklearn.utils.class_weight import compute_sample_weight
+
+    from tfpipe.errors import TfpipeError
+    from tfpipe.torch import RecordDataset
+    from train.torch.models import WeightedBCE, add_recipe_arguments, recipe_loss
+    from train.torch.run import add_run_arguments, prepare
+
+    training = RecordDataset(imbalanced, folds=[1, 2])
+    y = training.targets()
+    assert 0 < y[:, 1].sum() < 12  # the training folds' share of a rare class, not the folder's
+    loss = recipe_loss("balanced", training)
+    logits = torch.tensor(np.random.default_rng(0).normal(size=y.shape), dtype=torch.float32)
+    p = torch.sigmoid(logits).numpy().astype(np.float64)
+    each = [log_loss(y[:, c], p[:, c], sample_weight=compute_sample_weight("balanced", y[:, c])) for c in range(3)]
+    assert isinstance(loss, WeightedBCE)
+    assert float(loss(logits, torch.tensor(y))) == pytest.approx(np.mean(each), rel=1e-5)
+    assert type(recipe_loss(None, training)) is torch.nn.BCEWithLogitsLoss
+
+    parser = argparse.ArgumentParser()
+    add_recipe_arguments(parser, per="process")
+    add_run_arguments(parser)
+    args = parser.parse_args(["--records", shard_dir[0], "--sampling", "balanced"])
+    with pytest.raises(TfpipeError, match=f"{shard_dir[0]} is multi-label \\(an image of several classes\\)"):
+        prepare("torch_ddp", args)
 
 
 @pytest.mark.slow  # three short trainings
@@ -134,13 +174,19 @@ def test_class_weights_and_balanced_sampling_raise_the_rare_classes_recall(imbal
         out = capsys.readouterr().out
         metrics = json.loads((run / "metrics.json").read_text())
         table = metrics["report"]["per_class"]
-        return np.mean([table[c]["recall"] for c in ("rare", "scarce")]), out, metrics
+        return np.mean([table[c]["recall"] for c in ("rare", "scarce")]), out, metrics, run
 
-    plain, out, metrics = recall([])
-    weighted, _, _ = recall(["--class-weight", "balanced"])
-    sampled, _, _ = recall(["--sampling", "balanced"])
+    plain, out, metrics, run = recall([])
+    weighted, said, _, _ = recall(["--class-weight", "balanced", "--verbose", "1"])  # verbose: its line of weights
+    sampled, _, _, _ = recall(["--sampling", "balanced"])
+    assert "--class-weight balanced: each image of its class weighs common 0.40, rare 4.00, scarce 4.00" in said
     assert weighted > plain + 0.2 and sampled > plain + 0.2, (plain, weighted, sampled)
     assert metrics["metric"] == "balanced_accuracy" and metrics["single_label"] is True
     line = next(s for s in out.splitlines() if s.startswith("validation "))
     assert line.startswith("validation balanced accuracy ") and "(labels by argmax)" in line, line
     assert "threshold" not in out.replace("thresholds.json", ""), out
+    from train.predict import main as predict
+
+    argv = ["--run", str(run), "--records", imbalanced, "--out", str(tmp_path / "s.csv"), "--threshold", "0.3"]
+    assert predict([*argv, "--strategy", "cpu", "--no-progress"]) == 2  # argmax labels: a threshold is refused
+    assert "is single-label, labelled by argmax (one class an image), no threshold" in capsys.readouterr().err

@@ -56,6 +56,8 @@ class ShardDataModule(pl.LightningDataModule):
       seed: seed of the training order (a new order every epoch).
       shuffle_buffer: records held for shuffling, per reader.
       drop_last: cut the training records to a multiple of the ranks instead of padding (validation pads).
+      sampling: ``"balanced"`` (single-label records): training batches drawn evenly over the classes
+        (``RecordDataset``'s ``sampling``).
     """
 
     def __init__(
@@ -68,6 +70,7 @@ class ShardDataModule(pl.LightningDataModule):
         seed: int = 0,
         shuffle_buffer: int = 1024,
         drop_last: bool = False,
+        sampling: str | None = None,
     ) -> None:
         super().__init__()
         check_count(1, batch_size=batch_size, shuffle_buffer=shuffle_buffer)
@@ -77,7 +80,7 @@ class ShardDataModule(pl.LightningDataModule):
         self.train_folds = folds_apart(self.shards, val_folds)
         self.val_folds = [k for k in range(self.shards.num_folds or 0) if k not in self.train_folds]
         self.batch_size, self.workers, self.seed = batch_size, workers, seed
-        self.shuffle_buffer, self.drop_last = shuffle_buffer, drop_last
+        self.shuffle_buffer, self.drop_last, self.sampling = shuffle_buffer, drop_last, sampling
         self.num_classes = self.shards.num_classes or 0
         self.train_set: RecordDataset | None = None
         self.val_set: RecordDataset | None = None
@@ -88,7 +91,7 @@ class ShardDataModule(pl.LightningDataModule):
         common: dict[str, Any] = dict(batch_size=self.batch_size, **ranks)
         self.train_set = RecordDataset(
             self.shards, folds=self.train_folds, shuffle=True, seed=self.seed, shuffle_buffer=self.shuffle_buffer,
-            drop_last=self.drop_last, **common,
+            drop_last=self.drop_last, sampling=self.sampling, **common,
         )  # fmt: skip
         self.val_set = RecordDataset(self.shards, folds=self.val_folds, with_ids=True, **common)
 

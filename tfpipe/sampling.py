@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from tfpipe.errors import TfpipeError
+from tfpipe.errors import TfpipeError, option
 
 SAMPLINGS = ("balanced",)
 
@@ -20,6 +20,16 @@ SAMPLINGS = ("balanced",)
 def check_sampling(sampling: str | None) -> None:
     if sampling is not None and sampling not in SAMPLINGS:
         raise TfpipeError(f"sampling must be None or 'balanced' (got {sampling!r})")
+
+
+def check_sampling_fits(sampling: str | None, single_label: bool, records: object) -> None:
+    """``--sampling balanced`` (train.fit's, the PyTorch recipes') of a run whose ``records`` are multi-label is
+    refused in one line: no class sampling balances images of several classes."""
+    if sampling == "balanced" and not single_label:
+        raise TfpipeError(
+            f"{option('sampling', 'balanced')} draws batches evenly over the classes of single-label images; "
+            f"{records} is multi-label (an image of several classes) -- use {option('class_weight', 'balanced')}"
+        )
 
 
 def class_counts(targets: np.ndarray, described: object) -> list[int]:

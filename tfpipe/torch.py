@@ -180,7 +180,7 @@ class RecordDataset(IterableDataset[Sample]):
         # in shared memory: DataLoader workers (persistent ones too) read the epoch set after they started
         self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()
         # with sampling: the probability of keeping a record of each class, from every file's labels
-        self.keep = keep_shares(class_counts(self._targets(), shards)) if sampling else None
+        self.keep = keep_shares(class_counts(self.targets(), shards)) if sampling else None
         if rank is not None:
             self.share()  # refuses here what no rank could read
 
@@ -262,8 +262,9 @@ class RecordDataset(IterableDataset[Sample]):
                     if not wanted:
                         return
 
-    def _targets(self) -> np.ndarray:
-        """Multi-hot [N, C] targets of every record of the files (for the class counts; images not decoded)."""
+    def targets(self) -> np.ndarray:
+        """Multi-hot float32 [N, C] targets of every record of the files read, in their written order (the class
+        counts of balanced sampling and class weights; images not decoded)."""
         every = deal(list(self.files), list(self.counts), 0, self.num_records)
         rows = [schema.decode_example(r).get(schema.TARGET, []) for r in self._records(every)]
         return schema.multi_hot([list(r) for r in rows], self.num_classes)

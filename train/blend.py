@@ -161,10 +161,15 @@ def _tuned(probs: Any, truth: Any, single_label: bool, metric: Metric) -> list[f
 
 def blend_metric(oof: Sequence[str], asked: str | None, single_label: bool) -> Metric:
     """The metric a blend decides by: ``asked``, else the one the CV folders beside the OOF files decided by
-    (when they agree), else ``roc_auc``; one line when it does not apply to the blend's kind."""
+    (CVs that decided by different ones: one line asking for ``--metric``), else ``roc_auc``; one line when it
+    does not apply to the blend's kind."""
     if asked is None:
-        found = {CVResult.load(f).metric.name for f in (posixpath.dirname(p) or "." for p in oof) if is_cv_folder(f)}
-        asked = found.pop() if len(found) == 1 else None
+        folders = [f for f in (posixpath.dirname(p) or "." for p in oof) if is_cv_folder(f)]
+        found = {f: CVResult.load(f).metric.name for f in folders}
+        if len(set(found.values())) > 1:
+            said = ", ".join(f"{f}: {m}" for f, m in found.items())
+            raise TfpipeError(f"the CVs decided by different metrics ({said}); {option('metric')} names the blend's")
+        asked = next(iter(found.values()), None)
     return metric_of(asked, single_label)
 
 
@@ -221,6 +226,23 @@ def read_table(path: str, oof: bool) -> Any:
         raise TfpipeError(f"{path}: the id {table[key][table[key].duplicated()].iloc[0]!r} is in two rows")
     dropped = [c for c in table.columns if (c in OOF_COLUMNS and (c != LABELS or not oof)) or c == key]
     return table.drop(columns=dropped).set_index(pd.Index(table[key], name=key))
+
+
+def without_labels(table: Any, classes: Sequence[str], path: str) -> Any:
+    """A test file's probability columns: its one column of labels beside them, whatever its name (train.predict
+    ``--probabilities --labels`` names it as the training CSV did), left out -- the blend labels anew; any
+    other column that is no class of the OOF files is refused naming it."""
+    import pandas as pd
+
+    extra = [c for c in table.columns if c not in classes]
+    labels = [c for c in extra if pd.to_numeric(table[c], errors="coerce").isna().any()]  # not probabilities
+    others = [c for c in extra if c not in labels[:1]]
+    if others:
+        raise TfpipeError(
+            f"{path}: column {others[0]!r} is no class of the OOF files ({', '.join(classes[:6])}); a test file "
+            "holds the id column, the probability columns and at most one labels column"
+        )
+    return table.drop(columns=labels)
 
 
 def agreed(tables: Sequence[Any], paths: Sequence[str], oof: bool) -> tuple[list[str], list[str], Any]:
@@ -309,10 +331,12 @@ def blend_test(
     check_destination(out, overwrite)
     followed = read_sample(sample, found.classes) if sample else None
     labels, probabilities = sample_form(followed, probabilities) if followed else (True, probabilities)
-    tables = [read_table(p, oof=False) for p in test]
+    tables = [without_labels(read_table(p, oof=False), found.classes, p) for p in test]
     classes, ids, _ = agreed(tables, test, oof=False)
     if classes != list(found.classes):
-        raise TfpipeError(f"{test[0]}: its classes are not the OOF files' ({', '.join(found.classes[:6])})")
+        lacks = [c for c in found.classes if c not in classes]
+        said = f"lacks class {lacks[0]!r}" if lacks else "holds the classes in another order"
+        raise TfpipeError(f"{test[0]}: {said} of the OOF files ({', '.join(found.classes[:6])})")
     if followed:
         check_sample_ids(followed, ids, test[0])
     probs = np.stack([aligned(t, ids, classes, p) for t, p in zip(tables, test)])

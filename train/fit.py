@@ -22,11 +22,21 @@ from tfpipe.console import quiet_call
 from tfpipe.deprecations import add_deprecated_flag
 from tfpipe.errors import ArgumentParser, TfpipeError, check_path, run_cli
 from tfpipe.lifecycle import BAD_INPUT
+from tfpipe.sampling import SAMPLINGS
 from train.accel.tpus import TPUS
 from train.decide.metrics import METRICS, Metric
 from train.keras.config import FitConfig as FitConfig  # re-exported: train.fit.FitConfig (tfpipe 1.0)
 from train.keras.models import model_names
-from train.keras.names import BACKENDS, CLASS_WEIGHTS, OPTIMIZERS, PRECISIONS, SAMPLINGS, SCHEDULES, STRATEGIES
+from train.keras.names import (
+    BACKENDS,
+    CLASS_WEIGHT_HELP,
+    CLASS_WEIGHTS,
+    OPTIMIZERS,
+    PRECISIONS,
+    SAMPLING_HELP,
+    SCHEDULES,
+    STRATEGIES,
+)
 from train.runs.results import Best, FitResult, PreflightReport, WorkerResult
 
 if TYPE_CHECKING:
@@ -182,12 +192,8 @@ def _training_args(p: ArgumentParser, d: FitConfig) -> None:
         "(single-label: accuracy, balanced_accuracy, f1_macro, roc_auc, log_loss; multi-label: exact_match, "
         "f1_micro, f1_macro, roc_auc)",
     )
-    p.add_argument(
-        "--class-weight",
-        choices=CLASS_WEIGHTS,
-        help="balanced: weigh each class's loss by n / (classes x its training images), as scikit-learn does",
-    )
-    p.add_argument("--sampling", choices=SAMPLINGS, help="balanced: single-label batches drawn evenly over the classes")
+    p.add_argument("--class-weight", choices=CLASS_WEIGHTS, help=CLASS_WEIGHT_HELP)
+    p.add_argument("--sampling", choices=SAMPLINGS, help=SAMPLING_HELP)
 
 
 AUGMENT_CROPS = ("pad", "resized", "none")  # Augment.crop's values on the command line ("none": None)

@@ -61,10 +61,11 @@ def build_datasets(
 
 
 def training_data(
-    plan: FitConfig, strategy: tf.distribute.Strategy, shards: Shards, parts: Parts
+    plan: FitConfig, strategy: tf.distribute.Strategy, shards: Shards, parts: Parts, say: bool = False
 ) -> tuple[PhaseData, int, int, int]:
     """The distributed datasets and their steps, and (training images, validation images, global batch). A
-    validation pass has the steps the largest input pipeline's share needs (``evaluation_steps``)."""
+    validation pass has the steps the largest input pipeline's share needs (``evaluation_steps``). ``say``: a
+    line of the loss weights (``--class-weight``), where there are."""
     train_ds, val_ds, n_train, n_val, global_batch = build_datasets(plan, strategy, shards.num_classes, parts)
     context = tf.distribute.InputContext(input_pipelines(strategy), 0, strategy.num_replicas_in_sync)
     val_steps = evaluation_steps(open_shards(parts.validation, parts.validation_folds), plan.batch_size, context)
@@ -72,5 +73,7 @@ def training_data(
     if plan.class_weight == "balanced":
         assert shards.num_classes is not None  # labeled shards: prepare() checked them
         weights = weights_of(*training_counts(parts, shards.num_classes), bool(plan.single_label))
+        if say:
+            print(f"train.fit: {weights.line(shards.classes or (), bool(plan.single_label))}", flush=True)
     data = PhaseData(train_ds, val_ds, max(1, n_train // global_batch), val_steps, weights)
     return data, n_train, n_val, global_batch

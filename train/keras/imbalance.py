@@ -19,9 +19,11 @@ from typing import Any
 import numpy as np
 
 import tfpipe
+from tfpipe.errors import option
 from train.accel.backend import tensor_ops
 from train.runs.run import Parts
 
+SHOWN = 8  # classes named in a run's line of weights
 EPS = 1e-7  # probabilities clipped away from 0 and 1 before the log, as Keras' own cross-entropies do
 
 
@@ -32,6 +34,17 @@ class LossWeights:
 
     positive: tuple[float, ...]
     negative: tuple[float, ...]
+    absent: tuple[int, ...] = ()  # the classes without a training image (they weigh 1: their rows never come)
+
+    def line(self, classes: Sequence[str], single_label: bool) -> str:
+        """``--class-weight balanced: each image of its class weighs common 0.40, rare 4.00; no training image
+        of zebra (weighs 1)``: what a run says once, before it trains."""
+        rows = "each image of its class weighs" if single_label else "each class's positive images weigh"
+        shown = ", ".join(f"{c} {w:.2f}" for c, w in list(zip(classes, self.positive))[:SHOWN])
+        more = f", ... {len(classes)} classes in all" if len(classes) > SHOWN else ""
+        names = [classes[i] for i in self.absent]
+        absent = f"; no training image of {', '.join(names[:SHOWN])}{' ...' * (len(names) > SHOWN)} (weighs 1)"
+        return f"{option('class_weight', 'balanced')}: {rows} {shown}{more}{absent if names else ''}"
 
 
 def training_counts(parts: Parts, num_classes: int) -> tuple[np.ndarray, int]:
@@ -46,15 +59,16 @@ def weights_of(class_counts: Sequence[int] | np.ndarray, n: int, single_label: b
     from sklearn.utils.class_weight import compute_class_weight
 
     counts = np.asarray(class_counts, np.int64)
+    absent = tuple(int(i) for i in np.flatnonzero(counts == 0))
     if single_label:
         present = np.flatnonzero(counts)
         y = np.repeat(present, counts[present])
         w = np.ones(len(counts))
         w[present] = compute_class_weight("balanced", classes=present, y=y)
-        return LossWeights(tuple(map(float, w)), tuple(map(float, w)))
+        return LossWeights(tuple(map(float, w)), tuple(map(float, w)), absent)
     pos = np.where(counts > 0, n / (2 * np.maximum(counts, 1)), 1.0)
     neg = np.where(counts < n, n / (2 * np.maximum(n - counts, 1)), 1.0)
-    return LossWeights(tuple(map(float, pos)), tuple(map(float, neg)))
+    return LossWeights(tuple(map(float, pos)), tuple(map(float, neg)), absent)
 
 
 def make_loss(keras: Any, single_label: bool, label_smoothing: float, weights: LossWeights | None) -> Any:

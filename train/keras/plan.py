@@ -18,12 +18,13 @@ from tfpipe.errors import (
     option,
 )
 from tfpipe.locks import check_not_a_file
+from tfpipe.sampling import SAMPLINGS, check_sampling_fits
 from tfpipe.shards import Shards
 from train.accel.tpus import TPUS
 from train.decide.metrics import METRICS, metric_of
 from train.keras.config import FitConfig
 from train.keras.models import min_image_size
-from train.keras.names import CLASS_WEIGHTS, OPTIMIZERS, PRECISIONS, SAMPLINGS, SCHEDULES
+from train.keras.names import CLASS_WEIGHTS, OPTIMIZERS, PRECISIONS, SCHEDULES
 
 
 def prepare(cfg: FitConfig, shards: Shards) -> FitConfig:
@@ -76,11 +77,7 @@ def kind_of(cfg: FitConfig, shards: Shards) -> bool:
         )
     single_label = bool(shards.single_label if cfg.single_label is None else cfg.single_label)
     metric_of(cfg.metric, single_label)
-    if cfg.sampling == "balanced" and not single_label:
-        raise TfpipeError(
-            f"{option('sampling', 'balanced')} draws batches evenly over the classes of single-label images; "
-            f"{cfg.records} is multi-label (an image of several classes) -- use {option('class_weight', 'balanced')}"
-        )
+    check_sampling_fits(cfg.sampling, single_label, cfg.records)
     return single_label
 
 

@@ -304,7 +304,7 @@ def train_and_report(
     rewritten meanwhile stops the run, and no finished run claims classes or records the shards no longer hold.
     In a ``fresh`` (new or empty) folder, a failure before the first epoch is saved removes what the job wrote."""
     precision = plan.precision or default_precision(kind)
-    data, n_train, n_val, global_batch = training_data(plan, strategy, shards, parts)
+    data, n_train, n_val, global_batch = training_data(plan, strategy, shards, parts, say=bool(plan.verbose))
     plan = capped_steps_per_execution(plan, data[2])
     throughput = Throughput(global_batch)
     with stops_recorded(plan.run), removed_unless_an_epoch_is_saved(plan.run, fresh, throughput):

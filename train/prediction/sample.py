@@ -29,6 +29,7 @@ SAMPLE_HELP = (  # --sample-submission's help, train.predict's and train.blend's
     "the competition's sample_submission.csv: its header, id column and id order (every id once); class columns "
     "there: the probability form (one column per class), else one labels column named as it names it"
 )
+SHOWN_CHARS = 40  # of a cell quoted in a message
 SAMPLE_LIMIT = 2**30  # bytes: a sample submission of a million rows is ~30 MB; a larger file is not one
 
 
@@ -55,36 +56,48 @@ class SampleSubmission:
 
 def read_sample(path: str, classes: Sequence[str]) -> SampleSubmission:
     """``path`` (local or ``gs://``) read and checked against the run's ``classes``: a CSV whose header names
-    each column once, whose first column holds each id once, and whose other columns are the class names or
-    one labels column. Anything else is one ``TfpipeError`` naming the file."""
-    import pandas as pd
-
-    if not fs.exists(path) or fs.isdir(path):
+    each column once, whose rows have no more fields than it, whose first column holds each id once, and whose
+    other columns are the class names or one labels column. Anything else is one ``TfpipeError`` naming the
+    file."""
+    if not fs.exists(path):
         raise TfpipeError(f"{path}: no such file; {option('sample_submission')} names the competition's CSV")
+    if fs.isdir(path):
+        raise TfpipeError(f"{path} is a folder; {option('sample_submission')} names the competition's CSV file")
     try:
         text = fs.read_bytes(path, SAMPLE_LIMIT).decode("utf-8-sig")
     except UnicodeDecodeError as e:
         raise TfpipeError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start}); not a sample submission") from None
-    header = next(csv.reader(io.StringIO(text)), [])
-    twice = [c for c, n in collections.Counter(header).items() if n > 1]
+    try:  # newline=None: the line ends of every platform (\r\n, \n, an old Mac's \r)
+        rows = [row for row in csv.reader(io.StringIO(text, newline=None)) if row]  # blank lines skipped
+    except csv.Error as e:  # a field over the csv module's limit, a NUL byte, ...
+        raise TfpipeError(f"{path}: not a CSV file ({e}); not a sample submission") from None
+    if not rows:
+        raise TfpipeError(f"{path}: an empty file, not a sample submission")
+    columns, body = tuple(rows[0]), rows[1:]
+    twice = [c for c, n in collections.Counter(columns).items() if n > 1]
     if twice:
-        raise TfpipeError(f"{path}: the header names column {twice[0]!r} twice; a submission names each once")
-    try:
-        table = pd.read_csv(io.StringIO(text), dtype=str, keep_default_na=False)
-    except pd.errors.EmptyDataError:
-        raise TfpipeError(f"{path}: an empty file, not a sample submission") from None
-    except (ValueError, pd.errors.ParserError) as e:
-        raise TfpipeError(f"{path}: not a CSV file ({str(e)[:80]})") from None
-    columns = tuple(str(c) for c in table.columns)
+        raise TfpipeError(f"{path}: the header names column {shown(twice[0])} twice; a submission names each once")
+    long = next((i for i, row in enumerate(body, start=2) if len(row) > len(columns)), None)
+    if long is not None:
+        raise TfpipeError(
+            f"{path}: line {long} has {len(body[long - 2])} fields, the header {len(columns)}; a row holds the "
+            "header's columns (a comma at the end of each line?)"
+        )
     probabilities = _form(path, columns, classes)
-    ids = tuple(table[columns[0]])
+    ids = tuple(row[0] for row in body)
     repeated = [i for i, n in collections.Counter(ids).items() if n > 1]
     if repeated:
         raise TfpipeError(
-            f"{path}: {counted(len(repeated), 'id')} in two rows or more (e.g. {repeated[0]!r}); a submission "
+            f"{path}: {counted(len(repeated), 'id')} in two rows or more (e.g. {shown(repeated[0])}); a submission "
             "keys each image once"
         )
     return SampleSubmission(path, columns, ids, probabilities)
+
+
+def shown(cell: str) -> str:
+    """A cell as a message quotes it: ``repr``, cut to ``SHOWN_CHARS`` (a line stays one line, whatever the file
+    holds)."""
+    return repr(cell) if len(cell) <= SHOWN_CHARS else f"{cell[:SHOWN_CHARS]!r}... ({len(cell)} characters)"
 
 
 def _form(path: str, columns: tuple[str, ...], classes: Sequence[str]) -> bool:
@@ -97,11 +110,11 @@ def _form(path: str, columns: tuple[str, ...], classes: Sequence[str]) -> bool:
         return True
     if len(rest) == 1 and rest[0] not in classes:
         return False
-    shown = ", ".join(classes[:6]) + (f", ... {len(classes)} in all" if len(classes) > 6 else "")
-    got = ", ".join(rest[:6]) + (f", ... {len(rest)} in all" if len(rest) > 6 else "") if rest else "none"
+    names = ", ".join(classes[:6]) + (f", ... {len(classes)} in all" if len(classes) > 6 else "")
+    got = ", ".join(map(shown, rest[:6])) + (f", ... {len(rest)} in all" if len(rest) > 6 else "") if rest else "none"
     raise TfpipeError(
-        f"{path}: expected the id column, then one labels column or one column per class ({shown}: the "
-        f"probabilities' form); its columns after {columns[0]!r} are {got}"
+        f"{path}: expected the id column, then one labels column or one column per class ({names}: the "
+        f"probabilities' form); its columns after {shown(columns[0])} are {got}"
     )
 
 
@@ -114,8 +127,8 @@ def sample_form(
     if not sample.probabilities:
         if probabilities:
             raise TfpipeError(
-                f"{sample.path}: its one column {sample.columns[1]!r} is a labels column, not one column per class; "
-                f"leave out {option('probabilities', True)} (the sample decides the form)"
+                f"{sample.path}: its one column {shown(sample.columns[1])} is a labels column, not one column per "
+                f"class; leave out {option('probabilities', True)} (the sample decides the form)"
             )
         return True, False
     asked = option("labels", True) if labels else option("threshold") if threshold is not None else None
@@ -131,8 +144,8 @@ def sample_id_column(sample: SampleSubmission, asked: str | None) -> str:
     """The sample's id column, the submission's; an ``id_column`` asked for that is another is refused."""
     if asked is not None and asked != sample.id_column:
         raise TfpipeError(
-            f"{sample.path}: its id column is {sample.id_column!r}, {option('id_column', asked)} asks for another; "
-            f"leave out {option('id_column')} (the sample decides the header)"
+            f"{sample.path}: its id column is {shown(sample.id_column)}, {option('id_column', asked)} asks for "
+            f"another; leave out {option('id_column')} (the sample decides the header)"
         )
     return sample.id_column
 
@@ -144,14 +157,14 @@ def check_sample_ids(sample: SampleSubmission, ids: Sequence[str], predicted: ob
     foreign = [i for i in sample.ids if i not in known]
     if foreign:
         raise TfpipeError(
-            f"{sample.path}: {counted(len(foreign), 'id')} not predicted (not in {predicted}; e.g. {foreign[0]!r}); "
-            "predict the competition's test images"
+            f"{sample.path}: {counted(len(foreign), 'id')} not predicted (not in {predicted}; e.g. "
+            f"{shown(foreign[0])}); predict the competition's test images"
         )
     wanted = set(sample.ids)
     missing = [i for i in ids if i not in wanted]
     if missing:
         raise TfpipeError(
-            f"{sample.path}: lacks {counted(len(missing), 'predicted id')} (of {predicted}; e.g. {missing[0]!r}); "
+            f"{sample.path}: lacks {counted(len(missing), 'predicted id')} (of {predicted}; e.g. {shown(missing[0])}); "
             "predict the competition's test images, and only those"
         )
 

@@ -105,6 +105,11 @@ def target_thresholds(
     for before (``predictor`` predicts what is missing); else the run's default."""
     config = target.config
     default = float(config.settings.get("threshold", 0.5))
+    if threshold is not None and config.single_label:
+        raise TfpipeError(
+            f"{option('threshold', threshold)}: {target.folder} is single-label, labelled by argmax (one class an "
+            f"image), no threshold; leave out {option('threshold')}"
+        )
     if threshold is not None:
         return [threshold] * len(config.classes)
     if config.single_label:

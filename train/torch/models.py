@@ -19,13 +19,17 @@ import numpy as np
 
 from tfpipe.deps import require
 from tfpipe.errors import TfpipeError
+from tfpipe.sampling import SAMPLINGS
 
 require("torch")
 import torch
 from torch import nn
 
+from tfpipe.torch import RecordDataset
 from train.decide.evaluation import Array, score
+from train.keras.imbalance import LossWeights, weights_of
 from train.keras.models import DROPOUT, IMAGENET_MEAN, IMAGENET_STD
+from train.keras.names import CLASS_WEIGHT_HELP, CLASS_WEIGHTS, SAMPLING_HELP
 
 # Twice the widths of train.keras.models' small-cnn (the widths both had until 2026-11-26): the recipes' defaults (lr,
 # epochs) are tuned to them. At Keras' half widths the Lightning recipe's AUC on the demo fell from 0.94 to 0.87
@@ -107,3 +111,32 @@ def add_recipe_arguments(parser: argparse.ArgumentParser, per: str) -> None:
     )
     parser.add_argument("--workers", type=int, default=0, help=f"DataLoader workers per {per}")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--class-weight", choices=CLASS_WEIGHTS, help=f"{CLASS_WEIGHT_HELP} (each class a yes/no)")
+    parser.add_argument("--sampling", choices=SAMPLINGS, help=SAMPLING_HELP)
+
+
+class WeightedBCE(nn.Module):
+    """Binary cross-entropy on logits with each class's positives and negatives weighed (``LossWeights``): the
+    recipes' loss under ``--class-weight balanced``, as train.fit weighs a multi-label run's."""
+
+    positive: torch.Tensor  # [C] buffers: they move with .to(device)
+    negative: torch.Tensor
+
+    def __init__(self, weights: LossWeights) -> None:
+        super().__init__()
+        self.register_buffer("positive", torch.tensor(weights.positive, dtype=torch.float32))
+        self.register_buffer("negative", torch.tensor(weights.negative, dtype=torch.float32))
+
+    def forward(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        bce = nn.functional.binary_cross_entropy_with_logits(logits, targets, reduction="none")
+        return (bce * (targets * self.positive + (1 - targets) * self.negative)).mean()
+
+
+def recipe_loss(class_weight: str | None, training: RecordDataset) -> nn.Module:
+    """The recipes' loss: every class its own yes/no question (BCE on logits, single-label shards too), with
+    ``--class-weight balanced`` weighed by the ``training`` images' class counts (their labels read, no image
+    decoded) by scikit-learn's binary rule, the rule of train.fit's multi-label runs."""
+    if class_weight is None:
+        return nn.BCEWithLogitsLoss()
+    targets = training.targets()
+    return WeightedBCE(weights_of(targets.sum(axis=0), len(targets), single_label=False))

@@ -28,6 +28,7 @@ import numpy as np
 
 from tfpipe import fs, schema
 from tfpipe.errors import TfpipeError, option
+from tfpipe.sampling import check_sampling_fits
 from tfpipe.shards import Shards, open_shards
 from tfpipe.tfrecord import read_records
 from train.decide.choice import (
@@ -38,6 +39,7 @@ from train.decide.choice import (
     same_thresholds,
     scored_thresholds,
 )
+from train.decide.metrics import DEFAULT, METRICS
 from train.prediction.submission import (
     check_submission_columns,
     check_submission_target,
@@ -94,7 +96,9 @@ def prepare(recipe: str, args: argparse.Namespace, parser: argparse.ArgumentPars
         return saved_run(args, recipe, parser)
     if not args.records:
         raise TfpipeError(f"{option('records')} names the shard folder to train on (or pass {option('predict_only')})")
-    config = run_config(recipe, args, open_shards(args.records))
+    shards = open_shards(args.records)
+    config = run_config(recipe, args, shards)
+    check_sampling_fits(args.sampling, config.single_label, args.records)
     check_run_folder(args.run, args.overwrite)
     check_predict(config, args, recipe)
     return config
@@ -350,6 +354,13 @@ def chosen_model(run: str, scores: RunScores | None = None) -> tuple[bool, str]:
         return False, f"predicting with {MODEL} (the run has no SWA model)"
     chosen = better_model(scores.final_report, scores.swa_report, scores.metric)
     return chosen, recipe_choice_line(chosen, scores)
+
+
+def swa_beats(final_auc: float, swa_auc: float) -> bool:
+    """Whether the SWA model's validation AUC beats the final model's (a tie keeps the final one): the recipes
+    decide by AUC, train.fit's default ``--metric``."""
+    auc = METRICS[DEFAULT]
+    return better_model({auc.key: final_auc}, {auc.key: swa_auc}, auc)
 
 
 def recipe_choice_line(swa: bool, scores: RunScores) -> str:
