@@ -125,7 +125,9 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--records", required=True, help="shards to predict (e.g. written with --split test)")
     add_output_flags(p)
     p.add_argument("--tta", type=int, default=1, help=f"test-time augmentation views to average (1..{TTA_VIEW_COUNT})")
-    p.add_argument("--threshold", type=float, help="one threshold for every class (default: tuned per class)")
+    p.add_argument(
+        "--threshold", type=float, help="multi-label: one threshold for every class (default: tuned per class)"
+    )
     p.add_argument("--strategy", choices=ONE_MACHINE, default="auto", help="auto: TPU, then GPUs, then CPU")
     p.add_argument("--replicas", type=int, help="with --strategy cpu: N virtual CPU replicas")
     p.add_argument(
