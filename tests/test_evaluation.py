@@ -120,3 +120,27 @@ def test_a_blend_searched_on_the_oof_rows_weighs_the_better_model():
         found = search_weights([noise, good], truth, single, METRICS[name])
         assert found.weights[1] > 0.9 and abs(sum(found.weights) - 1) < 1e-9, (name, found)
         assert (found.score < found.equal_score) if name == "log_loss" else (found.score > found.equal_score), found
+
+
+def test_tta_worth_warns_when_one_view_scored_better_by_the_metric_either_way_up(monkeypatch):
+    """Worth compares the two figures of the same held-out rows by the run's metric (log-loss: lower wins): a
+    warning naming both and the remedy (the flag in a command, the argument from Python) where N views lost, a
+    plain line where they helped or tied, and no verdict where a figure is undefined."""
+    from train.decide.metrics import metric_of
+    from train.decide.tta import views_worth
+
+    acc, loss = metric_of("balanced_accuracy", True), metric_of("log_loss", True)
+    rows = "the OOF rows (5 fold models' model.keras, each on its own fold)"
+    lost = views_worth({"balanced_accuracy": 0.72}, {"balanced_accuracy": 0.7012}, 4, acc)
+    assert lost.hurts and lost.line("train.predict", rows) == (
+        f"train.predict: warning: on {rows}, 4 TTA views score balanced accuracy 0.7012 against 0.7200 for 1 view: "
+        "tta=1 predicts better there"
+    )
+    monkeypatch.setattr("tfpipe.errors.in_command", lambda: True)
+    assert lost.line("train.predict", rows).endswith(": --tta 1 predicts better there")
+    assert views_worth({"log_loss": 0.50}, {"log_loss": 0.61}, 2, loss).hurts  # higher log-loss: worse
+    assert not views_worth({"log_loss": 0.61}, {"log_loss": 0.50}, 2, loss).hurts
+    tied = views_worth({"balanced_accuracy": 0.7}, {"balanced_accuracy": 0.7}, 2, acc)
+    assert not tied.hurts and "warning" not in tied.line("train.predict", rows)
+    unknown = views_worth({"balanced_accuracy": 0.7}, None, 2, acc)
+    assert not unknown.hurts and unknown.line("p", rows).endswith("not defined at 1 or 2 views: TTA unmeasured")
