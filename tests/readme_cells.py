@@ -8,8 +8,8 @@ with it (GitHub and the docs site show only the language, see docs/hooks.py):
 - ``needs=demo`` -- that folder holds a tiny demo dataset in ``data/demo`` (images, train.csv, test.csv, as
   ``python -m tfpipe.demo data/demo`` writes them); ``needs=shards`` -- and its shards in ``records/demo/train``
   (5 folds) and ``records/demo/test`` (unlabeled), as ``make demo`` writes them. Several: ``needs=demo,shards``.
-- ``notebook`` -- a cell of the Kaggle / Colab notebook (docs/guides/notebook.md); tests/test_install.py also runs
-  these, as a notebook in a fresh venv.
+- ``notebook`` -- a cell of the Kaggle / Colab notebook (docs/guides/notebook.md): tests/test_install.py runs
+  these, as a notebook in a fresh venv (tests/test_examples.py does not).
 - ``install`` -- installs tfpipe: only tests/test_install.py runs it (in a fresh venv).
 - ``parameters`` -- the settings a user edits; the tests follow it with ``TEST_PARAMETERS`` (tiny data), as
   papermill does with a cell tagged ``parameters``.

@@ -36,6 +36,7 @@ def test_every_benchmark_runs_and_writes_results_and_chart(tmp_path):
         "steps_per_execution 8 / 1",
         "steps_per_execution 32 / 1",
         "TPU dry run: 1 / 2 replicas, train.fit",  # the smoke run's dry run: 2 replicas, same code as 8
+        "TPU dry run, Keras 3 on JAX: 1 / 2 devices, train.fit",  # the backends' smoke dry run: 2 devices too
         "CPUs",
         "tensorflow 2.21.0",
     ):

@@ -325,8 +325,9 @@ def test_a_blend_is_the_weighted_mean_scored_on_oof_and_refuses_what_disagrees(c
          "'submits' must name the better OOF AUC"),
         (lambda d: d["models"][0]["scores"].update(roc_auc_macro=float("nan")), "'scores' must hold the OOF scores"),
         (lambda d: d.update(replicas=0), "'replicas' must be a count"),
+        (lambda d: d.update(metric="log_loss"), "'metric' must be the settings' metric \\(roc_auc\\)"),
     ],
-    ids=["fewer-folds", "submits-flipped", "nan", "replicas"],
+    ids=["fewer-folds", "submits-flipped", "nan", "replicas", "metric"],
 )  # fmt: skip
 def test_an_edited_cv_json_is_refused_naming_the_field(cv_run, tmp_path, edit, field):
     from tfpipe.errors import TfpipeError

@@ -325,7 +325,11 @@ def notebook_cells_in_a_notebook(venv, env, work):
     assert origin["url"].startswith("file://") and origin["url"].endswith("/tfpipe"), origin
     assert "dir_info" in origin and not origin["dir_info"].get("editable"), origin
     with open(work / "submission.csv") as f:
-        assert len(f.read().splitlines()) == 1 + 8
+        rows = f.read().splitlines()
+    with open(work / "submission-cv.csv") as f:  # cell 8: the fold ensemble of two folds' runs
+        ensemble = f.read().splitlines()
+    assert len(rows) == 1 + 8 and [r.split(",")[0] for r in ensemble] == [r.split(",")[0] for r in rows]
+    assert "OOF AUC" in "".join(o.get("text", "") for o in executed[-1].outputs)
     # A kernel where JAX already made its devices: the devices cell says what to do instead of silently training
     # on one device.
     nb = notebook([DEVICES_FIRST, install, parameters, TEST_PARAMETERS, strategy], folder)

@@ -156,7 +156,7 @@ def test_notebook_cells_are_there_and_compile():
     from IPython.core.inputtransformer2 import TransformerManager
 
     cells = notebook_cells()
-    assert len(cells) == 7
+    assert len(cells) == 8
     install = cells[0].strip().splitlines()
     assert install[-1] == '%pip install -q "{SOURCE}[train]"'
     assert sum(line.startswith("TFPIPE = ") for line in install) == 1  # the line tests/test_install.py replaces

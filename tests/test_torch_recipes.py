@@ -143,14 +143,15 @@ def torchrun_nodes(commands, tmp_path, timeout):
 
 
 @pytest.mark.slow
-def test_torch_ddp_under_torchrun_on_two_nodes_learns_the_demo_and_submits(demo_shards, demo_test_shards, tmp_path):
+def test_torch_ddp_under_torchrun_on_two_nodes_trains_on_4_ranks_and_submits(demo_shards, demo_test_shards, tmp_path):
     """Two torchrun agents (two "nodes") of 2 ranks each meet at a c10d rendezvous on 127.0.0.1: the script starts
     no processes of its own, takes its rank and world from torchrun (4 ranks: the run's metrics say so), and global
-    rank 0 alone prints, saves the run and submits."""
+    rank 0 alone prints, saves the run and submits. 4 epochs: that the recipe learns is the 8-process test's (24
+    epochs there; 4 here took 45 s instead of 115 s alone, 173 s beside CI's other tests)."""
     run, port = tmp_path / "run", free_port()
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "2",
                 "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "test", "--",
-                "examples/torch_ddp.py", "--records", demo_shards, "--epochs", "24", "--batch-size", "8",
+                "examples/torch_ddp.py", "--records", demo_shards, "--epochs", "4", "--batch-size", "8",
                 "--run", str(run), "--predict", demo_test_shards, "--out", str(run / "submission.csv")]  # fmt: skip
     nodes, logs = torchrun_nodes([torchrun, torchrun], tmp_path, timeout=900)
     outputs = [(out.read_text(), err.read_text()) for out, err in logs]
@@ -158,10 +159,9 @@ def test_torch_ddp_under_torchrun_on_two_nodes_learns_the_demo_and_submits(demo_
     printed = [out.strip().splitlines() for out, _ in outputs]
     lines = max(printed, key=len)  # the node of global rank 0
     assert min(len(p) for p in printed) == 0  # the other node's ranks print nothing
-    assert len([ln for ln in lines if ln.startswith("epoch ")]) == 24
+    assert len([ln for ln in lines if ln.startswith("epoch ")]) == 4
     assert f"saved {run}/model.pt" in lines and lines[-2] == f"wrote {run}/submission.csv: 60 rows"
     auc = AUC_LINE.match(lines[-1]).group(2)
-    assert float(auc) >= 0.85  # as the 8 processes of the test above
     check_run_and_submission(run, run / "submission.csv", demo_test_shards, ["model.pt"], auc)
     assert json.loads((run / "metrics.json").read_text())["ranks"] == 4
 

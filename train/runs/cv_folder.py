@@ -224,6 +224,8 @@ def from_dict(data: Any, p: str) -> CVResult:
         _check(p, data, "tta", m.views == data["tta"], "must be the views of the models' scores")
     submits = data.get("submits")
     metric = run_metric(settings, data["single_label"])
+    said = data.get("metric", metric.name)  # said at the top for a reader (absent before --metric)
+    _check(p, data, "metric", said == metric.name, f"must be the settings' metric ({metric.name})")
     _check(p, data, "submits", submits == submitted_model(parsed, metric), f"must name the better OOF {metric.words}")
     return CVResult(
         data["records"], data["dataset_id"], n, tuple(folds), tuple(classes), data["single_label"], data["tta"],
