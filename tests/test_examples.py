@@ -18,9 +18,11 @@ import pytest
 from tests.readme_cells import NEEDS, ROOT, blocks, notebook_cells, pages
 
 # over ~30 s on 2 cores: they train a model; the writing, torch and reading pages 11-17 s each (in make test-slow since
-# issue #64 brought make test back toward its 6 minutes)
+# issue #64 brought make test back toward its 6 minutes); the notebook guide's reading blocks 6-9 s (its cells run
+# in tests/test_install.py)
 SLOW = {
     "README.md",
+    "docs/guides/notebook.md",
     "docs/guides/writing.md",
     "docs/guides/torch.md",
     "docs/guides/reading.md",
