@@ -51,22 +51,29 @@ from PIL import Image
 SHARED_FIXTURES = ("trained_run", "slow_source", "cv_run")
 
 
-# The tests that take minutes, longest first (as measured alone: docs/project/tests.md, "Where the minutes go"),
-# handed out before the rest: pytest-xdist deals tests in collection order and knows nothing of their length, and a
-# 6-minute test started last ran alone for minutes after the other worker had finished.
+# The tests that take minutes, longest first (their call times in CI's parallel stage, where two run at once:
+# docs/project/tests.md, "Issue #65"), handed out before the rest: pytest-xdist deals tests in collection order and
+# knows nothing of their length, and a 3-minute test dealt last runs alone after the other worker has finished. A
+# name here that no test has any more puts nothing first (two renamed tests were dealt 64th and 68th of 99):
+# tests/test_library.py checks each name against the tests' sources.
 LONGEST_FIRST = (
-    "test_wheel_next_to_users_tensorflow[kaggle-tpu]",  # make test-slow-install: the install case with the notebook
-    "test_wheel_next_to_users_tensorflow",
-    "test_every_benchmark_runs_and_writes_results_and_chart",
-    "test_a_model_learns_the_demo_shapes",
-    "test_lightning_swa_example_learns_the_demo_on_8_processes",
-    "test_torch_ddp_example_learns_the_demo_on_8_processes",
-    "test_torch_ddp_under_torchrun_on_two_nodes_learns_the_demo",
+    "test_every_benchmark_runs_and_writes_results_and_chart",  # 298 s
+    "test_torch_ddp_example_learns_the_demo_on_8_processes_and_submits",  # 183 s
+    "test_wheel_next_to_users_tensorflow[newest]",  # 178 s, make test-slow-install's install cases
+    "test_wheel_next_to_users_tensorflow[kaggle-tpu]",  # 177 s
+    "test_notebook_runs_end_to_end",  # 155 s
+    "test_wheel_next_to_users_tensorflow",  # 110 s, the oldest
+    "test_a_step_too_big_for_a_core_is_refused_and_the_suggested_batch_fits",  # 81 s
+    "test_lightning_swa_example_learns_the_demo_on_2_devices_and_submits",
+    "test_oof_holds_every_image_once_scored_by_the_model_that_never_trained_on_it",  # the JAX pass: its CV, 108 s
+    "test_a_ddp_epoch_on_8_ranks_with_2_workers_ends_and_reads_every_record",  # 53 s
+    "test_torch_ddp_under_torchrun_on_two_nodes_trains_on_4_ranks_and_submits",  # 50 s
+    "test_a_worker_killed_mid_epoch_and_started_again_costs_that_epoch_only_what_it_held",  # 48 s
+    "test_a_model_learns_the_demo_shapes",  # 44 s; 73 s on JAX
+    "test_resume_continues_where_it_stopped",  # 44 s
     "test_the_examples_of_a_page_run",
-    "test_two_workers_train_stop_together_when_one_dies_and_resume",
     "test_training_killed_mid_epoch_resumes_to_the_same_epochs_and_steps",
     "test_eight_virtual_replicas_with_steps_per_execution",
-    "test_notebook_runs_end_to_end",
 )
 
 

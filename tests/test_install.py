@@ -6,9 +6,10 @@ oldest case), checks that none of
 those packages (nor numpy) was replaced, and runs demo data -> write -> fit on 8 CPU replicas with
 ``steps_per_execution`` -> predict through the installed commands, from a folder outside the repository with
 no ``PYTHONPATH``. The Kaggle TPU case is that image as Kaggle builds it (tensorflow-cpu 2.20, Keras 3, jax 0.7.2,
-no tf-keras): its run is Keras 3 on JAX, and it also executes the notebook cells of docs/guides/notebook.md; the
-newest case also trains and predicts on the newest jax for this Python (``--backend jax``), and installs the
-package the way Beam's ``--setup_file`` stages it for Dataflow workers and runs the multi-process DirectRunner.
+no tf-keras): its run is Keras 3 on JAX, and it also executes the notebook cells of docs/guides/notebook.md. The
+newest case adds the newest jax for this Python ([jax]) and starts it under Keras 3 (training on it is the JAX pass
+of make test-slow, in the lock's venv: the same versions), and installs the package the way Beam's
+``--setup_file`` stages it for Dataflow workers and runs the multi-process DirectRunner.
 
 Slow (a few minutes per case; installs from the package registry): ``make test-install``, run by CI.
 """
@@ -122,12 +123,11 @@ def versions(env, cwd):
     return {p["name"].lower().replace("_", "-"): p["version"] for p in listed}  # tensorflow_cpu: tensorflow-cpu
 
 
-def write_fit_predict(work, env, backend="auto", write=True):
+def write_fit_predict(work, env):
     """Demo data -> shards -> 8-replica training with steps_per_execution 2 -> submission, via the installed commands
-    (``write``: the data and shards too; else those of an earlier call), on ``backend``."""
-    if write:
-        write_shards(work, env)
-    run = f"run-{backend}"
+    (``--backend auto``: the one the image's packages make)."""
+    write_shards(work, env)
+    run = "run-auto"
     train(
         [
             "python",
@@ -138,7 +138,7 @@ def write_fit_predict(work, env, backend="auto", write=True):
             "--run",
             run,
             "--backend",
-            backend,
+            "auto",
             "--strategy",
             "cpu",
             "--replicas",
@@ -171,6 +171,10 @@ def write_fit_predict(work, env, backend="auto", write=True):
     with open(os.path.join(work, "data", "test.csv")) as f:
         test_ids = [line.split(",")[0] for line in f.read().splitlines()[1:]]
     return metrics, rows, test_ids
+
+
+# The newest case's [jax] under Keras 3: the backend, the versions pip resolved, and the 8 host devices of a dry run.
+JAX_STARTS = "import jax, keras; print(keras.backend.backend(), jax.__version__, keras.__version__, len(jax.devices()))"
 
 
 def train(cmd, work, env):
@@ -246,17 +250,18 @@ def test_wheel_next_to_users_tensorflow(case, wheel, tmp_path):
     (shadowed / "train.py").write_text("print('a user script')\n")
     assert "--replicas" in run(["tfpipe-fit", "--help"], str(shadowed), env)
 
-    backends = ["auto"] + (["jax"] if case == "newest" else [])  # the newest jax for this Python: [jax]'s own
-    for i, backend in enumerate(backends):
-        metrics, rows, test_ids = write_fit_predict(str(work), env, backend, write=i == 0)
-        assert metrics["backend"] == (BACKEND[case] if backend == "auto" else backend)
-        assert (metrics["replicas"], metrics["steps_per_execution"]) == (8, 2)
-        assert metrics["optimizer_steps"] == metrics["steps_per_epoch"] >= 2  # every step ran: 2 per execution
-        assert rows[0] == "image,labels" and [r.split(",")[0] for r in rows[1:]] == test_ids
+    metrics, rows, test_ids = write_fit_predict(str(work), env)
+    assert metrics["backend"] == BACKEND[case]
+    assert (metrics["replicas"], metrics["steps_per_execution"]) == (8, 2)
+    assert metrics["optimizer_steps"] == metrics["steps_per_epoch"] >= 2  # every step ran: 2 per execution
+    assert rows[0] == "image,labels" and [r.split(",")[0] for r in rows[1:]] == test_ids
 
     if case == "kaggle-tpu":
         notebook_cells_in_a_notebook(venv, env, work)
     if case == "newest":
+        jax_env = dict(env, KERAS_BACKEND="jax", XLA_FLAGS="--xla_force_host_platform_device_count=8")
+        started = run(["python", "-c", JAX_STARTS], str(work), jax_env)
+        assert started.split() == ["jax", after["jax"], after["keras"], "8"], started
         beam_workers_from_setup_file(env, work)
 
 

@@ -254,3 +254,21 @@ def test_one_exit_path_signal_handlers_in_one_module_and_exit_codes_from_its_tab
     assert (lifecycle.BAD_INPUT, lifecycle.LOST_A_RANK, lifecycle.INTERRUPTED, lifecycle.TERMINATED) == (2, 3, 130, 143)
     assert lifecycle.PARENT_GONE == 1 and set(lifecycle.EXITS) == {1, 2, 3, 130, 143}
     assert lifecycle.STOPS == {2: (130, "interrupted"), 15: (143, "terminated (SIGTERM)")}
+
+
+def test_the_tests_dealt_out_first_are_still_there():
+    """Each name in conftest's LONGEST_FIRST is a test (and its parameter an id of it): a renamed test falls silently
+    to its place in collection order, where pytest-xdist deals it last and it runs alone at the end of CI's stage."""
+    from tests.conftest import LONGEST_FIRST
+
+    sources = {path: path.read_text() for path in (ROOT / "tests").glob("test_*.py")}
+    defined = {
+        node.name: text
+        for text in sources.values()
+        for node in ast.walk(ast.parse(text))
+        if isinstance(node, ast.FunctionDef) and node.name.startswith("test_")
+    }
+    for entry in LONGEST_FIRST:
+        name, _, param = entry.partition("[")
+        assert name in defined, f"LONGEST_FIRST names {name}, which no test is called"
+        assert not param or f'"{param[:-1]}"' in defined[name], f"{name} has no parameter {param[:-1]}"
