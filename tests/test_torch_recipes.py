@@ -228,19 +228,20 @@ def test_torch_ddp_under_a_launcher_refuses_a_disagreeing_processes_once_a_machi
 
 @pytest.mark.slow
 def test_lightning_swa_example_learns_the_demo_on_2_devices_and_submits(demo_shards, demo_test_shards, tmp_path):
-    """Also: off a terminal, a line for every epoch and none of Lightning's tips. 2 devices of 32 (the global batch
-    of 8 x 8): the 8-rank path is the DDP recipe's test; 8 Lightning processes on 2 cores took 126 s, these 73 s."""
+    """Also: off a terminal, a line for every epoch and none of Lightning's tips. 2 devices of 16, 16 epochs: the
+    8-rank path is the DDP recipe's test; 8 Lightning processes of 8 for 24 epochs took 126 s alone (and 128 s in
+    CI), these 48 s (AUC 0.90, SWA 0.89; 2 x 32 for 24 epochs took 73 s alone but 136 s in CI: CPU work counts)."""
     run = tmp_path / "run"
     done = run_python(
-        ["examples/lightning_swa.py", "--records", demo_shards, "--devices", "2", "--epochs", "24",
-         "--swa-epochs", "4", "--batch-size", "32", "--run", str(run), "--predict", demo_test_shards,
+        ["examples/lightning_swa.py", "--records", demo_shards, "--devices", "2", "--epochs", "16",
+         "--swa-epochs", "4", "--batch-size", "16", "--run", str(run), "--predict", demo_test_shards,
          "--out", str(tmp_path / "submission.csv")],
         timeout=1500,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     lines = done.stdout.strip().splitlines()
     epochs = [ln for ln in lines if ln.startswith("epoch ")]
-    assert [ln.split(":")[0] for ln in epochs] == [f"epoch {e}/24" for e in range(1, 25)]
+    assert [ln.split(":")[0] for ln in epochs] == [f"epoch {e}/16" for e in range(1, 17)]
     assert all("loss" not in ln or "(the epoch's mean, rank 0)" in ln for ln in epochs)  # one loss, said so
     assert "Tip" not in done.stderr and "predict returned None" not in done.stderr
     assert f"saved {run}/model.pt and model-swa.pt" in lines
@@ -248,7 +249,7 @@ def test_lightning_swa_example_learns_the_demo_on_2_devices_and_submits(demo_sha
     assert lines[-3] == f"wrote {tmp_path}/submission.csv: 60 rows"
     last, swa = (AUC_LINE.match(line) for line in lines[-2:])
     assert last.group(1) is None and swa.group(1) == "SWA "
-    assert float(last.group(2)) >= 0.85 and float(swa.group(2)) >= 0.85  # measured 0.94 and 0.94 on this machine
+    assert float(last.group(2)) >= 0.85 and float(swa.group(2)) >= 0.85  # measured 0.90 and 0.89 on this machine
     check_run_and_submission(run, tmp_path / "submission.csv", demo_test_shards, ["model.pt", "model-swa.pt"],
                              last.group(2))  # fmt: skip
     metrics = json.loads((run / "metrics.json").read_text())
