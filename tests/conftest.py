@@ -55,7 +55,7 @@ SHARED_FIXTURES = ("trained_run", "slow_source", "cv_run")
 # docs/project/tests.md, "Issue #65"), handed out before the rest: pytest-xdist deals tests in collection order and
 # knows nothing of their length, and a 3-minute test dealt last runs alone after the other worker has finished. A
 # name here that no test has any more puts nothing first (two renamed tests were dealt 64th and 68th of 99):
-# tests/test_library.py checks each name against the tests' sources.
+# tests/test_layout.py checks each name against the tests' sources.
 LONGEST_FIRST = (
     "test_every_benchmark_runs_and_writes_results_and_chart",  # 298 s
     "test_torch_ddp_example_learns_the_demo_on_8_processes_and_submits",  # 183 s

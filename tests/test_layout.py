@@ -261,10 +261,9 @@ def test_the_tests_dealt_out_first_are_still_there():
     to its place in collection order, where pytest-xdist deals it last and it runs alone at the end of CI's stage."""
     from tests.conftest import LONGEST_FIRST
 
-    sources = {path: path.read_text() for path in (ROOT / "tests").glob("test_*.py")}
     defined = {
         node.name: text
-        for text in sources.values()
+        for text in (path.read_text() for path in (ROOT / "tests").glob("test_*.py"))
         for node in ast.walk(ast.parse(text))
         if isinstance(node, ast.FunctionDef) and node.name.startswith("test_")
     }
