@@ -16,7 +16,7 @@ import platform
 import subprocess
 import sys
 
-from tfpipe.lifecycle import child_of_this_process
+from tfpipe.runtime.lifecycle import child_of_this_process
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FULL = {"n": 300, "writer_reps": 3, "times": 8, "reps": 3, "epochs": 3, "steps": 64}

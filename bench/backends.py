@@ -24,7 +24,7 @@ import time
 
 from bench.common import dump
 from bench.dry_run import shards  # the demo's first images as shards, one folder a size
-from tfpipe.lifecycle import child_of_this_process
+from tfpipe.runtime.lifecycle import child_of_this_process
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FULL = {

@@ -52,7 +52,7 @@ def dump(result, path):
 def check_work_folder(work, mark):
     """The work folder is new or empty, or one this benchmark made (its ``mark`` file): its images, shards and
     runs are then replaced; nobody else's folder is written into."""
-    from tfpipe.errors import TfpipeError
+    from tfpipe.runtime.errors import TfpipeError
 
     if os.path.isdir(work) and os.listdir(work) and not os.path.isfile(os.path.join(work, mark)):
         raise TfpipeError(f"{work} holds files this benchmark did not write; choose a new or empty folder")

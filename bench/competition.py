@@ -128,7 +128,7 @@ def mlp_scores(work: str) -> tuple[float, float]:
 def run(work: str, images: int) -> None:
     from sklearn.metrics import accuracy_score, balanced_accuracy_score
 
-    from tfpipe.errors import check_count
+    from tfpipe.runtime.errors import check_count
     from train.runs.cv_folder import CVResult
 
     check_count(100, images=images)  # fewer would leave the rarest class (4%) a handful of images
@@ -161,7 +161,7 @@ def run(work: str, images: int) -> None:
 
 
 def main() -> int:
-    from tfpipe.errors import ArgumentParser, run_cli
+    from tfpipe.runtime.errors import ArgumentParser, run_cli
 
     p = ArgumentParser(prog="python -m bench.competition", description=(__doc__ or "").splitlines()[0])
     p.add_argument("work", help="a new or empty folder for the images, shards and runs (or one this made before)")

@@ -20,7 +20,7 @@ import sys
 import time
 
 from bench.common import dump
-from tfpipe.lifecycle import child_of_this_process
+from tfpipe.runtime.lifecycle import child_of_this_process
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FULL = {
@@ -42,7 +42,7 @@ def shards(work, cfg):
     """The demo dataset's first ``images`` images written at ``size`` px with 5 folds (reused between runs)."""
     from tfpipe import Source, write_shards
     from tfpipe.demo import make_demo
-    from tfpipe.images import ImageSpec
+    from tfpipe.writer.images import ImageSpec
 
     out = os.path.join(work, f"dry-run-{cfg['images']}-{cfg['size']}")
     if not os.path.exists(os.path.join(out, "manifest.json")):
@@ -63,7 +63,7 @@ def one_fit(records, out, replicas, cfg, started):
     """Runs train.fit in this process; returns its timings (seconds from process start)."""
     import tf_keras as keras
 
-    from tfpipe.augment import NO_AUGMENT
+    from tfpipe.tf.augment import NO_AUGMENT
     from train.fit import FitConfig, fit
 
     class FirstStep(keras.callbacks.Callback):

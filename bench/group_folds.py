@@ -77,7 +77,7 @@ MARK = ".bench-group-folds"  # written first into the work folder: what a later 
 def run(args: argparse.Namespace) -> None:
     import tfpipe
     from tfpipe.demo import SHAPES  # every class in both writes, whatever the few photographs of a smoke run hold
-    from tfpipe.errors import check_count
+    from tfpipe.runtime.errors import check_count
 
     check_count(1, copies=args.copies, epochs=args.epochs)
     check_count(3, photos=args.photos)  # a third of them, new, are the test set
@@ -95,7 +95,7 @@ def run(args: argparse.Namespace) -> None:
 
 
 def main() -> int:
-    from tfpipe.errors import ArgumentParser, run_cli
+    from tfpipe.runtime.errors import ArgumentParser, run_cli
 
     p = ArgumentParser(prog="python -m bench.group_folds", description=(__doc__ or "").splitlines()[0])
     p.add_argument("work", help="a new or empty folder for the images, shards and runs (or one this made before)")

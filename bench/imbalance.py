@@ -87,7 +87,7 @@ def trained_and_scored(
 
 
 def run(args: argparse.Namespace) -> None:
-    from tfpipe.errors import check_count
+    from tfpipe.runtime.errors import check_count
 
     check_count(1, epochs=args.epochs)
     check_count(50, images=args.images)
@@ -110,7 +110,7 @@ def run(args: argparse.Namespace) -> None:
 
 
 def main() -> int:
-    from tfpipe.errors import ArgumentParser, run_cli
+    from tfpipe.runtime.errors import ArgumentParser, run_cli
 
     p = ArgumentParser(prog="python -m bench.imbalance", description=(__doc__ or "").splitlines()[0])
     p.add_argument("work", help="a new or empty folder for the images, shards and runs (or one this made before)")

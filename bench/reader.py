@@ -37,7 +37,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def build_shards(corpus, work, times):
     """Writes the (replicated) corpus as 256 px shards with tfpipe.write; returns the folder."""
     from tfpipe import Source, write_shards
-    from tfpipe.images import ImageSpec
+    from tfpipe.writer.images import ImageSpec
 
     out = os.path.join(work, "records256")
     if not os.path.exists(os.path.join(out, "manifest.json")):
@@ -172,7 +172,7 @@ def checks_ab(records, work, reps, against=BEFORE_CHECKS):
 
 def run(corpus, work, times=8, reps=3, epochs=3):
     import tfpipe
-    from tfpipe.augment import Augment
+    from tfpipe.tf.augment import Augment
 
     records = build_shards(corpus, work, times)
     files = sorted(glob.glob(os.path.join(records, "*.tfrec")))
@@ -260,7 +260,7 @@ def main(argv=None):
     p.add_argument("--json", help="also write the raw figures here")
     args = p.parse_args(argv)
     if args.passes_only:
-        from tfpipe.errors import TfpipeError
+        from tfpipe.runtime.errors import TfpipeError
 
         try:
             print(json.dumps(single_passes(args.passes_only, args.reps, full=False)[1]))

@@ -21,8 +21,8 @@ import tempfile
 
 from bench.common import dump
 from bench.reader import BATCH, epoch_rates
-from tfpipe.lifecycle import child_of_this_process
-from tfpipe.net import free_port
+from tfpipe.runtime.lifecycle import child_of_this_process
+from tfpipe.runtime.net import free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -28,7 +28,7 @@ SPE_SIZE = 8  # px: the steps_per_execution model's input
 
 def build_shards(corpus, work, times):
     from tfpipe import Source, write_shards
-    from tfpipe.images import ImageSpec
+    from tfpipe.writer.images import ImageSpec
 
     out = os.path.join(work, f"records{SIZE}")
     if not os.path.exists(os.path.join(out, "manifest.json")):
@@ -79,7 +79,7 @@ def input_bound(records, steps, reps):
     import tensorflow as tf
 
     import tfpipe
-    from tfpipe.shards import open_shards
+    from tfpipe.format.shards import open_shards
 
     ds = tfpipe.make_dataset(records, BATCH, training=True)
     num_classes = open_shards(records).num_classes

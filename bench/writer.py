@@ -20,7 +20,7 @@ import tempfile
 import time
 
 from bench.common import dump, replicate_corpus
-from tfpipe.lifecycle import child_of_this_process
+from tfpipe.runtime.lifecycle import child_of_this_process
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SIZE = 256
@@ -63,7 +63,7 @@ def codec_limit(csv_path, images):
 
     with open(csv_path) as f:
         paths = [os.path.join(images, row["image"] + ".jpg") for row in csv.DictReader(f)]
-    from tfpipe.lifecycle import die_with_parent
+    from tfpipe.runtime.lifecycle import die_with_parent
 
     with multiprocessing.get_context("fork").Pool(os.cpu_count(), die_with_parent, (os.getpid(),)) as pool:
         sum(pool.map(_codec_work, paths, chunksize=8))
@@ -71,7 +71,7 @@ def codec_limit(csv_path, images):
 
 def ours(csv_path, images, out, size):
     from tfpipe import Source, write_shards
-    from tfpipe.images import ImageSpec
+    from tfpipe.writer.images import ImageSpec
 
     write_shards(Source(images, csv=csv_path), out, spec=ImageSpec(image_size=size, quality=QUALITY), progress=False)
 

@@ -4,7 +4,7 @@
         --run runs/lightning --predict records/demo/test --out runs/lightning/submission.csv
 
 The Lightning recipe (a LightningModule, ``Trainer(devices=8, strategy="ddp")``, Lightning's own
-``StochasticWeightAveraging``) with ``tfpipe.lightning.ShardDataModule`` as its data: the folds of a shard folder
+``StochasticWeightAveraging``) with ``tfpipe.torch.lightning.ShardDataModule`` as its data: the folds of a shard folder
 as training and validation, every rank the same number of batches, a new order every epoch. On a machine without
 accelerators ``--devices 8`` runs 8 CPU processes; under ``torchrun`` each machine runs the ranks torchrun started
 (``--devices`` and the number of machines come from it). The learning rate is ``--lr`` times the number of ranks.
@@ -34,17 +34,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from tfpipe.deps import require
+from tfpipe.runtime.deps import require
 
 require("pytorch_lightning")  # or one line saying what to install
 import pytorch_lightning as pl
 
-from tfpipe import console
-from tfpipe.errors import ArgumentParser, TfpipeError, check_count, check_positive, option, run_cli
-from tfpipe.lifecycle import loader_dies_with_this_process
-from tfpipe.lightning import ShardDataModule
-from tfpipe.shards import open_shards
+from tfpipe.format.shards import open_shards
+from tfpipe.runtime import console
+from tfpipe.runtime.errors import ArgumentParser, TfpipeError, check_count, check_positive, option, run_cli
+from tfpipe.runtime.lifecycle import loader_dies_with_this_process
 from tfpipe.torch import RecordDataset, gather_rows, sync_buffers
+from tfpipe.torch.lightning import ShardDataModule
 from train.decide.choice import RunScores
 from train.runs.run import RunConfig
 from train.torch.lightning_ranks import SameStart, StopOnSigterm, ranks_end_with_rank_zero, supervised, without_tips

@@ -45,8 +45,9 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from tfpipe import console
-from tfpipe.errors import (
+from tfpipe.format.shards import open_shards
+from tfpipe.runtime import console
+from tfpipe.runtime.errors import (
     ArgumentParser,
     TfpipeError,
     as_command,
@@ -56,7 +57,7 @@ from tfpipe.errors import (
     option,
     run_cli,
 )
-from tfpipe.lifecycle import (
+from tfpipe.runtime.lifecycle import (
     BAD_INPUT,
     INTERRUPTED,
     LOST_A_RANK,
@@ -64,8 +65,7 @@ from tfpipe.lifecycle import (
     loader_dies_with_this_process,
     stop_behind,
 )
-from tfpipe.net import free_port
-from tfpipe.shards import open_shards
+from tfpipe.runtime.net import free_port
 from tfpipe.torch import RecordDataset, folds_apart, gather_rows, sync_buffers, unique_rows
 from train.runs.run import RunConfig
 from train.torch.models import (
@@ -281,7 +281,7 @@ def run_rank(rank: int, args: argparse.Namespace, config: RunConfig, port: int, 
 def train_rank(rank: int, args: argparse.Namespace, config: RunConfig, supervised: bool = False) -> None:
     """One rank of a started process group: the loop, the predictions, rank 0's run folder. Its errors are one
     line and exit code 2, settings spelt as flags (``as_command``); a ``supervised`` rank (spawn_ranks') that lost
-    another rank exits with ``tfpipe.lifecycle.LOST_A_RANK`` instead, its parent saying why."""
+    another rank exits with ``tfpipe.runtime.lifecycle.LOST_A_RANK`` instead, its parent saying why."""
     try:
         with as_command(PROG):
             check_same_start(start_settings(args), rank)  # the same flags and shards on every rank, or none trains
@@ -296,7 +296,7 @@ def train_rank(rank: int, args: argparse.Namespace, config: RunConfig, supervise
         stop = stop_behind(e)  # Ctrl-C or SIGTERM to the process group ends the workers too: the stop is the news
         if stop is not None:
             raise stop from None
-        line = error_line(e, who=f"rank {rank}: ")  # the one line of tfpipe.errors.run_cli, for a rank
+        line = error_line(e, who=f"rank {rank}: ")  # the one line of tfpipe.runtime.errors.run_cli, for a rank
         if line:
             print(f"{PROG}: error: {line}", file=sys.stderr, flush=True)
             sys.exit(BAD_INPUT)
@@ -378,14 +378,14 @@ def run(args: argparse.Namespace) -> None:
                 raise SystemExit(INTERRUPTED) from None
             raise
     elif args.xla:
-        from tfpipe.deps import require
+        from tfpipe.runtime.deps import require
 
         require("torch_xla")
         import torch_xla.distributed.xla_multiprocessing as xmp
 
         xmp.spawn(run_xla, args=(args, config, os.getpid()))
     else:
-        # any rank's failure stops all, in one line (train.torch.ranks: the launcher side of tfpipe.lifecycle)
+        # any rank's failure stops all, in one line (train.torch.ranks: the launcher side of tfpipe.runtime.lifecycle)
         spawn_ranks(run_rank, (args, config, free_port(), os.getpid()), args.processes)
 
 

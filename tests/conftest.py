@@ -242,7 +242,7 @@ def jpeg_bytes(rgb, quality=95):
 # A command in a child process that dies with this one (PR_SET_PDEATHSIG), however it ends: no preexec_fn, which
 # is unsafe in a process whose TensorFlow threads run.
 _DIES_WITH_PARENT = (
-    "import runpy, sys; from tfpipe.lifecycle import die_with_parent; die_with_parent(int(sys.argv[1])); "
+    "import runpy, sys; from tfpipe.runtime.lifecycle import die_with_parent; die_with_parent(int(sys.argv[1])); "
     "sys.argv = sys.argv[2:]; runpy.run_module(sys.argv[0], run_name='__main__')"
 )
 
@@ -255,8 +255,8 @@ def dies_with_this_process(module, *args):
 def validation_auc(model_path, records, folds):
     """Keras' macro AUC (what fit reports) of a saved model on ``folds``, computed here from scratch."""
     import tfpipe
-    from train.fit import make_auc
-    from train.predict import load_model
+    from train.keras.compiling import make_auc
+    from train.keras.run_model import load_model
 
     model = load_model(model_path)
     auc = make_auc(model.output_shape[-1])
@@ -294,7 +294,7 @@ def shard_dir(tmp_path_factory):
         rows.append((f"im{i:02d}", patterns[i % 5]))
     csv_path = write_csv(root / "train.csv", ["image", "labels"], rows)
     out = str(root / "records")
-    from tfpipe.images import ImageSpec
+    from tfpipe.writer.images import ImageSpec
 
     manifest = write_shards(
         Source(str(images), csv=str(csv_path)),
@@ -360,8 +360,8 @@ def trained_run(shard_dir, tmp_path_factory):
     """A tiny run on 8 virtual replicas with SWA over its last 2 epochs, and unlabeled test shards. The slow
     ``test_eight_virtual_replicas_with_steps_per_execution`` checks 8 replicas with steps_per_execution > 1."""
     from tfpipe import Source, write_shards
-    from tfpipe.augment import NO_AUGMENT
-    from tfpipe.images import ImageSpec
+    from tfpipe.tf.augment import NO_AUGMENT
+    from tfpipe.writer.images import ImageSpec
     from train.fit import FitConfig, fit
 
     out = tmp_path_factory.mktemp("run") / "run"

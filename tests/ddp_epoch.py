@@ -13,9 +13,9 @@ import sys
 import torch
 import torch.distributed as dist
 
-from tfpipe.lifecycle import die_with_parent
-from tfpipe.net import free_port
-from tfpipe.torch import RecordDataset
+from tfpipe.runtime.lifecycle import die_with_parent
+from tfpipe.runtime.net import free_port
+from tfpipe.torch.dataset import RecordDataset
 from train.torch.models import build_model, model_inputs
 
 BATCH = 4

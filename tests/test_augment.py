@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfpipe import augment as A
+from tfpipe.tf import augment as A
 
 SEED = tf.constant([3, 4], tf.int64)
 

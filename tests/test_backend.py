@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tfpipe.errors import BadSetting, NoAccelerator
+from tfpipe.runtime.errors import BadSetting, NoAccelerator
 from train.accel import backend
 from train.accel.backend import Choice
 

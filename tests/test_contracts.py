@@ -16,10 +16,10 @@ from tests.conftest import save, write_csv
 from tests.test_hostile import one_line_error, source_args, tfrec_files, write
 from tests.test_reliability import ENV, ROOT
 from tfpipe import Source, write_shards
-from tfpipe.augment import NO_AUGMENT
-from tfpipe.errors import TfpipeError
-from tfpipe.images import ImageSpec
-from tfpipe.manifest import Manifest
+from tfpipe.format.manifest import Manifest
+from tfpipe.runtime.errors import TfpipeError
+from tfpipe.tf.augment import NO_AUGMENT
+from tfpipe.writer.images import ImageSpec
 
 
 def copy_records(shard_dir, tmp_path, name="records"):
@@ -118,7 +118,7 @@ def test_a_shard_linking_out_of_the_folder_is_refused(shard_dir, tmp_path):
 def test_the_manifest_says_the_training_csvs_label_column(tmp_path, fmt, column):
     """Issue #65: a submission's labels column is named as the training CSV's (``--class-col label``: ``label``),
     read from the layout the write recorded; one-hot columns name none, so ``labels``."""
-    from tfpipe.labels import LabelFormat
+    from tfpipe.sources.labels import LabelFormat
 
     (tmp_path / "images").mkdir()
     rows = [(f"im{i}", ["cat", "dog"][i % 2]) for i in range(4)]
@@ -382,7 +382,8 @@ def test_an_edited_run_config_is_one_line_before_predicting(trained_run, tmp_pat
 
 
 def test_a_model_or_thresholds_from_another_run_are_refused(trained_run, tmp_path):
-    from train.predict import load_model, predict
+    from train.keras.run_model import load_model
+    from train.predict import predict
 
     # model.keras and thresholds.json: the final model (the run has an SWA model too)
 
@@ -424,12 +425,12 @@ def test_predict_on_a_list_of_files_and_on_its_own_training_shards(trained_run, 
 
 
 def test_predict_opens_its_records_once(trained_run, tmp_path, monkeypatch):
-    import tfpipe.shards
+    import tfpipe.format.shards
     from train.predict import predict
 
     calls = []
-    real = tfpipe.shards.check_sizes
-    monkeypatch.setattr(tfpipe.shards, "check_sizes", lambda *a: calls.append(a) or real(*a))
+    real = tfpipe.format.shards.check_sizes
+    monkeypatch.setattr(tfpipe.format.shards, "check_sizes", lambda *a: calls.append(a) or real(*a))
     predict(
         trained_run[0],
         trained_run[2],
@@ -459,7 +460,7 @@ def test_one_label_modes_on_multi_label_shards_are_refused(shard_dir, tmp_path, 
 
 
 def test_the_torch_reader_checks_the_class_count_like_make_dataset(shard_dir):
-    from tfpipe.torch import RecordDataset
+    from tfpipe.torch.dataset import RecordDataset
 
     with pytest.raises(TfpipeError, match="num_classes=2, but the shards hold 3 classes"):
         RecordDataset(shard_dir[0], num_classes=2)
@@ -755,7 +756,7 @@ def test_a_softmax_or_other_size_model_in_a_run_is_refused(trained_run, tmp_path
 
 
 def test_the_torch_reader_stops_when_its_folder_is_rewritten_between_epochs(shard_dir, tmp_path):
-    from tfpipe.torch import RecordDataset
+    from tfpipe.torch.dataset import RecordDataset
 
     folder = copy_records(shard_dir, tmp_path)
     ds = RecordDataset(str(folder))
@@ -860,7 +861,7 @@ def test_an_empty_lock_is_taken_over_once_it_is_old_and_a_junk_one_never(labeled
         os.utime(lock, (old, old))
         assert write(source_args(labeled_folder) + ["--out", str(out)]) == 2
         one_line_error(capsys, "is not a lock this job can read as tfpipe's", why, "if none does, delete it")
-    from tfpipe import fs
+    from tfpipe.runtime import fs
 
     real = fs.read_bytes  # another user's live lock, mode 0600 (root reads it anyway: the denial is faked)
 
@@ -898,7 +899,7 @@ def test_make_demo_then_write_shards_in_one_process_does_not_hang(tmp_path):
     """OpenCV's thread pool, started by drawing the demo, hung the forked writer workers for good (the TPU
     dry-run benchmark does exactly this); a fresh process, as a notebook or script is."""
     code = (
-        "import sys; from tfpipe.demo import make_demo; from tfpipe.images import ImageSpec; "
+        "import sys; from tfpipe.demo import make_demo; from tfpipe.writer.images import ImageSpec; "
         "from tfpipe import Source, write_shards; d = sys.argv[1]; make_demo(d + '/demo', 24, 0, 0); "
         "write_shards(Source(d + '/demo/images', csv=d + '/demo/train.csv'), d + '/out', workers=2, "
         "spec=ImageSpec(image_size=16), progress=False)"

@@ -40,7 +40,7 @@ def cv_shards(tmp_path_factory):
 
 
 def cv_config(records, run, **changes):
-    from tfpipe.augment import NO_AUGMENT
+    from tfpipe.tf.augment import NO_AUGMENT
     from train.keras.config import FitConfig
 
     settings = {
@@ -330,7 +330,7 @@ def test_a_blend_is_the_weighted_mean_scored_on_oof_and_refuses_what_disagrees(c
     ids=["fewer-folds", "submits-flipped", "nan", "replicas", "metric"],
 )  # fmt: skip
 def test_an_edited_cv_json_is_refused_naming_the_field(cv_run, tmp_path, edit, field):
-    from tfpipe.errors import TfpipeError
+    from tfpipe.runtime.errors import TfpipeError
     from train.runs.cv_folder import CVResult
 
     folder, _ = cv_run
@@ -346,7 +346,7 @@ def test_a_fold_folder_of_another_fold_or_with_a_users_file_is_refused_before_an
 ):
     """A fold's run copied over another fold's folder would make the ensemble one fold twice; a user's file in a
     fold folder made --overwrite remove the other folds' runs, then refuse. Both: one line, nothing changed."""
-    from tfpipe.errors import TfpipeError
+    from tfpipe.runtime.errors import TfpipeError
     from train.cv import main
     from train.predict import predict
 

@@ -62,7 +62,7 @@ def test_the_metric_leads_the_line_and_single_label_figures_are_scikit_learns():
     threshold; a metric of the other kind is one line naming the ones that apply; log-loss is better lower."""
     from sklearn.metrics import balanced_accuracy_score, log_loss
 
-    from tfpipe.errors import TfpipeError
+    from tfpipe.runtime.errors import TfpipeError
     from train.decide.evaluation import figure
     from train.decide.metrics import METRICS, better, metric_of
 
@@ -136,7 +136,7 @@ def test_tta_worth_warns_when_one_view_scored_better_by_the_metric_either_way_up
         f"train.predict: warning: on {rows}, 4 TTA views score balanced accuracy 0.7012 against 0.7200 for 1 view: "
         "tta=1 predicts better there"
     )
-    monkeypatch.setattr("tfpipe.errors.in_command", lambda: True)
+    monkeypatch.setattr("tfpipe.runtime.errors.in_command", lambda: True)
     assert lost.line("train.predict", rows).endswith(": --tta 1 predicts better there")
     assert views_worth({"log_loss": 0.50}, {"log_loss": 0.61}, 2, loss).hurts  # higher log-loss: worse
     assert not views_worth({"log_loss": 0.61}, {"log_loss": 0.50}, 2, loss).hurts

@@ -9,9 +9,9 @@ import pytest
 
 import tfpipe
 from tests.conftest import save, write_csv
-from tfpipe.errors import TfpipeError
-from tfpipe.folds import assign_folds, fold_balance
 from tfpipe.inspect import main as inspect_main
+from tfpipe.runtime.errors import TfpipeError
+from tfpipe.sources.folds import assign_folds, fold_balance
 from tfpipe.write import main
 
 
@@ -171,7 +171,7 @@ def test_groups_by_the_ids_or_the_labels_and_groups_too_large_are_told(grouped_f
 def test_a_source_of_ones_own_with_groups_is_recorded_and_checked(tmp_path, capsys):
     """A ``SourceProtocol`` of one's own whose items carry ``group``: the manifest calls it "group"; an empty
     or non-string group is refused; a shard count the folds cannot share evenly is said."""
-    from tfpipe.sources import Item, Source
+    from tfpipe.sources.source import Item, Source
 
     images = tmp_path / "images"
     images.mkdir()
@@ -199,7 +199,7 @@ def test_a_source_of_ones_own_with_groups_is_recorded_and_checked(tmp_path, caps
 def test_only_a_column_named_for_a_group_gets_the_hint():
     """The hint's names (hostile round of issue #54): Kaggle's camel-case and id spellings are groups; another
     figure about a group (its count, its model) is not."""
-    from tfpipe.csv_source import reads_like_a_group
+    from tfpipe.sources.csv import reads_like_a_group
 
     groups = ["patient", "PatientID", "patientId", "patientid", "StudyInstanceUID", "Case Number", "scene_id", "videos"]
     others = ["site_count", "is_site_visit", "camera_model", "user_rating", "AgeGroup", "image", "labels", "width"]
@@ -231,7 +231,7 @@ def folds_by_name(out, k):
 
 def test_identical_images_stay_in_one_fold_their_groups_joined_and_their_labels_kept(grouped_folder, capsys):
     """Issue #65: a copy in another fold than its original makes validation score an image it trained on."""
-    from tfpipe.columns import read_targets
+    from tfpipe.tf.columns import read_targets
 
     root, csv = grouped_folder
     targets, groups = with_copies(root, csv)
@@ -257,8 +257,8 @@ def test_identical_images_stay_in_one_fold_their_groups_joined_and_their_labels_
 
 
 def test_without_copies_the_folds_and_fingerprint_are_as_before(grouped_folder):
-    from tfpipe.images import ImageSpec
-    from tfpipe.job import input_identities, job_fingerprint, plan_job
+    from tfpipe.writer.images import ImageSpec
+    from tfpipe.writer.job import input_identities, job_fingerprint, plan_job
 
     root, csv = grouped_folder
     distinct(root)
@@ -278,7 +278,7 @@ def test_without_copies_the_folds_and_fingerprint_are_as_before(grouped_folder):
 
 
 def test_copies_join_groups_by_union_and_refuse_too_few_distinct_images():
-    from tfpipe.folds import merge_groups
+    from tfpipe.sources.folds import merge_groups
 
     merged = merge_groups(["g0", "g1", "g2", "g3", "g1", "g3"], [0, 1, 2, 3, 0, 2])  # g1-g0, g3-g2
     assert merged.groups == ["g0", "g0", "g2", "g2", "g0", "g2"] and (merged.merged, merged.into) == (4, 2)

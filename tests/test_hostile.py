@@ -25,8 +25,8 @@ import pytest
 import tfpipe
 from tests.conftest import save, write_csv
 from tests.test_reliability import ENV, ROOT, alive, assert_identical, children, finished_shards
-from tfpipe.augment import NO_AUGMENT
-from tfpipe.errors import TfpipeError
+from tfpipe.runtime.errors import TfpipeError
+from tfpipe.tf.augment import NO_AUGMENT
 from tfpipe.write import main as write_main
 
 
@@ -93,8 +93,8 @@ def test_a_remote_lock_lost_to_another_writer_commits_nothing(labeled_folder, mo
     import tensorflow as tf
 
     from tfpipe import Source, write_shards
-    from tfpipe.images import ImageSpec
-    from tfpipe.locks import WriteLock
+    from tfpipe.runtime.locks import WriteLock
+    from tfpipe.writer.images import ImageSpec
 
     out = "ram://hostile-lock/out"
     original = WriteLock.check
@@ -156,25 +156,25 @@ def test_overwrite_deletes_only_what_tfpipe_wrote_and_never_another_split(labele
 def test_a_full_disk_at_the_manifest_leaves_no_shards_and_resume_finishes(
     labeled_folder, tmp_path, capsys, monkeypatch
 ):
-    import tfpipe.staging
+    import tfpipe.writer.staging
 
     out = tmp_path / "out"
-    real = tfpipe.staging.write_manifest
+    real = tfpipe.writer.staging.write_manifest
 
     def full(folder, manifest):
         raise OSError(errno.ENOSPC, "No space left on device", os.path.join(folder, "manifest.json"))
 
-    monkeypatch.setattr(tfpipe.staging, "write_manifest", full)
+    monkeypatch.setattr(tfpipe.writer.staging, "write_manifest", full)
     assert write(source_args(labeled_folder) + ["--out", str(out)]) == 2
     one_line_error(capsys, "No space left on device", "--resume")
     assert tfrec_files(out) == [] and not (out / "manifest.json").exists()
-    monkeypatch.setattr(tfpipe.staging, "write_manifest", real)
+    monkeypatch.setattr(tfpipe.writer.staging, "write_manifest", real)
     assert write(source_args(labeled_folder) + ["--out", str(out), "--resume"]) == 0
     assert tfpipe.count_examples(str(out)) == 12
 
 
 def test_a_failed_move_puts_every_shard_back(labeled_folder, tmp_path, monkeypatch):
-    from tfpipe import fs
+    from tfpipe.runtime import fs
 
     out = tmp_path / "out"
     real, moved = fs.rename, []
@@ -291,7 +291,7 @@ def test_every_format_is_stored_upright_as_pillow_shows_it(fmt):
     import cv2
     from PIL import Image, ImageOps
 
-    from tfpipe.images import ImageSpec, prepare_image
+    from tfpipe.writer.images import ImageSpec, prepare_image
 
     for orientation in range(1, 9):
         data = _with_orientation(fmt, orientation)
@@ -479,12 +479,12 @@ def test_an_unreadable_file_is_one_line(labeled_folder, tmp_path, capsys, monkey
 def test_a_glob_that_picks_up_a_foreign_tfrec_names_it(shard_dir, tmp_path):
     import shutil
 
-    from tfpipe.tfrecord import RecordWriter
+    from tfpipe.format.tfrecord import RecordWriter
 
     folder = tmp_path / "mixed"
     shutil.copytree(shard_dir[0], folder)
     with RecordWriter(str(folder / "zz-other.tfrec")) as w:  # another dataset's records: an Example without image
-        w.write(tfpipe.schema.encode_example({"image_name": "x", "height": 1}))
+        w.write(tfpipe.format.schema.encode_example({"image_name": "x", "height": 1}))
     with pytest.raises(TfpipeError, match="zz-other.tfrec: not a shard of its folder"):  # beside a manifest
         tfpipe.make_dataset(str(folder / "*.tfrec"), 4, num_classes=3, image_size=32)
     os.remove(folder / "manifest.json")  # foreign shards with no manifest: each file's first record is checked
@@ -514,7 +514,7 @@ def test_training_on_unlabeled_shards_is_refused(trained_run, tmp_path):
 
 def test_predict_refuses_a_run_of_other_classes_or_image_size(trained_run, tmp_path, labeled_folder):
     from tfpipe import Source, write_shards
-    from tfpipe.images import ImageSpec
+    from tfpipe.writer.images import ImageSpec
     from train.predict import predict
 
     run, _, _test = trained_run
@@ -768,7 +768,7 @@ def test_a_benchmark_child_dies_with_its_parent(tmp_path):
     child_code = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(600)"
     script = tmp_path / "parent.py"
     script.write_text(
-        "import subprocess, sys\nfrom tfpipe.lifecycle import child_of_this_process\n"
+        "import subprocess, sys\nfrom tfpipe.runtime.lifecycle import child_of_this_process\n"
         f"subprocess.run([sys.executable, '-c', {child_code!r}], preexec_fn=child_of_this_process())\n"
     )
     parent = subprocess.Popen([sys.executable, str(script)], env=ENV, cwd=ROOT)

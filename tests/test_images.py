@@ -9,8 +9,8 @@ import tensorflow as tf
 from PIL import Image, ImageOps
 
 from tests.conftest import gradient_image, jpeg_bytes, save
-from tfpipe.errors import TfpipeError
-from tfpipe.images import ImageSpec, prepare_image, reduction_factor
+from tfpipe.runtime.errors import TfpipeError
+from tfpipe.writer.images import ImageSpec, prepare_image, reduction_factor
 
 
 def decode_rgb(data):

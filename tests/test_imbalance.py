@@ -19,7 +19,7 @@ def imbalanced(tmp_path_factory):
     """144 single-label 16 px images of three overlapping shades (a model that learns nothing predicts the common
     class), in 3 folds; returns the shard folder."""
     from tfpipe import LabelFormat, Source, write_shards
-    from tfpipe.images import ImageSpec
+    from tfpipe.writer.images import ImageSpec
 
     root = tmp_path_factory.mktemp("imbalanced")
     (root / "images").mkdir()
@@ -41,7 +41,7 @@ def test_balanced_sampling_draws_the_classes_evenly_and_refuses_what_it_cannot_b
     """Of 1,200 images drawn with sampling='balanced' each class is about a third (without: the common class
     83%); multi-label shards, evaluation and a typo are refused in one line each."""
     import tfpipe
-    from tfpipe.errors import TfpipeError
+    from tfpipe.runtime.errors import TfpipeError
 
     def shares(**kw):
         ds = tfpipe.make_dataset(imbalanced, 40, training=True, label_mode="class_id", seed=0, **kw)
@@ -64,8 +64,8 @@ def test_the_pytorch_reader_balances_by_the_same_rule_and_keeps_its_length(imbal
     """RecordDataset(sampling="balanced"): each of 3 ranks x 2 workers reads its full share (len() holds, so DDP
     ranks stay in step), the classes about a third each over 4 epochs (without: the common class 83%);
     multi-label shards and a typo are refused in one line each."""
-    from tfpipe.errors import TfpipeError
-    from tfpipe.torch import RecordDataset
+    from tfpipe.runtime.errors import TfpipeError
+    from tfpipe.torch.dataset import RecordDataset
 
     def drawn(sampling):
         found = collections.Counter()
@@ -92,7 +92,7 @@ def _worker_iter(ds, worker, workers):
     from unittest import mock
 
     info = mock.Mock(id=worker, num_workers=workers)
-    with mock.patch("tfpipe.torch.get_worker_info", return_value=info):
+    with mock.patch("tfpipe.torch.dataset.get_worker_info", return_value=info):
         yield from ds
 
 
@@ -134,8 +134,8 @@ def test_the_recipes_weigh_the_loss_by_the_training_folds_and_refuse_balanced_mu
     from sklearn.metrics import log_loss
     from sklearn.utils.class_weight import compute_sample_weight
 
-    from tfpipe.errors import TfpipeError
-    from tfpipe.torch import RecordDataset
+    from tfpipe.runtime.errors import TfpipeError
+    from tfpipe.torch.dataset import RecordDataset
     from train.torch.models import WeightedBCE, add_recipe_arguments, recipe_loss
     from train.torch.run import add_run_arguments, prepare
 

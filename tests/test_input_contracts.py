@@ -28,8 +28,8 @@ import tensorflow as tf
 from tests.conftest import save, write_csv
 from tests.test_hostile import one_line_error, write
 from tests.test_reliability import ENV, ROOT
-from tfpipe import schema
-from tfpipe.errors import TfpipeError
+from tfpipe.runtime.errors import TfpipeError
+from tfpipe.tf.parse import feature_spec
 
 MEMORY_HEADROOM = 1 << 30  # what an in-process write of a few small images may allocate on top of the test process
 SECONDS = 20  # "within seconds", with room for a slow shared CPU
@@ -46,7 +46,7 @@ def records(out):
     files = sorted(glob.glob(os.path.join(out, "*.tfrec")))
     rows = {}
     for batch in tf.data.TFRecordDataset(files).batch(64):
-        parsed = tf.io.parse_example(batch, schema.feature_spec())
+        parsed = tf.io.parse_example(batch, feature_spec())
         targets = parsed["target"].numpy() if "target" in parsed else [[]] * len(parsed["image_name"])
         for name, target, image in zip(parsed["image_name"].numpy(), targets, parsed["image"].numpy()):
             rows[name.decode()] = (
@@ -326,8 +326,8 @@ def _formats():
 def test_the_header_is_read_from_the_file_wherever_it_is(fmt, monkeypatch):
     """No fixed prefix holds every header (a 300 kB ICC profile comes before a JPEG's size; libtiff writes a TIFF's
     directory after its pixels), so Pillow reads the open file; a 1 kB prefix was enough only for the simple ones."""
-    from tfpipe import images
-    from tfpipe.images import ImageSpec, prepare_image, read_bounded, read_header
+    from tfpipe.writer import images
+    from tfpipe.writer.images import ImageSpec, prepare_image, read_bounded, read_header
 
     monkeypatch.setattr(images, "WHOLE_READ_BYTES", 0)  # every file takes the large files' path: header first
     data, orientation = _formats()[fmt]
@@ -343,9 +343,9 @@ def test_the_header_is_read_from_the_file_wherever_it_is(fmt, monkeypatch):
 
 
 def test_a_remote_source_is_read_bounded_too(tmp_path):
-    from tfpipe.encode import encode_item
-    from tfpipe.images import ImageSpec
-    from tfpipe.sources import Item
+    from tfpipe.sources.source import Item
+    from tfpipe.writer.encode import encode_item
+    from tfpipe.writer.images import ImageSpec
 
     path = "ram://contracts/a.jpg"
     with tf.io.gfile.GFile(path, "wb") as f:
@@ -462,7 +462,7 @@ def test_compatibility_forms_are_two_spellings(tmp_path, capsys, a, b):
 
 
 def test_class_names_sort_only_ascii_integers_as_numbers(tmp_path):
-    from tfpipe.sources import Item, class_names
+    from tfpipe.sources.source import Item, class_names
 
     def items(*labels):
         return [Item(f"x{i}", f"x{i}", (label,)) for i, label in enumerate(labels)]
@@ -486,7 +486,7 @@ def test_a_space_in_a_label_read_with_a_comma_needs_spaces_in_names(tmp_path, ca
 
 
 def test_spaces_in_names_from_python(tmp_path):
-    from tfpipe.sources import LabelFormat, Source
+    from tfpipe.sources.source import LabelFormat, Source
 
     images = _images(tmp_path, 2)
     csv_path = str(
@@ -620,7 +620,7 @@ def test_image_settings_that_mean_nothing_are_one_line_before_any_work(
     ],
 )
 def test_an_image_spec_that_means_nothing_is_refused_when_made(kwargs, needle):
-    from tfpipe.images import ImageSpec
+    from tfpipe.writer.images import ImageSpec
 
     with pytest.raises(TfpipeError, match=re.escape(needle)):
         ImageSpec(**kwargs)

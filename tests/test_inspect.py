@@ -12,8 +12,8 @@ import tensorflow as tf
 from PIL import Image
 
 from tests.conftest import gradient_image, jpeg_bytes
-from tfpipe.errors import TfpipeError
 from tfpipe.inspect import CAPTION_HEIGHT, SHEET_GAP, SHEET_TILE, inspect_shards
+from tfpipe.runtime.errors import TfpipeError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -115,7 +115,7 @@ def test_commands_reach_their_engines_by_plain_imports():
         for call in ast.walk(ast.parse(path.read_text())):
             if isinstance(call, ast.Call) and getattr(call.func, "attr", None) == "import_module" and name != "tfpipe":
                 argument = ast.unparse(call.args[0])
-                if argument not in ("'tf_keras'", "module"):  # tfpipe.deps.require's: other packages
+                if argument not in ("'tf_keras'", "module"):  # tfpipe.runtime.deps.require's: other packages
                     found.append(f"{name}: import_module({argument})")
     assert found == []
 
@@ -182,19 +182,63 @@ def test_only_train_run_spells_the_name_of_a_run_file():
 
 
 def test_train_top_level_holds_only_the_commands_and_the_rooms_are_packages():
-    """Issue #62: ``train/`` shows its architecture from ``ls``: the commands at the top, every other module in a
-    sub-package named for its seam (the deprecated aliases of 1.x's moved modules are one import each)."""
-    from tfpipe.deprecations import MOVED_MODULES
-
+    """``train/`` shows its architecture from ``ls``: the commands at the top, every other module in a sub-package
+    named for its seam."""
     top = {module_name(p) for p in (ROOT / "train").glob("*.py")} - {"train"}
-    aliases = {m for m in top if m in MOVED_MODULES}
-    assert top - aliases == {m for m in commands() if m.startswith("train.")}
-    assert len(top - aliases) <= 8
-    for alias in aliases:  # an alias holds nothing of its own: the warning and the new module's names
-        code = ast.parse((ROOT / f"{alias.replace('.', '/')}.py").read_text()).body
-        assert len(code) == 4 and ast.unparse(code[-1]) == f"from {MOVED_MODULES[alias]} import *", alias
+    assert top == {m for m in commands() if m.startswith("train.")}
+    assert len(top) <= 8
     packages = {p.parent.name for p in (ROOT / "train").glob("*/__init__.py")}
     assert packages == {"keras", "accel", "preflight", "prediction", "decide", "runs", "crossval", "torch"}
+
+
+# tfpipe/'s sub-packages, one a concern; only tf/ uses TensorFlow (and torch/ needs PyTorch).
+TFPIPE_PACKAGES = {"format", "sources", "writer", "tf", "torch", "runtime"}
+TENSORFLOW_COMMANDS = {"tfpipe.service"}  # python -m tfpipe.service: a tf.data service, TensorFlow is its job
+
+
+def without_tensorflow():
+    """The modules of tfpipe that must not start TensorFlow when imported: all but tf/'s and TENSORFLOW_COMMANDS."""
+    names = {n for n in modules() if n.startswith("tfpipe") and not n.startswith("tfpipe.tf.") and n != "tfpipe.tf"}
+    return sorted(names - TENSORFLOW_COMMANDS)
+
+
+def test_tfpipe_top_level_holds_the_commands_and_its_face_and_the_rooms_are_packages():
+    top = {module_name(p) for p in (ROOT / "tfpipe").glob("*.py")}
+    assert top == {"tfpipe", "tfpipe.version"} | {m for m in commands() if m.startswith("tfpipe.")}
+    assert {p.parent.name for p in (ROOT / "tfpipe").glob("*/__init__.py")} == TFPIPE_PACKAGES
+    assert not any(p.parent != ROOT / "tfpipe" for p in (ROOT / "tfpipe").glob("*/*/__init__.py"))
+
+
+def test_tensorflow_is_imported_at_module_level_only_in_tfpipe_tf():
+    """Read from the source: no module of ``tfpipe`` outside ``tfpipe/tf/`` imports TensorFlow (or a module of
+    ``tfpipe.tf``) at its top level, so the writer's DataLoader workers and the PyTorch reader never start it."""
+    wrong = []
+    for name in without_tensorflow():
+        top_level = ast.parse(modules()[name].read_text()).body  # a function's own import is deferred: not read
+        for node in top_level:
+            if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING":
+                continue
+            found = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                found = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+            if isinstance(node, ast.Assign) and "require(" in ast.unparse(node.value):
+                found = [ast.unparse(node.value)]
+            wrong += [f"{name}: {m}" for m in found if "tensorflow" in m or m.startswith("tfpipe.tf")]
+    assert wrong == []
+
+
+def test_importing_every_module_outside_tfpipe_tf_leaves_tensorflow_unloaded():
+    """The same rule in a real interpreter: every module of the other sub-packages (the PyTorch reader and the
+    commands too) imported in one fresh process, and TensorFlow is still not in ``sys.modules``."""
+    import subprocess
+    import sys
+
+    names = without_tensorflow()
+    code = f"import importlib, sys\nfor n in {names!r}:\n    importlib.import_module(n)\n"
+    code += "print(sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'tf_keras', 'keras', 'jax')))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]" and len(names) > 30
 
 
 def test_the_layout_page_shows_every_module():
@@ -202,30 +246,9 @@ def test_the_layout_page_shows_every_module():
     page = (ROOT / "docs" / "project" / "layout.md").read_text()
     shown = set(re.findall(r"`((?:tfpipe|train)/[\w/]*?(?:\.py|/))`", page))
     files = {p.relative_to(ROOT).as_posix() for p in source_files() if p.name != "__init__.py"}
-    files |= {p.parent.relative_to(ROOT).as_posix() + "/" for p in (ROOT / "train").glob("*/__init__.py")}
+    files |= {p.parent.relative_to(ROOT).as_posix() + "/" for p in ROOT.glob("*/*/__init__.py")}
     assert files - shown == set(), "not on the layout page"
     assert shown - files - {"tfpipe/", "train/"} == set(), "on the layout page, not in the tree"
-
-
-def test_a_moved_module_still_imports_and_warns_at_the_importers_line():
-    import importlib
-    import sys
-    import warnings
-
-    from tfpipe.deprecations import MOVED_MODULES
-
-    for old, new in MOVED_MODULES.items():
-        sys.modules.pop(old, None)
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            exec(compile(f"import {old}", __file__, "exec"), {})  # as a user's line imports it
-        module = sys.modules[old]
-        assert [str(w.message) for w in caught] == [
-            f"{old} is deprecated, import {new} (the old module is removed in tfpipe 1.2)"
-        ]
-        assert caught[0].filename == __file__  # the importer's line, not importlib's or the alias's
-        public = [name for name in vars(importlib.import_module(new)) if not name.startswith("_")]
-        assert all(getattr(module, name) is getattr(importlib.import_module(new), name) for name in public)
 
 
 def _calls(paths, test):
@@ -238,13 +261,13 @@ def _calls(paths, test):
 
 
 def test_one_exit_path_signal_handlers_in_one_module_and_exit_codes_from_its_table():
-    """Issue #62: ``tfpipe/lifecycle.py`` installs every signal handler, and every process -- command, rank,
+    """Issue #62: ``tfpipe/runtime/lifecycle.py`` installs every signal handler, and every process -- command, rank,
     server -- ends with a code of its table (no 2, 3, 130 or 143 typed by hand elsewhere)."""
-    from tfpipe import lifecycle
+    from tfpipe.runtime import lifecycle
 
     code = source_files() + sorted((ROOT / "examples").glob("*.py"))
     handlers = _calls(code, lambda c: ast.unparse(c.func) == "signal.signal")
-    assert handlers and {h.split(":")[0] for h in handlers} == {"tfpipe/lifecycle.py"}, handlers
+    assert handlers and {h.split(":")[0] for h in handlers} == {"tfpipe/runtime/lifecycle.py"}, handlers
 
     def typed_exit(c):
         exits = ("sys.exit", "SystemExit", "exit_now", "os._exit")

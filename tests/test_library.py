@@ -12,7 +12,7 @@ import pytest
 
 from tests.conftest import save
 from tests.readme_cells import notebook_cells
-from tfpipe.deps import MissingDependency, keras_problem, require
+from tfpipe.runtime.deps import MissingDependency, keras_problem, require
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
@@ -34,10 +34,10 @@ Image.MAX_IMAGE_PIXELS = 1234
 env = dict(os.environ)
 
 import numpy as np
-import tfpipe, tfpipe.write, tfpipe.read, tfpipe.inspect, tfpipe.torch, tfpipe.images
+import tfpipe, tfpipe.write, tfpipe.tf.read, tfpipe.inspect, tfpipe.torch.dataset, tfpipe.writer.images
 import train.fit, train.predict, train.keras.plots, train.keras.report
 # ... and using it: a header read (the image is above the user's Pillow limit) and a picture
-tfpipe.images.read_header(open(sys.argv[1], "rb").read(), "x.jpg")
+tfpipe.writer.images.read_header(open(sys.argv[1], "rb").read(), "x.jpg")
 train.keras.plots.roc_curves(np.array([[0], [1]]), np.array([[0.2], [0.7]]), ["a"], sys.argv[2])
 changed = sorted(k for k in set(env) | set(os.environ) if env.get(k) != os.environ.get(k))
 print(matplotlib.get_backend(), Image.MAX_IMAGE_PIXELS, changed)
@@ -58,7 +58,7 @@ def test_import_and_use_change_no_host_state(tmp_path):
 
 def test_core_imports_without_tensorflow_or_torch():
     done = python(
-        "import sys, tfpipe, tfpipe.write, tfpipe.images, tfpipe.sources, tfpipe.shards\n"
+        "import sys, tfpipe, tfpipe.write, tfpipe.writer.images, tfpipe.sources.source, tfpipe.format.shards\n"
         "print(sorted(m for m in ('tensorflow', 'torch', 'matplotlib') if m in sys.modules))"
     )
     assert done.returncode == 0, done.stderr
@@ -118,7 +118,7 @@ def test_fit_without_tf_keras_is_one_line(how, shard_dir, tmp_path):
 
 def test_fit_imported_without_tf_keras_raises_import_error():
     done = python(
-        HIDE + "import train.fit\ntry:\n    train.fit.compile_model\nexcept ImportError as e:\n"
+        HIDE + "import train.fit\ntry:\n    from train.keras import trainer\nexcept ImportError as e:\n"
         "    print(type(e).__name__, '|', e)",
         "tf_keras",
     )
@@ -262,7 +262,7 @@ def test_a_missing_run_or_shard_folder_is_answered_before_tensorflow_starts(comm
 def test_a_python_warning_under_a_command_is_one_line_and_pythons_own_way_after(capsys):
     import warnings
 
-    from tfpipe.errors import run_cli
+    from tfpipe.runtime.errors import run_cli
 
     before = warnings.showwarning
     assert run_cli("tfpipe.x", lambda: warnings.warn("the seed fixes nothing of this input", stacklevel=1)) == 0
@@ -273,7 +273,7 @@ def test_a_python_warning_under_a_command_is_one_line_and_pythons_own_way_after(
 def test_the_stderr_filter_passes_progress_bars_and_drops_whole_noise_lines():
     import threading
 
-    from tfpipe.console import _forward
+    from tfpipe.runtime.console import _forward
 
     src_r, src_w = os.pipe()
     dst_r, dst_w = os.pipe()
@@ -323,7 +323,7 @@ def test_a_quiet_call_holds_back_cpp_log_lines_and_changes_nothing_after(capfd, 
     back, everything else passes; the environment and fd 2 are as before afterwards; TFPIPE_VERBOSE=1 shows all."""
     import os
 
-    from tfpipe.console import quiet_call
+    from tfpipe.runtime.console import quiet_call
 
     monkeypatch.delenv("TF_CPP_MIN_LOG_LEVEL", raising=False)
     monkeypatch.delenv("TFPIPE_VERBOSE", raising=False)
@@ -351,7 +351,7 @@ def test_a_thread_that_ends_the_process_under_the_filter_keeps_its_last_line():
     found)."""
     code = (
         "import sys, threading, time\n"
-        "from tfpipe import console, lifecycle\n"
+        "from tfpipe.runtime import console, lifecycle\n"
         "def end():\n"
         "    print('the last line', file=sys.stderr, flush=True)\n"
         "    lifecycle.exit_now(3)\n"
@@ -372,10 +372,10 @@ def test_each_kind_of_error_a_notebook_can_catch_is_raised_where_it_happens_and_
     (one line, exit 2 under a command), so nothing that caught ``TfpipeError`` before misses one."""
     import shutil
 
-    from tfpipe import errors
-    from tfpipe.deps import require
-    from tfpipe.manifest import Manifest
-    from tfpipe.shards import open_shards
+    from tfpipe.format.manifest import Manifest
+    from tfpipe.format.shards import open_shards
+    from tfpipe.runtime import errors
+    from tfpipe.runtime.deps import require
     from train.accel.strategy import resolve_strategy
     from train.runs.run import RunConfig
 
@@ -413,7 +413,7 @@ def test_each_kind_of_error_a_notebook_can_catch_is_raised_where_it_happens_and_
     assert (bad.path, bad.remedy) == (str(folder / "manifest.json"), "write the shards again")
     assert str(bad) == f"{bad.path}: {bad.problem}; {bad.remedy}" and "no longer matches its dataset_id" in bad.problem
     (folder / "manifest.json").write_text(json.dumps(dict(manifest, split="a; b")))  # "; " inside the problem
-    from tfpipe.staging import existing_manifest
+    from tfpipe.writer.staging import existing_manifest
 
     with pytest.raises(errors.BadFile) as caught:
         existing_manifest(str(folder))

@@ -1,4 +1,4 @@
-"""Every command ends the same way (``tfpipe.lifecycle``): Ctrl-C (SIGINT) exit 130, SIGTERM 143, one last line
+"""Every command ends the same way (``tfpipe.runtime.lifecycle``): Ctrl-C (SIGINT) exit 130, SIGTERM 143, one last line
 naming the stop, no process of ours left behind, and nothing half-written -- a write's folder resumable and said
 so, a training run's step saved and said so. One table: command x signal."""
 
@@ -170,7 +170,7 @@ def test_a_stopped_prediction_leaves_no_submission_and_no_process(signum, traine
 
 
 # The codes and words a stopped command ends with, written here as the shell knows them (not read from
-# tfpipe.lifecycle.STOPS: a test that reads the table it tests cannot fail when the table changes).
+# tfpipe.runtime.lifecycle.STOPS: a test that reads the table it tests cannot fail when the table changes).
 SHELL_CODES = {signal.SIGINT: (130, "interrupted"), signal.SIGTERM: (143, "terminated (SIGTERM)")}
 
 

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from tests.conftest import dies_with_this_process
-from tfpipe.net import free_port
+from tfpipe.runtime.net import free_port
 from train.runs import run as run_files
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -184,7 +184,7 @@ def test_workers_of_uneven_shares_validate_the_same_steps_and_every_record_once(
     import tensorflow as tf
 
     import tfpipe
-    from tfpipe.batches import evaluation_steps
+    from tfpipe.tf.batches import evaluation_steps
 
     shards = tfpipe.open_shards(shard_dir[0], [0, 1])
     assert len(shards.files) == 4 and shards.num_examples == 20
@@ -233,7 +233,7 @@ def test_workers_started_unlike_all_refuse_before_training(demo_shards, tmp_path
 def test_predicting_refuses_a_cluster(tmp_path, capsys):
     """Predictions come back in written order from one machine; a multi-worker strategy would return them in
     the workers' order: refused from Python before anything is read, and not offered on the command line."""
-    from tfpipe.errors import TfpipeError
+    from tfpipe.runtime.errors import TfpipeError
     from train.predict import build_parser, predict
 
     with pytest.raises(TfpipeError, match="predicting runs on one machine"):
@@ -267,7 +267,7 @@ def test_a_worker_that_cannot_listen_at_its_address_is_one_line(shard_dir, tmp_p
 
 SIGTERM_KEPT = """
 import json, os, signal, sys
-from tfpipe.net import free_port
+from tfpipe.runtime.net import free_port
 from train.accel.cluster import connect
 os.environ["TF_CONFIG"] = json.dumps({"cluster": {"worker": [f"127.0.0.1:{free_port()}"]}, "task": {"type": "worker", "index": 0}})
 signal.signal(signal.SIGTERM, lambda *_: print("the user's handler"))
@@ -279,8 +279,8 @@ os.kill(os.getpid(), signal.SIGTERM)
 STOPPED_IN_EPOCH_2 = """
 import dataclasses, sys
 from tests.test_preemption import SignalInEpoch
-from tfpipe.errors import run_cli
-from tfpipe.lifecycle import exit_now
+from tfpipe.runtime.errors import run_cli
+from tfpipe.runtime.lifecycle import exit_now
 from train.fit import build_parser, config_from_args, fit
 cfg = config_from_args(build_parser().parse_args(sys.argv[1:]))
 exit_now(run_cli("train.fit", fit, dataclasses.replace(cfg, callbacks=(SignalInEpoch(1),))))

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 from nbclient import NotebookClient
 
-from tfpipe.console import NOISE
+from tfpipe.runtime.console import NOISE
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTEBOOK = os.path.join(ROOT, "examples", "kaggle_tpu.ipynb")

@@ -14,11 +14,13 @@ from PIL import Image
 
 import tfpipe
 from tests.conftest import BACKEND, backend_devices, backend_keras, validation_auc
-from tfpipe.augment import NO_AUGMENT
-from tfpipe.errors import RunMismatch, TfpipeError
+from tfpipe.runtime.errors import RunMismatch, TfpipeError
+from tfpipe.tf.augment import NO_AUGMENT
 from train.fit import FitConfig, fit
+from train.keras.run_model import load_model
 from train.keras.swa import average_weights, recompute_batch_norm
-from train.predict import TTA_VIEWS, load_model, predict, predict_probabilities, tta_view
+from train.predict import predict
+from train.prediction.inference import TTA_VIEWS, predict_probabilities, tta_view
 
 keras = backend_keras()  # tf-keras, or Keras 3 on JAX (TFPIPE_TEST_BACKEND)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -228,7 +230,7 @@ def test_predict_cli_writes_submission_and_rejects_a_missing_run(trained_run, tm
 def test_single_label_fit_then_predict(tmp_path):
     """Shards written with a class column train a softmax head, and the submission holds one class per row."""
     from tests.conftest import save, write_csv
-    from tfpipe.sources import LabelFormat
+    from tfpipe.sources.source import LabelFormat
 
     (tmp_path / "images").mkdir()
     classes = ["cat", "dog", "fox"]
@@ -312,7 +314,7 @@ def test_predict_scores_labeled_shards_it_did_not_train_on(trained_run, shard_di
     the scores are those of the submission it wrote. When it holds images the run validated on (by id: the
     run's own data written again), those rows and the others are scored apart, with a warning."""
     from tfpipe import Source, write_shards
-    from tfpipe.images import ImageSpec
+    from tfpipe.writer.images import ImageSpec
     from train.decide.evaluation import score
 
     run, metrics, _ = trained_run
@@ -419,8 +421,8 @@ def test_fit_returns_a_fit_result_whose_serialisation_is_metrics_json(trained_ru
     assert result.report["roc_auc_macro"] == metrics["report"]["roc_auc_macro"]
     assert result.swa.epochs_averaged == 2 and result.swa.report == metrics["swa"]["report"]
     assert result.best.epoch == metrics["best"]["epoch"] and result.keras_auc == metrics["final"]["val_auc"]
-    with pytest.warns(DeprecationWarning, match=r"fit\(\)\['epochs'\] is deprecated: fit\(\) returns a FitResult"):
-        assert result["epochs"] == metrics["epochs"]
+    with pytest.raises(TypeError, match="not subscriptable"):  # 1.x's dict reads were removed in 2.0
+        result["epochs"]
     with pytest.raises(RunMismatch, match="metrics.json: not the metrics of a finished train.fit run"):
         FitResult.from_metrics(out, dict(metrics, epochs="two"))
     swa = dict(metrics["swa"], report=dict(metrics["swa"]["report"], exact_match=2.0))

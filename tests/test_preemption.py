@@ -9,7 +9,7 @@ import pytest
 
 from tests.conftest import backend_keras
 from tests.test_train import history, tiny_config
-from tfpipe.errors import run_cli
+from tfpipe.runtime.errors import run_cli
 from train.fit import fit
 from train.keras.schedules import make_schedule, scaled_lr
 

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfpipe import read
-from tfpipe.augment import NO_AUGMENT, Augment
-from tfpipe.errors import TfpipeError
-from tfpipe.shards import open_shards
+from tfpipe.format.shards import open_shards
+from tfpipe.runtime.errors import TfpipeError
+from tfpipe.tf import columns, passes, read
+from tfpipe.tf.augment import NO_AUGMENT, Augment
 
 CLASSES = ["a", "b", "c"]
 
@@ -17,7 +17,7 @@ CLASSES = ["a", "b", "c"]
 def written_names(manifest, folder):
     import os
 
-    from tfpipe import schema
+    from tfpipe.format import schema
 
     names = []
     for name in sorted(manifest.files):
@@ -58,8 +58,8 @@ def test_last_partial_batch_is_kept_unless_dropped(shards):
 
 def test_image_names_companion_matches_batches(shards):
     out, _, order = shards
-    assert read.image_names(out) == order
-    assert read.count_examples(out) == 40
+    assert columns.image_names(out) == order
+    assert columns.count_examples(out) == 40
 
 
 @pytest.mark.parametrize(
@@ -105,10 +105,10 @@ def test_folds_select_disjoint_shards_covering_everything(shards):
     out, labels, _ = shards
     train_folds, val_folds = read.fold_split(out, 2)
     assert train_folds == [0, 1, 3] and val_folds == [2]
-    val = read.image_names(out, folds=val_folds)
-    train = read.image_names(out, folds=train_folds)
+    val = columns.image_names(out, folds=val_folds)
+    train = columns.image_names(out, folds=train_folds)
     assert not set(val) & set(train) and sorted(val + train) == sorted(labels)
-    assert read.count_examples(out, val_folds) == len(val)
+    assert columns.count_examples(out, val_folds) == len(val)
     with pytest.raises(TfpipeError, match="fold 9"):
         read.fold_split(out, 9)
 
@@ -176,13 +176,13 @@ def test_input_pipelines_read_disjoint_complete_parts(shards, pipelines, trainin
         ctx = tf.distribute.InputContext(
             num_input_pipelines=pipelines, input_pipeline_id=i, num_replicas_in_sync=pipelines
         )
-        files, by_record = read.shard_for_input(open_shards(out).files, ctx)
+        files, by_record = passes.shard_for_input(open_shards(out).files, ctx)
         assert by_record == (pipelines > 8)
         ds = read.make_dataset(out, 1, training=training, with_ids=True, input_context=ctx, augment=NO_AUGMENT)
         n = (
             sum(1 for _ in tf.data.TFRecordDataset(files).shard(pipelines, i))
             if by_record
-            else read.count_examples(files)
+            else columns.count_examples(files)
         )
         parts.append([ids.numpy()[0].decode() for _, _, ids in ds.take(n)])
     flat = [n for part in parts for n in part]
@@ -206,7 +206,7 @@ def test_reads_from_ram_filesystem(shards):
     tf.io.gfile.makedirs(remote)
     for name in tf.io.gfile.listdir(out):
         tf.io.gfile.copy(f"{out}/{name}", f"{remote}/{name}", overwrite=True)
-    assert read.image_names(remote) == read.image_names(out)
+    assert columns.image_names(remote) == columns.image_names(out)
     x, _ = next(iter(read.make_dataset(remote, 4, training=True)))
     assert x.shape == (4, 32, 32, 3)
 

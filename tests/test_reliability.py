@@ -19,7 +19,7 @@ import tensorflow as tf
 
 import tfpipe
 from tests.conftest import save, sigint_as_a_terminal_sends_it, write_csv
-from tfpipe.errors import TfpipeError
+from tfpipe.runtime.errors import TfpipeError
 from tfpipe.write import main as write_main
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -346,7 +346,7 @@ def test_training_killed_mid_epoch_resumes_to_the_same_epochs_and_steps(shard_di
 
 def test_write_verify_read_train_predict_on_ram_filesystem(labeled_folder, tmp_path):
     from tfpipe import Source, write_shards
-    from tfpipe.images import ImageSpec
+    from tfpipe.writer.images import ImageSpec
     from train.fit import FitConfig, fit
     from train.predict import predict
 

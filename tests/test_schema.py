@@ -2,7 +2,8 @@
 
 import tensorflow as tf
 
-from tfpipe import schema
+from tfpipe.format import schema
+from tfpipe.tf.parse import feature_spec
 
 
 def tf_example(values):
@@ -31,7 +32,7 @@ def test_encode_matches_tensorflow_bytes():
 
 def test_parse_with_fixed_len_sequence_feature():
     batch = tf.constant([schema.encode_example(v) for v in RECORDS])
-    parsed = tf.io.parse_example(batch, schema.feature_spec())
+    parsed = tf.io.parse_example(batch, feature_spec())
     assert parsed["target"].numpy().tolist() == [[0, 3, 7], [-1, -1, -1], [-1, -1, -1]]
     assert parsed["image_name"].numpy().tolist() == [b"a", b"b", "unlabeled ü".encode()]
     assert parsed["height"].numpy().tolist() == [5, 1, 3]
@@ -44,7 +45,7 @@ def test_decode_without_tensorflow_round_trips():
 
 
 def test_tfrecord_framing_is_byte_identical_to_tensorflow(tmp_path):
-    from tfpipe.tfrecord import RecordWriter
+    from tfpipe.format.tfrecord import RecordWriter
 
     records = [schema.encode_example(v) for v in RECORDS] + [b"", b"x" * 70000]
     with RecordWriter(str(tmp_path / "ours.tfrec")) as w:

@@ -16,8 +16,8 @@ import tensorflow as tf
 
 import tfpipe
 from tests.conftest import dies_with_this_process
-from tfpipe.errors import TfpipeError
-from tfpipe.net import free_port
+from tfpipe.runtime.errors import TfpipeError
+from tfpipe.runtime.net import free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = {**os.environ, "PYTHONPATH": ROOT}
@@ -186,7 +186,7 @@ def test_a_worker_this_machine_cannot_dial_is_refused_and_a_worker_gone_mid_trai
     time while no step ended (steps still ending: it waits)."""
     import tensorflow as tf
 
-    from tfpipe.data_service import WorkerWatch
+    from tfpipe.tf.data_service import WorkerWatch
 
     service = tf.data.experimental.service
     dispatcher = service.DispatchServer(service.DispatcherConfig(port=0))

@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 
 import tfpipe
-from tfpipe import schema
-from tfpipe.errors import TfpipeError
+from tfpipe.format import schema
+from tfpipe.format.shards import open_shards, verify
+from tfpipe.format.tfrecord import LocalRecordWriter
 from tfpipe.inspect import inspect_shards
-from tfpipe.job import SHARD_MULTIPLE, TARGET_SHARD_BYTES, num_shards
-from tfpipe.shards import open_shards, verify
-from tfpipe.tfrecord import LocalRecordWriter
-from tfpipe.torch import RecordDataset
+from tfpipe.runtime.errors import TfpipeError
+from tfpipe.torch.dataset import RecordDataset
+from tfpipe.writer.job import SHARD_MULTIPLE, TARGET_SHARD_BYTES, num_shards
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -85,7 +85,7 @@ def test_shard_count_is_a_multiple_of_eight_when_the_data_allows():
 def test_verify_needs_no_tensorflow(shard_dir):
     folder, _, _ = shard_dir
     code = (
-        "import sys\nfrom tfpipe.shards import open_shards, verify\n"
+        "import sys\nfrom tfpipe.format.shards import open_shards, verify\n"
         "print(verify(open_shards(sys.argv[1])), 'tensorflow' in sys.modules)"
     )
     done = subprocess.run(
@@ -138,8 +138,8 @@ def test_multi_hot_is_exact_and_refuses_indices_outside_the_classes():
 def test_one_shard_name_template_writes_and_reads_back_every_name(split, fold, total):
     """Issue #33: every shard name goes through ``SHARD_NAMES``; what it writes it parses back whole, the count
     at the end is what readers count without a manifest, and a foreign name parses to None but keeps its count."""
-    from tfpipe.shard_names import SHARD_NAMES, ShardName
-    from tfpipe.shards import shard_counts
+    from tfpipe.format.names import SHARD_NAMES, ShardName
+    from tfpipe.format.shards import shard_counts
 
     for index in {0, total // 2, total - 1}:
         name = SHARD_NAMES.name(split, index, total, 2071, fold)
@@ -159,7 +159,7 @@ def test_a_corrupt_record_error_crosses_processes_whole():
     worker's error as ``type(message)``) it is still one."""
     import pickle
 
-    from tfpipe.tfrecord import CorruptRecord
+    from tfpipe.format.tfrecord import CorruptRecord
 
     e = CorruptRecord("a.tfrec", "corrupt record length", 0, " (GZIP-compressed)")
     back = pickle.loads(pickle.dumps(e))

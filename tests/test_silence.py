@@ -99,7 +99,7 @@ def test_the_callback_timing_warning_is_held_back_while_tensorflow_runs_and_only
     TensorFlow's other start-up lines; the user's own logging of the logger is untouched before and after."""
     import logging
 
-    from tfpipe.console import quiet_tensorflow
+    from tfpipe.runtime.console import quiet_tensorflow
 
     timing = "Callback method `on_train_batch_end` is slow compared to the batch time (batch time: 0.1s)"
     logger = logging.getLogger("tensorflow")

@@ -5,10 +5,10 @@ import pytest
 import tensorflow_datasets as tfds
 
 import tfpipe
-from tfpipe.errors import TfpipeError
-from tfpipe.images import ImageSpec
-from tfpipe.tfds_source import TfdsSource, read_tfds
+from tfpipe.runtime.errors import TfpipeError
+from tfpipe.sources.tfds import TfdsSource, read_tfds
 from tfpipe.write import write_shards
+from tfpipe.writer.images import ImageSpec
 
 
 def test_cifar10_class_labels_round_trip(tmp_path):

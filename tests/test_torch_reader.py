@@ -12,13 +12,13 @@ import tensorflow as tf
 import torch
 
 import tfpipe
-import tfpipe.read
-from tfpipe import schema
-from tfpipe.errors import TfpipeError
-from tfpipe.lifecycle import dead_worker_line
-from tfpipe.shards import open_shards
-from tfpipe.tfrecord import CorruptRecord, count_records, read_records
-from tfpipe.torch import RecordDataset, deal, worker_range
+import tfpipe.tf.read
+from tfpipe.format import schema
+from tfpipe.format.shards import open_shards
+from tfpipe.format.tfrecord import CorruptRecord, count_records, read_records
+from tfpipe.runtime.errors import TfpipeError
+from tfpipe.runtime.lifecycle import dead_worker_line
+from tfpipe.torch.dataset import RecordDataset, deal, worker_range
 
 
 def test_framing_reader_matches_tensorflow(shard_dir):
@@ -162,7 +162,7 @@ def test_dataloader_workers_under_forkserver_live(shard_dir):
     """The workers' die-with-parent hook: under forkserver a worker's parent is the server, not this process."""
     import functools
 
-    from tfpipe.lifecycle import worker_dies_with_parent
+    from tfpipe.runtime.lifecycle import worker_dies_with_parent
 
     ds = RecordDataset(shard_dir[0], folds=[0], with_ids=True)
     loader = torch.utils.data.DataLoader(
@@ -175,7 +175,7 @@ def test_dataloader_workers_under_forkserver_live(shard_dir):
 def _framed(record):
     import io
 
-    from tfpipe.tfrecord import LocalRecordWriter
+    from tfpipe.format.tfrecord import LocalRecordWriter
 
     buf = io.BytesIO()
     writer = LocalRecordWriter.__new__(LocalRecordWriter)
@@ -202,7 +202,7 @@ BROKEN_SHARER = """
 import os, socket, sys, time
 import torch
 from multiprocessing import resource_sharer
-from tfpipe.lifecycle import loader_dies_with_this_process
+from tfpipe.runtime.lifecycle import loader_dies_with_this_process
 
 class Consumed(torch.utils.data.IterableDataset):
     def __iter__(self):  # in the worker: a reader connects to its resource sharer and is gone (stopped)

@@ -16,9 +16,9 @@ import torch
 
 import tfpipe
 from tests.conftest import save, write_csv
-from tfpipe.errors import TfpipeError
-from tfpipe.net import free_port
-from tfpipe.torch import RecordDataset, unique_rows
+from tfpipe.runtime.errors import TfpipeError
+from tfpipe.runtime.net import free_port
+from tfpipe.torch.dataset import RecordDataset, unique_rows
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 AUC_LINE = re.compile(r"^(SWA )?validation AUC (\d\.\d+)$")
@@ -281,7 +281,7 @@ def test_unique_rows_take_the_padding_out_and_never_merge_other_images():
 
 def test_the_data_module_deals_the_folds_and_passes_the_epoch_on(shard_dir):
     pytest.importorskip("pytorch_lightning")
-    from tfpipe.lightning import ShardDataModule
+    from tfpipe.torch.lightning import ShardDataModule
 
     data = ShardDataModule(shard_dir[0], val_folds=[1], batch_size=4)
     data.setup("fit")
@@ -526,7 +526,7 @@ def test_a_recipe_run_on_single_label_shards_is_single_label_and_submits_one_cla
     report scores the argmax and writes no thresholds, the submission holds one class a row."""
     import argparse
 
-    from tfpipe.sources import LabelFormat
+    from tfpipe.sources.source import LabelFormat
     from train.torch.report import validation_report
     from train.torch.run import run_config, write_predictions, written_ids
 

@@ -16,12 +16,14 @@ import pytest
 import tensorflow as tf
 
 from tests.conftest import BACKEND, backend_keras, validation_auc
-from tfpipe.augment import NO_AUGMENT
-from tfpipe.errors import TfpipeError
+from tfpipe.runtime.errors import TfpipeError
+from tfpipe.tf.augment import NO_AUGMENT
 from train.accel.strategy import quick_teardown, resolve_strategy
-from train.fit import FitConfig, compile_model, fit, set_trainable
+from train.fit import FitConfig, fit
 from train.keras import schedules
+from train.keras.compiling import compile_model
 from train.keras.models import MODELS, build_model
+from train.keras.trainer import set_trainable
 
 keras = backend_keras()  # tf-keras, or Keras 3 on JAX (TFPIPE_TEST_BACKEND)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -119,7 +121,7 @@ def test_existing_run_is_refused_without_resume(shard_dir, tmp_path):
 def test_a_pytorch_recipes_run_is_neither_replaced_nor_predicted_by_train_fits_commands(shard_dir, tmp_path):
     """A recipe's run folder (train.torch.run: config.json naming its recipe, model.pt) shares config.json with
     train.fit's: train.fit --overwrite must not take it for its own, nor train.predict look for a model.keras."""
-    from train.prediction.inference import check_model_present
+    from train.keras.run_model import check_model_present
     from train.runs.run import RunConfig
 
     run = tmp_path / "recipe_run"
@@ -556,7 +558,7 @@ def test_heartbeat_speaks_while_something_runs_and_stops_with_it():
     import io
     import time
 
-    from tfpipe.console import Heartbeat
+    from tfpipe.runtime.console import Heartbeat
 
     out = io.StringIO()
     beat = Heartbeat("train.fit", every=0.05, out=out)
@@ -576,7 +578,7 @@ def test_heartbeat_speaks_while_something_runs_and_stops_with_it():
 def _gil_holding_script(body: str) -> list[str]:
     """A Python process that runs ``body`` with ``hold(s)``: sleeps ``s`` seconds holding the GIL (libc's sleep
     called through ctypes.PyDLL, which does not release it), as TensorFlow does while it destroys an iterator."""
-    head = "import ctypes, os, sys\nfrom tfpipe.console import Heartbeat\nhold = ctypes.PyDLL(None).sleep\n"
+    head = "import ctypes, os, sys\nfrom tfpipe.runtime.console import Heartbeat\nhold = ctypes.PyDLL(None).sleep\n"
     return [sys.executable, "-c", head + body]
 
 

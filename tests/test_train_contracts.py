@@ -1,5 +1,5 @@
 """Contracts of train/: a failed fit leaves nothing that blocks the corrected command, typed public entry points,
-the deprecated ``FitConfig.out``, the model registry's rough edges, and the command lines' wording."""
+the model registry's rough edges, and the command lines' wording."""
 
 import ast
 import json
@@ -14,9 +14,9 @@ import pytest
 import tensorflow as tf
 import tf_keras as keras
 
-from tfpipe.augment import NO_AUGMENT
-from tfpipe.errors import TfpipeError
-from tfpipe.shards import open_shards
+from tfpipe.format.shards import open_shards
+from tfpipe.runtime.errors import TfpipeError
+from tfpipe.tf.augment import NO_AUGMENT
 from train.accel.strategy import resolve_strategy
 from train.fit import FitConfig, fit
 from train.keras import models
@@ -241,17 +241,17 @@ def test_a_type_checker_flags_misspelt_names_keywords_and_types_in_a_users_scrip
     script = tmp_path / "user.py"
     script.write_text(
         "import tensorflow as tf\n"
-        "from tfpipe.shards import open_shards\n"
-        "from train.fit import FitConfig, compile_model, fit, make_auc, set_trainable\n"
+        "from tfpipe.format.shards import open_shards\n"
+        "from train.fit import FitConfig, fit\n"
         "from train.fit import FitConfg\n"  # line 4
-        "from train.predict import TTA_VIEWS, load_model, predict, predict_probabilities, tta_view\n"
+        "from train.predict import predict; from train.prediction.inference import TTA_VIEWS, predict_probabilities, tta_view\n"
         "cfg = FitConfig(records='r', run='x', strategy=tf.distribute.get_strategy())\n"
-        "cfg.out = 'y'\n"
+        "cfg.out = 'y'\n"  # line 7: 1.x's name of run, removed in 2.0
         "metrics: dict[str, object] = fit(cfg)\n"  # line 8: a FitResult (or preflight or worker result), no dict
         "a = predict('run', open_shards('r'), 's.csv', tta=2, threshold=0.3, strategy='cpu', progress=False)\n"
         "b = predict('run', 'records', 's.csv', ttaa=2)\n"  # line 10
         "c = predict('run', 'records', 's.csv', tta='2')\n"  # line 11
-        "print(metrics, a, b, c, compile_model, make_auc, set_trainable, TTA_VIEWS, load_model, "
+        "print(metrics, a, b, c, TTA_VIEWS, load_model, "
         "predict_probabilities, tta_view)\n"
     )
     r = subprocess.run(
@@ -272,22 +272,11 @@ def test_a_type_checker_flags_misspelt_names_keywords_and_types_in_a_users_scrip
     errors = sorted(
         (int(m.group(1)), m.group(2)) for m in re.finditer(r"user\.py:(\d+): error: .*\[([\w-]+)\]", r.stdout)
     )
-    assert errors == [(4, "attr-defined"), (8, "assignment"), (10, "call-arg"), (11, "arg-type")], r.stdout + r.stderr
+    expected = [(4, "attr-defined"), (7, "attr-defined"), (8, "assignment"), (10, "call-arg"), (11, "arg-type")]
+    assert errors == expected, r.stdout + r.stderr
 
 
-# ------------------------------------------------------------------------------ 3: FitConfig.out, deprecated
-
-
-def test_fitconfig_out_reads_and_sets_run_with_a_warning():
-    cfg = FitConfig(run="runs/a")
-    with pytest.warns(DeprecationWarning, match="FitConfig.out is deprecated, use FitConfig.run") as caught:
-        cfg.out = "runs/b"
-    assert cfg.run == "runs/b" and caught[0].filename == __file__  # points at the caller's line
-    with pytest.warns(DeprecationWarning, match="FitConfig.out is deprecated"):
-        assert cfg.out == "runs/b"
-
-
-# ---------------------------------------------------------------------------------- 4: the model registry
+# ---------------------------------------------------------------------------------- 3: the model registry
 
 
 def tiny_builder(variant, input_shape, weights):
@@ -359,7 +348,7 @@ def test_a_name_registered_twice_registers_none_of_its_variants(registry):
     assert MODELS["test-one"].variant == "x"
 
 
-# ------------------------------------------------------------------------------------- 5: wording
+# ------------------------------------------------------------------------------------- 4: wording
 
 
 def test_no_report_says_what_it_does_and_shows_no_default():

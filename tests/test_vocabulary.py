@@ -1,20 +1,17 @@
-"""tfpipe 1.0's one vocabulary (docs/glossary.md): the parts a machine can check, and the old spellings that keep
-working for one minor release with a warning naming the new one."""
+"""tfpipe's one vocabulary (docs/glossary.md): the parts a machine can check, and the 1.x spellings 2.0 removed
+(each refused, each in the CHANGELOG's migration table)."""
 
 import dataclasses
 import inspect
 import pathlib
 import re
-import subprocess
 import sys
 import typing
-import warnings
 
 import pytest
 
 import tfpipe
-from tfpipe.deprecations import REMOVED_IN, RENAMES
-from tfpipe.errors import TfpipeError
+from tfpipe.runtime.errors import TfpipeError
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -22,12 +19,12 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 def public_callables():
     """Every public function, class and method users reach: ``tfpipe``'s names, the reader's stages, the
     trainer's two doors, with their qualified names."""
-    import tfpipe.read
+    import tfpipe.tf.read
     from train import fit, predict
 
     found = {}
     objects = [(f"tfpipe.{n}", getattr(tfpipe, n)) for n in tfpipe.__all__]
-    objects += [(f"tfpipe.read.{n}", getattr(tfpipe.read, n)) for n in tfpipe.read.__all__]
+    objects += [(f"tfpipe.tf.read.{n}", getattr(tfpipe.tf.read, n)) for n in tfpipe.tf.read.__all__]
     objects += [
         ("train.fit.fit", fit.fit),
         ("train.fit.FitConfig", fit.FitConfig),
@@ -112,103 +109,82 @@ def test_write_shards_refuses_what_is_not_a_source(tmp_path):
         tfpipe.write_shards("images/", str(tmp_path / "out"))  # a path is not a source
 
 
-def test_old_python_names_still_work_and_warn_at_the_callers_line(labeled_folder, tmp_path, capsys):
-    source = tfpipe.Source(labeled_folder["images"], csv=labeled_folder["csv"])
-    spec = tfpipe.ImageSpec(image_size=16)
-    with pytest.warns(DeprecationWarning) as warned:
-        old = tfpipe.write_shards(
-            source, str(tmp_path / "old"), spec=spec, shards=2, folds=2, workers=0, progress=False
-        )
-    messages = sorted(str(w.message) for w in warned)
-    assert messages == [
-        f"write_shards(folds=...) is deprecated, use write_shards(num_folds=...) (the old spelling is removed in "
-        f"tfpipe {REMOVED_IN})",
-        f"write_shards(shards=...) is deprecated, use write_shards(num_shards=...) (the old spelling is removed "
-        f"in tfpipe {REMOVED_IN})",
-    ]
-    assert {w.filename for w in warned} == {__file__}  # the user's own line, so Python shows it
-    new = tfpipe.write_shards(
-        source, str(tmp_path / "new"), spec=spec, num_shards=2, num_folds=2, workers=0, progress=False
-    )
-    assert old.num_examples == new.num_examples and old.num_folds == new.num_folds == 2
-    assert [s.file for s in old.shards] == [s.file for s in new.shards]
-    with pytest.warns(DeprecationWarning, match="Shards.num_folds"):
-        assert tfpipe.open_shards(str(tmp_path / "new")).folds == 2
-    with pytest.warns(DeprecationWarning, match="Manifest.num_folds"):
-        assert new.folds == 2
-    with pytest.raises(TfpipeError, match="both folds= and num_folds="):
-        tfpipe.write_shards(source, str(tmp_path / "x"), folds=2, num_folds=3)
-    with pytest.warns(DeprecationWarning, match=r"inspect_shards\(stream=...\)") as warned:
-        tfpipe.inspect_shards(str(tmp_path / "new"), out=sys.stdout)
-    assert warned[0].filename == __file__ and "labels" in capsys.readouterr().out
+# 2.0 removed the spellings 1.x deprecated: (where, old, new). The CHANGELOG's migration table lists each.
+REMOVED_SPELLINGS = (
+    ("tfpipe.write_shards", "shards=", "num_shards="),
+    ("tfpipe.write_shards", "folds=", "num_folds="),
+    ("tfpipe.inspect_shards", "out=", "stream="),
+    ("tfpipe.Shards", ".folds", ".num_folds"),
+    ("tfpipe.Manifest", ".folds", ".num_folds"),
+    ("train.fit.FitConfig", "out=", "run="),
+    ("train.predict.predict_probabilities", "source=", "records="),
+    ("python -m tfpipe.write", "--shards", "--num-shards"),
+    ("python -m tfpipe.write", "--folds", "--num-folds"),
+    ("python -m train.fit", "--out", "--run"),
+)
 
 
-def test_fit_config_out_is_run_with_a_warning():
+def test_removed_python_spellings_are_refused(shard_dir):
+    """2.0 removed the spellings 1.x warned about: each is an error now, never a silent other meaning."""
     from train.fit import FitConfig
+    from train.prediction.inference import predict_probabilities
 
-    with pytest.warns(DeprecationWarning, match=r"FitConfig\(run=...\)") as warned:
-        cfg = FitConfig(out="runs/x", epochs=3)
-    assert cfg.run == "runs/x" and cfg.epochs == 3 and warned[0].filename == __file__
-    with pytest.warns(DeprecationWarning, match="FitConfig.run"):
-        assert cfg.out == "runs/x"
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        assert FitConfig(run="runs/y").run == "runs/y"  # the new name is silent
+    source = tfpipe.Source("images", csv="train.csv")
+    calls = [
+        lambda: tfpipe.write_shards(source, "o", shards=2),
+        lambda: tfpipe.write_shards(source, "o", folds=2),
+        lambda: tfpipe.inspect_shards(shard_dir[0], out=sys.stdout),
+        lambda: FitConfig(out="runs/x"),
+        lambda: predict_probabilities(
+            None, source="r/*.tfrec", strategy=None, batch_size=1, image_size=None, num_classes=1
+        ),
+    ]
+    for call in calls:
+        with pytest.raises(TypeError, match="unexpected keyword argument"):
+            call()
+    for opened in (tfpipe.open_shards(shard_dir[0]), tfpipe.Manifest.load(shard_dir[0])):
+        assert opened.num_folds is not None and not hasattr(opened, "folds")
+    assert not hasattr(FitConfig(), "out")
 
 
 @pytest.mark.parametrize(
-    ("module", "old", "new", "args"),
+    ("module", "old", "args"),
     [
-        ("tfpipe.write", "--folds", "--num-folds", ["--images", "i", "--out", "o"]),
-        ("tfpipe.write", "--shards", "--num-shards", ["--images", "i", "--out", "o"]),
-        ("train.fit", "--out", "--run", []),
+        ("tfpipe.write", "--folds", ["--images", "i", "--out", "o"]),
+        ("tfpipe.write", "--shards", ["--images", "i", "--out", "o"]),
+        ("train.fit", "--out", []),
     ],
 )
-def test_old_flags_still_work_with_one_line_on_stderr(module, old, new, args, capsys):
+def test_removed_flags_are_refused_in_one_line(module, old, args, capsys):
     import importlib
 
     parser = importlib.import_module(module).build_parser()
-    parsed = parser.parse_args([*args, old, "3"])
-    assert getattr(parsed, new.lstrip("-").replace("-", "_")) == (3 if new != "--run" else "3")
+    with pytest.raises(SystemExit) as stop:
+        parser.parse_args([*args, old, "3"])
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [
-        f"{module}: warning: {old} is deprecated, use {new} (the old spelling is removed in tfpipe {REMOVED_IN})"
-    ]
-    assert old not in parser.format_help().replace(new, "")  # --help shows only the new spelling
+    assert stop.value.code == 2 and err == [f"{parser.prog}: error: unrecognized arguments: {old} 3 (see --help)"]
 
 
-def test_a_command_with_an_old_flag_runs_to_the_end(labeled_folder, tmp_path):
-    out = str(tmp_path / "out")
-    proc = subprocess.run(
-        [sys.executable, "-m", "tfpipe.write", "--images", labeled_folder["images"], "--csv", labeled_folder["csv"],
-         "--out", out, "--folds", "2", "--workers", "0", "--no-progress"],
-        capture_output=True, text=True, cwd=ROOT,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    assert "--folds is deprecated, use --num-folds" in proc.stderr
-    assert tfpipe.Manifest.load(out).num_folds == 2
-
-
-def test_changelog_lists_every_rename_and_tells_the_one_version_story():
-    """Issue #54: the package said 1.0.0 while the docs spoke of "tfpipe 1.1" and the CHANGELOG's top was
-    [Unreleased]. Now the package is 1.1's development version, the CHANGELOG's top says it becomes 1.1.0, and
-    the renamed spellings are removed in that release, not before."""
+def test_changelog_has_a_migration_table_and_tells_the_one_version_story():
+    """The package is 2.0's development version, the CHANGELOG's top says it becomes 2.0.0, and its migration
+    table gives every removed spelling with the one that replaced it, and every moved module."""
     from packaging.version import Version
 
     changelog = (ROOT / "CHANGELOG.md").read_text()
     version = Version(tfpipe.__version__)
     releases = re.findall(r"^## \[([^\]]+)\]", changelog, re.M)
-    assert releases[:2] == ["Unreleased", "1.0.0"] and version.is_devrelease and version.release[:2] == (1, 1)
-    assert f"`{tfpipe.__version__}`" in changelog.split("## [1.0.0]")[0] and "released as 1.1.0" in changelog
-    assert Version(REMOVED_IN) == Version("1.1") > version  # the old spellings still work in this version
-    for where, old, new in RENAMES:
-        assert f"`{old}`" in changelog and f"`{new}`" in changelog, (where, old, new)
+    assert releases[:2] == ["Unreleased", "1.0.0"] and version.is_devrelease and version.release[:2] == (2, 0)
+    unreleased = changelog.split("## [1.0.0]")[0]
+    assert f"`{tfpipe.__version__}`" in unreleased and "released as 2.0.0" in unreleased
+    table = unreleased.split("### Migrating from 1.x")[1].split("\n### ")[0]
+    for where, old, new in REMOVED_SPELLINGS:
+        assert re.search(rf"\| `{re.escape(where)}` \| `{re.escape(old)}` \| `{re.escape(new)}` \|", table), old
 
 
 def test_docs_readme_and_notebook_use_only_the_new_names():
     texts = {p: p.read_text() for p in [ROOT / "README.md", ROOT / "examples" / "kaggle_tpu.ipynb", ROOT / "Makefile"]}
     code = [p for folder in ("tfpipe", "train", "bench") for p in (ROOT / folder).rglob("*.py")]
-    texts.update({p: p.read_text() for p in code if p.name != "deprecations.py"})  # docstrings, messages, help
+    texts.update({p: p.read_text() for p in code})  # docstrings, messages, help
     texts.update(
         {p: p.read_text() for p in (ROOT / "docs").rglob("*.md") if p.name not in ("changelog.md", "glossary.md")}
     )  # these two list the old names
@@ -221,8 +197,7 @@ def test_docs_readme_and_notebook_use_only_the_new_names():
         r"FitConfig\([^)]*\bout=",
     ]
     kept = (  # lines that say what was renamed, removed or is refused
-        "→", "deprecated", "old spelling", "removed", "fold ids", "add_deprecated_flag", "renamed_arguments",
-        "warn_renamed",
+        "→", "deprecated", "old spelling", "removed", "fold ids",
     )  # fmt: skip
     texts = {
         p: "\n".join(ln for ln in text.splitlines() if not any(k in ln for k in kept)) for p, text in texts.items()
@@ -239,16 +214,6 @@ def test_the_glossary_names_every_public_word():
         assert re.search(rf"\*\*{re.escape(word)}\*\*", glossary), word
 
 
-def test_predict_probabilities_takes_records_and_source_warns():
-    from train.predict import predict_probabilities
-
-    with pytest.warns(DeprecationWarning, match=r"predict_probabilities\(records=...\)"):
-        with pytest.raises(TfpipeError, match="no shard files"):  # warned first, then the records are opened
-            predict_probabilities(
-                None, source="/nonexistent/*.tfrec", strategy=None, batch_size=1, image_size=None, num_classes=1
-            )
-
-
 # ---------------------------------------------------------------- the second look: what a hostile tester found
 
 
@@ -261,10 +226,8 @@ def _write_cli(args):
 @pytest.mark.parametrize(
     ("module", "args", "needle"),
     [
-        ("tfpipe.write", ["--folds", "3", "--num-folds", "5"], "--folds is the old spelling of --num-folds"),
-        ("tfpipe.write", ["--num-shards=4", "--shards=8"], "--shards is the old spelling of --num-shards"),
-        ("train.fit", ["--out", "a", "--run", "b"], "--out is the old spelling of --run"),
-        ("tfpipe.write", ["--fold", "3"], "unrecognized arguments: --fold 3"),  # no abbreviations of --folds
+        ("tfpipe.write", ["--fold", "3"], "unrecognized arguments: --fold 3"),  # no abbreviation of --num-folds
+        ("train.fit", ["--rec", "r"], "unrecognized arguments: --rec r"),  # nor of --records
     ],
 )
 def test_old_and_new_flag_together_is_one_line_exit_2(module, args, needle, capsys):
@@ -299,7 +262,7 @@ def test_unlabeled_shards_read_with_targets_of_width_zero(labeled_folder, tmp_pa
     assert images.shape == (12, 16, 16, 3) and targets.shape == (12, 0) and len(set(ids.numpy())) == 12
     _, wide = next(iter(tfpipe.make_dataset(out, 12, num_classes=4)))  # the width of a run's classes: zeros
     assert wide.shape == (12, 4) and float(wide.numpy().sum()) == 0.0
-    from tfpipe.torch import RecordDataset
+    from tfpipe.torch.dataset import RecordDataset
 
     image, target = next(iter(RecordDataset(out)))
     assert tuple(image.shape) == (3, 16, 16) and tuple(target.shape) == (0,)
@@ -369,13 +332,13 @@ def test_fold_ids_and_counts_are_told_apart(shard_dir, call, needle):
 @pytest.mark.parametrize(
     ("call", "needle"),
     [
-        (lambda: tfpipe.ImageSpec(size=16), "ImageSpec(size=...) was removed in tfpipe 1.0: use image_size="),
-        (lambda: tfpipe.write_shards(None, "o", num_workers=0), "use workers="),
-        (lambda: tfpipe.make_dataset("r", 8, shuffle_buffer=4), "options=ReadOptions(shuffle_buffer=...)"),
+        (lambda: tfpipe.ImageSpec(size=16), "unexpected keyword argument 'size'"),
+        (lambda: tfpipe.write_shards(None, "o", num_workers=0), "unexpected keyword argument 'num_workers'"),
+        (lambda: tfpipe.make_dataset("r", 8, shuffle_buffer=4), "unexpected keyword argument 'shuffle_buffer'"),
         (lambda: tfpipe.Manifest("train", (), ())["classes"], "use manifest.classes"),
     ],
 )
-def test_what_1_0_removed_says_what_replaced_it(call, needle):
+def test_removed_arguments_are_type_errors(call, needle):
     with pytest.raises(TypeError, match=re.escape(needle)):
         call()
 
@@ -395,8 +358,8 @@ def test_open_source_refuses_settings_that_would_be_ignored(kwargs, needle):
 
 
 def test_read_options_help_and_dir_hold_no_surprises():
-    from tfpipe.augment import AUGMENT_LIMITS, Augment
-    from tfpipe.parse import READ_LIMITS
+    from tfpipe.tf.augment import AUGMENT_LIMITS, Augment
+    from tfpipe.tf.parse import READ_LIMITS
 
     with pytest.raises(TfpipeError, match="parse_batch must be at least 1"):
         tfpipe.ReadOptions(parse_batch=0)
@@ -431,7 +394,7 @@ def test_every_augment_field_is_a_flag_of_train_fit_and_reads_back_as_in_python(
     same meaning; none given is Augment(); --no-augment with a flag asking for some is one refusal."""
     import dataclasses
 
-    from tfpipe.augment import NO_AUGMENT, Augment
+    from tfpipe.tf.augment import NO_AUGMENT, Augment
     from train.fit import build_parser, config_from_args
 
     parser = build_parser()
@@ -471,7 +434,7 @@ def test_every_augment_field_is_a_flag_of_train_fit_and_reads_back_as_in_python(
 )
 def test_augmentation_values_out_of_range_are_one_line(args, needle):
     """The second hostile round of issue #33: these were accepted and failed (or went NaN) only in training."""
-    from tfpipe.errors import as_command
+    from tfpipe.runtime.errors import as_command
     from train.fit import build_parser, config_from_args
 
     with as_command("train.fit"), pytest.raises(TfpipeError, match=re.escape(needle)):  # flags, as the command says
@@ -479,7 +442,7 @@ def test_augmentation_values_out_of_range_are_one_line(args, needle):
 
 
 def test_flags_that_agree_with_no_augment_are_taken():
-    from tfpipe.augment import NO_AUGMENT, Augment
+    from tfpipe.tf.augment import NO_AUGMENT, Augment
     from train.fit import build_parser, config_from_args
 
     parser = build_parser()

@@ -14,7 +14,7 @@ import pytest
 
 import tfpipe
 from tests.conftest import save, sigint_as_a_terminal_sends_it, write_csv
-from tfpipe.errors import TfpipeError
+from tfpipe.runtime.errors import TfpipeError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -32,7 +32,7 @@ def small_source(root, n=12, size=(40, 56), seed=0):
 
 
 def write(source, out, **kwargs):
-    from tfpipe.images import ImageSpec
+    from tfpipe.writer.images import ImageSpec
 
     kwargs.setdefault("spec", ImageSpec(image_size=16))
     return tfpipe.write_shards(source, str(out), workers=0, progress=False, **kwargs)
@@ -43,7 +43,7 @@ def test_a_folder_locked_by_another_job_of_this_process_is_refused_until_it_ends
     """The lock is the job's token, not its host and pid: a job of this same process (another thread) holding the
     folder is live, not a lock "left by this process" to take over (that let two threads commit into one folder,
     both shards corrupt)."""
-    from tfpipe.locks import locked_folder
+    from tfpipe.runtime.locks import locked_folder
 
     source, out = small_source(tmp_path / "src"), tmp_path / "out"
     with locked_folder(str(out), "tfpipe.write"):
@@ -141,7 +141,7 @@ def test_two_writes_of_one_dataset_read_together_are_refused_by_fit_and_predict(
     on images it trains on, and a submission would hold every id twice: train.fit refuses files of several
     folders that hold one image twice, train.predict records that hold one id twice."""
     from tfpipe import Source
-    from tfpipe.images import ImageSpec
+    from tfpipe.writer.images import ImageSpec
     from train.fit import FitConfig, fit
     from train.predict import predict
 
@@ -162,7 +162,7 @@ def test_two_writes_of_one_dataset_read_together_are_refused_by_fit_and_predict(
 
 def test_predict_refuses_a_glob_of_shards_in_another_class_order(trained_run, shard_dir, tmp_path):
     from tfpipe import Source
-    from tfpipe.images import ImageSpec
+    from tfpipe.writer.images import ImageSpec
     from train.predict import predict
 
     run, _, _ = trained_run
@@ -240,7 +240,7 @@ def test_a_write_reports_copies_of_one_image_their_other_labels_and_other_folds(
 
 
 def test_copies_in_other_folds_are_named_with_both_folds():
-    from tfpipe.copies import Copy, Stored, copy_lines
+    from tfpipe.writer.copies import Copy, Stored, copy_lines
 
     a, b = Stored("a", frozenset({0}), 0), Stored("b", frozenset({0}), 3)
     lines = copy_lines([Copy(b, a)], ["cat"])
@@ -255,7 +255,7 @@ def test_an_image_is_known_by_its_content_and_every_image_given_is_scored(traine
     copy of an image it validated on, renamed, is. The score over all the images given is printed either way."""
     import pandas as pd
 
-    from tfpipe.images import ImageSpec
+    from tfpipe.writer.images import ImageSpec
     from train.predict import predict
 
     run, _, _ = trained_run
@@ -292,8 +292,8 @@ def test_an_image_is_known_by_its_content_and_every_image_given_is_scored(traine
 
 # ----------------------------------------------------------------- 5: no raw error passed through
 def test_every_json_file_read_back_refuses_a_key_given_twice(tmp_path):
-    from tfpipe import fs
-    from tfpipe.manifest import Manifest
+    from tfpipe.format.manifest import Manifest
+    from tfpipe.runtime import fs
     from train.runs.thresholds import load_thresholds
 
     (tmp_path / "thresholds.json").write_text('{"a": 0.3, "b": 0.5, "a": 0.9}')
@@ -373,7 +373,7 @@ def test_the_run_files_read_back_on_resume_and_predict_are_checked_whole(tmp_pat
     ],
 )
 def test_a_csv_row_that_does_not_match_its_header_is_refused_naming_it(tmp_path, lines, says):
-    from tfpipe.csv_source import read_csv
+    from tfpipe.sources.csv import read_csv
 
     (tmp_path / "train.csv").write_bytes(("\n".join(lines) + "\n\n").encode())  # a blank line at the end: no row
     with pytest.raises(TfpipeError, match=says):
@@ -407,7 +407,7 @@ def test_a_full_disk_names_the_file_and_the_way_on(tmp_path):
         f"rm filler && {py} -m tfpipe.write {args} --no-progress --resume > resume.out && "
         f"{py} -m tfpipe.inspect records --verify > /dev/null && cat first.rc first.err && "
         f"head -c 1000k /dev/urandom > filler2; "
-        f'{py} -c \'from tfpipe import fs; fs.write_atomic("config.json", "x" * 400000)\'',
+        f'{py} -c \'from tfpipe.runtime import fs; fs.write_atomic("config.json", "x" * 400000)\'',
         disk,
         1,
     )
@@ -427,8 +427,8 @@ def test_the_torch_reader_ends_a_pass_read_across_a_rewrite_with_the_rewrite(sha
     normally with some targets of the new write; shards renamed under it are named as the rewrite, not a raw
     ``FileNotFoundError``."""
     from tfpipe import Source
-    from tfpipe.images import ImageSpec
-    from tfpipe.torch import RecordDataset
+    from tfpipe.torch.dataset import RecordDataset
+    from tfpipe.writer.images import ImageSpec
 
     folder = tmp_path / "records"
     shutil.copytree(shard_dir[0], folder)
@@ -450,7 +450,7 @@ def test_a_tf_data_pass_read_across_a_rewrite_ends_in_an_error_naming_the_folder
     every target means another class) ends in an error, never normally. A pass of an unchanged folder ends."""
     import tensorflow as tf
 
-    from tfpipe.read import read_in_order
+    from tfpipe.tf.read import read_in_order
 
     source, out = small_source(tmp_path / "src"), tmp_path / "out"
     write(source, out, num_shards=3, classes=["a", "b"])
@@ -475,7 +475,7 @@ def test_a_tf_data_pass_read_across_a_rewrite_ends_in_an_error_naming_the_folder
 def cut_shard(path, keep):
     """Rewrites the shard at ``path`` with its records ``keep`` (a slice or list of indices): a shard cut short
     at a record boundary, or grown, in place -- what a copy in place or a file still being written leaves."""
-    from tfpipe.tfrecord import RecordWriter, read_records
+    from tfpipe.format.tfrecord import RecordWriter, read_records
 
     records = list(read_records(str(path)))
     with RecordWriter(str(path)) as w:
@@ -487,7 +487,7 @@ def test_a_pass_over_a_shard_cut_short_or_grown_after_it_was_opened_is_refused_n
     """Each shard's record count is checked in TensorFlow ops as a pass reaches its end (issue #53): a shard cut
     at a record boundary, or grown by a record, after the folder was opened ends every pass -- make_dataset's,
     the columns' -- in one line naming the shard and both counts, never a pass of 11 records."""
-    from tfpipe.read import read_in_order
+    from tfpipe.tf.read import read_in_order
 
     source, out = small_source(tmp_path / "src"), tmp_path / "out"
     write(source, out, num_shards=3, classes=["a", "b"])
@@ -759,7 +759,7 @@ def test_the_ddp_recipe_leaves_no_process_behind_and_says_why_in_one_line(demo_s
 
 THREAD_THEN_MAIN = """
 import sys, threading, time
-from tfpipe.lightning import ShardDataModule
+from tfpipe.torch.lightning import ShardDataModule
 
 data = ShardDataModule(sys.argv[1], workers=1, batch_size=4)
 loader = data.val_dataloader()
@@ -787,8 +787,8 @@ def test_persistent_workers_started_from_a_thread_that_ends_live_on(shard_dir):
 KILLED_IN_COMMIT = """
 import os, signal, sys
 import tfpipe
-from tfpipe import fs
-from tfpipe.images import ImageSpec
+from tfpipe.runtime import fs
+from tfpipe.writer.images import ImageSpec
 
 real, moved = fs.rename, []
 
@@ -829,7 +829,7 @@ def test_two_jobs_taking_over_one_dead_lock_at_once_never_both_hold_it(tmp_path)
     second must not take away the first one's fresh lock (it did in 156 of 300 tries: both then held the folder)."""
     import socket
 
-    from tfpipe.locks import LOCK, WriteLock
+    from tfpipe.runtime.locks import LOCK, WriteLock
 
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     both = 0
@@ -872,7 +872,7 @@ def test_a_model_file_whose_config_is_damaged_is_one_line(trained_run, tmp_path)
     """The config.json inside model.keras is read as strictly as every JSON file read back."""
     import zipfile
 
-    from train.prediction.inference import load_model
+    from train.keras.run_model import load_model
 
     run, _, _ = trained_run
     with zipfile.ZipFile(f"{run}/model.keras") as z:

@@ -12,7 +12,8 @@ import pytest
 import tensorflow as tf
 
 from tests.conftest import save, write_csv
-from tfpipe import schema
+from tfpipe.format import schema
+from tfpipe.tf.parse import feature_spec
 from tfpipe.write import main
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -23,7 +24,7 @@ def read_back(out):
     files = sorted(glob.glob(os.path.join(out, "*.tfrec")))
     rows = []
     for batch in tf.data.TFRecordDataset(files).batch(64):
-        parsed = tf.io.parse_example(batch, schema.feature_spec())
+        parsed = tf.io.parse_example(batch, feature_spec())
         for name, target, h, w, image in zip(
             parsed["image_name"].numpy(),
             parsed["target"].numpy(),
@@ -425,7 +426,7 @@ def test_cli_error_has_no_traceback(labeled_folder, tmp_path):
 def test_errors_name_the_setting_as_the_user_wrote_it(labeled_folder, tmp_path, capsys):
     """The same refusal names the flag under the command and the argument from Python."""
     from tfpipe import Source, write_shards
-    from tfpipe.errors import TfpipeError
+    from tfpipe.runtime.errors import TfpipeError
 
     out = str(tmp_path / "out")
     args = ["--csv", labeled_folder["csv"], "--images", labeled_folder["images"], "--out", out, "--image-size", "16"]

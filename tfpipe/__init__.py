@@ -5,7 +5,7 @@ Public API (heavy imports are deferred until used; the words follow docs/glossar
 - ``write_shards(source, out, ...)``: a source -> a shard folder of TFRecords + ``manifest.json`` (``tfpipe.write``).
 - ``open_source(...)``, ``Source``, ``TfdsSource``, ``SourceProtocol``, ``LabelFormat``: what the writer reads.
 - ``ImageSpec``: how images are stored (size, fit, format, quality, input limits).
-- ``make_dataset(records, batch_size, ...)``: shards -> ``(images, targets)`` batches (``tfpipe.read``, whose
+- ``make_dataset(records, batch_size, ...)``: shards -> ``(images, targets)`` batches (``tfpipe.tf.read``, whose
   stages ``Parser``, ``read_shuffled``, ``read_in_order``, ``training_batches``, ... are public too).
 - ``Augment``, ``ReadOptions``: which training augmentations ``make_dataset`` applies; how it reads.
 - ``open_shards(records, folds)``, ``Shards``, ``verify``: shards opened and checked; every record's CRCs.
@@ -25,49 +25,42 @@ from typing import TYPE_CHECKING, Any
 from tfpipe.version import __version__ as __version__
 
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time each name is imported when first used
-    from tfpipe.augment import Augment
-    from tfpipe.errors import TfpipeError
-    from tfpipe.images import ImageSpec
+    from tfpipe.format.manifest import Manifest
+    from tfpipe.format.shards import Shards, fold_split, open_shards, verify
     from tfpipe.inspect import inspect_shards
-    from tfpipe.labels import LabelFormat
-    from tfpipe.manifest import Manifest
-    from tfpipe.read import (
-        ReadOptions,
-        count_examples,
-        image_digests,
-        image_names,
-        make_dataset,
-        naming_corrupt_shards,
-        read_targets,
-    )
-    from tfpipe.shards import Shards, fold_split, open_shards, verify
-    from tfpipe.sources import Item, Source, SourceProtocol
-    from tfpipe.tfds_source import TfdsSource
-    from tfpipe.writer import open_source, write_shards
+    from tfpipe.runtime.errors import TfpipeError
+    from tfpipe.sources.labels import LabelFormat
+    from tfpipe.sources.source import Item, Source, SourceProtocol
+    from tfpipe.sources.tfds import TfdsSource
+    from tfpipe.tf.augment import Augment
+    from tfpipe.tf.columns import count_examples, image_digests, image_names, naming_corrupt_shards, read_targets
+    from tfpipe.tf.read import ReadOptions, make_dataset
+    from tfpipe.writer.engine import open_source, write_shards
+    from tfpipe.writer.images import ImageSpec
 
 _LAZY = {
-    "write_shards": "tfpipe.writer",
-    "Source": "tfpipe.sources",
-    "SourceProtocol": "tfpipe.sources",
-    "Item": "tfpipe.sources",
-    "open_source": "tfpipe.writer",
-    "TfdsSource": "tfpipe.tfds_source",
-    "Shards": "tfpipe.shards",
-    "ImageSpec": "tfpipe.images",
-    "LabelFormat": "tfpipe.labels",
-    "TfpipeError": "tfpipe.errors",
-    "make_dataset": "tfpipe.read",
-    "ReadOptions": "tfpipe.read",
-    "fold_split": "tfpipe.shards",
-    "open_shards": "tfpipe.shards",
-    "Manifest": "tfpipe.manifest",
-    "verify": "tfpipe.shards",
-    "count_examples": "tfpipe.read",
-    "image_digests": "tfpipe.read",
-    "image_names": "tfpipe.read",
-    "read_targets": "tfpipe.read",
-    "naming_corrupt_shards": "tfpipe.read",
-    "Augment": "tfpipe.augment",
+    "write_shards": "tfpipe.writer.engine",
+    "Source": "tfpipe.sources.source",
+    "SourceProtocol": "tfpipe.sources.source",
+    "Item": "tfpipe.sources.source",
+    "open_source": "tfpipe.writer.engine",
+    "TfdsSource": "tfpipe.sources.tfds",
+    "Shards": "tfpipe.format.shards",
+    "ImageSpec": "tfpipe.writer.images",
+    "LabelFormat": "tfpipe.sources.labels",
+    "TfpipeError": "tfpipe.runtime.errors",
+    "make_dataset": "tfpipe.tf.read",
+    "ReadOptions": "tfpipe.tf.read",
+    "fold_split": "tfpipe.format.shards",
+    "open_shards": "tfpipe.format.shards",
+    "Manifest": "tfpipe.format.manifest",
+    "verify": "tfpipe.format.shards",
+    "count_examples": "tfpipe.tf.columns",
+    "image_digests": "tfpipe.tf.columns",
+    "image_names": "tfpipe.tf.columns",
+    "read_targets": "tfpipe.tf.columns",
+    "naming_corrupt_shards": "tfpipe.tf.columns",
+    "Augment": "tfpipe.tf.augment",
     "inspect_shards": "tfpipe.inspect",
 }
 

@@ -22,8 +22,8 @@ from collections.abc import Iterator, Sequence
 import cv2
 import numpy as np
 
-from tfpipe import fs
-from tfpipe.errors import ArgumentParser, TfpipeError, check_count, check_seed, run_cli
+from tfpipe.runtime import fs
+from tfpipe.runtime.errors import ArgumentParser, TfpipeError, check_count, check_seed, run_cli
 
 SHAPES = ("circle", "cross", "square", "star", "triangle")
 MARK = ".tfpipe-demo.json"  # written first into a demo folder: what a later demo may write over

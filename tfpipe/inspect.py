@@ -20,11 +20,11 @@ from typing import Any, TextIO, TypeAlias
 
 import numpy as np
 
-from tfpipe import fs, schema
-from tfpipe.deprecations import renamed_arguments
-from tfpipe.errors import ArgumentParser, TfpipeError, check_count, option, run_cli
-from tfpipe.shards import Records, Shards, open_shards, verify
-from tfpipe.tfrecord import CorruptRecord, compressed, read_records
+from tfpipe.format import schema
+from tfpipe.format.shards import Records, Shards, open_shards, verify
+from tfpipe.format.tfrecord import CorruptRecord, compressed, read_records
+from tfpipe.runtime import fs
+from tfpipe.runtime.errors import ArgumentParser, TfpipeError, check_count, option, run_cli
 
 SCAN_RECORDS = 5000  # records read for the schema and label frequencies
 SHEET_COLUMNS = 8
@@ -221,7 +221,6 @@ def _is_sheet(path: str) -> bool:
         return False
 
 
-@renamed_arguments(out="stream")
 def inspect_shards(
     records: Records,
     *,

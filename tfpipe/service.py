@@ -10,7 +10,7 @@ and stays quiet until stopped (Ctrl-C, SIGTERM). A worker registers at the dispa
 the same path from the workers (``gs://``, a shared disk). TensorFlow's gRPC servers listen on every interface
 of the machine at the port given; a firewall decides who reaches them.
 
-The engine, what a training pipeline calls: ``tfpipe.data_service``.
+The engine, what a training pipeline calls: ``tfpipe.tf.data_service``.
 """
 
 from __future__ import annotations
@@ -21,12 +21,12 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from tfpipe.data_service import check_service
-from tfpipe.deps import require
-from tfpipe.errors import ArgumentParser, TfpipeError, check_at_least, option, run_cli
-from tfpipe.lifecycle import signals_held, wait_for_a_stop
-from tfpipe.locks import check_not_a_file
-from tfpipe.net import MAX_PORT
+from tfpipe.runtime.deps import require
+from tfpipe.runtime.errors import ArgumentParser, TfpipeError, check_at_least, option, run_cli
+from tfpipe.runtime.lifecycle import signals_held, wait_for_a_stop
+from tfpipe.runtime.locks import check_not_a_file
+from tfpipe.runtime.net import MAX_PORT
+from tfpipe.tf.data_service import check_service
 
 PROG = "tfpipe.service"
 WORKER_TIMEOUT = 60  # seconds without a worker's heartbeat before the dispatcher counts it lost
@@ -89,7 +89,7 @@ def started(server_class: Callable[[Any], Any], config: Any, port: int) -> Any:
 
 def serve(server: Any) -> None:
     """Serves until Ctrl-C or SIGTERM, then ends the process at once after the command's line
-    (``tfpipe.lifecycle.wait_for_a_stop``: ``main`` held both signals before any thread started)."""
+    (``tfpipe.runtime.lifecycle.wait_for_a_stop``: ``main`` held both signals before any thread started)."""
     wait_for_a_stop(PROG)  # the server lives while this waits: ``server`` is held until the process ends
 
 

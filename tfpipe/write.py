@@ -9,7 +9,7 @@ folds -> plan shards -> decode/resize/encode/serialize in a torch DataLoader
 and write ``manifest.json``. See ``python -m tfpipe.write --help``.
 
 This module is the command: its flags, the one-line error edge and the exit codes, over
-``tfpipe.writer.write_shards`` (the engine; also ``tfpipe.write_shards``).
+``tfpipe.writer.engine.write_shards`` (the engine; also ``tfpipe.write_shards``).
 """
 
 from __future__ import annotations
@@ -18,14 +18,13 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from tfpipe.deprecations import add_deprecated_flag
-from tfpipe.errors import ArgumentParser, TfpipeError, check_path, run_cli
-from tfpipe.images import FITS, FORMATS, ImageSpec, from_millions
-from tfpipe.labels import LabelFormat
-from tfpipe.runners import RUNNERS
-from tfpipe.sources import SourceProtocol
-from tfpipe.writer import open_source as open_source  # tfpipe.write.open_source: its 1.0 name
-from tfpipe.writer import write_shards as write_shards  # tfpipe.write.write_shards: its 1.0 name
+from tfpipe.runtime.errors import ArgumentParser, TfpipeError, check_path, run_cli
+from tfpipe.sources.labels import LabelFormat
+from tfpipe.sources.source import SourceProtocol
+from tfpipe.writer.engine import open_source as open_source  # tfpipe.write.open_source: its 1.0 name
+from tfpipe.writer.engine import write_shards as write_shards  # tfpipe.write.write_shards: its 1.0 name
+from tfpipe.writer.images import FITS, FORMATS, ImageSpec, from_millions
+from tfpipe.writer.runners import RUNNERS
 
 
 def build_parser() -> ArgumentParser:
@@ -100,8 +99,6 @@ def _output_args(p: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help="CSV column of each image's group (patient, video, site): every image of a group in one fold",
     )
-    add_deprecated_flag(out, "--shards", "--num-shards")
-    add_deprecated_flag(out, "--folds", "--num-folds")
     out.add_argument("--seed", type=int, default=0, help="seed of the fold assignment (default: 0)")
     out.add_argument("--skip-bad", action="store_true", help="skip unreadable/missing images and list them")
     out.add_argument(

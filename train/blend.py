@@ -27,10 +27,10 @@ from typing import Any
 
 import numpy as np
 
-from tfpipe import fs
-from tfpipe.console import counted
-from tfpipe.errors import ArgumentParser, TfpipeError, check_path, option, run_cli
-from tfpipe.labels import is_missing, present
+from tfpipe.runtime import fs
+from tfpipe.runtime.console import counted
+from tfpipe.runtime.errors import ArgumentParser, TfpipeError, check_path, option, run_cli
+from tfpipe.sources.labels import is_missing, present
 from train.decide.evaluation import Scores, headline, score
 from train.decide.metrics import METRICS, Metric, metric_of
 from train.decide.weights import Searched, search_weights

@@ -19,8 +19,8 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from tfpipe.console import counted, quiet_call
-from tfpipe.errors import ArgumentParser, TfpipeError, option, run_cli
+from tfpipe.runtime.console import counted, quiet_call
+from tfpipe.runtime.errors import ArgumentParser, TfpipeError, option, run_cli
 from train.fit import build_parser as fit_parser
 from train.fit import check_inputs, config_from_args
 from train.keras.config import FitConfig

@@ -5,8 +5,7 @@
 
 On a Kaggle TPU v3-8: ``--strategy tpu`` (the same command otherwise). This module is the command line over
 ``train.keras.config.FitConfig`` (also ``train.fit.FitConfig``), and imports no TensorFlow (``--help`` answers at once);
-``fit`` runs the engine in ``train.keras.trainer``, whose ``compile_model``, ``make_auc`` and ``set_trainable`` are
-reachable from here too (tfpipe 1.0's names).
+``fit`` runs the engine in ``train.keras.trainer``.
 """
 
 from __future__ import annotations
@@ -17,15 +16,14 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from tfpipe import console
-from tfpipe.console import quiet_call
-from tfpipe.deprecations import add_deprecated_flag
-from tfpipe.errors import ArgumentParser, TfpipeError, check_path, run_cli
-from tfpipe.lifecycle import BAD_INPUT
-from tfpipe.sampling import SAMPLINGS
+from tfpipe.format.sampling import SAMPLINGS
+from tfpipe.runtime import console
+from tfpipe.runtime.console import quiet_call
+from tfpipe.runtime.errors import ArgumentParser, TfpipeError, check_path, run_cli
+from tfpipe.runtime.lifecycle import BAD_INPUT
 from train.accel.tpus import TPUS
 from train.decide.metrics import METRICS, Metric
-from train.keras.config import FitConfig as FitConfig  # re-exported: train.fit.FitConfig (tfpipe 1.0)
+from train.keras.config import FitConfig as FitConfig  # the notebook's spelling: from train.fit import FitConfig, fit
 from train.keras.models import model_names
 from train.keras.names import (
     BACKENDS,
@@ -40,15 +38,7 @@ from train.keras.names import (
 from train.runs.results import Best, FitResult, PreflightReport, WorkerResult
 
 if TYPE_CHECKING:
-    from tfpipe.augment import Augment
-
-    # The engine's names this module hands out (``__getattr__`` below), declared for type checkers: they see
-    # these, and a misspelt name is an error instead of Any.
-    from train.keras.trainer import compile_model as compile_model
-    from train.keras.trainer import make_auc as make_auc
-    from train.keras.trainer import set_trainable as set_trainable
-
-ENGINE_NAMES = ("compile_model", "make_auc", "set_trainable")  # the engine's names tfpipe 1.0 offered here
+    from tfpipe.tf.augment import Augment
 
 
 @quiet_call
@@ -82,18 +72,6 @@ def fit(cfg: FitConfig) -> FitResult | PreflightReport | WorkerResult:
     return trainer.fit(cfg, choice)
 
 
-if not TYPE_CHECKING:  # hidden from type checkers, which see the names above
-
-    def __getattr__(name: str) -> Any:
-        """``from train.fit import compile_model``: the engine's names of ``ENGINE_NAMES`` (only those),
-        imported when first asked for."""
-        if name not in ENGINE_NAMES:
-            raise AttributeError(f"module 'train.fit' has no attribute {name!r}")
-        from train.keras import trainer
-
-        return getattr(trainer, name)
-
-
 def build_parser(prog: str = "python -m train.fit", description: str | None = None) -> ArgumentParser:
     """The command's parser: one flag a field of ``FitConfig`` (``train.cv`` builds on it, with its own ``prog``)."""
     d = FitConfig()
@@ -125,7 +103,6 @@ def _data_args(p: ArgumentParser, d: FitConfig) -> None:
     """What to train on, where to write, on which devices."""
     p.add_argument("--records", help=f"shard folder from tfpipe.write (default: {d.records}, where make demo writes)")
     p.add_argument("--run", default=d.run, help="the run folder to write (model, thresholds, history, metrics)")
-    add_deprecated_flag(p, "--out", "--run")
     p.add_argument(
         "--strategy",
         choices=STRATEGIES,
@@ -202,8 +179,8 @@ AUGMENT_CROPS = ("pad", "resized", "none")  # Augment.crop's values on the comma
 def _augment_args(p: ArgumentParser) -> None:
     """Training augmentation: one flag for every field of ``tfpipe.Augment``, made from its fields (so a field
     added there is a flag here), each left out meaning Augment's default; ``config_from_args`` makes the
-    ``Augment`` of them. Importing ``tfpipe.augment`` starts no TensorFlow."""
-    from tfpipe.augment import Augment
+    ``Augment`` of them. Importing ``tfpipe.tf.augment`` starts no TensorFlow."""
+    from tfpipe.tf.augment import Augment
 
     group = p.add_argument_group("augmentation", "the fields of tfpipe.Augment, one flag each (docs: Augment)")
     group.add_argument("--no-augment", action="store_true", help="no training augmentation at all")
@@ -317,7 +294,7 @@ def config_from_args(args: argparse.Namespace) -> FitConfig:
 def augment_from_args(args: argparse.Namespace) -> Augment:
     """The ``Augment`` the flags give (Augment's defaults for those left out); ``--no-augment`` with a flag that
     asks for some augmentation is refused rather than one of them ignored."""
-    from tfpipe.augment import NO_AUGMENT, Augment
+    from tfpipe.tf.augment import NO_AUGMENT, Augment
 
     given = {f.name: getattr(args, f.name) for f in dataclasses.fields(Augment) if getattr(args, f.name) is not None}
     if given.get("crop") == "none":
@@ -340,7 +317,7 @@ def _flag(name: str, value: object) -> str:
 def check_inputs(cfg: FitConfig) -> None:
     """The shards, opened before the engine starts TensorFlow: a mistyped ``--records`` is answered in 0.3 s
     instead of ~10 s. The engine opens them again, with every other check."""
-    from tfpipe.shards import open_shards  # here, not at the top: --help stays at 0.1 s
+    from tfpipe.format.shards import open_shards  # here, not at the top: --help stays at 0.1 s
 
     check_path(records=cfg.records)
     open_shards(cfg.records)
@@ -349,7 +326,7 @@ def check_inputs(cfg: FitConfig) -> None:
 def run_command(args: argparse.Namespace) -> int:
     if args.records is None:  # the demo's folder: say so when it is not there, rather than "no shard files"
         args.records = FitConfig.records
-        from tfpipe import fs
+        from tfpipe.runtime import fs
 
         if not fs.exists(args.records):
             raise TfpipeError(
@@ -435,7 +412,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     code = main()
-    from tfpipe.lifecycle import exit_now
+    from tfpipe.runtime.lifecycle import exit_now
     from train.accel.cluster import in_a_cluster
 
     if in_a_cluster():  # TensorFlow's teardown would report the workers that ended first, after our last line

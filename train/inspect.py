@@ -19,9 +19,9 @@ import textwrap
 from collections.abc import Sequence
 from typing import Any
 
-from tfpipe import fs
-from tfpipe.console import counted
-from tfpipe.errors import ArgumentParser, TfpipeError, run_cli
+from tfpipe.runtime import fs
+from tfpipe.runtime.console import counted
+from tfpipe.runtime.errors import ArgumentParser, TfpipeError, run_cli
 from train.accel.backend import NAMES as BACKEND_NAMES
 from train.decide import evaluation
 from train.decide.metrics import run_metric

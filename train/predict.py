@@ -11,8 +11,7 @@ column: the labels). ``--save-probabilities FILE`` also keeps the test probabili
 (a CV folder's each fold's too). On labeled shards it prints exact scores
 too (AUC, exact-match accuracy, F1; the run's own training shards split into held-out and trained-on rows). This
 module is the command line and imports no TensorFlow
-(``--help`` answers at once); ``predict`` runs the engine in ``train.prediction.inference``, whose other names are
-reachable from here too.
+(``--help`` answers at once); ``predict`` runs the engine in ``train.prediction.inference``.
 """
 
 from __future__ import annotations
@@ -21,10 +20,10 @@ import argparse
 import dataclasses
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from tfpipe.console import quiet_call
-from tfpipe.errors import ArgumentParser, check_path, run_cli
+from tfpipe.runtime.console import quiet_call
+from tfpipe.runtime.errors import ArgumentParser, check_path, run_cli
 from train.keras.config import PredictConfig as PredictConfig  # re-exported: train.predict.PredictConfig
 from train.keras.names import BACKENDS, ONE_MACHINE, TTA_VIEW_COUNT
 from train.prediction.sample import SAMPLE_HELP
@@ -33,16 +32,7 @@ if TYPE_CHECKING:
     import pandas as pd
     import tensorflow as tf
 
-    from tfpipe.shards import Records
-
-    # The engine's names this module hands out (``__getattr__`` below), declared for type checkers: they see
-    # these, and a misspelt name is an error instead of Any.
-    from train.prediction.inference import TTA_VIEWS as TTA_VIEWS
-    from train.prediction.inference import load_model as load_model
-    from train.prediction.inference import predict_probabilities as predict_probabilities
-    from train.prediction.inference import tta_view as tta_view
-
-ENGINE_NAMES = ("TTA_VIEWS", "load_model", "predict_probabilities", "tta_view")  # tfpipe 1.0's names here
+    from tfpipe.format.shards import Records
 
 
 @quiet_call
@@ -107,18 +97,6 @@ def predict(
 PARAMETERS = tuple(f.name for f in dataclasses.fields(PredictConfig))  # predict's parameters, the command's dests
 
 
-if not TYPE_CHECKING:  # hidden from type checkers, which see the names above
-
-    def __getattr__(name: str) -> Any:
-        """``from train.predict import predict_probabilities``: the engine's names of ``ENGINE_NAMES`` (only
-        those), imported when first asked for."""
-        if name not in ENGINE_NAMES:
-            raise AttributeError(f"module 'train.predict' has no attribute {name!r}")
-        from train.prediction import inference
-
-        return getattr(inference, name)
-
-
 def build_parser() -> ArgumentParser:
     p = ArgumentParser(prog="python -m train.predict", description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--run", required=True, help="run folder written by train.fit, or a CV folder of train.cv")
@@ -178,7 +156,7 @@ def add_output_flags(p: ArgumentParser) -> None:
 def check_inputs(run: str, records: str) -> None:
     """The run folder and the shards, read before the engine starts TensorFlow: a mistyped ``--run`` or
     ``--records`` is answered in 0.3 s instead of ~10 s. The engine reads both again, with every other check."""
-    from tfpipe.shards import open_shards  # here, not at the top: --help stays at 0.1 s
+    from tfpipe.format.shards import open_shards  # here, not at the top: --help stays at 0.1 s
     from train.runs.cv_folder import CVResult, is_cv_folder
     from train.runs.run import RunConfig
 

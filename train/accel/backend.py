@@ -27,8 +27,8 @@ from collections.abc import Iterator
 from types import ModuleType, SimpleNamespace
 from typing import Any
 
-from tfpipe.deps import MissingDependency, require
-from tfpipe.errors import BadSetting, NoAccelerator, TfpipeError, option
+from tfpipe.runtime.deps import MissingDependency, require
+from tfpipe.runtime.errors import BadSetting, NoAccelerator, TfpipeError, option
 from train.accel.tpus import tpu_present
 from train.keras.names import BACKENDS
 
@@ -210,12 +210,12 @@ def jax_started() -> bool:
 
 def keras_module() -> ModuleType:
     """The Keras the trainer's modules are written against in this process: Keras 3 (on JAX) when
-    ``KERAS_BACKEND`` is jax, else tf-keras of TensorFlow's release (``tfpipe.deps.require_keras``)."""
+    ``KERAS_BACKEND`` is jax, else tf-keras of TensorFlow's release (``tfpipe.runtime.deps.require_keras``)."""
     if keras_backend_set() == "jax":
         if not keras_3_installed():
             raise MissingDependency("KERAS_BACKEND is jax, but Keras 3 is not installed: pip install 'tfpipe[jax]'")
         return require("keras")
-    from tfpipe.deps import require_keras
+    from tfpipe.runtime.deps import require_keras
 
     return require_keras()
 

@@ -24,10 +24,10 @@ import sys
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from tfpipe import fs
-from tfpipe.errors import TfpipeError, option
-from tfpipe.lifecycle import sigterm_restored
-from tfpipe.net import MAX_PORT, host_and_port
+from tfpipe.runtime import fs
+from tfpipe.runtime.errors import TfpipeError, option
+from tfpipe.runtime.lifecycle import sigterm_restored
+from tfpipe.runtime.net import MAX_PORT, host_and_port
 from train.runs import run as run_files
 from train.runs.run import RunConfig
 

@@ -6,9 +6,9 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from tfpipe.console import quiet_call
-from tfpipe.deps import require
-from tfpipe.errors import BadSetting, NoAccelerator, TfpipeError, option
+from tfpipe.runtime.console import quiet_call
+from tfpipe.runtime.deps import require
+from tfpipe.runtime.errors import BadSetting, NoAccelerator, TfpipeError, option
 from train.accel.tpus import TPU_HINTS as TPU_HINTS  # where they are listed
 from train.accel.tpus import tpu_present
 from train.keras.names import STRATEGIES

@@ -19,12 +19,12 @@ from typing import Any
 
 import tensorflow as tf
 
-from tfpipe import fs
-from tfpipe.console import counted
-from tfpipe.errors import TfpipeError, option
-from tfpipe.locks import LOCK, locked_folder
-from tfpipe.read import check_no_image_twice
-from tfpipe.shards import Shards, open_shards
+from tfpipe.format.shards import Shards, open_shards
+from tfpipe.runtime import fs
+from tfpipe.runtime.console import counted
+from tfpipe.runtime.errors import TfpipeError, option
+from tfpipe.runtime.locks import LOCK, locked_folder
+from tfpipe.tf.columns import check_no_image_twice
 from train.accel import backend
 from train.accel.strategy import tpu_strategy
 from train.decide.evaluation import Scores, headline, score

@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from tfpipe import fs
-from tfpipe.errors import in_command
+from tfpipe.runtime import fs
+from tfpipe.runtime.errors import in_command
 from train.decide.metrics import DEFAULT, METRICS, Metric, better, run_metric, value
 from train.runs import run as run_files
 from train.runs.files import NotAsRecorded

@@ -15,7 +15,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from tfpipe.errors import TfpipeError, option
+from tfpipe.runtime.errors import TfpipeError, option
 
 SINGLE, MULTI = "single", "multi"  # the kinds of run a metric applies to
 

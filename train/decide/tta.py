@@ -68,6 +68,6 @@ def scored_at_own_thresholds(
 
 
 def _command() -> bool:
-    from tfpipe.errors import in_command
+    from tfpipe.runtime.errors import in_command
 
     return in_command()

@@ -22,10 +22,10 @@ import numpy as np
 import numpy.typing as npt
 
 import tfpipe
-from tfpipe import fs
-from tfpipe.console import counted
-from tfpipe.errors import TfpipeError, option
-from tfpipe.shards import Shards
+from tfpipe.format.shards import Shards
+from tfpipe.runtime import fs
+from tfpipe.runtime.console import counted
+from tfpipe.runtime.errors import TfpipeError, option
 from train.decide.metrics import Metric
 from train.prediction.submission import label_strings
 from train.runs import files

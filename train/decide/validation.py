@@ -19,7 +19,7 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from tfpipe import fs
+from tfpipe.runtime import fs
 from train.decide import evaluation
 from train.decide.metrics import Metric
 from train.decide.tuning import tune_thresholds

@@ -11,9 +11,9 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from tfpipe import fs
-from tfpipe.errors import TfpipeError, option
-from tfpipe.lifecycle import Deferred
+from tfpipe.runtime import fs
+from tfpipe.runtime.errors import TfpipeError, option
+from tfpipe.runtime.lifecycle import Deferred
 from train.accel.backend import is_keras_3, keras_module
 from train.runs import run as run_files
 

@@ -18,9 +18,9 @@ if TYPE_CHECKING:
 else:
     keras = keras_module()  # tf-keras, or Keras 3 on JAX (train.accel.backend)
 
-from tfpipe import console
-from tfpipe.data_service import WorkerWatch
-from tfpipe.shards import Shards
+from tfpipe.format.shards import Shards
+from tfpipe.runtime import console
+from tfpipe.tf.data_service import WorkerWatch
 from train.keras.backup import STEP_BACKUP, Phase, StepGroups
 from train.keras.config import FitConfig
 from train.keras.swa import sync_batch_norm
@@ -65,7 +65,7 @@ def phase_callbacks(
 
 
 class ServiceWatch(keras.callbacks.Callback):
-    """While ``fit`` trains through a tf.data service: ``tfpipe.data_service.WorkerWatch`` dials its workers,
+    """While ``fit`` trains through a tf.data service: ``tfpipe.tf.data_service.WorkerWatch`` dials its workers,
     and a worker silent for two minutes while no step ends stops the job in one line instead of a wait with no
     end (TensorFlow's client waits for a lost worker forever)."""
 

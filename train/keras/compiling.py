@@ -11,7 +11,7 @@ if TYPE_CHECKING:
     import tf_keras as keras
 else:
     keras = keras_module()  # tf-keras, or Keras 3 on JAX (train.accel.backend)
-from tfpipe.errors import TfpipeError
+from tfpipe.runtime.errors import TfpipeError
 from train.accel.backend import is_keras_3, tensor_ops
 from train.keras.config import FitConfig
 from train.keras.imbalance import LossWeights, make_loss

@@ -10,14 +10,13 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
-from tfpipe.deprecations import renamed_arguments, warn_renamed
 from train.accel.tpus import DEFAULT_TPU
 
 if TYPE_CHECKING:
     import tensorflow as tf
 
-    from tfpipe.augment import Augment
-    from tfpipe.shards import Records
+    from tfpipe.format.shards import Records
+    from tfpipe.tf.augment import Augment
 
 
 PREFLIGHT_ONLY = ("preflight", "tpu")  # settings of the preflight (train.preflight), not of a training run
@@ -27,8 +26,7 @@ PREFLIGHT_ONLY = ("preflight", "tpu")  # settings of the preflight (train.prefli
 class FitConfig:
     """Everything ``fit`` needs; the command line maps one flag to each field.
 
-    ``records`` is the shard folder to train on, ``run`` the run folder to write (tfpipe 0.x's name of it,
-    ``out``, is deprecated: ``FitConfig(out=...)`` and ``cfg.out`` still work and warn).
+    ``records`` is the shard folder to train on, ``run`` the run folder to write.
     """
 
     records: str = "records/demo/train"
@@ -74,17 +72,6 @@ class FitConfig:
     )
     tpu: str = DEFAULT_TPU  # the TPU the preflight checks against: a name of train.accel.tpus.TPUS (v2, v3, v4, v5e)
 
-    @property
-    def out(self) -> str:
-        """Deprecated: ``run``."""
-        warn_renamed("FitConfig.out", "FitConfig.run")
-        return self.run
-
-    @out.setter
-    def out(self, value: str) -> None:
-        warn_renamed("FitConfig.out", "FitConfig.run")
-        self.run = value
-
 
 @dataclasses.dataclass(frozen=True)
 class PredictConfig:
@@ -113,6 +100,3 @@ class PredictConfig:
     swa: bool | None = None
     sample_submission: str | None = None  # the competition's CSV: header, id column, ids and their order, form
     save_probabilities: str | None = None  # also the test probabilities here (a CV's each fold's too: -fold-K)
-
-
-FitConfig.__init__ = renamed_arguments(where="FitConfig", out="run")(FitConfig.__init__)  # type: ignore[method-assign]

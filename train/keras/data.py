@@ -3,18 +3,28 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import tensorflow as tf
 
 import tfpipe
-from tfpipe.batches import evaluation_steps
-from tfpipe.shards import Shards, open_shards
+from tfpipe.format.shards import Shards, open_shards
+from tfpipe.tf.batches import evaluation_steps
 from train.accel.strategy import input_pipelines
 from train.keras.config import FitConfig
-from train.keras.imbalance import training_counts, weights_of
-from train.keras.outputs import PhaseData
+from train.keras.imbalance import LossWeights, training_counts, weights_of
 from train.runs.run import Parts
+
+
+class PhaseData(NamedTuple):
+    """What a phase trains and validates on: the datasets, their steps, and the loss weights of
+    ``--class-weight`` (None: every image weighs 1)."""
+
+    train: tf.distribute.DistributedDataset
+    validation: tf.distribute.DistributedDataset
+    steps: int
+    validation_steps: int
+    loss_weights: LossWeights | None = None
 
 
 def build_datasets(

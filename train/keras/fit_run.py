@@ -16,12 +16,12 @@ import statistics
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from tfpipe import fs
-from tfpipe.columns import count_examples
-from tfpipe.errors import TfpipeError, option
-from tfpipe.lifecycle import with_detail
-from tfpipe.locks import LOCK
-from tfpipe.shards import Shards
+from tfpipe.format.shards import Shards
+from tfpipe.runtime import fs
+from tfpipe.runtime.errors import TfpipeError, option
+from tfpipe.runtime.lifecycle import with_detail
+from tfpipe.runtime.locks import LOCK
+from tfpipe.tf.columns import count_examples
 from train.keras.config import PREFLIGHT_ONLY, FitConfig
 from train.keras.schedules import scaled_lr
 from train.runs import files

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 import tfpipe
-from tfpipe.errors import option
+from tfpipe.runtime.errors import option
 from train.accel.backend import tensor_ops
 from train.runs.run import Parts
 

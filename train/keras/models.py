@@ -14,8 +14,8 @@ import string
 from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
-from tfpipe.deps import require
-from tfpipe.errors import TfpipeError, option
+from tfpipe.runtime.deps import require
+from tfpipe.runtime.errors import TfpipeError, option
 from train.accel.backend import is_keras_3, keras_module
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)  # the efficientnet package's 'torch' preprocessing

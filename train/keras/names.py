@@ -12,6 +12,7 @@ OPTIMIZERS = ("adam", "adamw", "sgd")
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
 TTA_VIEW_COUNT = 8  # train.prediction.inference.TTA_VIEWS
 CLASS_WEIGHTS = ("balanced",)  # --class-weight (None: every image weighs 1)
-# --class-weight's and --sampling's help, train.fit's and the PyTorch recipes' (--sampling's names: tfpipe.sampling)
+# --class-weight's and --sampling's help, train.fit's and the PyTorch recipes'
+# (--sampling's names: tfpipe.format.sampling)
 CLASS_WEIGHT_HELP = "balanced: weigh each class's loss by n / (classes x its training images), as scikit-learn does"
 SAMPLING_HELP = "balanced: single-label batches drawn evenly over the classes"

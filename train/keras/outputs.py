@@ -4,18 +4,18 @@ once the model is saved."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 import tensorflow as tf
 
 import tfpipe
-from tfpipe import console
-from tfpipe.shards import Shards
+from tfpipe.format.shards import Shards
+from tfpipe.runtime import console
 from train.decide.metrics import metric_of
 from train.keras.compiling import compile_model
 from train.keras.config import FitConfig
+from train.keras.data import PhaseData
 from train.keras.fit_run import save_model
-from train.keras.imbalance import LossWeights
 from train.keras.report import learning_curves, validation_report
 from train.keras.swa import AverageWeights, recompute_batch_norm
 from train.runs import run as run_files
@@ -23,17 +23,6 @@ from train.runs.run import Parts
 
 if TYPE_CHECKING:
     import tf_keras as keras
-
-
-class PhaseData(NamedTuple):
-    """What a phase trains and validates on: the datasets, their steps, and the loss weights of
-    ``--class-weight`` (None: every image weighs 1)."""
-
-    train: tf.distribute.DistributedDataset
-    validation: tf.distribute.DistributedDataset
-    steps: int
-    validation_steps: int
-    loss_weights: LossWeights | None = None
 
 
 def finish_swa(

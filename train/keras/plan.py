@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from tfpipe import fs
-from tfpipe.augment import Augment
-from tfpipe.data_service import check_service
-from tfpipe.errors import (
+from tfpipe.format.sampling import SAMPLINGS, check_sampling_fits
+from tfpipe.format.shards import Shards
+from tfpipe.runtime import fs
+from tfpipe.runtime.errors import (
     TfpipeError,
     check_at_least,
     check_count,
@@ -17,9 +17,9 @@ from tfpipe.errors import (
     check_seed,
     option,
 )
-from tfpipe.locks import check_not_a_file
-from tfpipe.sampling import SAMPLINGS, check_sampling_fits
-from tfpipe.shards import Shards
+from tfpipe.runtime.locks import check_not_a_file
+from tfpipe.tf.augment import Augment
+from tfpipe.tf.data_service import check_service
 from train.accel.tpus import TPUS
 from train.decide.metrics import METRICS, metric_of
 from train.keras.config import FitConfig

@@ -1,7 +1,7 @@
 """The pictures a run leaves in its folder: learning curves, per-class ROC curves, a prediction grid.
 
 Each function takes plain arrays / a DataFrame and writes one PNG (through
-``tfpipe.fs``, so a ``gs://`` run folder works too). Figures are drawn on
+``tfpipe.runtime.fs``, so a ``gs://`` run folder works too). Figures are drawn on
 ``matplotlib.figure.Figure`` objects, which render headless without pyplot:
 the process's (a notebook's) matplotlib backend is never changed.
 """
@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from tfpipe import fs
-from tfpipe.deps import require
+from tfpipe.runtime import fs
+from tfpipe.runtime.deps import require
 
 if TYPE_CHECKING:
     import pandas as pd

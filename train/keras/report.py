@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 import tfpipe
-from tfpipe import fs
-from tfpipe.shards import Records
+from tfpipe.format.shards import Records
+from tfpipe.runtime import fs
 from train.decide.evaluation import Report
 from train.decide.metrics import Metric
 from train.decide.validation import validation_files

@@ -15,8 +15,8 @@ if TYPE_CHECKING:
 else:
     keras = keras_module()  # tf-keras, or Keras 3 on JAX (train.accel.backend)
 
-from tfpipe import fs
-from tfpipe.errors import TfpipeError, option
+from tfpipe.runtime import fs
+from tfpipe.runtime.errors import TfpipeError, option
 from train.runs import run as run_files
 from train.runs.run import RunConfig
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from tfpipe.errors import TfpipeError
+from tfpipe.runtime.errors import TfpipeError
 from train.accel.backend import keras_module, tensor_ops
 from train.keras.names import SCHEDULES
 

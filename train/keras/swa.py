@@ -20,7 +20,7 @@ import numpy as np
 import numpy.typing as npt
 import tensorflow as tf
 
-from tfpipe import fs
+from tfpipe.runtime import fs
 from train.accel.backend import is_keras_3, keras_module
 
 if TYPE_CHECKING:

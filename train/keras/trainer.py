@@ -18,7 +18,7 @@ import zlib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from tfpipe.deps import check_installed
+from tfpipe.runtime.deps import check_installed
 from train.accel import backend
 from train.accel.backend import keras_module, weights_file
 
@@ -29,12 +29,12 @@ else:
 import tensorflow as tf
 
 import tfpipe
-from tfpipe import console, fs
-from tfpipe.errors import TfpipeError, check_count, check_path, option, renamed
-from tfpipe.lifecycle import deferred_stops
-from tfpipe.locks import WriteLock, locked_folder
-from tfpipe.read import check_no_image_twice
-from tfpipe.shards import Shards, open_shards
+from tfpipe.format.shards import Shards, open_shards
+from tfpipe.runtime import console, fs
+from tfpipe.runtime.errors import TfpipeError, check_count, check_path, option, renamed
+from tfpipe.runtime.lifecycle import deferred_stops
+from tfpipe.runtime.locks import WriteLock, locked_folder
+from tfpipe.tf.columns import check_no_image_twice
 from train.accel.cluster import (
     check_same_start,
     chief_name,
@@ -48,10 +48,9 @@ from train.accel.cluster import (
 from train.accel.strategy import default_precision, quick_teardown
 from train.keras.backup import Phase, StepBackup, StepGroups
 from train.keras.callbacks import ShardsUnchanged, Throughput, phase_callbacks
-from train.keras.compiling import compile_model as compile_model  # train.fit hands it out (tfpipe 1.0's name)
-from train.keras.compiling import make_auc as make_auc  # train.fit hands it out (tfpipe 1.0's name)
+from train.keras.compiling import compile_model
 from train.keras.config import FitConfig
-from train.keras.data import training_data
+from train.keras.data import PhaseData, training_data
 from train.keras.fit_run import (
     Layout,
     check_out,
@@ -66,7 +65,7 @@ from train.keras.fit_run import (
     write_run_config,
 )
 from train.keras.models import build_model
-from train.keras.outputs import PhaseData, report_arguments, reports
+from train.keras.outputs import report_arguments, reports
 from train.keras.plan import (
     capped_steps_per_execution,
     check_batch_fits,

@@ -27,19 +27,15 @@ else:
 import tensorflow as tf
 
 import tfpipe
-from tfpipe import console
-from tfpipe.console import counted
-from tfpipe.deprecations import renamed_arguments
-from tfpipe.errors import TfpipeError, check_count, check_fraction, check_path, in_command, option
-from tfpipe.shards import UNKNOWN_COUNT, Records, Shards
+from tfpipe.format.shards import UNKNOWN_COUNT, Records, Shards
+from tfpipe.runtime import console
+from tfpipe.runtime.console import counted
+from tfpipe.runtime.errors import TfpipeError, check_count, check_fraction, check_path, in_command, option
 from train.accel import backend
 from train.accel.cluster import check_one_machine
 from train.accel.strategy import quick_teardown
 from train.decide.tuning import Predictor, describe
-from train.decide.tuning import tune_thresholds as tune_thresholds  # tfpipe 1.0's place of it
 from train.keras.config import PredictConfig
-from train.keras.run_model import check_model_present as check_model_present
-from train.keras.run_model import load_model as load_model  # train.predict hands it out (tfpipe 1.0's name)
 from train.keras.run_model import load_run
 from train.prediction.scores import evaluate_labeled, seen_rows
 from train.prediction.submission import check_submission_target, planned_output, submission_table, write_submission
@@ -73,7 +69,6 @@ def tta_view(images: tf.Tensor, k: int) -> tf.Tensor:
     return tf.reverse(images, axis=[2]) if flip else images
 
 
-@renamed_arguments(source="records")
 def predict_probabilities(
     model: Any,
     records: Records,

@@ -18,9 +18,9 @@ import io
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from tfpipe import fs
-from tfpipe.console import counted
-from tfpipe.errors import TfpipeError, option
+from tfpipe.runtime import fs
+from tfpipe.runtime.console import counted
+from tfpipe.runtime.errors import TfpipeError, option
 
 if TYPE_CHECKING:
     import pandas as pd

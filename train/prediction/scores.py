@@ -11,9 +11,9 @@ import numpy as np
 import numpy.typing as npt
 
 import tfpipe
-from tfpipe import fs
-from tfpipe.errors import TfpipeError, in_command
-from tfpipe.shards import Records, Shards
+from tfpipe.format.shards import Records, Shards
+from tfpipe.runtime import fs
+from tfpipe.runtime.errors import TfpipeError, in_command
 from train.decide.metrics import DEFAULT, METRICS, run_metric
 from train.runs import run as run_files
 from train.runs.run import RunConfig, training_parts

@@ -21,10 +21,10 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 import numpy.typing as npt
 
-from tfpipe import fs
-from tfpipe.errors import TfpipeError, in_command, option
-from tfpipe.manifest import LABEL_COLUMN
-from tfpipe.shards import Records, Shards
+from tfpipe.format.manifest import LABEL_COLUMN
+from tfpipe.format.shards import Records, Shards
+from tfpipe.runtime import fs
+from tfpipe.runtime.errors import TfpipeError, in_command, option
 from train.decide.evaluation import predicted_hits
 from train.prediction.sample import (
     SampleSubmission,

@@ -12,8 +12,8 @@ import dataclasses
 import functools
 from collections.abc import Callable
 
-from tfpipe import fs
-from tfpipe.errors import TfpipeError, option
+from tfpipe.runtime import fs
+from tfpipe.runtime.errors import TfpipeError, option
 from train.decide.choice import choice_line, run_choice
 from train.decide.metrics import Metric, run_metric, value
 from train.decide.tta import Worth, scored_at_own_thresholds, views_worth

@@ -30,9 +30,9 @@ else:
     keras = keras_module()  # tf-keras, or Keras 3 on JAX (train.accel.backend)
 import tensorflow as tf
 
-from tfpipe import console
-from tfpipe.errors import TfpipeError, check_path, in_command, option
-from tfpipe.shards import Shards
+from tfpipe.format.shards import Shards
+from tfpipe.runtime import console
+from tfpipe.runtime.errors import TfpipeError, check_path, in_command, option
 from train.accel.tpus import TPUS, Tpu
 from train.keras.compiling import compile_model
 from train.keras.config import FitConfig

@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from tfpipe import console
-from tfpipe.errors import TfpipeError
+from tfpipe.runtime import console
+from tfpipe.runtime.errors import TfpipeError
 from train.accel.backend import HOST_DEVICES, JaxDevices
 from train.accel.tpus import Tpu
 from train.keras.config import FitConfig

@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 
 import tensorflow as tf
 
-from tfpipe.errors import TfpipeError
+from tfpipe.runtime.errors import TfpipeError
 
 # Ops a TPU cannot run, by kind, and the fix each needs (the op types as TensorFlow names them).
 PYTHON_OPS = ("EagerPyFunc", "PyFunc", "PyFuncStateless")

@@ -18,8 +18,8 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-from tfpipe import fs
-from tfpipe.errors import RunMismatch, TfpipeError, option
+from tfpipe.runtime import fs
+from tfpipe.runtime.errors import RunMismatch, TfpipeError, option
 from train.decide.choice import better_model
 from train.decide.evaluation import Scores, scores_problem
 from train.decide.metrics import Metric, better, run_metric, value

@@ -22,8 +22,8 @@ import warnings
 from collections.abc import Iterable
 from typing import Any
 
-from tfpipe import fs
-from tfpipe.errors import RunMismatch
+from tfpipe.runtime import fs
+from tfpipe.runtime.errors import RunMismatch
 
 FILES = "files.json"
 FILES_VERSION = 1

@@ -1,61 +1,23 @@
 """What ``train.fit``'s ``fit()`` returns, as types: a finished run (``FitResult``, whose serialisation is the run's
 ``metrics.json``: ``FitResult.load(run)`` reads it back), a preflight's report (``PreflightReport``), and what a
 multi-worker job's other workers return (``WorkerResult``: the chief writes the run). No TensorFlow.
-
-tfpipe 1.0's ``fit()`` returned a dict in each of these shapes; ``result["key"]`` still reads the same value
-(``DeprecationWarning``, removed in tfpipe 1.2): ``FitResult.metrics`` is that dict.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import warnings
 from collections.abc import Mapping
 from typing import Any
 
-from tfpipe import fs
-from tfpipe.deprecations import MOVED_REMOVED_IN
-from tfpipe.errors import RunMismatch
+from tfpipe.runtime import fs
+from tfpipe.runtime.errors import RunMismatch
 from train.decide.evaluation import Report, is_single_label, scores_problem
 from train.decide.metrics import Metric, run_metric
 from train.runs import run as run_files
 
 
-class _ReadByKey:
-    """tfpipe 1.0's dict: ``result["key"]``, ``.get``, ``in``, ``.keys()``, ``.items()``, ``dict(result)`` read
-    what it held, each with a warning naming the attribute way."""
-
-    def as_dict(self) -> dict[str, Any]:
-        raise NotImplementedError
-
-    def _old(self, how: str) -> dict[str, Any]:
-        name = type(self).__name__
-        warnings.warn(
-            f"fit(){how} is deprecated: fit() returns a {name}; read its attributes (or {name}.as_dict()) "
-            f"(reading it as a dict is removed in tfpipe {MOVED_REMOVED_IN})",
-            DeprecationWarning,
-            stacklevel=3,
-        )
-        return self.as_dict()
-
-    def __getitem__(self, key: str) -> Any:
-        return self._old(f"[{key!r}]")[key]
-
-    def get(self, key: str, default: Any = None) -> Any:
-        return self._old(f".get({key!r})").get(key, default)
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._old(f": {key!r} in")
-
-    def keys(self) -> Any:
-        return self._old(".keys()").keys()
-
-    def items(self) -> Any:
-        return self._old(".items()").items()
-
-
 @dataclasses.dataclass(frozen=True)
-class WorkerResult(_ReadByKey):
+class WorkerResult:
     """A multi-worker job's worker other than the chief: it trained its share; ``chief_task`` writes ``run``."""
 
     task: str
@@ -67,7 +29,7 @@ class WorkerResult(_ReadByKey):
 
 
 @dataclasses.dataclass(frozen=True)
-class PreflightReport(_ReadByKey):
+class PreflightReport:
     """``--preflight``'s findings for ``tpu`` over ``replicas`` devices: ``ok`` when nothing would be refused;
     ``refuse`` and ``warn``, the lines; ``memory`` (a core's, ``train.preflight.core_memory.Memory``'s fields, None
     when no step compiled) and ``seconds`` (each compile and pass)."""
@@ -106,7 +68,7 @@ class SwaResult:
 
 
 @dataclasses.dataclass(frozen=True)
-class FitResult(_ReadByKey):
+class FitResult:
     """A finished ``train.fit`` run in ``run``. ``metrics`` is ``metrics.json`` as written; the figures a caller
     reads are typed here: the shape of the training, its speed, and the scores of model.keras (``report``: the
     exact scores on the validation images, None with ``--no-report``; ``keras_auc``: Keras' binned estimate at

@@ -24,11 +24,11 @@ import re
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from tfpipe import fs
-from tfpipe.errors import RunMismatch
-from tfpipe.manifest import FITS, LABEL_COLUMN, MANIFEST
-from tfpipe.shard_names import SHARD_NAMES
-from tfpipe.shards import Shards, fold_split, holdout_split
+from tfpipe.format.manifest import FITS, LABEL_COLUMN, MANIFEST
+from tfpipe.format.names import SHARD_NAMES
+from tfpipe.format.shards import Shards, fold_split, holdout_split
+from tfpipe.runtime import fs
+from tfpipe.runtime.errors import RunMismatch
 from train.runs import files
 from train.runs.files import FILES
 

@@ -12,12 +12,12 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from tfpipe import fs
-from tfpipe.console import counted
-from tfpipe.errors import TfpipeError
-from tfpipe.locks import LOCK
-from tfpipe.manifest import MANIFEST
-from tfpipe.shards import open_shards
+from tfpipe.format.manifest import MANIFEST
+from tfpipe.format.shards import open_shards
+from tfpipe.runtime import fs
+from tfpipe.runtime.console import counted
+from tfpipe.runtime.errors import TfpipeError
+from tfpipe.runtime.locks import LOCK
 from train.decide.choice import run_choice, thresholds_state
 from train.decide.evaluation import is_count, is_number, scores_problem
 from train.runs import files

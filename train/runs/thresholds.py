@@ -9,8 +9,8 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from tfpipe import fs
-from tfpipe.errors import RunMismatch, option
+from tfpipe.runtime import fs
+from tfpipe.runtime.errors import RunMismatch, option
 from train.runs import files
 from train.runs.run import _read_json, check_file, model_files, model_name, path, views_name
 

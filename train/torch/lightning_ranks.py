@@ -1,5 +1,5 @@
 """The supervision of Lightning's ranks on one machine (``examples/lightning_swa.py``), the launcher side of
-``tfpipe.lifecycle`` for Lightning's own launcher:
+``tfpipe.runtime.lifecycle`` for Lightning's own launcher:
 
     ranks_end_with_rank_zero()  # first thing in main: a rank Lightning started ends with rank 0
     trainer = pl.Trainer(..., strategy="ddp", callbacks=[StopOnSigterm(), ...])
@@ -24,14 +24,14 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import Any, NoReturn
 
-from tfpipe.deps import require
+from tfpipe.runtime.deps import require
 
 require("pytorch_lightning")
 import pytorch_lightning as pl
 from lightning_fabric.strategies.launchers.subprocess_script import _ChildProcessObserver
 from pytorch_lightning.strategies.launchers import subprocess_script as lightning_launcher
 
-from tfpipe.lifecycle import (
+from tfpipe.runtime.lifecycle import (
     BAD_INPUT,
     INTERRUPTED,
     STOPS,
@@ -81,7 +81,7 @@ class StopOnSigterm(pl.Callback):
     """SIGTERM without collectives: Lightning's own handler broadcasts a tensor from inside the signal handler,
     which can meet another rank's all-reduce and wait for good (seen once in CI: no exit within 60 s). Once
     Lightning has installed its handler (at each stage's start), this one replaces it: rank 0 passes the signal to
-    the ranks it started, and every rank exits with SIGTERM's code of ``tfpipe.lifecycle.STOPS`` (143, said once
+    the ranks it started, and every rank exits with SIGTERM's code of ``tfpipe.runtime.lifecycle.STOPS`` (143, said once
     by rank 0, ``supervised``). A ``SystemExit``, not the library's ``Terminated``: Lightning answers a
     ``KeyboardInterrupt`` by SIGKILLing the ranks and ``exit(1)``."""
 

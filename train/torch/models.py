@@ -17,15 +17,15 @@ from collections.abc import Callable
 
 import numpy as np
 
-from tfpipe.deps import require
-from tfpipe.errors import TfpipeError
-from tfpipe.sampling import SAMPLINGS
+from tfpipe.format.sampling import SAMPLINGS
+from tfpipe.runtime.deps import require
+from tfpipe.runtime.errors import TfpipeError
 
 require("torch")
 import torch
 from torch import nn
 
-from tfpipe.torch import RecordDataset
+from tfpipe.torch.dataset import RecordDataset
 from train.decide.evaluation import Array, score
 from train.keras.imbalance import LossWeights, weights_of
 from train.keras.models import DROPOUT, IMAGENET_MEAN, IMAGENET_STD

@@ -3,7 +3,7 @@ together, stopped together, and one line naming the rank that went first.
 
     spawn_ranks(run_rank, (args, config, free_port(), os.getpid()), nprocs=8)
 
-The launcher side of ``tfpipe.lifecycle``: however the command leaves (a rank's error, Ctrl-C, SIGTERM) no rank
+The launcher side of ``tfpipe.runtime.lifecycle``: however the command leaves (a rank's error, Ctrl-C, SIGTERM) no rank
 trains on, and a rank that only lost another one (gloo's error in a collective) exits with ``LOST_A_RANK`` and
 says nothing, so its launcher names the rank that really went first (killed by a signal, out of memory), which
 only the launcher can see. torch is imported where it is used: tfpipe itself does not need it.
@@ -19,8 +19,8 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
-from tfpipe.errors import TfpipeError
-from tfpipe.lifecycle import BAD_INPUT, LOST_A_RANK, Terminated, stop_processes
+from tfpipe.runtime.errors import TfpipeError
+from tfpipe.runtime.lifecycle import BAD_INPUT, LOST_A_RANK, Terminated, stop_processes
 
 # A rank started by spawn_ranks whose collective failed because another rank is gone exits with this code and says
 # nothing: its parent names the rank that went first. Before, the surviving rank's "lost another rank" line could
@@ -101,7 +101,7 @@ def first_gone(processes: Sequence[Any], e: Any, wait_seconds: float = 5.0) -> t
 @contextlib.contextmanager
 def ranks_stopped_on_exit(processes: Sequence[Any], grace_seconds: float = 5.0) -> Iterator[None]:
     """However this process leaves the block (Ctrl-C, an error, a SIGTERM: exit 143 with a line, as every
-    command), no rank trains on (``tfpipe.lifecycle.stop_processes``: SIGTERM, then SIGKILL after
+    command), no rank trains on (``tfpipe.runtime.lifecycle.stop_processes``: SIGTERM, then SIGKILL after
     ``grace_seconds``; Python would otherwise wait for them at exit: they are not daemons). torch's own notes on
     stopping them are held back: the one line the command prints says what happened."""
     logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)

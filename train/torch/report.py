@@ -13,11 +13,11 @@ from typing import Any
 
 import numpy as np
 
-from tfpipe import schema
-from tfpipe.console import counted
-from tfpipe.errors import TfpipeError
-from tfpipe.shards import Shards, select_folds
-from tfpipe.tfrecord import read_records
+from tfpipe.format import schema
+from tfpipe.format.shards import Shards, select_folds
+from tfpipe.format.tfrecord import read_records
+from tfpipe.runtime.console import counted
+from tfpipe.runtime.errors import TfpipeError
 from train.decide import evaluation
 from train.decide.validation import Validated, validation_files
 from train.runs import run as run_files

@@ -26,11 +26,12 @@ from typing import Any
 
 import numpy as np
 
-from tfpipe import fs, schema
-from tfpipe.errors import TfpipeError, option
-from tfpipe.sampling import check_sampling_fits
-from tfpipe.shards import Shards, open_shards
-from tfpipe.tfrecord import read_records
+from tfpipe.format import schema
+from tfpipe.format.sampling import check_sampling_fits
+from tfpipe.format.shards import Shards, open_shards
+from tfpipe.format.tfrecord import read_records
+from tfpipe.runtime import fs
+from tfpipe.runtime.errors import TfpipeError, option
 from train.decide.choice import (
     RunScores,
     better_model,
