@@ -1,7 +1,7 @@
 """Every benchmark in one run: corpus -> writer -> reader -> service -> training -> TPU dry run -> the two backends;
 results and a chart.
 
-    python -m bench               # make bench: ~40 min on 2 cores
+    python -m bench               # make bench: the full set (most of an hour on a small machine)
     python -m bench --smoke       # a handful of images, to check the benchmarks still run
 
 Each benchmark runs in its own process (the training one needs 8 virtual CPU

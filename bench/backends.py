@@ -38,8 +38,8 @@ FULL = {
     "reps": 3,
     "devices": 8,
 }
-# The smoke run's dry run on 2 devices: the same code as 8 (as bench/dry_run.py's smoke run), tf-keras' 8 replicas
-# traced one by one took 26 s of its 81 s; the feed keeps its 8 JAX devices.
+# The smoke run's dry run on 2 devices: the same code as 8 (as bench/dry_run.py's smoke run), and tf-keras traces
+# 8 replicas one by one, about a third of the run; the feed keeps its 8 JAX devices.
 SMOKE = {
     "images": 64,
     "size": 16,
@@ -100,7 +100,7 @@ def feed(records, cfg):
     from keras.src.trainers.data_adapters import get_data_adapter  # the adapter model.fit uses
 
     import tfpipe
-    from train.accel.backend import jax_devices
+    from train.backends.jax import jax_devices
 
     devices = jax_devices("cpu", 8)
     shards_ = tfpipe.open_shards(records)

@@ -4,7 +4,7 @@
 
 The training guide's recipe ("A single-label, imbalanced competition, end to end": its commands as written, on
 the documented CPU settings: small-cnn, 64 px, 8 virtual replicas, ``--metric balanced_accuracy --sampling
-balanced --tta 4``) on synthetic data drawn like the issue's: one of five shapes an image (28% of the images down
+balanced --tta 4``) on synthetic data drawn like a competition's: one of five shapes an image (28% of the images down
 to 4%), photos grouped by region, each region with its own background cast, shape colours and sizes, a few
 byte-identical copies in other regions, and a test set of regions that no fold holds (a shift no validation can
 show). Prints the held-back test's accuracy and balanced accuracy of the submission beside the CV's OOF figure

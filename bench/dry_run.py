@@ -2,7 +2,7 @@
 
     python -m bench.dry_run --work bench/out
 
-The issue's case: EfficientNet-B0 at 64 px, 2 epochs over 300 images, ``steps_per_execution`` 4, batch 4 per
+The workload: EfficientNet-B0 at 64 px, 2 epochs over 300 images, ``steps_per_execution`` 4, batch 4 per
 replica; then ``train.predict`` of the same 300 images with each run. Every contender runs in a fresh process
 (virtual devices must exist before TensorFlow starts, and nothing is cached between runs: TensorFlow keeps no
 compiled functions across processes), the two replica counts take turns, and each keeps its best round.
@@ -199,7 +199,7 @@ def run(work, cfg):
 
 
 def replicas(result):
-    """The many-replica count of a result (8 in full runs; results written before the count was kept had 8)."""
+    """The many-replica count of a result (8 in full runs, and in results that lack the count)."""
     return result["config"].get("replicas", 8)
 
 

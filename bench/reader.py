@@ -26,7 +26,7 @@ from bench.common import dump, replicate_corpus, timed
 
 BATCH = 64
 SIZE = 256
-BEFORE_CHECKS = "c092a63"  # the commit before shard_reader (issue #32's identity check, then #53's count check)
+BEFORE_CHECKS = "c092a63"  # a commit without shard_reader's per-shard checks (the identity and the count checks)
 LIMIT = "decode limit (bytes in memory, parallel decode)"
 SEED = "seed parser (parse_single_example + decode_jpeg)"
 OURS = "make_dataset(training=False)"

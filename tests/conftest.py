@@ -28,14 +28,14 @@ tf.config.set_logical_device_configuration(
 
 def backend_keras():
     """The Keras the session's trainer runs on (``BACKEND``): tf-keras, or Keras 3 on JAX."""
-    from train.accel.backend import keras_module
+    from train.backends import keras_module
 
     return keras_module()
 
 
 def backend_devices(strategy="cpu", replicas=8):
     """The session backend's strategy (tf) or devices (jax) for ``strategy`` and ``replicas``."""
-    from train.accel.backend import Choice, resolve
+    from train.backends import Choice, resolve
 
     return resolve(Choice(BACKEND), strategy, replicas)[0]
 

@@ -1,4 +1,4 @@
-"""Which Keras trains (``train.accel.backend``): auto takes the framework that can use the machine and says why; a
+"""Which Keras trains (``train.backends.choice``): auto takes the framework that can use the machine and says why; a
 TPU that this TensorFlow cannot drive never trains on the host CPU; a run is predicted by the backend it trained
 with. The runs themselves are the ``backends`` tests, run on both backends by ``make test``."""
 
@@ -9,8 +9,8 @@ import sys
 import pytest
 
 from tfpipe.runtime.errors import BadSetting, NoAccelerator
-from train.accel import backend
-from train.accel.backend import Choice
+from train.backends import choice as backend
+from train.backends.choice import Choice
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

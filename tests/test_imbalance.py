@@ -99,7 +99,7 @@ def _worker_iter(ds, worker, workers):
 def test_weights_are_scikit_learns_balanced_ones_and_weigh_the_loss():
     """Single-label: n / (classes x n_c); multi-label: each class's positives and negatives as a binary problem;
     the weighted loss is Keras' own cross-entropy times each row's weight (and equal to it at equal weights)."""
-    from train.accel.backend import keras_module
+    from train.backends import keras_module
     from train.keras.imbalance import make_loss, weights_of
 
     keras = keras_module()

@@ -188,7 +188,7 @@ def test_train_top_level_holds_only_the_commands_and_the_rooms_are_packages():
     assert top == {m for m in commands() if m.startswith("train.")}
     assert len(top) <= 8
     packages = {p.parent.name for p in (ROOT / "train").glob("*/__init__.py")}
-    assert packages == {"keras", "accel", "preflight", "prediction", "decide", "runs", "crossval", "torch"}
+    assert packages == {"keras", "backends", "accel", "preflight", "prediction", "decide", "runs", "crossval", "torch"}
 
 
 # tfpipe/'s sub-packages, one a concern; only tf/ uses TensorFlow (and torch/ needs PyTorch).
@@ -239,6 +239,45 @@ def test_importing_every_module_outside_tfpipe_tf_leaves_tensorflow_unloaded():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]" and len(names) > 30
+
+
+def test_what_differs_between_the_backends_lives_in_their_modules():
+    """Nothing outside ``train/backends/`` asks which backend runs (the backends' own modules answer, through
+    ``train.backends.current()``), and only the JAX preflight imports a backend's module by name."""
+    asking = ("is_keras_3", "keras_backend_set", "running")
+    found = []
+    for name, path in modules().items():
+        if name.startswith("train.backends"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and ast.unparse(node.func).split(".")[-1] in asking:
+                found.append(f"{name}: {ast.unparse(node)}")
+        named = {m for m in imports(path, modules()) if m in ("train.backends.tf", "train.backends.jax")}
+        found += [f"{name} imports {m}" for m in sorted(named) if name != "train.preflight.jax_check"]
+    assert found == []
+
+
+# Modules that still bind the backend's Keras when imported: their classes subclass its Keras classes (callbacks,
+# a metric, LR schedules). Only this set may, and it only shrinks.
+KERAS_AT_IMPORT = {
+    "train.keras.callbacks",
+    "train.keras.compiling",
+    "train.keras.schedules",
+    "train.keras.swa",
+    "train.prediction.inference",
+}
+
+
+def test_keras_is_bound_at_import_only_by_the_backends_and_the_modules_of_keras_classes():
+    binding = set()
+    for name, path in modules().items():
+        for node in ast.parse(path.read_text()).body:
+            test = node.test if isinstance(node, ast.If) else None
+            body = node.orelse if test is not None and ast.unparse(test) == "TYPE_CHECKING" else [node]
+            for statement in body:
+                if isinstance(statement, ast.Assign) and "keras_module()" in ast.unparse(statement.value):
+                    binding.add(name)
+    assert binding == KERAS_AT_IMPORT
 
 
 def test_the_layout_page_shows_every_module():

@@ -87,7 +87,7 @@ def draw_image(rng: np.random.Generator) -> tuple[np.ndarray, list[str]]:
 def opencv_without_threads() -> Iterator[None]:
     """OpenCV's own thread pool off while the demo draws, and the caller's setting back after: a process whose
     OpenCV pool is running cannot fork safely, and ``write_shards`` forks its workers (``make_demo`` then
-    ``write_shards`` in one notebook hung its workers for good). Small images gain nothing from the pool."""
+    ``write_shards`` in one notebook would hang its workers for good). Small images gain nothing from the pool."""
     saved = cv2.getNumThreads()
     cv2.setNumThreads(0)
     try:
@@ -127,8 +127,8 @@ def make_demo(out: str, train: int = 2000, test: int = 400, seed: int = 0) -> di
 
 
 def check_demo_folder(out: str) -> None:
-    """Refuses a folder holding anything the demo did not write (its mark file, or a demo of tfpipe 0.2.0, which
-    wrote none: ``images/``, ``train.csv`` starting with ``train_00000`` and ``test.csv``)."""
+    """Refuses a folder holding anything the demo did not write (its mark file, or a demo folder without the
+    mark: only ``images/``, ``train.csv`` starting with ``train_00000`` and ``test.csv``)."""
     if not str(out).strip():
         raise TfpipeError("the demo folder is empty (an unset variable?); give a path")
     if os.path.exists(out) and not os.path.isdir(out):

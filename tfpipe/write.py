@@ -21,8 +21,8 @@ from collections.abc import Sequence
 from tfpipe.runtime.errors import ArgumentParser, TfpipeError, check_path, run_cli
 from tfpipe.sources.labels import LabelFormat
 from tfpipe.sources.source import SourceProtocol
-from tfpipe.writer.engine import open_source as open_source  # tfpipe.write.open_source: its 1.0 name
-from tfpipe.writer.engine import write_shards as write_shards  # tfpipe.write.write_shards: its 1.0 name
+from tfpipe.writer.engine import open_source as open_source  # also importable as tfpipe.write.open_source
+from tfpipe.writer.engine import write_shards as write_shards  # also importable as tfpipe.write.write_shards
 from tfpipe.writer.images import FITS, FORMATS, ImageSpec, from_millions
 from tfpipe.writer.runners import RUNNERS
 

@@ -43,7 +43,7 @@ def cross_validate(cfg: FitConfig, folds: Sequence[int] | None = None, tta: int 
         from train.cv import FitConfig, cross_validate
         result = cross_validate(FitConfig(records="gs://bucket/train", run="gs://bucket/cv", strategy="tpu"))
     """
-    from train.accel import backend
+    from train.backends import choice as backend
 
     choice = backend.ready(cfg.backend, cfg.strategy, cfg.replicas)  # before Keras starts: its backend, XLA's devices
     from train.crossval import engine as cross_validation  # the engine (Keras): imported when training starts

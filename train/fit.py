@@ -53,7 +53,7 @@ def fit(cfg: FitConfig) -> FitResult | PreflightReport | WorkerResult:
         from train.fit import FitConfig, fit
         metrics = fit(FitConfig(records="gs://bucket/train", run="gs://bucket/runs/b0", strategy="tpu"))
     """
-    from train.accel import backend
+    from train.backends import choice as backend
 
     choice = backend.ready(cfg.backend, cfg.strategy, cfg.replicas)  # before Keras starts: its backend, XLA's devices
     if cfg.preflight and choice.name == "jax":  # the TPU's device count of XLA host devices, before JAX starts
@@ -315,9 +315,10 @@ def _flag(name: str, value: object) -> str:
 
 
 def check_inputs(cfg: FitConfig) -> None:
-    """The shards, opened before the engine starts TensorFlow: a mistyped ``--records`` is answered in 0.3 s
-    instead of ~10 s. The engine opens them again, with every other check."""
-    from tfpipe.format.shards import open_shards  # here, not at the top: --help stays at 0.1 s
+    """The shards, opened before the engine starts TensorFlow: a mistyped ``--records`` is answered in a fraction
+    of a second, not after the seconds TensorFlow takes to start. The engine opens them again, with every other
+    check."""
+    from tfpipe.format.shards import open_shards  # here, not at the top: --help stays instant
 
     check_path(records=cfg.records)
     open_shards(cfg.records)

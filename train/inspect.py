@@ -22,7 +22,7 @@ from typing import Any
 from tfpipe.runtime import fs
 from tfpipe.runtime.console import counted
 from tfpipe.runtime.errors import ArgumentParser, TfpipeError, run_cli
-from train.accel.backend import NAMES as BACKEND_NAMES
+from train.backends.choice import NAMES as BACKEND_NAMES
 from train.decide import evaluation
 from train.decide.metrics import run_metric
 from train.runs.run_info import folder_info as folder_info  # the --json object, from Python

@@ -81,8 +81,8 @@ def predict(
         from train.predict import predict
         df = predict("runs/demo", "records/demo/test", "submission.csv", tta=2)
     """
-    from train.accel import backend as backends
     from train.accel.cluster import check_one_machine
+    from train.backends import choice as backends
 
     check_one_machine(strategy)
     choice = backends.for_run(backend, backends.trained_backend(run), run)
@@ -155,8 +155,8 @@ def add_output_flags(p: ArgumentParser) -> None:
 
 def check_inputs(run: str, records: str) -> None:
     """The run folder and the shards, read before the engine starts TensorFlow: a mistyped ``--run`` or
-    ``--records`` is answered in 0.3 s instead of ~10 s. The engine reads both again, with every other check."""
-    from tfpipe.format.shards import open_shards  # here, not at the top: --help stays at 0.1 s
+    ``--records`` is answered before TensorFlow loads. The engine reads both again, with every other check."""
+    from tfpipe.format.shards import open_shards  # here, not at the top: --help stays instant
     from train.runs.cv_folder import CVResult, is_cv_folder
     from train.runs.run import RunConfig
 

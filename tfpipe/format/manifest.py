@@ -28,7 +28,7 @@ from tfpipe.runtime.errors import BadFile, TfpipeError
 MANIFEST = "manifest.json"
 STAGING = ".staging"
 PROGRESS = "progress.json"  # finished staged shards, for --resume
-# 1: tfpipe 0.1-0.2 (no version field, no dataset_id); 2: dataset_id, label counts, version field.
+# 1: no version field, no dataset_id; 2: dataset_id, label counts, version field.
 MANIFEST_VERSION = 2
 FITS = ("stretch", "crop", "pad")
 FORMATS = ("jpeg", "png")
@@ -73,10 +73,10 @@ class Manifest:
     shards: tuple[ShardEntry, ...]
     labeled: bool = True
     single_label: bool = False
-    max_labels: int | None = None  # most labels on one image (None: not recorded, manifests of tfpipe <= 0.2)
+    max_labels: int | None = None  # most labels on one image (None: not recorded, as in version-1 manifests)
     id_column: str = "image"
     image: StoredImages = StoredImages()
-    num_folds: int | None = None  # K; the JSON key is "folds" (kept from tfpipe 0.x, see docs/glossary.md)
+    num_folds: int | None = None  # K; its name on disk, the JSON key, is "folds" (docs/glossary.md)
     group_column: str | None = None  # folds keep each group of this CSV column together (written only when set)
     seed: int = 0
     fingerprint: str | None = None  # the job (inputs, labels, plan, settings): --resume's identity
@@ -131,7 +131,7 @@ class Manifest:
         """The JSON form (``num_classes`` and ``num_examples`` included for people and other tools)."""
         d = {("folds" if k == "num_folds" else k): v for k, v in dataclasses.asdict(self).items()}
         if self.group_column is None:
-            del d["group_column"]  # manifests of writes without groups stay as before tfpipe 1.1 (and their ids)
+            del d["group_column"]  # no key without groups: their JSON and dataset id stay those of manifests lacking it
         d.update(
             num_classes=self.num_classes,
             num_examples=self.num_examples,
@@ -159,7 +159,7 @@ class Manifest:
         return from_dict(fs.read_json(path, "manifest"), path)
 
     def __getitem__(self, key: str) -> Any:
-        """Dict reads (tfpipe 0.2's dict manifests; warned in 0.3) were removed in 1.0: say what replaced them."""
+        """A Manifest is not a dict: a dict read is a TypeError naming the attribute to use instead."""
         raise TypeError(f"manifest[{key!r}] was removed in tfpipe 1.0 (a Manifest is not a dict): use manifest.{key}")
 
 
@@ -345,7 +345,7 @@ def check_shard_file_name(name: str, s: _Fields) -> None:
 
 def _images(f: _Fields) -> StoredImages:
     size = f.get("image_size", int, default=None, low=1)
-    if size is None and "size" in f.data:  # manifests of tfpipe 0.1
+    if size is None and "size" in f.data:  # manifests that lack image_size name it "size"
         size = f.get("size", int, default=None, low=1)
     return StoredImages(
         image_size=size,
@@ -379,7 +379,7 @@ def _check_totals(f: _Fields, m: Manifest) -> None:
 
 
 def _dataset_id(f: _Fields, version: int) -> str:
-    """The recorded id, checked against the content (version 2); manifests of tfpipe <= 0.2 get one from it."""
+    """The recorded id, checked against the content (version 2); a version-1 manifest without one gets one from it."""
     computed = content_id(f.data)
     if version < 2 and "dataset_id" not in f.data:  # an id present is checked whatever the version says
         return computed

@@ -190,7 +190,7 @@ def on_terminal() -> bool:
         return False
 
 
-HEARTBEAT_SECONDS = 15.0  # at most this long without a line while a command works (the bar: 30 s on 2 cores)
+HEARTBEAT_SECONDS = 15.0  # at most this long without a line while a command works (half the silence test's 30 s)
 
 
 class Heartbeat:
@@ -278,7 +278,7 @@ while True:
 
 class OutsideBeat:
     """Heartbeat lines written by a child process to this process's stdout file descriptor, for a wait in
-    TensorFlow's C++ code that holds the GIL. Measured: at the end of ``model.fit`` and ``model.predict`` on
+    TensorFlow's C++ code that holds the GIL. At the end of ``model.fit`` and ``model.predict`` on
     several replicas, destroying the input pipeline's iterators sometimes waits for a tf.data autotuning
     thread's timed sleep (up to 60 s, longer with several iterators) while holding the GIL, so a thread's
     heartbeat falls silent exactly then. (TensorFlow's CancellationManager wakes that thread before it marks

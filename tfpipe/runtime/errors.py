@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, NoReturn, TextIO
 
 from tfpipe.runtime.lifecycle import BAD_INPUT, dead_worker_line, ending, stop_behind, stopping_on_signals
-from tfpipe.runtime.lifecycle import Terminated as Terminated  # its old home
+from tfpipe.runtime.lifecycle import Terminated as Terminated  # importable from here too
 
 _COMMAND: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "tfpipe_command", default=None
@@ -139,8 +139,8 @@ def check_count(low: int, **values: float | None) -> None:
 
 
 def check_seed(**values: float | None) -> None:
-    """Refuses seeds NumPy and scikit-learn cannot take (whole numbers in 0..2**32-1): ``--seed -1`` was their
-    traceback after the job had started. ``None`` passes."""
+    """Refuses seeds NumPy and scikit-learn cannot take (whole numbers in 0..2**32-1): unchecked, ``--seed -1``
+    would be their traceback after the job has started. ``None`` passes."""
     check_count(0, **values)
     for name, value in values.items():
         if value is not None and value >= 2**32:

@@ -1,8 +1,8 @@
 """A thin file layer: local paths through the standard library, anything with a scheme
 (``gs://``, ``ram://``, ...) through ``tf.io.gfile``.
 
-Local writes then need no TensorFlow at all, which saves the writer ~4 s of
-import at start-up; remote paths behave exactly as ``tf.io.gfile`` does.
+Local writes then need no TensorFlow at all, which saves the writer TensorFlow's
+import (seconds) at start-up; remote paths behave exactly as ``tf.io.gfile`` does.
 """
 
 from __future__ import annotations

@@ -174,10 +174,10 @@ def signals_held() -> Iterator[None]:
 def wait_for_a_stop(prog: str) -> NoReturn:
     """Waits for Ctrl-C or SIGTERM (held by ``signals_held``), says the table's line and ends the process at once.
 
-    A Python handler runs only when the main thread does: a signal the kernel handed to another thread left a main
-    thread asleep in C++ (a server's ``join``), and Ctrl-C was lost under CI's load (twice); ``sigwait`` takes it
-    whichever thread it came to. Ending at once: a TensorFlow server's own stop, as the process ends normally,
-    took over a minute under that load."""
+    A Python handler runs only when the main thread does: a signal the kernel hands to another thread leaves a main
+    thread asleep in C++ (a server's ``join``), and a Ctrl-C can be lost on a loaded machine; ``sigwait`` takes it
+    whichever thread it came to. Ending at once: a TensorFlow server's own stop, as the process ends normally, can
+    take over a minute on a loaded machine."""
     received = signal.sigwait(set(STOPS))
     code, words = STOPS[received]
     print(f"{prog}: {words}", file=sys.stderr)
@@ -187,8 +187,8 @@ def wait_for_a_stop(prog: str) -> NoReturn:
 def exit_now(code: int) -> NoReturn:
     """``os._exit(code)`` that keeps what was written to stderr: for a thread that must end the process while the
     main thread is stuck in C++ (where no Python exception reaches it). Under ``quiet_tensorflow`` fd 2 is a pipe
-    whose lines a daemon thread passes on, and ``os._exit`` alone ended that thread before it had (the line that
-    said why was lost): this closes the pipe's end here and waits for the thread to pass the rest on. What was
+    whose lines a daemon thread passes on, and ``os._exit`` alone would end that thread before it had (the line
+    saying why would be lost): this closes the pipe's end here and waits for the thread to pass the rest on. What was
     printed to stdout is written first."""
     with contextlib.suppress(OSError, ValueError):
         sys.stdout.flush()

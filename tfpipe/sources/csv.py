@@ -227,8 +227,8 @@ def _one_hot_labels(df: pd.DataFrame, label_cols: Iterable[str], csv_path: str) 
     return out
 
 
-# Column names that usually hold an image's group: its patient, scene, video, ... (issue #54: a newcomer's CSV had
-# a "scene" column and no --group-col, and validation over-promised)
+# Column names that usually hold an image's group: its patient, scene, video, ... (tfpipe.write warns of such a
+# column left out of --group-col: folds by image would let validation over-promise)
 GROUP_WORDS = frozenset(
     (
         "patient",

@@ -100,7 +100,7 @@ def _grouped(y: np.ndarray, groups: Sequence[str], k: int, seed: int) -> np.ndar
     ``GROUP_TRIES`` such passes. This is the greedy of
     scikit-learn's ``StratifiedGroupKFold``, which is single-label only; stratifying the groups with iterstrat
     instead, each by the labels any of its images has, ignores their sizes: on three synthetic sets of about 1,600
-    images in 260 groups of 1-11 (tests/test_group_folds.py) its worst class was 27-38% off an even share in some
+    images in 260 groups of 1-11 (tests/test_group_folds.py) its worst class is 27-38% off an even share in some
     fold, this 2.0-3.7% (iterstrat without groups: 1.6%)."""
     names, group_of = np.unique(np.asarray(groups, dtype=object).astype(str), return_inverse=True)
     k_groups = len(names)

@@ -19,7 +19,7 @@ from tfpipe.runtime import fs
 from tfpipe.runtime.errors import TfpipeError, option
 from tfpipe.sources.csv import Row, read_csv
 from tfpipe.sources.labels import ASCII_INTEGER, clean_label, nfc, refuse_twin_spellings
-from tfpipe.sources.labels import LabelFormat as LabelFormat  # tfpipe.sources.source.LabelFormat: its 1.0 name
+from tfpipe.sources.labels import LabelFormat as LabelFormat  # also importable as tfpipe.sources.source.LabelFormat
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")  # tried, in order, for ids without extension
 FOLDER_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".gif")

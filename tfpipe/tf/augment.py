@@ -4,13 +4,13 @@ Per-image ops (random resized crop, random erasing) take one uint8 ``[H, W, 3]``
 image and a stateless ``[2]`` seed. The pad crop, the flip and the colour jitter
 run on whole uint8 batches in one ``tf.function(jit_compile=True)``: XLA fuses
 the shift, the mirror, the colour arithmetic and the rounding into one pass over
-the pixels. Measured on 256 px images, 2 cores, from a cache: flip + pad crop +
-brightness per image in tf.data ran at ~2.2k img/s (the float colour ops alone
-~2.5k: each op is a separate pass over 200k floats), the same as one XLA batch
-op at ~5.5k, and without per-image maps the cached pipeline itself moves ~50k
-img/s. Every op gives the same result eagerly and inside ``Dataset.map`` (tested);
-seeded pipelines are reproducible. MixUp and CutMix work on whole batches and
-mix the multi-hot targets by the same weights as the pixels.
+the pixels. The same flip + pad crop + brightness per image in tf.data runs at
+well under half that op's rate (each float colour op is a separate pass over the
+image's floats), while a cached pipeline without per-image maps moves images at
+about ten times the op's rate. Every op gives the same result eagerly and inside
+``Dataset.map`` (tested); seeded pipelines are reproducible. MixUp and CutMix
+work on whole batches and mix the multi-hot targets by the same weights as the
+pixels.
 """
 
 from __future__ import annotations
@@ -230,7 +230,7 @@ def make_batch_augment(aug: Augment, size: int) -> ImageOp | None:
 
     Returns ``fn(images uint8 [B, size, size, 3], seed [2]) -> uint8``. Unless ``aug.jit`` is False, the
     geometry and the colour are two XLA-compiled functions: compiled together, XLA fuses the gathers into
-    the colour arithmetic and the pair ran at half the speed (measured: 5.3k vs 9.7k img/s at 256 px).
+    the colour arithmetic and the pair runs at about half the speed.
     """
     pad = 0
     if aug.crop == "pad":

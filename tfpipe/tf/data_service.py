@@ -7,8 +7,8 @@ job (``ShardingPolicy.DYNAMIC``: the dispatcher hands each shard file to one wor
 comes once; the trainer repeats it (each epoch a new job) and only ``rebatch``es: whole batches pass as they
 are, a worker's short last batch of an epoch is joined to the next, so every batch is whole (static shapes) and
 the epochs follow each other as in one process. Sent uncompressed: decoded pixels barely compress, and
-decompressing them cost the trainer 0.08 ms of CPU an image, a third of what was left once the workers made
-the batches (``bench/service.py``, issue #55).
+decompressing them would cost the trainer about a third of the CPU it still spends once the workers make
+the batches (``bench/service.py`` measures the service).
 
 Every worker the dispatcher lists must answer this machine before training starts (``check_service``: a worker
 registered under an address the trainer cannot dial would be waited for forever). A worker that dies mid-epoch:

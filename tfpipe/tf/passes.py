@@ -136,7 +136,7 @@ def _records_of(name: tf.Tensor, read_buffer: int | None) -> tf.data.Dataset:
     """The records of file ``name``; none, opening nothing, for ``END_OF_PASS``. One dataset stage: TensorFlow's
     reader op itself, over a vector of zero or one file names. ``tf.data.TFRecordDataset(name)`` would wrap the
     file in a ``flat_map`` of its own (and ``END_OF_PASS`` needed a ``take``): two more stages every record passes,
-    a quarter of a bare read's time (issue #55's profile). ``read_buffer`` None: TensorFlow's default."""
+    about a quarter of a bare read's time. ``read_buffer`` None: TensorFlow's default."""
     names = tf.reshape(name, [1])[: tf.cast(tf.not_equal(name, END_OF_PASS), tf.int32)]
     buffer = TF_READ_BUFFER if read_buffer is None else read_buffer
     variant = tf.raw_ops.TFRecordDataset(filenames=names, compression_type="", buffer_size=buffer)

@@ -34,8 +34,8 @@ JPEG_FORMATS = ("JPEG", "MPO")  # MPO: the multi-picture JPEG some phones write;
 EXIF_ORIENTATION = 0x0112
 JPEG_MAX_SIDE = 65535  # the JPEG format stores each side in 16 bits
 READ_CHUNK = 1 << 20  # reads of a file that grew after its size was taken
-# Files up to this size are read whole before their header is parsed (from memory: 40 us instead of 90 us for the
-# header read from the file and the file read again, 15% of a JPEG's pass-through); larger ones header first.
+# Files up to this size are read whole before their header is parsed (from memory: under half the time of reading the
+# header from the file and then the file again, a share of a JPEG's pass-through); larger ones header first.
 WHOLE_READ_BYTES = 4 << 20
 PAD_VALUE = 0  # colour of the bars added by fit="pad"
 ALPHA_BACKGROUND = 255  # transparent pixels are composited over white
@@ -120,7 +120,7 @@ def read_header(source: bytes | bytearray | memoryview | IO[bytes], name: str) -
     """Returns (format, mode, (width, height), orientation) from the file header.
 
     ``source`` is the file's bytes or an open binary file: Pillow then reads only what the format's header needs
-    (measured: a JPEG up to its first scan, 1 kB to a few hundred kB with large EXIF or ICC segments; a PNG its
+    (a JPEG up to its first scan, 1 kB to a few hundred kB with large EXIF or ICC segments; a PNG its
     chunks before the pixels; GIF and BMP under 1 kB; a TIFF its first directory, wherever it is, often at the
     end; a WebP the whole file). No fixed prefix would do: a TIFF's directory and a WebP's header need the end.
     """
@@ -219,8 +219,8 @@ def jpeg_is_complete(data: bytes) -> bool:
     if first_scan is None:  # unusual header layout: the slower whole-file check
         return data.rfind(b"\xff\xd9") > data.rfind(b"\xff\xda") > 0
     # After the first scan starts, 0xFF 0xD9 can only be the end-of-image marker. Searching backwards
-    # finds it in the last bytes of a complete file (the whole-file search for the last scan marker
-    # cost 0.3 ms on a 500 kB photo: 20% of the pass-through time).
+    # finds it in the last bytes of a complete file (a whole-file search for the last scan marker
+    # would cost about a fifth of a photo's pass-through time).
     return data.rfind(b"\xff\xd9", first_scan) > first_scan
 
 
@@ -342,7 +342,7 @@ def fit_to_square(img: np.ndarray, spec: ImageSpec) -> np.ndarray:
     assert s is not None, "fit_to_square needs spec.image_size"
     if spec.fit == "stretch":
         return _resize(img, s, s)
-    if spec.fit == "crop":  # cut the centre square first: scaling a 1 x 70000 strip up first took 4 GB at 128 px
+    if spec.fit == "crop":  # cut the centre square first: a 1 x 70000 strip scaled up first would need GBs at 128 px
         side = min(h, w)
         top, left = (h - side) // 2, (w - side) // 2
         return _resize(np.ascontiguousarray(img[top : top + side, left : left + side]), s, s)

@@ -203,8 +203,8 @@ class StagedShards:
         return self
 
     def _ours(self) -> bool:
-        """Whether ``.staging`` was made by tfpipe.write: it holds our mark, or (writes of tfpipe 0.2) a progress
-        file of ours. Anything else there is the user's and is never deleted."""
+        """Whether ``.staging`` was made by tfpipe.write: it holds our mark, or (a staging folder without the mark) a
+        progress file of ours. Anything else there is the user's and is never deleted."""
         if fs.exists(posixpath.join(self.staging, STAGING_MARK)):
             return True
         try:

@@ -107,14 +107,14 @@ def connect() -> tf.distribute.MultiWorkerMirroredStrategy:
     every worker has started (TensorFlow's wait, unbounded: said in the docs).
 
     No collective timeout (``CommunicationOptions(timeout_seconds=...)``): TensorFlow enforces it with a thread
-    per collective op that lives as long as the timeout, measured here at ~400 threads a second a worker (12,000
-    in 40 s of the demo with 60 s) until the workers aborted (``std::system_error``, no thread left to start).
+    per collective op that lives as long as the timeout: with a timeout of a minute they pile up by hundreds a
+    second on each worker until the workers abort (``std::system_error``, no thread left to start).
     A worker that dies is found without it: its connections close, and TensorFlow's coordination service
     misses its heartbeats."""
     import tensorflow as tf
 
     config = cluster_from_environment()
-    with sigterm_restored():  # TensorFlow's coordination service swallows SIGTERM: a worker trained on (measured)
+    with sigterm_restored():  # TensorFlow's coordination service swallows SIGTERM: a worker would train on
         try:
             strategy = tf.distribute.MultiWorkerMirroredStrategy()
         except tf.errors.UnknownError as e:  # its server could not listen

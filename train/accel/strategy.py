@@ -150,7 +150,7 @@ def quick_teardown() -> Iterator[None]:
     thread. When the iterator is destroyed (at the end of every ``fit``, ``evaluate`` and ``predict``), that
     thread is told to stop, but it can miss the signal (it checks a flag that TensorFlow sets only after the
     signal: a race) and then sleeps out its period, which grows to 60 s, holding Python's lock meanwhile: 8
-    replicas at the end of a long fit were measured waiting 100-160 s. A one-element prefetch has nothing to tune,
+    replicas at the end of a long fit can wait minutes. A one-element prefetch has nothing to tune,
     so these per-replica pipelines are built untuned; the input pipeline itself (``make_dataset``) keeps its
     autotuning. Builds nothing itself; a TensorFlow without the private function it wraps is left as it is.
     """

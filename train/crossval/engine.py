@@ -25,7 +25,7 @@ from tfpipe.runtime.console import counted
 from tfpipe.runtime.errors import TfpipeError, option
 from tfpipe.runtime.locks import LOCK, locked_folder
 from tfpipe.tf.columns import check_no_image_twice
-from train.accel import backend
+from train import backends as backend
 from train.accel.strategy import tpu_strategy
 from train.decide.evaluation import Scores, headline, score
 from train.decide.tta import scored_at_own_thresholds, views_worth

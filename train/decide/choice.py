@@ -65,8 +65,8 @@ def run_scores(run: str, required: bool = False) -> RunScores:
 
 
 def recorded_metric(run: str) -> Metric:
-    """The metric a run decides by: its ``config.json``'s (``DEFAULT`` for runs before --metric, and for a
-    folder without one)."""
+    """The metric a run decides by: its ``config.json``'s (``DEFAULT`` when it records none, and for a folder
+    without one)."""
     if not fs.exists(run_files.path(run, run_files.CONFIG)):
         return METRICS[DEFAULT]
     config = RunConfig.load(run)

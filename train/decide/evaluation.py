@@ -53,14 +53,14 @@ class Scores(TypedDict):
     exact_match: float | None
     f1_micro: float | None
     f1_macro: float | None
-    balanced_accuracy: float | None  # single-label only (tfpipe before 1.3 did not record it: read with .get)
+    balanced_accuracy: float | None  # single-label only (a metrics.json may lack it: read with .get)
     log_loss: float | None  # single-label only, likewise
     per_class: dict[str, ClassScores]
 
 
 class Report(Scores, total=False):
-    """A run's validation report (metrics.json's ``report`` and ``swa.report``): ``Scores`` and tfpipe 1.0's names
-    of two figures, and the model it scores."""
+    """A run's validation report (metrics.json's ``report`` and ``swa.report``): ``Scores``, two figures under
+    metrics.json's own names (``accuracy``, ``f1_macro_tuned``), and the model it scores."""
 
     accuracy: float | None  # the exact-match accuracy
     f1_macro_tuned: float | None  # sklearn's macro F1 over every class (0 for a class nobody has)

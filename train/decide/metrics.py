@@ -50,7 +50,7 @@ METRICS = {
         Metric("f1_micro", "f1_micro", "F1 micro", frozenset({MULTI})),
     )
 }
-DEFAULT = "roc_auc"  # threshold-free, defined for both kinds: what tfpipe decided by before --metric
+DEFAULT = "roc_auc"  # threshold-free, defined for both kinds: also the metric of runs that record none
 
 
 def metric_of(name: str | None, single_label: bool) -> Metric:
@@ -67,8 +67,8 @@ def metric_of(name: str | None, single_label: bool) -> Metric:
 
 
 def run_metric(settings: Mapping[str, Any], single_label: bool) -> Metric:
-    """The metric a run (its ``config.json`` settings) or a CV (its shared settings) recorded; runs of tfpipe
-    before --metric decided by ``DEFAULT``."""
+    """The metric a run (its ``config.json`` settings) or a CV (its shared settings) recorded; settings that
+    record none decide by ``DEFAULT``."""
     name = settings.get("metric")
     return metric_of(name if isinstance(name, str) else None, single_label)
 

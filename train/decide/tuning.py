@@ -1,8 +1,8 @@
 """Thresholds tuned on the predictions they serve (the model a folder submits with is ``train.decide.choice``).
 
 A run's report tunes ``thresholds.json`` on its model's single-view validation predictions. Predictions averaged
-over N TTA views are less extreme than one view's (measured on real data: held-back exact-match 0.953 with one
-view fell to 0.853 at 4 views under the single-view thresholds, AUC unchanged), so ``train.predict --tta N``
+over N TTA views are less extreme than one view's (on real data a held-back exact-match can fall by a
+tenth at 4 views under the single-view thresholds, the AUC unchanged), so ``train.predict --tta N``
 labels at thresholds tuned on N-view predictions of the same validation images by the same model. They are tuned
 here the first time a model and view count are asked for, and recorded beside the others::
 

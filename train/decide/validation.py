@@ -89,8 +89,8 @@ def validation_files(
     hits = targets > 0
     report = evaluation.Report(
         **scores,
-        # the names of tfpipe 1.0's metrics.json, kept: "accuracy" is the exact-match accuracy (null before for
-        # multi-label runs), "f1_macro_tuned" sklearn's macro F1 over every class (0 for a class nobody has)
+        # metrics.json's own names of two figures, which its readers take: "accuracy" is the exact-match accuracy,
+        # "f1_macro_tuned" sklearn's macro F1 over every class (0 for a class nobody has)
         accuracy=scores["exact_match"],
         f1_macro_tuned=None
         if single_label

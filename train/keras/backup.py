@@ -1,26 +1,16 @@
-"""A training phase's backup, which ``--resume`` continues: when it saves (``BackupPolicy``: every epoch's end,
-every N steps or minutes, the step a stop was asked at) and how, on each backend's Keras -- tf-keras'
-``BackupAndRestore`` (``Backup``) or, on Keras 3, tfpipe's own (``StepBackup``: Keras 3's resumes at an epoch's
-start only). ``STEP_BACKUP`` is the running backend's. Also what the phase's callbacks share: the phase
-(``Phase``) and the step group a callback is in (``StepGroups``)."""
+"""When a training phase's backup saves, which ``--resume`` continues (``BackupPolicy``: every epoch's end, every
+N steps or minutes, the step a stop was asked at), whichever backend saves it (``train.backends.tf.Backup``,
+``train.backends.jax.StepBackup``); and what the phase's callbacks share: the phase (``Phase``) and the step group
+a callback is in (``StepGroups``). No Keras here."""
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from tfpipe.runtime import fs
-from tfpipe.runtime.errors import TfpipeError, option
+from tfpipe.runtime.errors import option
 from tfpipe.runtime.lifecycle import Deferred
-from train.accel.backend import is_keras_3, keras_module
-from train.runs import run as run_files
-
-if TYPE_CHECKING:
-    import tf_keras as keras
-else:
-    keras = keras_module()  # tf-keras, or Keras 3 on JAX (train.accel.backend)
 
 
 @dataclass(frozen=True)
@@ -64,7 +54,7 @@ SAVE_SECONDS = 600.0  # the backup's default interval within an epoch (--save-ev
 
 
 class BackupPolicy(StepGroups):
-    """When a phase's backup saves, for both backends' backups (``Backup``, ``StepBackup``): at every epoch's end;
+    """When a phase's backup saves, for every backend's backup: at every epoch's end;
     within an epoch every ``every`` steps (None: at the first step group after ``SAVE_SECONDS``; 0: never); and at
     the step a stop was asked at (``phase.stop``: SIGTERM, Ctrl-C), after which the job ends saying where.
 
@@ -123,96 +113,3 @@ class BackupPolicy(StepGroups):
     def said_resuming(self, epoch: int, step: int) -> None:
         if self.say and 0 <= epoch < self.phase.epochs:
             print(f"train.fit: resuming at epoch {epoch + 1}, step {step}", flush=True)
-
-
-class Backup(BackupPolicy, keras.callbacks.BackupAndRestore):
-    """tf-keras' backup of a phase (weights, optimizer, the epoch and step reached), which ``--resume`` restores,
-    saved as ``BackupPolicy`` says. Kept after the phase (``delete_checkpoint=False``) until the whole job has
-    finished: a job interrupted after its last epoch (in the report) resumes with nothing left to train.
-
-    Keras records a step when it begins; with ``steps_per_execution`` K that is a group's first step, and a
-    resume redid K - 1 steps. Here the step saved is the group's last. ``save_before_preemption`` (TensorFlow's
-    preemption notice) is Keras' own, which it uses for multi-worker runs on Google Cloud only."""
-
-    def __init__(self, folder: str, phase: Phase, every: int | None, say: bool) -> None:
-        # an int save_freq: Keras then resumes within an epoch (with "epoch" it redoes the whole epoch)
-        super().__init__(folder, save_freq=max(1, every or phase.steps), delete_checkpoint=False)
-        self.save_before_preemption = phase.multiworker
-        self.policy(phase, every, say)
-
-    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
-        super().on_train_begin(logs)  # restores the backup, if any
-        state = self._training_state
-        if 0 <= int(state._ckpt_saved_epoch.numpy()) < self.phase.recorded:  # history.csv has that epoch's row:
-            state._ckpt_saved_batch.assign(self.phase.steps - 1)  # a backup of tfpipe 1.1 (the last group's start)
-        epoch, step = self.model._maybe_load_initial_counters_from_ckpt(self.phase.steps, -1)
-        if epoch >= 0:
-            self.last = (epoch, step)
-        self.said_resuming(epoch, step)
-
-    def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
-        BackupPolicy.on_epoch_begin(self, epoch, logs)
-        keras.callbacks.BackupAndRestore.on_epoch_begin(self, epoch, logs)
-
-    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
-        self._training_state._ckpt_saved_batch.assign(int(batch))  # before any save: Keras' preemption save too
-        self._training_state.backup_if_preempted()  # a no-op unless Keras turned the preemption notice on
-        BackupPolicy.on_train_batch_end(self, batch, logs)
-
-    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
-        BackupPolicy.on_epoch_end(self, epoch, logs)
-
-    def save_step(self, epoch: int, step: int) -> None:
-        """Backs up the weights and optimizer as they are after ``step`` (0-based) of ``epoch`` (0-based)."""
-        self._training_state._ckpt_saved_epoch.assign(epoch)
-        self._training_state._ckpt_saved_batch.assign(step)
-        self._backup(epoch=epoch, batch=step)
-        self._since, self._saved_at = 0, time.monotonic()
-        self.last = self.position(epoch, step)
-
-
-BACKUP_WEIGHTS, BACKUP_POSITION = "latest.weights.h5", "position.json"  # StepBackup's two files
-
-
-class StepBackup(BackupPolicy, keras.callbacks.Callback):
-    """Keras 3's backup of a phase, saved as ``BackupPolicy`` says: the weights with the optimizer's state
-    (``latest.weights.h5``, Keras' own weights file) and where training stands (``position.json``: the epoch and
-    the steps done), each written through a temporary name. Keras 3's ``BackupAndRestore`` resumes at an epoch's
-    start only; ``restore`` reads the backup before fit, and ``run_phase`` fits the rest of a resumed epoch
-    first."""
-
-    def __init__(self, folder: str, phase: Phase, every: int | None, say: bool) -> None:
-        super().__init__()
-        self.folder = folder
-        self.policy(phase, every, say)
-
-    def restore(self, model: Any) -> tuple[int, int] | None:
-        """Loads the backup into ``model`` (built and compiled) and returns where it continues, (epoch, steps
-        done), 0-based; None when nothing of this phase was saved."""
-        position = run_files.path(self.folder, BACKUP_POSITION)
-        if not fs.exists(position):
-            return None
-        with fs.open(position, "rb") as f:
-            saved = fs.parse_json(f.read(), position, "the backup's position")
-        if not (isinstance(saved, dict) and all(type(saved.get(k)) is int for k in ("epoch", "steps"))):
-            raise TfpipeError(f"{position}: not a backup position train.fit wrote; the backup is damaged")
-        model.optimizer.build(model.trainable_variables)
-        model.load_weights(run_files.path(self.folder, BACKUP_WEIGHTS))
-        self.last = (saved["epoch"], saved["steps"])
-        self.said_resuming(*self.last)
-        return self.last
-
-    def save_step(self, epoch: int, step: int) -> None:
-        """Backs up the weights and optimizer as they are after ``step`` (0-based) of ``epoch`` (0-based)."""
-        fs.makedirs(self.folder)
-        weights = run_files.path(self.folder, BACKUP_WEIGHTS)
-        tmp = fs.temporary_name(weights[: -len(".weights.h5")]) + ".weights.h5"
-        self.model.save_weights(tmp)
-        fs.rename(tmp, weights, overwrite=True)
-        here = self.position(epoch, step)
-        fs.write_atomic(run_files.path(self.folder, BACKUP_POSITION), json.dumps({"epoch": here[0], "steps": here[1]}))
-        self._since, self._saved_at = 0, time.monotonic()
-        self.last = here
-
-
-STEP_BACKUP = StepBackup if is_keras_3(keras) else Backup  # the backend's backup of a phase

@@ -11,17 +11,17 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import numpy as np
 
-from train.accel.backend import is_keras_3, keras_module, weights_file
+from train.backends import current, keras_module
 
 if TYPE_CHECKING:
     import tf_keras as keras
 else:
-    keras = keras_module()  # tf-keras, or Keras 3 on JAX (train.accel.backend)
+    keras = keras_module()  # the backend's Keras (train.backends)
 
 from tfpipe.format.shards import Shards
 from tfpipe.runtime import console
 from tfpipe.tf.data_service import WorkerWatch
-from train.keras.backup import STEP_BACKUP, Phase, StepGroups
+from train.keras.backup import Phase, StepGroups
 from train.keras.config import FitConfig
 from train.keras.swa import sync_batch_norm
 from train.runs import run as run_files
@@ -39,11 +39,12 @@ def phase_callbacks(
         else []
     )
     watch = [ServiceWatch(cfg.data_service)] if cfg.data_service else []
-    backup = STEP_BACKUP(
+    backend = current()
+    backup = backend.backup(
         run_files.path(cfg.run, f"{run_files.BACKUP}/{phase.name}"), phase, cfg.save_every, cfg.verbose > 0
     )
     callbacks = [
-        *([] if is_keras_3(keras) else [SyncBatchNorm()]),  # one SPMD program on JAX: one copy of each statistic
+        *([SyncBatchNorm()] if backend.replica_batch_norm else []),
         *progress,
         *first,
         backup,
@@ -52,7 +53,7 @@ def phase_callbacks(
         HistoryLog(run_files.path(cfg.run, run_files.HISTORY), append=True),
         keras.callbacks.TensorBoard(run_files.path(cfg.run, run_files.LOGS), update_freq="epoch", profile_batch=0),
         keras.callbacks.ModelCheckpoint(
-            weights_file(run_files.path(cfg.run, f"{run_files.CHECKPOINTS}/best")),
+            backend.weights_file(run_files.path(cfg.run, f"{run_files.CHECKPOINTS}/best")),
             monitor="val_auc",
             mode="max",
             save_best_only=True,
@@ -123,7 +124,7 @@ class Throughput(StepGroups, keras.callbacks.Callback):
 class SyncBatchNorm(keras.callbacks.Callback):
     """Before each validation, every replica gets the batch-norm statistics a checkpoint saves (their mean):
     otherwise each replica validates with its own copy, and the epoch's scores describe another model than
-    the one saved (a 40-image test reported 0.48 for a model.keras that scores 0.55)."""
+    the one saved (on a small validation set, by several hundredths of AUC)."""
 
     def on_test_begin(self, logs: dict[str, Any] | None = None) -> None:
         sync_batch_norm(self.model)
@@ -186,8 +187,8 @@ class Progress(StepGroups, keras.callbacks.Callback):
 
     def _replicas_here(self) -> int:
         """The replicas this process traces the step for: all of them on one machine; a multi-worker job's
-        workers each trace only their own (a chief with one device: once); Keras 3 on JAX: once, one program."""
-        if is_keras_3(keras):
+        workers each trace only their own (a chief with one device: once); one SPMD program (JAX): once."""
+        if not current().traces_per_replica:
             return 1
         try:
             return len(self.model.distribute_strategy.extended.worker_devices)
@@ -197,7 +198,7 @@ class Progress(StepGroups, keras.callbacks.Callback):
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         self._epoch, self._epoch_began = epoch, time.perf_counter()
         if self._first_step_seen and not self.bar:
-            # on several replicas an epoch's first steps can wait many seconds (measured: ~16 s on 8 CPU replicas)
+            # on several replicas an epoch's first steps can wait many seconds (a quarter of a minute on 8 CPU replicas)
             wait = self._first_wait or 0.0
             waited = f" (the last epoch's first steps came after {wait:.0f} s)" if wait >= SLOW_START_SECONDS else ""
             self.beat.start(f"epoch {epoch + 1}/{self.epochs}: step 0/{self.steps}{waited}")

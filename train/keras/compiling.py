@@ -5,19 +5,19 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from train.accel.backend import keras_module
+from train.backends import current, keras_module
 
 if TYPE_CHECKING:
     import tf_keras as keras
 else:
-    keras = keras_module()  # tf-keras, or Keras 3 on JAX (train.accel.backend)
+    keras = keras_module()  # the backend's Keras (train.backends)
 from tfpipe.runtime.errors import TfpipeError
-from train.accel.backend import is_keras_3, tensor_ops
 from train.keras.config import FitConfig
 from train.keras.imbalance import LossWeights, make_loss
 
-# Keras' default 200 thresholds could not tell apart predictions squeezed into 0.463-0.483 (a run reported 0.52
-# for an exact 0.61); 1000 costs nothing measurable (a [1000, C] counter update per batch).
+# Keras' default 200 thresholds cannot tell apart predictions squeezed into a band a few hundredths wide (the
+# estimate then misses the exact AUC by a tenth or more); 1000 costs nothing measurable (a [1000, C] counter update
+# per batch).
 AUC_THRESHOLDS = 1000
 
 
@@ -28,7 +28,7 @@ class F1Score(keras.metrics.F1Score):
 
     def update_state(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> Any:
         if sample_weight is not None:
-            sample_weight = tensor_ops().reshape(sample_weight, [-1])
+            sample_weight = current().tensor_ops().reshape(sample_weight, [-1])
         return super().update_state(y_true, y_pred, sample_weight)
 
 
@@ -41,13 +41,10 @@ def make_auc(num_classes: int) -> keras.metrics.AUC:
 def make_metrics(num_classes: int, single_label: bool, threshold: float) -> list[keras.metrics.Metric]:
     if single_label:
         return [keras.metrics.CategoricalAccuracy(name="accuracy"), make_auc(num_classes)]
-    # float32 whatever the precision policy: under mixed_bfloat16 on several replicas its counts were
+    # float32 whatever the precision policy: under mixed_bfloat16 on several replicas its counts would be
     # autocast sync-on-read variables, which its result() cannot add (a NotImplementedError in fit)
     f1 = F1Score(name="f1", average="macro", threshold=threshold, dtype="float32")
-    # Its variables now, not in the first traced step: a tf.function whose first trace creates variables is
-    # traced a second time, and a trace of the training step on 8 replicas takes about 20 s.
-    if not is_keras_3(keras):  # Keras 3 builds its metrics' variables before tracing
-        f1.build((None, num_classes), (None, num_classes))
+    current().build_before_tracing(f1, (None, num_classes))
     return [make_auc(num_classes), f1, keras.metrics.BinaryAccuracy(name="accuracy", threshold=threshold)]
 
 
@@ -73,8 +70,8 @@ def compile_model(
     """The run's loss (weighted by ``loss_weights``: ``--class-weight``), optimizer and per-epoch metrics."""
     loss = make_loss(keras, bool(cfg.single_label), cfg.label_smoothing, loss_weights)
     # weighted_metrics, not metrics: Keras' plain metrics ignore sample weights, so the weight-0 rows that pad
-    # validation batches to static shapes would count as negatives (a tiny fold on 8 replicas reported an AUC
-    # of 0.20 for a model whose AUC on the real rows is 0.40).
+    # validation batches to static shapes would count as negatives (on a tiny fold over 8 replicas, enough to
+    # halve the AUC).
     model.compile(
         optimizer=make_optimizer(cfg.optimizer, lr, cfg.weight_decay),
         loss=loss,

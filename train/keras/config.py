@@ -33,7 +33,7 @@ class FitConfig:
     run: str = "runs/demo"
     strategy: str | tf.distribute.Strategy = "auto"  # a name (``STRATEGIES``) or a strategy you already made
     replicas: int | None = None
-    backend: str = "auto"  # tf (tf-keras, TensorFlow's strategies), jax (Keras 3 on JAX) or auto (train.accel.backend)
+    backend: str = "auto"  # tf (tf-keras, TensorFlow's strategies), jax (Keras 3 on JAX) or auto (train.backends)
     data_service: str | None = None  # grpc://HOST:PORT: a tf.data service's workers decode the training images
     model: str = "efficientnet-b0"
     weights: str | None = None  # None (random), "imagenet" (downloads) or a weights file; "none" = None
@@ -92,7 +92,7 @@ class PredictConfig:
     labels: bool | None = None  # the labels column (default: unless probabilities)
     strategy: str | tf.distribute.Strategy = "auto"
     replicas: int | None = None
-    backend: str = "auto"  # auto: the run's own backend where it can run (train.accel.backend)
+    backend: str = "auto"  # auto: the run's own backend where it can run (train.backends.choice)
     batch_size: int = 32  # per replica
     id_column: str | None = None  # default: the CSV's, from the manifest
     overwrite: bool = False  # replace out whatever it holds

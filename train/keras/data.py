@@ -10,7 +10,7 @@ import tensorflow as tf
 import tfpipe
 from tfpipe.format.shards import Shards, open_shards
 from tfpipe.tf.batches import evaluation_steps
-from train.accel.strategy import input_pipelines
+from train.backends import current
 from train.keras.config import FitConfig
 from train.keras.imbalance import LossWeights, training_counts, weights_of
 from train.runs.run import Parts
@@ -65,8 +65,8 @@ def build_datasets(
             **common,
         )
 
-    train_ds = strategy.distribute_datasets_from_function(train_fn)
-    val_ds = strategy.distribute_datasets_from_function(val_fn)
+    backend = current()
+    train_ds, val_ds = backend.datasets(strategy, train_fn), backend.datasets(strategy, val_fn)
     return train_ds, val_ds, n_train, n_val, global_batch
 
 
@@ -77,7 +77,7 @@ def training_data(
     validation pass has the steps the largest input pipeline's share needs (``evaluation_steps``). ``say``: a
     line of the loss weights (``--class-weight``), where there are."""
     train_ds, val_ds, n_train, n_val, global_batch = build_datasets(plan, strategy, shards.num_classes, parts)
-    context = tf.distribute.InputContext(input_pipelines(strategy), 0, strategy.num_replicas_in_sync)
+    context = tf.distribute.InputContext(current().input_pipelines(strategy), 0, strategy.num_replicas_in_sync)
     val_steps = evaluation_steps(open_shards(parts.validation, parts.validation_folds), plan.batch_size, context)
     weights = None
     if plan.class_weight == "balanced":

@@ -51,12 +51,12 @@ RESUME_KEYS = (
     "burn_epochs",
     "single_label",
     "swa_epochs",
-    "class_weight",  # the loss and the batches it trained on (older runs recorded neither: resumed unchecked)
+    "class_weight",  # the loss and the batches it trained on (a config.json recording neither: resumed unchecked)
     "sampling",
     "metric",  # the figure its report and a CV's choices decide by
     "classes",
-    # how the run was laid out on its replicas (config.json's, RUN_VERSION 3): the global batch, and with it the
-    # steps of an epoch, the learning-rate schedule and the position a backup saved, follow them
+    # how the run was laid out on its replicas (a config.json without it: resumed unchecked): the global batch, and
+    # with it the steps of an epoch, the learning-rate schedule and the position a backup saved, follow them
     "replicas_in_sync",
     "global_batch_size",
     "train_examples",
@@ -191,8 +191,8 @@ def replace_run(run: str, names: Sequence[str], progress: bool) -> None:
 
 def check_resumable(run: str, config: RunConfig) -> None:
     """What an interrupted job left must be continued, never started over: ``history.csv`` recording epochs with
-    no backup to continue them from (a job of tfpipe 1.0 interrupted after its last epoch, when Keras had already
-    deleted its backup) would train from scratch and append to the history, counting epochs twice."""
+    no backup to continue them from (a job interrupted after its last epoch, its backup already deleted) would
+    train from scratch and append to the history, counting epochs twice."""
     rows = run_files.read_history(run)
     if rows is None:
         return
@@ -374,7 +374,7 @@ def summarise(
     global_batch, steps, n_train, n_val, optimizer_steps = sizes
     rates = throughput.rates
     if {run_files.IMAGES_PER_SEC, run_files.EPOCH_SECONDS} <= set(history.columns):
-        # Every job's epochs, an interrupted run's too (runs before tfpipe 1.1 have only this job's): the epochs'
+        # Every job's epochs, an interrupted run's too (rows without these figures left out): the epochs'
         # seconds, plus this job's outside its epochs (start, saving, report; earlier jobs' are not recorded).
         rates = list(history[run_files.IMAGES_PER_SEC].dropna())
         seconds = float(history[run_files.EPOCH_SECONDS].sum()) + seconds - throughput.seconds

@@ -20,7 +20,7 @@ import numpy as np
 
 import tfpipe
 from tfpipe.runtime.errors import option
-from train.accel.backend import tensor_ops
+from train.backends import current
 from train.runs.run import Parts
 
 SHOWN = 8  # classes named in a run's line of weights
@@ -102,7 +102,7 @@ def weighted_loss_class(keras: Any) -> type:
             self.positive, self.negative = [float(w) for w in positive], [float(w) for w in negative]
 
         def call(self, y_true: Any, y_pred: Any) -> Any:
-            ops = tensor_ops()
+            ops = current().tensor_ops()
             y = ops.cast(y_true, "float32")
             p = ops.cast(y_pred, "float32")
             pos = ops.cast(self.positive, "float32")

@@ -14,9 +14,8 @@ import string
 from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
-from tfpipe.runtime.deps import require
 from tfpipe.runtime.errors import TfpipeError, option
-from train.accel.backend import is_keras_3, keras_module
+from train.backends import current, keras_module
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)  # the efficientnet package's 'torch' preprocessing
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -102,23 +101,12 @@ def model_names() -> tuple[str, ...]:
 
 @register_model("efficientnet-b{}", [str(i) for i in range(8)])
 def _efficientnet(variant: str, input_shape: tuple[int, int, int], weights: str | None) -> tuple[Any, list[Any]]:
-    """EfficientNet-B0..B7: on tf-keras from the ``efficientnet`` package, built with tf-keras modules; on Keras 3
-    Keras' own (``keras.applications``, its [0, 255] input normalised inside the model)."""
+    """EfficientNet-B0..B7, the backend's (``Backend.efficientnet``: tf-keras' from the ``efficientnet`` package,
+    Keras 3's own); one that does not normalise its [0, 255] input gets ImageNet's normalisation before it."""
     keras = keras_module()
-    if is_keras_3(keras):
-        fn = getattr(keras.applications, f"EfficientNetB{variant}")
-        return fn(include_top=False, weights=weights, input_shape=input_shape), []
-    efn = require("efficientnet.model")
-    fn = getattr(efn, f"EfficientNetB{variant}")
-    backbone = fn(
-        include_top=False,
-        weights=weights,
-        input_shape=input_shape,
-        backend=keras.backend,
-        layers=keras.layers,
-        models=keras.models,
-        utils=keras.utils,
-    )
+    backbone, normalises = current().efficientnet(variant, input_shape, weights)
+    if normalises:
+        return backbone, []
     return backbone, [
         keras.layers.Rescaling(1.0 / 255),
         keras.layers.Normalization(mean=IMAGENET_MEAN, variance=[s * s for s in IMAGENET_STD]),
@@ -134,22 +122,15 @@ def _efficientnet_v2(variant: str, input_shape: tuple[int, int, int], weights: s
 
 
 def custom_objects() -> dict[str, Any]:
-    """What ``load_model`` needs: tfpipe's metrics (Keras 3 builds the compiled metrics a model file names) and,
-    on tf-keras, the efficientnet package's layers (its swish and FixedDropout; Keras 3's EfficientNets are its
-    own)."""
+    """What ``load_model`` needs, the backend says (``Backend.custom_objects``): tfpipe's metrics, which Keras 3
+    builds when a model file names them, or the efficientnet package's layers tf-keras' EfficientNets use."""
     from train.keras.compiling import F1Score
 
-    keras = keras_module()
-    if is_keras_3(keras):
-        return {"F1Score": F1Score}
-    efn = require("efficientnet.model")
-    kw = {"backend": keras.backend, "layers": keras.layers, "models": keras.models, "utils": keras.utils}
-    return {"swish": efn.get_swish(**kw), "FixedDropout": efn.get_dropout(**kw)}
+    return current().custom_objects({"F1Score": F1Score})
 
 
-# Half the widths it had until 2026-11-26 (32-256): a quarter of the multiply-adds, an epoch of the demo in 17-19 s
-# instead of 35 s on 2 cores; the demo at twice the learning rate: AUC 0.9719 with its --seed 0, 0.94-0.98 over
-# other seeds and unseeded runs (docs/project/tests.md).
+# Narrow for CPUs: half of (32, 64, 128, 256) is a quarter of the multiply-adds and about half the demo's epoch
+# time on 2 cores, and the demo (at --lr 5e-4) still reaches an AUC around 0.95 (docs/project/tests.md).
 SMALL_CNN_WIDTHS = (16, 32, 64, 128)
 
 

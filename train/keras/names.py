@@ -4,7 +4,7 @@ The tables behind them (``train.keras.schedules``, ``train.accel.strategy``) are
 tests. Model names need no copy here: ``train.keras.models`` registers its builders without starting TensorFlow.
 """
 
-BACKENDS = ("auto", "tf", "jax")  # train.accel.backend.BACKENDS
+BACKENDS = ("auto", "tf", "jax")  # --backend (train.backends.choice)
 STRATEGIES = ("auto", "tpu", "gpu", "cpu", "multiworker")
 ONE_MACHINE = STRATEGIES[:4]  # train.predict's: predicting runs on one machine
 SCHEDULES = ("cosine", "onecycle", "kaggle", "constant")

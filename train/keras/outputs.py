@@ -80,8 +80,8 @@ def reports(
 ) -> dict[str, Any]:
     """metrics.json's ``report`` (validation predictions, thresholds and pictures, with ``plan.report``; and the
     digests of the images trained on, ``parts.train``) and ``swa`` (the averaged model saved and scored, with
-    ``plan.swa_epochs``; its line estimates its time by ``epoch_seconds``, the last epoch's: measured 7 s for a
-    6 s epoch of the demo on 8 replicas)."""
+    ``plan.swa_epochs``; its line estimates its time by ``epoch_seconds``, the last epoch's: the pass takes
+    about an epoch's time)."""
     found: dict[str, Any] = {}
     if plan.report:
         with console.saying(

@@ -6,17 +6,11 @@ from __future__ import annotations
 
 import tempfile
 import zipfile
-from typing import TYPE_CHECKING, Any
-
-from train.accel.backend import keras_module
-
-if TYPE_CHECKING:
-    import tf_keras as keras
-else:
-    keras = keras_module()  # tf-keras, or Keras 3 on JAX (train.accel.backend)
+from typing import Any
 
 from tfpipe.runtime import fs
 from tfpipe.runtime.errors import TfpipeError, option
+from train.backends import keras_module
 from train.runs import run as run_files
 from train.runs.run import RunConfig
 
@@ -91,10 +85,10 @@ def load_model(path: str) -> Any:
     """A ``.keras`` model file (uncompiled), also from ``gs://``.
 
     Keras reads the weights in place inside the zip archive, where every backward seek of h5py re-reads the
-    archive member from its start: an EfficientNet-B0 took 27 s to load on one replica and about 45 s under 8
-    (seconds of silence before prediction). Here the archive is read once, front to back: its config builds the
-    model, and its weights file, extracted to a temporary folder, is loaded as a plain file (3.5 s, the same
-    weights bit for bit). An archive without those two members is refused in one line (Keras' loader raised a
+    archive member from its start: an EfficientNet-B0 takes tens of seconds to load, longer under 8 replicas
+    (silence before prediction). Here the archive is read once, front to back: its config builds the model, and
+    its weights file, extracted to a temporary folder, is loaded as a plain file (several times faster, the same
+    weights bit for bit). An archive without those two members is refused in one line (Keras' own loader raises a
     ValueError with a traceback)."""
     from train.keras.models import custom_objects
 
@@ -106,6 +100,7 @@ def load_model(path: str) -> Any:
         fs.parse_json(config, path, f"its {KERAS_CONFIG}")  # as strictly as every JSON file read back
         with tempfile.TemporaryDirectory(prefix="tfpipe-model-") as folder:
             try:
+                keras = keras_module()
                 model = keras.models.model_from_json(config.decode("utf-8"), custom_objects=custom_objects())
             except (ValueError, TypeError, KeyError, AttributeError) as e:  # fields of the wrong kind or missing
                 raise TfpipeError(

@@ -13,13 +13,13 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from tfpipe.runtime.errors import TfpipeError
-from train.accel.backend import keras_module, tensor_ops
+from train.backends import current, keras_module
 from train.keras.names import SCHEDULES
 
 if TYPE_CHECKING:
     import tf_keras as keras
 else:
-    keras = keras_module()  # tf-keras, or Keras 3 on JAX (train.accel.backend)
+    keras = keras_module()  # the backend's Keras (train.backends)
 
 
 def scaled_lr(base_lr: float, replicas: int) -> float:
@@ -43,7 +43,7 @@ class OneCycle(keras.optimizers.schedules.LearningRateSchedule):
         )
 
     def __call__(self, step: Any) -> Any:
-        ops = tensor_ops()
+        ops = current().tensor_ops()
         step = ops.cast(step, "float32")
         up = max(1.0, self.pct_start * self.total_steps)
         down = max(1.0, self.total_steps - up)
@@ -82,7 +82,7 @@ class KaggleRamp(keras.optimizers.schedules.LearningRateSchedule):
         self.rampup_epochs, self.sustain_epochs, self.decay = rampup_epochs, sustain_epochs, decay
 
     def __call__(self, step: Any) -> Any:
-        ops = tensor_ops()
+        ops = current().tensor_ops()
         epoch = ops.cast(step, "float32") / self.steps_per_epoch
         ramp = self.start + (self.peak - self.start) * epoch / max(self.rampup_epochs, 1e-9)
         decayed = (self.peak - self.minimum) * self.decay ** (

@@ -19,13 +19,11 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from tfpipe.runtime.deps import check_installed
-from train.accel import backend
-from train.accel.backend import keras_module, weights_file
+from train import backends as backend
+from train.backends import current, keras_module
 
 if TYPE_CHECKING:
     import tf_keras as keras
-else:
-    keras = keras_module()  # tf-keras, or Keras 3 on JAX (train.accel.backend)
 import tensorflow as tf
 
 import tfpipe
@@ -46,7 +44,7 @@ from train.accel.cluster import (
     task_name,
 )
 from train.accel.strategy import default_precision, quick_teardown
-from train.keras.backup import Phase, StepBackup, StepGroups
+from train.keras.backup import Phase, StepGroups
 from train.keras.callbacks import ShardsUnchanged, Throughput, phase_callbacks
 from train.keras.compiling import compile_model
 from train.keras.config import FitConfig
@@ -109,7 +107,7 @@ def run_phase(
         callbacks, closing = phase_callbacks(cfg, phase, throughput, first)
         try:
             history = None
-            for start, rest, done in fits(callbacks, model, phase, initial_epoch):
+            for start, rest, done in current().fits(callbacks, model, phase, initial_epoch):
                 for c in callbacks:
                     if isinstance(c, StepGroups):
                         c.step_offset = done
@@ -136,22 +134,6 @@ def run_phase(
             )
 
 
-def fits(
-    callbacks: Sequence[keras.callbacks.Callback], model: keras.Model, phase: Phase, initial_epoch: int
-) -> list[tuple[int, int, int]]:
-    """The ``model.fit`` calls of a phase, as (initial epoch, epochs, steps of the first epoch already done).
-    tf-keras' backup resumes within an epoch itself: one fit. Keras 3's (``StepBackup``) is read here first; a
-    backup within an epoch is continued by a fit of that epoch's remaining steps, then one of the epochs after."""
-    backup = next((c for c in callbacks if isinstance(c, StepBackup)), None)
-    at = backup.restore(model) if backup is not None else None
-    if at is None:
-        return [(initial_epoch, phase.epochs, 0)]
-    epoch, done = at
-    if done == 0 or epoch >= phase.epochs:
-        return [(epoch, phase.epochs, 0)] if epoch < phase.epochs else []
-    return [(epoch, epoch + 1, done)] + ([(epoch + 1, phase.epochs, 0)] if epoch + 1 < phase.epochs else [])
-
-
 def set_trainable(backbone: keras.Model, trainable: bool) -> None:
     backbone.trainable = trainable  # a frozen backbone also runs its BatchNorm layers in inference mode
 
@@ -162,7 +144,7 @@ def seed_run(plan: FitConfig) -> None:
     ``deterministic`` also turns on TensorFlow's op determinism. The input order and augmentation take the seed
     from the plan too."""
     if plan.seed is not None:
-        keras.utils.set_random_seed(plan.seed)
+        keras_module().utils.set_random_seed(plan.seed)
     if plan.deterministic:
         tf.config.experimental.enable_op_determinism()
 
@@ -308,7 +290,7 @@ def train_and_report(
     throughput = Throughput(global_batch)
     with stops_recorded(plan.run), removed_unless_an_epoch_is_saved(plan.run, fresh, throughput):
         write_run_config(plan, shards, Layout(strategy.num_replicas_in_sync, n_train))
-        keras.mixed_precision.set_global_policy(precision)
+        keras_module().mixed_precision.set_global_policy(precision)
         if plan.verbose:
             announce_build(plan, strategy, kind, n_train, n_val, shards.image_size)
         with strategy.scope(), tfpipe.naming_corrupt_shards(shards), stopping_cleanly(plan, shards):
@@ -437,7 +419,7 @@ def burn_in(
             strategy,
             first=[watch],
         )
-        model.save_weights(weights_file(run_files.path(plan.run, run_files.BURN_DONE)))
+        model.save_weights(current().weights_file(run_files.path(plan.run, run_files.BURN_DONE)))
         write_state(plan.run, dict(state, burn_done=True))
     elif not tf.io.gfile.glob(run_files.path(plan.run, run_files.BURN_DONE) + "*"):
         raise TfpipeError(
@@ -445,4 +427,4 @@ def burn_in(
             f"({run_files.BURN_DONE}) are gone; start a new run in another {option('run')} folder"
         )
     else:
-        model.load_weights(weights_file(run_files.path(plan.run, run_files.BURN_DONE)))
+        model.load_weights(current().weights_file(run_files.path(plan.run, run_files.BURN_DONE)))

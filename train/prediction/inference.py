@@ -17,13 +17,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from train.accel.backend import keras_module
+from train.backends import keras_module
 
 if TYPE_CHECKING:
     import pandas as pd
     import tf_keras as keras
 else:
-    keras = keras_module()  # tf-keras, or Keras 3 on JAX (train.accel.backend)
+    keras = keras_module()  # the backend's Keras (train.backends)
 import tensorflow as tf
 
 import tfpipe
@@ -31,9 +31,10 @@ from tfpipe.format.shards import UNKNOWN_COUNT, Records, Shards
 from tfpipe.runtime import console
 from tfpipe.runtime.console import counted
 from tfpipe.runtime.errors import TfpipeError, check_count, check_fraction, check_path, in_command, option
-from train.accel import backend
+from train import backends as backend
 from train.accel.cluster import check_one_machine
 from train.accel.strategy import quick_teardown
+from train.backends.choice import for_run, trained_backend
 from train.decide.tuning import Predictor, describe
 from train.keras.config import PredictConfig
 from train.keras.run_model import load_run
@@ -114,7 +115,7 @@ def predict_probabilities(
             view = lambda images, _, weight, name: ((tta_view(images, k), weight, name_hashes(name)),)  # noqa: E731
             return ds.map(view)
 
-        ds = strategy.distribute_datasets_from_function(dataset_fn)
+        ds = backend.current().datasets(strategy, dataset_fn)
         if progress:
             print(
                 f"train.predict: view {k + 1}/{tta}: {n} image{'s' * (n != 1)} in {steps} step{'s' * (steps != 1)} "
@@ -217,7 +218,7 @@ def predict(cfg: PredictConfig) -> pd.DataFrame:
     labels = check_arguments(
         cfg.run, cfg.records, cfg.tta, cfg.threshold, cfg.probabilities, cfg.labels, cfg.batch_size, cfg.replicas
     )
-    choice = backend.for_run(cfg.backend, backend.trained_backend(cfg.run), cfg.run)
+    choice = for_run(cfg.backend, trained_backend(cfg.run), cfg.run)
     backend.use_backend(choice, cfg.strategy, cfg.replicas)  # train.predict.predict readied it, a caller may not
     strategy, _ = backend.resolve(choice, cfg.strategy, cfg.replicas)  # first: virtual CPUs need a fresh start
     target = open_target(cfg.run, cfg.swa, PROG, say=cfg.progress or in_command())

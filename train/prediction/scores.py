@@ -46,8 +46,8 @@ class Seen(NamedTuple):
 def seen_rows(run: str, ids: Sequence[str], shards: Shards) -> Seen | None:
     """Which rows of ``shards`` hold images the run validated on or trained on, by content: the digest of the
     stored image, whatever its id (two datasets may both hold an ``img_0001``, and a copy may be renamed). None
-    when the run has no ``val_predictions.csv`` (``--no-report``). Runs before tfpipe 1.1 recorded no digests:
-    their validation images are matched by id (``ids``), which the lines printed say."""
+    when the run has no ``val_predictions.csv`` (``--no-report``). A ``val_predictions.csv`` without digests:
+    its validation images are matched by id (``ids``), which the lines printed say."""
     import pandas as pd
 
     path = run_files.path(run, run_files.VAL_PREDICTIONS)

@@ -225,10 +225,10 @@ def check_stored_size(config: RunConfig, stored: int | None, records: Records) -
     """The one size rule of train.fit and train.predict: the reader resizes stored images to the model's input
     (``image_size``), so shards to predict must be stored as the training shards were -- at the same size, or
     both at their own sizes (``stored`` None, written without ``--image-size``) -- then they are resized exactly
-    as in training. Runs that did not record it (before tfpipe 1.1) trained at the stored size."""
+    as in training. A run that did not record it is taken to have trained at the stored size."""
     trained = config.stored_size or config.image_size
     if (stored or run_files.OWN_SIZES) == trained or (stored is None and config.stored_size is None):
-        return  # the second: a run that did not record it, shards without a fixed size (as before 1.1)
+        return  # the second: a run that did not record it, shards without a fixed size: nothing to compare
     resized = f", resized to {config.image_size} px as read" if trained != config.image_size else ""
     if trained == run_files.OWN_SIZES:
         fix = f"without {option('image_size')}" if in_command() else "with ImageSpec(image_size=None)"

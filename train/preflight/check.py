@@ -22,12 +22,10 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from train.accel.backend import keras_module
+from train.backends import keras_module
 
 if TYPE_CHECKING:
     import tf_keras as keras
-else:
-    keras = keras_module()  # tf-keras, or Keras 3 on JAX (train.accel.backend)
 import tensorflow as tf
 
 from tfpipe.format.shards import Shards
@@ -89,12 +87,13 @@ def planned(cfg: FitConfig, replicas: int) -> Iterator[tuple[FitConfig, Shards, 
     plan, shards, parts = plan_training(cfg, replicas)
     assert plan.image_size is not None and shards.num_classes is not None  # prepare() decided them
     check_batch_fits_here(plan)
-    previous = keras.mixed_precision.global_policy()
-    keras.mixed_precision.set_global_policy(plan.precision or TPU_PRECISION)
+    precision = keras_module().mixed_precision
+    previous = precision.global_policy()
+    precision.set_global_policy(plan.precision or TPU_PRECISION)
     try:
         yield plan, shards, parts
     finally:
-        keras.mixed_precision.set_global_policy(previous)
+        precision.set_global_policy(previous)
 
 
 def check_batch_fits_here(plan: FitConfig) -> None:
@@ -283,6 +282,7 @@ def layer_paths(model: keras.Model) -> dict[str, Any]:
     """Every layer by its path in the model, as TensorFlow names its ops (``my-net/backbone/block1/dense``),
     nested models walked; the deepest first, so that an op's path finds its own layer before the model's."""
     found: dict[str, Any] = {}
+    keras = keras_module()
 
     def walk(layer: Any, prefix: str) -> None:
         path = f"{prefix}/{layer.name}" if prefix else layer.name
@@ -318,6 +318,7 @@ def layer_findings(paths: dict[str, Any]) -> list[Finding]:
     another op stops the compiler first), and dense layers whose widths are not multiples of ``LANES`` (the
     classifier's outputs are the classes: not counted): a TPU's matrix units pad them, paying for work not done."""
     found: list[Finding] = []
+    keras = keras_module()
     for path, layer in reversed(paths.items()):  # the model's order: outer layers first
         if not isinstance(layer, keras.Model) and any(w.dtype == tf.float64 for w in layer.weights):
             found.append(Finding("refuse", f"layer {path}", "float64 weights (a TPU has no float64)", F64_FIX))

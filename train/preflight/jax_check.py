@@ -21,8 +21,9 @@ import numpy as np
 
 from tfpipe.runtime import console
 from tfpipe.runtime.errors import TfpipeError
-from train.accel.backend import HOST_DEVICES, JaxDevices
 from train.accel.tpus import Tpu
+from train.backends.choice import HOST_DEVICES
+from train.backends.jax import JaxDevices
 from train.keras.config import FitConfig
 from train.keras.data import build_datasets
 from train.preflight.check import (

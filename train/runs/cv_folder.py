@@ -38,7 +38,7 @@ PER_FOLD = ("run", "fold", "resume", "overwrite", "verbose", "strategy", "replic
 OOF_COLUMNS = ("image_name", "image_digest", "fold", "labels")  # oof.csv's columns besides the classes
 # the fold figures whose spread cv.json gives (FoldScores' figures; the last two single-label only)
 SPREAD = ("roc_auc_macro", "exact_match", "f1_micro", "f1_macro", "balanced_accuracy", "log_loss")
-NEWER_FOLD_FIGURES = ("balanced_accuracy", "log_loss")  # absent from the cv.json of tfpipe before --metric
+NEWER_FOLD_FIGURES = ("balanced_accuracy", "log_loss")  # absent from a version-2 cv.json
 
 
 def fold_run(cv: str, fold: int) -> str:
@@ -224,7 +224,7 @@ def from_dict(data: Any, p: str) -> CVResult:
         _check(p, data, "tta", m.views == data["tta"], "must be the views of the models' scores")
     submits = data.get("submits")
     metric = run_metric(settings, data["single_label"])
-    said = data.get("metric", metric.name)  # said at the top for a reader (absent before --metric)
+    said = data.get("metric", metric.name)  # said at the top for a reader (absent from a version-2 cv.json)
     _check(p, data, "metric", said == metric.name, f"must be the settings' metric ({metric.name})")
     _check(p, data, "submits", submits == submitted_model(parsed, metric), f"must name the better OOF {metric.words}")
     return CVResult(

@@ -7,7 +7,7 @@
 The job that writes a model, a thresholds file, a predictions or OOF file records its SHA-256 here, and for
 thresholds and predictions the model and TTA views they belong to. Every reader checks a file against its record
 before it uses it (``check``): a file edited, or copied from another run or fold, is one ``RunMismatch`` line
-naming the file and what it should be -- never used silently. A folder of an older tfpipe has no record: its files
+naming the file and what it should be -- never used silently. A folder without ``files.json`` has no record: its files
 are used with a warning saying they are not checked. No TensorFlow here.
 """
 
@@ -117,9 +117,9 @@ def check(
     remedy: str,
 ) -> None:
     """``folder/name`` is the file its job recorded (and, given ``model`` and ``views``, recorded as belonging to
-    them), else one ``RunMismatch`` line naming it, what it should be, and ``remedy``. ``required``: the folder
-    was written by a tfpipe that keeps the record (its absence is then a problem too); without it, a folder with
-    no record is used with a warning."""
+    them), else one ``RunMismatch`` line naming it, what it should be, and ``remedy``. ``required``: the folder's
+    ``config.json`` or ``cv.json`` says it keeps the record (its absence is then a problem too); without it, a
+    folder with no record is used with a warning."""
     p = posixpath.join(folder, name)
     entries = read(folder)
     if entries is None:

@@ -87,7 +87,7 @@ class FitResult:
     report: Report | None
     swa: SwaResult | None
     metrics: Mapping[str, Any] = dataclasses.field(repr=False)
-    backend: str = "tf"  # tf (tf-keras) or jax (Keras 3 on JAX); runs before tfpipe 1.2 are tf
+    backend: str = "tf"  # tf (tf-keras) or jax (Keras 3 on JAX); tf when metrics.json does not record it
 
     @classmethod
     def from_metrics(cls, run: str, metrics: Mapping[str, Any]) -> FitResult:
@@ -138,13 +138,13 @@ class FitResult:
 
     @property
     def single_label(self) -> bool:
-        """Whether the run labels by argmax (metrics.json's record; runs before it: its report says)."""
+        """Whether the run labels by argmax (metrics.json's record; without one: its report says)."""
         recorded = self.metrics.get("single_label")
         return recorded if isinstance(recorded, bool) else bool(self.report) and is_single_label(self.report or {})
 
     @property
     def metric(self) -> Metric:
-        """The metric the run decides by (``--metric``; runs before it: ``roc_auc``)."""
+        """The metric the run decides by (``--metric``; ``roc_auc`` when none is recorded)."""
         return run_metric(self.metrics, self.single_label)
 
 

@@ -54,9 +54,9 @@ ROC_PNG, PREDICTIONS_PNG, CURVES_PNG = "roc.png", "predictions.png", "learning_c
 REPORT = (VAL_PREDICTIONS, TRAIN_DIGESTS, THRESHOLDS, ROC_PNG, PREDICTIONS_PNG, CURVES_PNG)  # each also with SWA_SUFFIX
 TORCH_MODEL, TORCH_MODEL_SWA = "model.pt", "model-swa.pt"  # the PyTorch recipes' weights (train.torch.run)
 RECIPES = ("torch_ddp", "lightning_swa")  # the PyTorch recipes (examples/) whose runs config.json can name
-# 1: tfpipe <= 0.2 (no version, fit and dataset id unknown); 2: run_version, fit, dataset_id, num_classes;
-# 3: files.json (train.runs.files), replicas_in_sync, global_batch_size, train_examples; label_column since 1.1
-# (optional: a run without it names its submission's labels column "labels", as before).
+# 1: no version field (fit and dataset id unknown); 2: run_version, fit, dataset_id, num_classes;
+# 3: files.json (train.runs.files), replicas_in_sync, global_batch_size, train_examples; label_column optional
+# (a run without it names its submission's labels column "labels").
 RUN_VERSION = 3
 CV_FILE = "cv.json"  # a CV folder's plan and scores (train.runs.cv_folder)
 # The version of config.json, and of cv.json, from which a folder keeps files.json (train.runs.files)
@@ -116,7 +116,7 @@ def written_by_fit(name: str) -> bool:
 # epoch's, the burn-in's weights, the backups)
 FOLDER_FILE = re.compile(
     r"^(events\.out\.tfevents\..+|checkpoint|best\..+|burn-done\..+|ckpt-\d+\..+|.+\.tmp-[0-9a-f]{8}.*"
-    r"|latest\.weights\.h5|position\.json)$"  # the last two: Keras 3's backup (train.keras.callbacks.StepBackup)
+    r"|latest\.weights\.h5|position\.json)$"  # the last two: Keras 3's backup (train.backends.jax.StepBackup)
 )
 
 
@@ -154,14 +154,14 @@ class RunConfig:
     classes: tuple[str, ...]
     image_size: int
     single_label: bool
-    fit: str | None  # how the training shards' images were made square (None: unknown, runs of tfpipe <= 0.2)
-    dataset_id: str | None  # the training shards' dataset id (None: unknown, runs of tfpipe <= 0.2)
+    fit: str | None  # how the training shards' images were made square (None: unknown, version-1 runs)
+    dataset_id: str | None  # the training shards' dataset id (None: unknown, version-1 runs)
     fold: int | None  # the validation fold (None: the last shards were held out)
     records: str
     settings: dict[str, Any] = dataclasses.field(default_factory=dict)
     version: int = RUN_VERSION
     # The size the training shards' images were stored at, which the reader resized to ``image_size``:
-    # OWN_SIZES when written without a fixed size, None when unknown (runs before tfpipe 1.1). Shards to predict
+    # OWN_SIZES when written without a fixed size, None when unknown (not recorded). Shards to predict
     # must be stored alike.
     stored_size: int | str | None = None
     # The training CSV's label column (``Manifest.label_column``): the submission's labels column is named so.
@@ -175,7 +175,7 @@ class RunConfig:
         return recipe if isinstance(recipe, str) else None
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON form: the settings flat (as before), the contract's fields over them."""
+        """The JSON form: the settings flat at the top level, the contract's fields over them."""
         return dict(
             self.settings,
             classes=list(self.classes),
@@ -257,7 +257,7 @@ def from_dict(data: Any, p: str) -> RunConfig:
 
 
 def _label_column(data: dict[str, Any], p: str) -> str:
-    label_column = data.get("label_column", LABEL_COLUMN)  # runs before tfpipe 1.1 recorded none
+    label_column = data.get("label_column", LABEL_COLUMN)  # LABEL_COLUMN when not recorded
     if not isinstance(label_column, str) or not label_column.strip():
         raise _bad(p, "label_column", "must name the training CSV's label column", label_column)
     return label_column
@@ -331,7 +331,7 @@ def save_digests(run: str, digests: Sequence[str]) -> None:
 
 def load_digests(run: str) -> set[str] | None:
     """The digests ``save_digests`` wrote, validated (each 16 hex digits, as many as the first line says); None
-    when the run has none (``--no-report``, runs before tfpipe 1.1)."""
+    when the run has none (``--no-report``, or a run that recorded none)."""
     p = path(run, TRAIN_DIGESTS)
     if not fs.exists(p):
         return None
@@ -382,8 +382,8 @@ def read_history(run: str) -> list[dict[str, str]] | None:
 
 
 def keeps_record(folder: str) -> bool:
-    """Whether ``folder`` (a run or a CV folder) was written by a tfpipe that records its files (``files.json``):
-    its absence there is then a problem, not an older folder's."""
+    """Whether ``folder`` (a run or a CV folder) holds a ``config.json`` or ``cv.json`` of a version that records
+    its files (``files.json``): its absence there is then a problem, not a folder that never kept one."""
     for name, (key, since) in RECORDED_SINCE.items():
         if fs.exists(path(folder, name)):
             data = _read_json(path(folder, name))

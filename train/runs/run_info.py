@@ -56,7 +56,7 @@ def run_info(run: str) -> dict[str, Any]:
         "folder": run,
         "kind": "run",
         "trained_by": config.recipe or "train.fit",
-        "backend": None if config.recipe else config.settings.get("backend", "tf"),  # tf before tfpipe 1.2 said
+        "backend": None if config.recipe else config.settings.get("backend", "tf"),  # tf when not recorded
         "finished": finished,
         "classes": list(config.classes),
         "image_size": config.image_size,
@@ -75,8 +75,8 @@ def run_info(run: str) -> dict[str, Any]:
 
 
 def recorded_files(folder: str, finished: bool) -> dict[str, Any]:
-    """``files.json`` checked against the folder (``train.runs.files``): ``recorded`` (false: a folder of an older
-    tfpipe, its files unchecked) and ``problems``, a line for each file not as recorded (gone, once finished)."""
+    """``files.json`` checked against the folder (``train.runs.files``): ``recorded`` (false: a folder with no
+    files.json, its files unchecked) and ``problems``, a line for each file not as recorded (gone, once finished)."""
     if files.read(folder) is None:
         return {
             "recorded": False,

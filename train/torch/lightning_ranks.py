@@ -79,7 +79,7 @@ def supervised(trainer: pl.Trainer, prog: str) -> Iterator[None]:
 
 class StopOnSigterm(pl.Callback):
     """SIGTERM without collectives: Lightning's own handler broadcasts a tensor from inside the signal handler,
-    which can meet another rank's all-reduce and wait for good (seen once in CI: no exit within 60 s). Once
+    which can meet another rank's all-reduce and wait for good. Once
     Lightning has installed its handler (at each stage's start), this one replaces it: rank 0 passes the signal to
     the ranks it started, and every rank exits with SIGTERM's code of ``tfpipe.runtime.lifecycle.STOPS`` (143, said once
     by rank 0, ``supervised``). A ``SystemExit``, not the library's ``Terminated``: Lightning answers a
@@ -147,7 +147,7 @@ class RankWatch:
 class RankObserver(_ChildProcessObserver):
     """Lightning's watch over the ranks it starts (every 5 s), which says why instead of SIGKILLing rank 0.
     Lightning's own, once a rank has ended with a non-zero code, SIGKILLs the other ranks *and rank 0*: rank 0
-    then ends with -9 and no line -- also while it was saying why itself (a Ctrl-C in CI: "interrupted" printed,
+    then ends with -9 and no line -- also while it is saying why itself (a Ctrl-C: "interrupted" printed, then
     exit -9) or waiting at the start for a rank that died (exit 137, silent). This one stops the other ranks as
     Lightning does (a rank waiting in a collective ignores SIGTERM), then leaves rank 0 to say why; a rank 0 that
     has not begun to within ``RANK_ZERO_GRACE_SECONDS`` (still waiting for the ranks to meet) is ended here, with

@@ -31,9 +31,9 @@ from train.keras.imbalance import LossWeights, weights_of
 from train.keras.models import DROPOUT, IMAGENET_MEAN, IMAGENET_STD
 from train.keras.names import CLASS_WEIGHT_HELP, CLASS_WEIGHTS, SAMPLING_HELP
 
-# Twice the widths of train.keras.models' small-cnn (the widths both had until 2026-11-26): the recipes' defaults (lr,
-# epochs) are tuned to them. At Keras' half widths the Lightning recipe's AUC on the demo fell from 0.94 to 0.87
-# and one process for 10 epochs (what the torch_xla test trains) from 0.86 to 0.84 (docs/project/tests.md).
+# Twice the widths of train.keras.models' small-cnn: the recipes' defaults (lr, epochs) are tuned to them. At Keras'
+# half widths these defaults score lower on the demo: the Lightning recipe's AUC by several hundredths, and one
+# process for 10 epochs (what the torch_xla test trains) by about two (docs/project/tests.md).
 SMALL_CNN_WIDTHS = (32, 64, 128, 256)
 FLIP = 0.5  # chance of a horizontal flip of a training image: the demo's shapes and most photos allow it
 

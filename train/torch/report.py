@@ -65,7 +65,7 @@ def model_reports(
     averaged over ``swa_epochs``): metrics.json's part of them, as train.fit writes it, and each report."""
     done = {swa: validation_report(run, shards, config, r, swa) for swa, r in rows.items()}
     part: dict[str, Any] = {
-        "validation_auc": done[False].scores["roc_auc_macro"],  # tfpipe 1.0's name of the figure
+        "validation_auc": done[False].scores["roc_auc_macro"],  # the figure under train.fit's metrics.json key
         "report": {"model": MODEL, **done[False].scores},
     }
     if True in done:
@@ -86,7 +86,7 @@ def run_metrics(
         "fold": config.fold,
         "epochs": args.epochs,
         "replicas": ranks,
-        "ranks": ranks,  # tfpipe 1.0's name of the figure
+        "ranks": ranks,  # the same count under its other key, which readers of metrics.json take
         "per_replica_batch_size": args.batch_size,
         "global_batch_size": args.batch_size * ranks,
         "base_lr": args.lr,

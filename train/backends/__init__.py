@@ -1,0 +1,144 @@
+"""The backends: one module each, as Keras keeps one package a backend (``keras/src/backend/jax/``, ...).
+
+- ``train.backends.tf``: tf-keras (Keras 2 of TensorFlow's release) under a ``tf.distribute`` strategy --
+  ``TPUStrategy``, ``MirroredStrategy`` over GPUs or virtual CPU replicas, multi-worker (``train.accel``).
+- ``train.backends.jax``: Keras 3 on JAX, one SPMD program over every device (``keras.distribution.DataParallel``):
+  the TPU's cores, the GPUs, or N XLA host devices on a CPU (``--replicas N``).
+
+A job chooses its backend once, before Keras starts (``train.backends.choice``). The trainer, prediction and the
+preflight are written against ``Backend`` and ask ``current()`` for the process's; what differs between the two
+lives in their modules, not in branches of the trainer. A third backend is a third module with these members.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Protocol
+
+from tfpipe.runtime.errors import option
+from train.backends.choice import NAMES, Choice, keras_backend_set, ready
+from train.backends.choice import use_backend as use_backend  # with Choice and ready: what a command readies
+
+if TYPE_CHECKING:
+    from train.keras.backup import Phase
+
+
+class Backend(Protocol):
+    """What differs between the backends: their Keras, their devices and how a dataset reaches them, the weights
+    file, a phase's backup within an epoch, batch-norm statistics across replicas, the EfficientNets."""
+
+    name: str  # "tf" or "jax": config.json's and --backend's word
+    traces_per_replica: bool  # the training step is traced once per replica of this machine (tf-keras)
+    replica_batch_norm: bool  # each replica keeps its own batch-norm statistics, synced before a validation
+
+    def keras(self) -> ModuleType:
+        """The Keras module the trainer calls (``tf_keras`` or ``keras``)."""
+        ...
+
+    def devices(self, strategy: Any, replicas: int | None) -> tuple[Any, str]:
+        """(the devices a job runs on, their kind: tpu, gpu or cpu) by the strategy names of ``--strategy``; the
+        devices have ``scope()`` and ``num_replicas_in_sync``."""
+        ...
+
+    def describe_devices(self, devices: Any, kind: str) -> str:
+        """``8 virtual CPU replicas`` / ``8 TPU v5 lite cores``: the devices in a job's first line."""
+        ...
+
+    def input_pipelines(self, devices: Any) -> int:
+        """How many input pipelines (hosts) ``datasets`` makes."""
+        ...
+
+    def datasets(self, devices: Any, make: Callable[[Any], Any]) -> Any:
+        """What ``model.fit`` iterates: ``make(input_context)`` (a ``tf.data`` pipeline of this host's batches)
+        distributed over ``devices``."""
+        ...
+
+    def weights_file(self, base: str) -> str:
+        """The name of a weights file saved at ``base``."""
+        ...
+
+    def tensor_ops(self) -> Any:
+        """The few tensor functions the schedules, metrics and weighted loss use (``keras.ops``' names)."""
+        ...
+
+    def backup(self, folder: str, phase: Phase, every: int | None, say: bool) -> Any:
+        """The callback that backs a phase up within epochs (``train.keras.backup.BackupPolicy`` says when)."""
+        ...
+
+    def fits(
+        self, callbacks: Sequence[Any], model: Any, phase: Phase, initial_epoch: int
+    ) -> list[tuple[int, int, int]]:
+        """The ``model.fit`` calls of a phase, as (initial epoch, epochs, steps of the first epoch already done),
+        after the phase's backup (among ``callbacks``) is restored."""
+        ...
+
+    def sync_batch_norm(self, model: Any, layers: list[Any]) -> None:
+        """Gives every replica the batch-norm statistics of ``layers`` the saved model has."""
+        ...
+
+    def recompute_batch_norm(self, model: Any, layers: list[Any], dataset: Any, steps: int, devices: Any) -> None:
+        """Sets ``layers``' moving statistics to their exact mean over ``steps`` training batches of ``dataset``."""
+        ...
+
+    def build_before_tracing(self, metric: Any, shape: tuple[int | None, ...]) -> None:
+        """Makes ``metric``'s variables now where the first traced step would make them (and be traced again)."""
+        ...
+
+    def efficientnet(self, variant: str, input_shape: tuple[int, int, int], weights: str | None) -> tuple[Any, bool]:
+        """EfficientNet-B``variant`` without its top, and whether it normalises its [0, 255] input itself."""
+        ...
+
+    def custom_objects(self, metrics: dict[str, Any]) -> dict[str, Any]:
+        """What loading a model file needs, given tfpipe's own ``metrics`` classes."""
+        ...
+
+
+def get(name: str) -> Backend:
+    """The backend named ``name`` (``tf`` or ``jax``); its module binds its Keras when first imported, so this is
+    called once the process is ready for it (``choice.ready``)."""
+    if name == "jax":
+        from train.backends import jax
+
+        return jax.BACKEND
+    from train.backends import tf
+
+    return tf.BACKEND
+
+
+def current() -> Backend:
+    """This process's backend: Keras 3 on JAX where ``KERAS_BACKEND`` is jax, else tf-keras."""
+    return get("jax" if keras_backend_set() == "jax" else "tf")
+
+
+def keras_module() -> ModuleType:
+    """The Keras of this process's backend."""
+    return current().keras()
+
+
+def resolve(choice: Choice, strategy: Any, replicas: int | None) -> tuple[Any, str]:
+    """(the strategy or JAX devices, their kind: tpu, gpu or cpu) for a job on ``choice``'s backend; devices made
+    already (a notebook's devices cell) are taken as they are."""
+    return get(choice.name).devices(strategy, replicas)
+
+
+def describe(choice: Choice, devices: Any, kind: str) -> str:
+    """The first line of a job: the backend and its devices (``Keras 3 on JAX, 8 TPU v5 lite cores``)."""
+    why = f" ({option('backend', 'auto')}: {choice.why})" if choice.why else ""
+    return f"{NAMES[choice.name]}, {get(choice.name).describe_devices(devices, kind)}{why}"
+
+
+def resolve_devices(strategy: str = "auto", replicas: int | None = None, backend: str = "auto") -> tuple[Any, str]:
+    """A notebook's devices cell, on either backend: (the strategy or JAX devices, their kind) -- the TPU, else
+    the GPUs, else ``replicas`` CPU replicas -- after choosing the backend (``auto``: Keras 3 on JAX on Kaggle's
+    TPU v5e, whose TensorFlow has no TPU support; said in one line) and readying the process for it. Pass what it
+    returns as ``FitConfig(strategy=...)`` and ``predict(strategy=...)``.
+
+    Example (the notebook's devices cell, before anything starts TensorFlow's or JAX's devices)::
+
+        strategy, kind = resolve_devices("auto", replicas=8)
+    """
+    choice = ready(backend, strategy, replicas)
+    found, kind = resolve(choice, strategy, replicas)
+    print(f"tfpipe: {describe(choice, found, kind)}", flush=True)
+    return found, kind
