@@ -251,7 +251,7 @@ def test_a_type_checker_flags_misspelt_names_keywords_and_types_in_a_users_scrip
         "a = predict('run', open_shards('r'), 's.csv', tta=2, threshold=0.3, strategy='cpu', progress=False)\n"
         "b = predict('run', 'records', 's.csv', ttaa=2)\n"  # line 10
         "c = predict('run', 'records', 's.csv', tta='2')\n"  # line 11
-        "print(metrics, a, b, c, TTA_VIEWS, load_model, "
+        "print(metrics, a, b, c, TTA_VIEWS, "
         "predict_probabilities, tta_view)\n"
     )
     r = subprocess.run(
