@@ -198,8 +198,3 @@ def jax_started() -> bool:
     bridge = sys.modules.get("jax._src.xla_bridge")
     started = getattr(bridge, "backends_are_initialized", None)
     return bool(started()) if callable(started) else True
-
-
-def running() -> str:
-    """The backend of the trainer's Keras in this process: ``jax`` or ``tf``."""
-    return "jax" if keras_backend_set() == "jax" else "tf"

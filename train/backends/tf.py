@@ -26,6 +26,10 @@ else:
     keras = require_keras()  # this backend's Keras: bound when the backend is first used, never before
 
 
+# What the efficientnet package builds its models and layers with: tf-keras' modules, not Keras 3's.
+EFFICIENTNET_MODULES = {"backend": keras.backend, "layers": keras.layers, "models": keras.models, "utils": keras.utils}
+
+
 class Backup(BackupPolicy, keras.callbacks.BackupAndRestore):
     """tf-keras' backup of a phase (weights, optimizer, the epoch and step reached), which ``--resume`` restores,
     saved as ``BackupPolicy`` says. Kept after the phase (``delete_checkpoint=False``) until the whole job has
@@ -172,14 +176,12 @@ class TfBackend:
         the model's preprocessing."""
         efn = require("efficientnet.model")
         fn = getattr(efn, f"EfficientNetB{variant}")
-        modules = {"backend": keras.backend, "layers": keras.layers, "models": keras.models, "utils": keras.utils}
-        return fn(include_top=False, weights=weights, input_shape=input_shape, **modules), False
+        return fn(include_top=False, weights=weights, input_shape=input_shape, **EFFICIENTNET_MODULES), False
 
     def custom_objects(self, metrics: dict[str, Any]) -> dict[str, Any]:
         """The efficientnet package's layers (its swish and FixedDropout): tf-keras reads no compiled metric."""
         efn = require("efficientnet.model")
-        kw = {"backend": keras.backend, "layers": keras.layers, "models": keras.models, "utils": keras.utils}
-        return {"swish": efn.get_swish(**kw), "FixedDropout": efn.get_dropout(**kw)}
+        return {"swish": efn.get_swish(**EFFICIENTNET_MODULES), "FixedDropout": efn.get_dropout(**EFFICIENTNET_MODULES)}
 
 
 BACKEND = TfBackend()
