@@ -114,16 +114,12 @@ def one_trace(records, replicas, cfg, started):
     """The step's compilation taken apart: Python tracing of the train function, then its first call."""
     from tfpipe import make_dataset, open_shards
     from train.accel.strategy import resolve_strategy
-    from train.fit import FitConfig
     from train.keras.compiling import compile_model
     from train.keras.models import build_model
-    from train.keras.plan import prepare
+    from train.keras.plan import ModelPlan, OptimizerPlan
 
     strategy, _ = resolve_strategy("cpu", replicas)
     shards_ = open_shards(records)
-    plan = prepare(
-        FitConfig(records=records, model=cfg["model"], batch_size=cfg["batch"], steps_per_execution=cfg["spe"]), shards_
-    )
     global_batch = cfg["batch"] * replicas
     ds = strategy.distribute_datasets_from_function(
         lambda ctx: make_dataset(
@@ -132,7 +128,8 @@ def one_trace(records, replicas, cfg, started):
     )
     with strategy.scope():
         model, _ = build_model(cfg["model"], shards_.num_classes, cfg["size"])
-        compile_model(model, plan, 1e-3, shards_.num_classes)
+        head = ModelPlan(cfg["model"], shards_.num_classes, cfg["size"], bool(shards_.single_label))
+        compile_model(model, head, OptimizerPlan(), 1e-3, cfg["spe"])
     iterator = iter(ds)
     function = model.make_train_function()
     t = time.perf_counter()

@@ -19,6 +19,7 @@ from train.accel.tpus import TPUS, Tpu
 from train.fit import FitConfig, fit, main
 from train.keras.compiling import compile_model
 from train.keras.models import build_model, register_model
+from train.keras.plan import ModelPlan, OptimizerPlan
 from train.preflight import check as preflight_lib
 from train.preflight.xla_step import buffer_bytes, compile_step
 
@@ -157,7 +158,7 @@ def test_every_64_bit_integer_type_is_warned_in_the_input_and_in_the_step(dtype)
 def step_bytes(batch_size, image_size):
     """(all, not growing with the batch) bytes of small-cnn's compiled training step."""
     model, _ = build_model("small-cnn", 5, image_size)
-    compile_model(model, FitConfig(model="small-cnn", steps_per_execution=1), 1e-3, 5)
+    compile_model(model, ModelPlan("small-cnn", 5, image_size, False), OptimizerPlan(), 1e-3, 1)
     images = tf.zeros([batch_size, image_size, image_size, 3], tf.uint8)
     total, parameters = buffer_bytes(compile_step(model.train_step, (images, tf.zeros([batch_size, 5]))).proto)
     batch = images.shape.num_elements() + batch_size * 5 * 4

@@ -23,6 +23,7 @@ from train.fit import FitConfig, fit
 from train.keras import schedules
 from train.keras.compiling import compile_model
 from train.keras.models import MODELS, build_model
+from train.keras.plan import ModelPlan, OptimizerPlan
 from train.keras.trainer import set_trainable
 
 keras = backend_keras()  # tf-keras, or Keras 3 on JAX (TFPIPE_TEST_BACKEND)
@@ -195,7 +196,7 @@ def test_resume_continues_where_it_stopped(shard_dir, tmp_path):
 def test_burn_in_freezes_the_backbone_for_real():
     model, backbone = build_model("small-cnn", 3, 32)
     set_trainable(backbone, False)
-    compile_model(model, FitConfig(steps_per_execution=2), 1e-2, 3)
+    compile_model(model, ModelPlan("small-cnn", 3, 32, False), OptimizerPlan(), 1e-2, 2)
     before = [w.numpy().copy() for w in backbone.weights]  # includes BatchNorm moving statistics
     head_before = model.get_layer("classifier").get_weights()[0].copy()
     rng = np.random.default_rng(0)
@@ -205,7 +206,7 @@ def test_burn_in_freezes_the_backbone_for_real():
     assert all(np.array_equal(a, w.numpy()) for a, w in zip(before, backbone.weights))
     assert not np.array_equal(head_before, model.get_layer("classifier").get_weights()[0])
     set_trainable(backbone, True)
-    compile_model(model, FitConfig(steps_per_execution=2), 1e-2, 3)
+    compile_model(model, ModelPlan("small-cnn", 3, 32, False), OptimizerPlan(), 1e-2, 2)
     model.fit(x, y, batch_size=4, epochs=1, verbose=0)
     assert not all(np.array_equal(a, w.numpy()) for a, w in zip(before, backbone.weights))
 
@@ -305,7 +306,7 @@ def test_a_fits_training_step_is_traced_once_per_replica():
     ds = tf.data.Dataset.from_tensor_slices((x, (x[:, :3] > 0).astype("float32"))).batch(8)
     with strategy.scope():
         model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(3, activation="sigmoid")])
-        compile_model(model, FitConfig(records="unused", run="unused", steps_per_execution=1), 0.1, num_classes=3)
+        compile_model(model, ModelPlan("dense", 3, 6, False), OptimizerPlan(), 0.1, 1)
     traced = []
     train_step = model.train_step
     model.train_step = lambda data: traced.append(1) or train_step(data)
@@ -407,7 +408,7 @@ def test_a_seed_fixes_the_initial_weights():
 
     def initial(seed):
         keras.backend.clear_session()
-        seed_run(FitConfig(records="unused", run="unused", seed=seed))
+        seed_run(seed, deterministic=False)
         return build_model("small-cnn", 3, 16)[1].get_weights()
 
     first, again, other = initial(3), initial(3), initial(4)

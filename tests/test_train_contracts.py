@@ -11,7 +11,6 @@ import sys
 import urllib.error
 
 import pytest
-import tensorflow as tf
 import tf_keras as keras
 
 from tfpipe.format.shards import open_shards
@@ -21,6 +20,8 @@ from train.accel.strategy import resolve_strategy
 from train.fit import FitConfig, fit
 from train.keras import models
 from train.keras.models import MODELS, build_model, min_image_size, register_model
+from train.keras.plan import Devices, ModelPlan
+from train.keras.planning import check_batch_fits
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 THIS_FILE = os.path.basename(__file__)  # its user script misspells a name on purpose
@@ -285,7 +286,7 @@ def tiny_builder(variant, input_shape, weights):
 
 
 def test_the_smallest_input_is_part_of_the_registration(registry, shard_dir):
-    from train.keras.plan import checked_image_size
+    from train.keras.planning import checked_image_size
 
     register_model("test-small-input", min_image_size=4)(tiny_builder)
     register_model("test-default-input")(tiny_builder)
@@ -381,7 +382,6 @@ def test_counts_of_one_are_singular(capsys, monkeypatch):
     from train.runs.results import FitResult
 
     monkeypatch.setattr(fit_module, "fit", lambda cfg: FitResult.from_metrics("r", metrics))
-    monkeypatch.setattr(fit_module, "check_inputs", lambda cfg: None)
     fit_module.run_command(fit_module.build_parser().parse_args(["--records", "recs", "--run", "r"]))
     out = capsys.readouterr().out
     assert ", 1 epoch, 1 step," in out and "SWA of the last 1 epoch:" in out
@@ -395,9 +395,9 @@ def test_counts_of_one_are_singular(capsys, monkeypatch):
         run.from_dict({"classes": ["a"], "num_classes": 2, "image_size": 8, "single_label": False}, "c.json")
     cfg = FitConfig(batch_size=1, model="small-cnn", image_size=32)
     with pytest.raises(TfpipeError, match="1 image a step, more than the 0 training images"):
-        trainer.check_batch_fits(cfg, 1, 0)
-    trainer.announce_build(cfg, tf.distribute.get_strategy(), "cpu", 1, 1, 32)
-    assert "1 cpu replica; 1 training image, 1 validation image" in capsys.readouterr().out
+        check_batch_fits(cfg, 1, 0)
+    line = trainer.build_line(ModelPlan("small-cnn", 2, 32, False), Devices("tf", None, "cpu", 1), (1, 1), 32)
+    assert line.endswith("1 cpu replica; 1 training image, 1 validation image")
 
 
 def test_a_folder_holding_one_foreign_file_says_a_file(shard_dir, tmp_path):
@@ -467,3 +467,38 @@ def test_a_command_started_with_stdout_closed_still_ends_in_one_line(command, tm
     done = subprocess.run(["sh", "-c", shell], stderr=subprocess.PIPE, text=True, cwd=ROOT, timeout=120)
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 2 and len(lines) == 1 and lines[0].startswith(f"{command}: error: "), done.stderr
+
+
+# The frames of our own code between `python -m train.fit` and Keras' Model.fit: the module, main, run_cli,
+# run_command, fit, the trainer's train, train_and_report, run_phase.
+MAX_OWN_FRAMES = 8
+
+
+@pytest.mark.backends
+def test_from_the_command_to_keras_fit_are_at_most_eight_of_our_frames(shard_dir, tmp_path, monkeypatch):
+    """The command hands one plan down to Model.fit through few frames of its own (the module's own frame, which
+    main() called in-process has not, counts one more)."""
+    import traceback
+
+    from tests.conftest import backend_keras
+    from train import fit as fit_module
+
+    class Reached(Exception):
+        pass
+
+    seen = []
+
+    def fit(self, *args, **kwargs):
+        seen.extend(
+            f"{os.path.relpath(f.filename, ROOT)} {f.name}"
+            for f in traceback.extract_stack()
+            if os.path.relpath(f.filename, ROOT).split(os.sep)[0] in ("train", "tfpipe")
+        )
+        raise Reached
+
+    monkeypatch.setattr(backend_keras().Model, "fit", fit)
+    args = ["--records", shard_dir[0], "--run", str(tmp_path / "run"), "--model", "small-cnn", "--batch-size", "8"]
+    with pytest.raises(Reached):
+        fit_module.main([*args, "--strategy", "cpu", "--verbose", "0", "--epochs", "1", "--no-report"])
+    assert seen[0] == "train/fit.py main" and seen[-1] == "train/keras/trainer.py run_phase"
+    assert 1 + len(seen) <= MAX_OWN_FRAMES, "\n".join(seen)

@@ -20,9 +20,9 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from tfpipe.runtime.console import counted, quiet_call
-from tfpipe.runtime.errors import ArgumentParser, TfpipeError, option, run_cli
+from tfpipe.runtime.errors import ArgumentParser, TfpipeError, check_path, option, run_cli
 from train.fit import build_parser as fit_parser
-from train.fit import check_inputs, config_from_args
+from train.fit import config_from_args
 from train.keras.config import FitConfig
 from train.keras.names import TTA_VIEW_COUNT
 from train.runs.cv_folder import oof_name
@@ -43,12 +43,15 @@ def cross_validate(cfg: FitConfig, folds: Sequence[int] | None = None, tta: int 
         from train.cv import FitConfig, cross_validate
         result = cross_validate(FitConfig(records="gs://bucket/train", run="gs://bucket/cv", strategy="tpu"))
     """
+    from tfpipe.format.shards import open_shards  # here, not at the top: --help stays instant
     from train.backends import choice as backend
 
+    check_path(records=cfg.records)
+    shards = open_shards(cfg.records)  # once, before TensorFlow starts: a mistyped folder is answered at once
     choice = backend.ready(cfg.backend, cfg.strategy, cfg.replicas)  # before Keras starts: its backend, XLA's devices
     from train.crossval import engine as cross_validation  # the engine (Keras): imported when training starts
 
-    return cross_validation.cross_validate(cfg, folds, tta, choice)
+    return cross_validation.cross_validate(cfg, folds, tta, choice, shards)
 
 
 def build_parser() -> ArgumentParser:
@@ -79,7 +82,6 @@ def run_command(args: argparse.Namespace) -> None:
         raise TfpipeError(f"{option('records')} names the shard folder to cross-validate (written with --num-folds)")
     folds, args.fold = args.fold, None  # the CV's folds; each fold's run gets its own
     cfg = config_from_args(args)
-    check_inputs(cfg)
     result = cross_validate(cfg, folds, args.tta)
     print(
         f"train.cv: {counted(len(result.folds), 'fold')} -> {cfg.run} (cv.json, {oof_name(False, result.tta)}); "

@@ -13,12 +13,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from tfpipe.format.sampling import SAMPLINGS
 from tfpipe.runtime import console
-from tfpipe.runtime.console import quiet_call
 from tfpipe.runtime.errors import ArgumentParser, TfpipeError, check_path, run_cli
 from tfpipe.runtime.lifecycle import BAD_INPUT
 from train.accel.tpus import TPUS
@@ -38,38 +38,51 @@ from train.keras.names import (
 from train.runs.results import Best, FitResult, PreflightReport, WorkerResult
 
 if TYPE_CHECKING:
+    from tfpipe.format.shards import Shards
     from tfpipe.tf.augment import Augment
+    from train.backends.choice import Choice
 
 
-@quiet_call
 def fit(cfg: FitConfig) -> FitResult | PreflightReport | WorkerResult:
     """Trains per ``cfg`` (a ``FitConfig``); returns a ``FitResult``, whose serialisation is the run's
     ``metrics.json`` (``FitResult.load(run)`` reads it back). With ``cfg.preflight``: trains nothing, writes
     nothing, returns the ``PreflightReport`` (``report.ok``). On a worker of a multi-worker cluster other than the
     chief: a ``WorkerResult`` naming the chief, which writes the run and returns its ``FitResult``.
 
+    TensorFlow's C++ log lines are held back while it runs (``tfpipe.runtime.console.quiet_tensorflow``).
+
     Example (a notebook on a TPU, or anywhere with ``strategy="cpu", replicas=8``)::
 
         from train.fit import FitConfig, fit
         metrics = fit(FitConfig(records="gs://bucket/train", run="gs://bucket/runs/b0", strategy="tpu"))
     """
+    from tfpipe.format.shards import open_shards  # here, not at the top: --help stays instant
     from train.backends import choice as backend
 
+    started = time.perf_counter()
+    check_path(records=cfg.records)
+    shards = open_shards(cfg.records)  # once, before TensorFlow starts: a mistyped folder is answered at once
     choice = backend.ready(cfg.backend, cfg.strategy, cfg.replicas)  # before Keras starts: its backend, XLA's devices
-    if cfg.preflight and choice.name == "jax":  # the TPU's device count of XLA host devices, before JAX starts
-        from train.accel.tpus import TPUS
+    with console.quiet_tensorflow(environment=False):
+        if cfg.preflight:  # a report of what a TPU would refuse, instead of training
+            return preflight(cfg, choice, shards)
+        from train.keras import trainer  # the engine (Keras): imported when training starts, not with the command
 
+        return trainer.train(trainer.plan_run(cfg, choice, shards), started)
+
+
+def preflight(cfg: FitConfig, choice: Choice, shards: Shards) -> PreflightReport:
+    """The backend's preflight of ``cfg`` on ``shards``: what a TPU would refuse, compiled as it would be."""
+    from train.backends import choice as backend
+
+    if choice.name == "jax":  # the TPU's device count of XLA host devices, before JAX starts
         backend.ask_host_devices(cfg.replicas or TPUS[cfg.tpu].devices if cfg.tpu in TPUS else 1)
         from train.preflight import jax_check
 
-        return jax_check.preflight(cfg)
-    if cfg.preflight:  # a report of what a TPU would refuse, instead of training
-        from train.preflight import check as preflight
+        return jax_check.preflight(cfg, shards)
+    from train.preflight import check
 
-        return preflight.preflight(cfg)
-    from train.keras import trainer  # the engine (Keras): imported when training starts, not with the command
-
-    return trainer.fit(cfg, choice)
+    return check.preflight(cfg, shards)
 
 
 def build_parser(prog: str = "python -m train.fit", description: str | None = None) -> ArgumentParser:
@@ -314,16 +327,6 @@ def _flag(name: str, value: object) -> str:
     return f"--no-{flag}" if value is False else f"--{flag}"
 
 
-def check_inputs(cfg: FitConfig) -> None:
-    """The shards, opened before the engine starts TensorFlow: a mistyped ``--records`` is answered in a fraction
-    of a second, not after the seconds TensorFlow takes to start. The engine opens them again, with every other
-    check."""
-    from tfpipe.format.shards import open_shards  # here, not at the top: --help stays instant
-
-    check_path(records=cfg.records)
-    open_shards(cfg.records)
-
-
 def run_command(args: argparse.Namespace) -> int:
     if args.records is None:  # the demo's folder: say so when it is not there, rather than "no shard files"
         args.records = FitConfig.records
@@ -334,9 +337,7 @@ def run_command(args: argparse.Namespace) -> int:
                 f"{args.records} does not exist; it is the default of --records (the folder make demo writes): "
                 "pass --records with the shard folder to train on"
             )
-    cfg = config_from_args(args)
-    check_inputs(cfg)
-    m = fit(cfg)  # a worker stopped (a job scheduler's SIGTERM) says so, and its peers name it
+    m = fit(config_from_args(args))  # a worker stopped (a job scheduler's SIGTERM) says so, and its peers name it
     if isinstance(m, WorkerResult):  # a multi-worker job's other workers: the chief prints the results
         print(f"train.fit: {m.task} done; {m.chief_task}, the chief, writes the run", flush=True)
         return 0

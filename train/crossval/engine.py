@@ -19,7 +19,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from tfpipe.format.shards import Shards, open_shards
+from tfpipe.format.shards import Shards
 from tfpipe.runtime import fs
 from tfpipe.runtime.console import counted
 from tfpipe.runtime.errors import TfpipeError, option
@@ -32,7 +32,8 @@ from train.decide.tta import scored_at_own_thresholds, views_worth
 from train.decide.tuning import Predictions, describe, out_of_fold, tune_thresholds, write_oof
 from train.keras.config import FitConfig
 from train.keras.fit_run import remove_if_empty, replace_run, settings_of
-from train.keras.plan import prepare
+from train.keras.plan import Devices
+from train.keras.planning import check_config, make_plan, resolved
 from train.prediction.inference import validation_predictor
 from train.runs import run as run_files
 from train.runs.cv_folder import (
@@ -55,20 +56,17 @@ PROG = "train.cv"
 
 
 def cross_validate(
-    cfg: FitConfig, folds: Sequence[int] | None = None, tta: int = 1, choice: backend.Choice | None = None
+    cfg: FitConfig, folds: Sequence[int] | None, tta: int, choice: backend.Choice, shards: Shards
 ) -> CVResult:
     """Trains ``folds`` (default: every fold of the shards) with the settings of ``cfg`` into the CV folder
     ``cfg.run``, then scores the out-of-fold predictions over ``tta`` views; returns ``cv.json``'s content.
-    Called through ``train.cv.cross_validate`` (see its example)."""
-    choice = choice or backend.ready(cfg.backend, cfg.strategy, cfg.replicas)  # train.cv's, made first
-    from train.keras.trainer import check_settings  # binds the backend's Keras: after ready
-
-    check_settings(cfg)
+    Called through ``train.cv.cross_validate`` (see its example), which readied the process for ``choice`` and
+    opened the ``shards``: every fold is planned from these (their dataset id in cv.json)."""
+    check_config(cfg)  # once for every fold
     strategy, kind = backend.resolve(choice, cfg.strategy, cfg.replicas)  # once: one TPU connection for every fold
     if cfg.verbose:
         print(f"{PROG}: {backend.describe(choice, strategy, kind)}", flush=True)
     cfg = dataclasses.replace(cfg, backend=choice.name)
-    shards = open_shards(cfg.records)  # once: every fold is planned from these (their dataset id in cv.json)
     check_no_image_twice(shards)
     plan = plan_cv(cfg, shards, folds, tta, strategy.num_replicas_in_sync)
     created = not fs.exists(cfg.run)
@@ -108,11 +106,11 @@ def plan_cv(cfg: FitConfig, shards: Shards, folds: Sequence[int] | None, tta: in
             f"{option('fold')} {','.join(map(str, chosen)) or '(none)'}: the folds of {cfg.records} are "
             f"0..{shards.num_folds - 1}; name each at most once"
         )
-    decided = prepare(dataclasses.replace(cfg, fold=chosen[0]), shards)
+    decided = resolved(dataclasses.replace(cfg, fold=chosen[0]), shards, cfg.backend)
     twice = sorted(set(OOF_COLUMNS) & set(shards.classes or ()))
     if twice:
         raise TfpipeError(f"a class is named {twice[0]!r}, a column oof.csv has of its own; rename the class")
-    assert shards.dataset_id is not None and decided.single_label is not None  # prepare refuses foreign shards
+    assert shards.dataset_id is not None and decided.single_label is not None  # resolved() refuses foreign shards
     return CVResult(
         cfg.records, shards.dataset_id, shards.num_folds, tuple(chosen), tuple(shards.classes or ()),
         decided.single_label, tta, shared_settings(settings_of(decided)), replicas,
@@ -233,7 +231,7 @@ def train_fold(
 ) -> None:
     """Fold ``fold``'s run: kept when finished with the CV's settings, continued when interrupted, else trained:
     planned from the CV's ``shards`` and handed to the engine on the CV's strategy (``on``: it and its kind)."""
-    from train.keras.trainer import plan_training, train_planned
+    from train.keras.trainer import train  # binds the backend's Keras: after ready
 
     run = fold_run(cfg.run, fold)
     where = f"{PROG}: fold {fold} ({index + 1} of {len(plan.folds)})"
@@ -247,8 +245,8 @@ def train_fold(
     begun = time.perf_counter()
     strategy, kind = on
     fold_cfg = dataclasses.replace(cfg, run=run, fold=fold, resume=started, overwrite=False, strategy=strategy)
-    planned, _, parts = plan_training(fold_cfg, strategy.num_replicas_in_sync, shards)
-    m = train_planned(planned, shards, parts, strategy, kind, begun)
+    devices = Devices(cfg.backend, strategy, kind, strategy.num_replicas_in_sync)
+    m = train(make_plan(fold_cfg, shards, devices), begun)
     assert isinstance(m, FitResult) and m.report is not None  # a CV trains on one machine, always with the report
     report = m.report
     print(

@@ -22,26 +22,24 @@ from tfpipe.format.shards import Shards
 from tfpipe.runtime import console
 from tfpipe.tf.data_service import WorkerWatch
 from train.keras.backup import Phase, StepGroups
-from train.keras.config import FitConfig
+from train.keras.plan import Plan
 from train.keras.swa import sync_batch_norm
 from train.runs import run as run_files
 
 
 def phase_callbacks(
-    cfg: FitConfig, phase: Phase, throughput: Throughput, first: Sequence[keras.callbacks.Callback]
+    plan: Plan, phase: Phase, throughput: Throughput, first: Sequence[keras.callbacks.Callback]
 ) -> tuple[list[keras.callbacks.Callback], list[Callable[[], None]]]:
     """The callbacks of ``phase``, and what the caller closes when fit ends, also when it fails (a heartbeat, a
     service's watch: no thread of a phase outlives it). ``first``: callbacks that run before the epoch's
     backup."""
-    progress = (
-        [Progress(phase.replicas, cfg.steps_per_execution, phase.steps, phase.epochs, bar=cfg.verbose == 1)]
-        if cfg.verbose
-        else []
-    )
-    watch = [ServiceWatch(cfg.data_service)] if cfg.data_service else []
+    run, verbose, service = plan.run.folder, plan.run.verbose, plan.data.data_service
+    spe = plan.schedule.steps_per_execution
+    progress = [Progress(phase.replicas, spe, phase.steps, phase.epochs, bar=verbose == 1)] if verbose else []
+    watch = [ServiceWatch(service)] if service else []
     backend = current()
     backup = backend.backup(
-        run_files.path(cfg.run, f"{run_files.BACKUP}/{phase.name}"), phase, cfg.save_every, cfg.verbose > 0
+        run_files.path(run, f"{run_files.BACKUP}/{phase.name}"), phase, plan.schedule.save_every, verbose > 0
     )
     callbacks = [
         *([SyncBatchNorm()] if backend.replica_batch_norm else []),
@@ -50,17 +48,17 @@ def phase_callbacks(
         backup,
         throughput,  # after the backup (it counts the epochs saved), before the CSV logger (it adds columns)
         LogLearningRate(phase.rate),
-        HistoryLog(run_files.path(cfg.run, run_files.HISTORY), append=True),
-        keras.callbacks.TensorBoard(run_files.path(cfg.run, run_files.LOGS), update_freq="epoch", profile_batch=0),
+        HistoryLog(run_files.path(run, run_files.HISTORY), append=True),
+        keras.callbacks.TensorBoard(run_files.path(run, run_files.LOGS), update_freq="epoch", profile_batch=0),
         keras.callbacks.ModelCheckpoint(
-            backend.weights_file(run_files.path(cfg.run, f"{run_files.CHECKPOINTS}/best")),
+            backend.weights_file(run_files.path(run, f"{run_files.CHECKPOINTS}/best")),
             monitor="val_auc",
             mode="max",
             save_best_only=True,
             save_weights_only=True,
         ),
         *watch,
-        *cfg.callbacks,
+        *plan.run.callbacks,
     ]
     return callbacks, [*(p.beat.close for p in progress), *(w.watch.stop for w in watch)]
 

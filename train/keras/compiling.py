@@ -12,8 +12,8 @@ if TYPE_CHECKING:
 else:
     keras = keras_module()  # the backend's Keras (train.backends)
 from tfpipe.runtime.errors import TfpipeError
-from train.keras.config import FitConfig
 from train.keras.imbalance import LossWeights, make_loss
+from train.keras.plan import ModelPlan, OptimizerPlan
 
 # Keras' default 200 thresholds cannot tell apart predictions squeezed into a band a few hundredths wide (the
 # estimate then misses the exact AUC by a tenth or more); 1000 costs nothing measurable (a [1000, C] counter update
@@ -62,20 +62,22 @@ def make_optimizer(
 
 def compile_model(
     model: keras.Model,
-    cfg: FitConfig,
+    head: ModelPlan,
+    optimizer: OptimizerPlan,
     lr: float | keras.optimizers.schedules.LearningRateSchedule,
-    num_classes: int,
+    steps_per_execution: int,
     loss_weights: LossWeights | None = None,
 ) -> None:
-    """The run's loss (weighted by ``loss_weights``: ``--class-weight``), optimizer and per-epoch metrics."""
-    loss = make_loss(keras, bool(cfg.single_label), cfg.label_smoothing, loss_weights)
+    """The run's loss for the model's ``head`` (weighted by ``loss_weights``: ``--class-weight``), the
+    ``optimizer`` at ``lr``, and the per-epoch metrics; Keras runs ``steps_per_execution`` steps a call."""
+    loss = make_loss(keras, head.single_label, head.label_smoothing, loss_weights)
     # weighted_metrics, not metrics: Keras' plain metrics ignore sample weights, so the weight-0 rows that pad
     # validation batches to static shapes would count as negatives (on a tiny fold over 8 replicas, enough to
     # halve the AUC).
     model.compile(
-        optimizer=make_optimizer(cfg.optimizer, lr, cfg.weight_decay),
+        optimizer=make_optimizer(optimizer.name, lr, optimizer.weight_decay),
         loss=loss,
-        weighted_metrics=make_metrics(num_classes, bool(cfg.single_label), cfg.threshold),
-        steps_per_execution=cfg.steps_per_execution,
+        weighted_metrics=make_metrics(head.num_classes, head.single_label, head.threshold),
+        steps_per_execution=steps_per_execution,
     )
     model.optimizer.build(model.trainable_variables)  # its slots now, for the same reason as make_metrics' F1

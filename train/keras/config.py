@@ -1,5 +1,6 @@
 """The training configuration, ``FitConfig``: one field per flag of ``python -m train.fit``, and what ``train.fit.fit``
-and its engine (``train.keras.trainer``) take. No TensorFlow here: the command's ``--help`` answers at once.
+takes; ``train.keras.planning`` turns it into the ``Plan`` the engine (``train.keras.trainer``) trains. No TensorFlow
+here: the command's ``--help`` answers at once.
 
     from train.keras.config import FitConfig   # also train.fit.FitConfig, the same class
     cfg = FitConfig(records="records/demo/train", run="runs/b0", strategy="tpu", epochs=12)

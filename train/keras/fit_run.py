@@ -16,18 +16,17 @@ import statistics
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from tfpipe.format.shards import Shards
 from tfpipe.runtime import fs
 from tfpipe.runtime.errors import TfpipeError, option
 from tfpipe.runtime.lifecycle import with_detail
 from tfpipe.runtime.locks import LOCK
-from tfpipe.tf.columns import count_examples
 from train.keras.config import PREFLIGHT_ONLY, FitConfig
+from train.keras.plan import Plan
 from train.keras.schedules import scaled_lr
 from train.runs import files
 from train.runs import run as run_files
 from train.runs.cv_folder import CV_FILE
-from train.runs.run import Parts, RunConfig, read_state, same_setting
+from train.runs.run import RunConfig, read_state, same_setting
 
 if TYPE_CHECKING:
     import tf_keras as keras
@@ -64,75 +63,80 @@ RESUME_KEYS = (
 
 
 class Layout(NamedTuple):
-    """How a run is laid out: the replicas in sync and the training images (an epoch's steps follow)."""
+    """How a run is laid out: the replicas in sync, the training images and the global batch (an epoch's steps
+    follow)."""
 
     replicas: int
     train_examples: int
 
-    @classmethod
-    def of(cls, strategy: tf.distribute.Strategy, parts: Parts) -> Layout:
-        return cls(strategy.num_replicas_in_sync, count_examples(parts.train, parts.train_folds))
+    global_batch: int
 
-    def settings(self, batch_size: int) -> dict[str, int]:
+    @classmethod
+    def of(cls, plan: Plan) -> Layout:
+        return cls(plan.devices.replicas, plan.data.train_examples, plan.global_batch)
+
+    def settings(self) -> dict[str, int]:
         """config.json's record of it (``RESUME_KEYS``' last three)."""
         return {
             "replicas_in_sync": self.replicas,
-            "global_batch_size": batch_size * self.replicas,
+            "global_batch_size": self.global_batch,
             "train_examples": self.train_examples,
         }
 
 
-def check_out(cfg: FitConfig, shards: Shards, layout: Layout) -> bool:
+def check_out(plan: Plan) -> bool:
     """A run folder is a new or empty folder, or a run that ``resume`` continues with the settings it started
     with, on the same shards; a finished run is never trained over, and a folder holding anything train.fit did
     not write (no valid ``config.json``) is never trained into. Each is an error naming the way out. Called
     holding the folder's lock; returns True for a new or empty folder (no earlier run in it)."""
-    others = sorted(n for n in fs.listdir(cfg.run) if n != LOCK)
+    run = plan.run.folder
+    others = sorted(n for n in fs.listdir(run) if n != LOCK)
     if CV_FILE in others:
         raise TfpipeError(
-            f"{cfg.run} is a CV folder of train.cv (its {CV_FILE}); continue it with train.cv "
+            f"{run} is a CV folder of train.cv (its {CV_FILE}); continue it with train.cv "
             f"{option('resume', True)}, or choose another {option('run')} folder"
         )
-    if others and not fs.exists(run_files.path(cfg.run, run_files.CONFIG)):
+    if others and not fs.exists(run_files.path(run, run_files.CONFIG)):
         listed = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
         files = "files" if len(others) > 1 else "a file"
         raise TfpipeError(
-            f"{cfg.run} holds {files} train.fit did not write ({listed}); choose a new or empty {option('run')} folder"
+            f"{run} holds {files} train.fit did not write ({listed}); choose a new or empty {option('run')} folder"
         )
     if not others:
         return True
-    config = RunConfig.load(cfg.run)
+    config = RunConfig.load(run)
     if config.recipe:  # its files are not train.fit's to continue or replace
         raise TfpipeError(
-            f"{cfg.run} holds a run of the PyTorch recipe {config.recipe}; choose another {option('run')} folder"
+            f"{run} holds a run of the PyTorch recipe {config.recipe}; choose another {option('run')} folder"
         )
-    if cfg.overwrite:
-        replace_run(cfg.run, others, cfg.verbose > 0)
+    if plan.run.overwrite:
+        replace_run(run, others, plan.run.verbose > 0)
         return True
-    if not cfg.resume:
+    if not plan.run.resume:
         raise TfpipeError(
-            f"{cfg.run} already holds a run; pass {option('resume', True)} to continue it or "
+            f"{run} already holds a run; pass {option('resume', True)} to continue it or "
             f"{option('overwrite', True)} to replace it, or choose another {option('run')} folder"
         )
-    check_resume_fits(cfg, shards, config, layout)
-    run_files.remove_half_saved(cfg.run)  # of a job killed while saving: this one saves them again
+    check_resume_fits(plan, config)
+    run_files.remove_half_saved(run)  # of a job killed while saving: this one saves them again
     return False
 
 
-def check_resume_fits(cfg: FitConfig, shards: Shards, config: RunConfig, layout: Layout) -> None:
+def check_resume_fits(plan: Plan, config: RunConfig) -> None:
     """``resume`` continues an unfinished run on its own shards (their dataset id: wherever they are now) with
-    the settings it started with, laid out alike (``layout``: its replicas, global batch and epoch)."""
-    if read_state(cfg.run).get("finished"):
+    the settings it started with, laid out alike (its replicas, global batch and epoch)."""
+    run, records, shards = plan.run.folder, plan.data.records, plan.data.shards
+    if read_state(run).get("finished"):
         raise TfpipeError(
-            f"{cfg.run} holds a finished run (model.keras); {option('resume', True)} continues an interrupted "
+            f"{run} holds a finished run (model.keras); {option('resume', True)} continues an interrupted "
             f"one -- pass {option('overwrite', True)} to replace it, or choose another {option('run')} folder"
         )
     if config.dataset_id and config.dataset_id != shards.dataset_id:
-        same = isinstance(config.records, str) and fs.same_path(config.records, cfg.records)
+        same = isinstance(config.records, str) and fs.same_path(config.records, records)
         what = (
-            f"{cfg.records} was rewritten since {cfg.run} started"
+            f"{records} was rewritten since {run} started"
             if same
-            else f"{cfg.records} holds other shards than {cfg.run} trained on ({config.records})"
+            else f"{records} holds other shards than {run} trained on ({config.records})"
         )
         raise TfpipeError(
             f"{what} (dataset id {config.dataset_id}, {'now' if same else 'here'} {shards.dataset_id}); "
@@ -140,7 +144,7 @@ def check_resume_fits(cfg: FitConfig, shards: Shards, config: RunConfig, layout:
             "to train on these"
         )
     before = config.settings
-    now = dict(settings_of(cfg), classes=shards.classes, **layout.settings(cfg.batch_size))
+    now = dict(settings_of(plan.settings), classes=shards.classes, **Layout.of(plan).settings())
     changed = [
         k
         for k in RESUME_KEYS
@@ -155,10 +159,10 @@ def check_resume_fits(cfg: FitConfig, shards: Shards, config: RunConfig, layout:
             else ""
         )
         raise TfpipeError(
-            f"{cfg.run} was started with {k}={before[k]!r}, not {now[k]!r}; {option('resume', True)} "
+            f"{run} was started with {k}={before[k]!r}, not {now[k]!r}; {option('resume', True)} "
             f"continues a run with its own settings{how}"
         )
-    check_resumable(cfg.run, config)
+    check_resumable(run, config)
 
 
 def replace_run(run: str, names: Sequence[str], progress: bool) -> None:
@@ -217,25 +221,25 @@ def save_model(model: keras.Model, path: str) -> None:
     files.record(posixpath.dirname(path), [posixpath.basename(path)])
 
 
-def write_run_config(plan: FitConfig, shards: Shards, layout: Layout) -> None:
+def write_run_config(plan: Plan) -> None:
     """config.json: what predicting with this run depends on (classes, input size, how the images were fitted,
     single- or multi-label, the shards' dataset id, the validation fold), plus every setting used and the
-    run's ``layout`` (what a resume must keep)."""
+    run's layout (what a resume must keep)."""
+    shards = plan.data.shards
     manifest = shards.manifest
-    # prepare() refuses shards without a manifest, and decides the input size and single- or multi-label
-    assert manifest is not None and plan.image_size is not None and plan.single_label is not None
+    assert manifest is not None  # make_plan refuses shards without one
     RunConfig(
         classes=tuple(manifest.classes),
-        image_size=plan.image_size,
-        single_label=plan.single_label,
+        image_size=plan.model.image_size,
+        single_label=plan.model.single_label,
         fit=manifest.image.effective_fit,
         dataset_id=shards.dataset_id,
-        fold=plan.fold,
-        records=plan.records,
-        settings=dict(settings_of(plan), **layout.settings(plan.batch_size)),
+        fold=plan.data.fold,
+        records=plan.data.records,
+        settings=dict(settings_of(plan.settings), **Layout.of(plan).settings()),
         stored_size=shards.image_size or run_files.OWN_SIZES,
         label_column=manifest.label_column,  # the submission names its labels column so
-    ).save(plan.run)
+    ).save(plan.run.folder)
 
 
 def settings_of(cfg: FitConfig) -> dict[str, Any]:
@@ -305,18 +309,18 @@ def remove_if_empty(folder: str) -> None:
 
 
 @contextlib.contextmanager
-def stopping_cleanly(plan: FitConfig, shards: Shards) -> Iterator[None]:
+def stopping_cleanly(plan: Plan) -> Iterator[None]:
     """Turns what stops training from outside into one line: the shards rewritten under it (their files gone
     mid-epoch), or a full disk while Keras backs up the epoch (its half-written ``*_temp`` folders removed)."""
     try:
         yield
     except (tf.errors.OpError, OSError) as e:
-        shards.check_unchanged()
+        plan.data.shards.check_unchanged()
         if "No space left" not in str(e) and getattr(e, "errno", None) != errno.ENOSPC:
             raise
-        removed = remove_temporaries(run_files.path(plan.run, run_files.BACKUP))
+        removed = remove_temporaries(run_files.path(plan.run.folder, run_files.BACKUP))
         raise TfpipeError(
-            f"{plan.run}: no space left on the device while saving the epoch's backup "
+            f"{plan.run.folder}: no space left on the device while saving the epoch's backup "
             f"({removed} half-written file{'s' * (removed != 1)} removed); free space and continue "
             f"with {option('resume', True)}"
         ) from None
@@ -355,23 +359,17 @@ def unfinished_on_error(run_dir: str) -> Iterator[None]:
 
 
 def summarise(
-    cfg: FitConfig,
-    kind: str,
-    strategy: tf.distribute.Strategy,
-    sizes: tuple[int, int, int, int, int],
-    precision: str,
-    seconds: float,
-    throughput: Throughput,
+    plan: Plan, sizes: tuple[int, int], precision: str, seconds: float, throughput: Throughput
 ) -> dict[str, Any]:
-    """metrics.json: the run's configuration, speed and validation scores (from history.csv). ``sizes``: (global
-    batch, steps an epoch, training images, validation images, optimizer steps taken)."""
+    """metrics.json: the run's configuration, speed and validation scores (from history.csv). ``sizes``:
+    (validation images, optimizer steps taken)."""
     import pandas as pd
 
-    with fs.open(run_files.path(cfg.run, run_files.HISTORY)) as f:
+    with fs.open(run_files.path(plan.run.folder, run_files.HISTORY)) as f:
         history = pd.read_csv(f)
     val_cols = [c for c in history.columns if c.startswith("val_")]
     best = history.loc[history["val_auc"].idxmax()] if "val_auc" in history else history.iloc[-1]
-    global_batch, steps, n_train, n_val, optimizer_steps = sizes
+    n_val, optimizer_steps = sizes
     rates = throughput.rates
     if {run_files.IMAGES_PER_SEC, run_files.EPOCH_SECONDS} <= set(history.columns):
         # Every job's epochs, an interrupted run's too (rows without these figures left out): the epochs'
@@ -380,28 +378,28 @@ def summarise(
         seconds = float(history[run_files.EPOCH_SECONDS].sum()) + seconds - throughput.seconds
     rates = rates[1:] or rates  # the first epoch compiles (a resumed job's first too: the median outvotes it)
     return {
-        "strategy": kind,
-        "strategy_class": type(strategy).__name__,
-        "replicas": strategy.num_replicas_in_sync,
-        "steps_per_execution": cfg.steps_per_execution,
-        "per_replica_batch_size": cfg.batch_size,
-        "global_batch_size": global_batch,
-        "base_lr": cfg.lr,
-        "scaled_lr": scaled_lr(cfg.lr, strategy.num_replicas_in_sync),
-        "schedule": cfg.schedule,
-        "model": cfg.model,
-        "image_size": cfg.image_size,
+        "strategy": plan.devices.kind,
+        "strategy_class": type(plan.devices.handle).__name__,
+        "replicas": plan.devices.replicas,
+        "steps_per_execution": plan.schedule.steps_per_execution,
+        "per_replica_batch_size": plan.data.batch_size,
+        "global_batch_size": plan.global_batch,
+        "base_lr": plan.optimizer.lr,
+        "scaled_lr": scaled_lr(plan.optimizer.lr, plan.devices.replicas),
+        "schedule": plan.optimizer.schedule,
+        "model": plan.model.name,
+        "image_size": plan.model.image_size,
         "precision": precision,
         "epochs": len(history),
-        "burn_epochs": cfg.burn_epochs,
-        "steps_per_epoch": steps,
+        "burn_epochs": plan.schedule.burn_epochs,
+        "steps_per_epoch": plan.schedule.steps,
         "optimizer_steps": optimizer_steps,
-        "train_examples": n_train,
+        "train_examples": plan.data.train_examples,
         "val_examples": n_val,
-        "fold": cfg.fold,
+        "fold": plan.data.fold,
         "images_per_sec": round(statistics.median(rates), 1) if rates else None,
         "seconds": round(seconds, 1),
-        **stops_of(cfg.run),
+        **stops_of(plan.run.folder),
         "final": {c: float(history[c].iloc[-1]) for c in val_cols},
         "best": dict({c: float(best[c]) for c in val_cols}, epoch=int(best["epoch"]) + 1),
     }

@@ -1,192 +1,129 @@
-"""The plan of a training run: the configuration checked (every number in range, every name known) and what it
-leaves open decided from the shards (``prepare``), before the run folder is touched; no TensorFlow."""
+"""The plan of a training run: one frozen, typed ``Plan`` of small parts -- what the model sees (``DataPlan``),
+the model, the optimizer, the devices, the schedule and the run folder. ``train.keras.planning`` makes it from a
+``FitConfig`` (the flags, or a notebook's config); the trainer, ``train.cv``'s folds and the preflight take it, and
+nothing revises it once made. No TensorFlow here."""
 
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-from tfpipe.format.sampling import SAMPLINGS, check_sampling_fits
-from tfpipe.format.shards import Shards
-from tfpipe.runtime import fs
-from tfpipe.runtime.errors import (
-    TfpipeError,
-    check_at_least,
-    check_count,
-    check_fraction,
-    check_positive,
-    check_seed,
-    option,
-)
-from tfpipe.runtime.locks import check_not_a_file
-from tfpipe.tf.augment import Augment
-from tfpipe.tf.data_service import check_service
-from train.accel.tpus import TPUS
-from train.decide.metrics import METRICS, metric_of
-from train.keras.config import FitConfig
-from train.keras.models import min_image_size
-from train.keras.names import CLASS_WEIGHTS, OPTIMIZERS, PRECISIONS, SCHEDULES
+from train.decide.metrics import Metric, metric_of
+
+if TYPE_CHECKING:
+    from tfpipe.format.shards import Shards
+    from tfpipe.tf.augment import Augment
+    from train.keras.config import FitConfig
+    from train.runs.run import Parts
 
 
-def prepare(cfg: FitConfig, shards: Shards) -> FitConfig:
-    """The plan: ``cfg`` with what it leaves open decided from the shards (single- or multi-label, input size,
-    the seed of a deterministic run). A copy: the caller's config is never changed, so it can be reused."""
-    if shards.manifest is None:
-        raise TfpipeError(
-            f"{cfg.records}: train.fit needs a folder written by tfpipe.write (its manifest gives "
-            "the classes and folds)"
-        )
-    if not shards.labeled:
-        raise TfpipeError(
-            f"{cfg.records}: written unlabeled (manifest: labeled false, written with "
-            f"{option('unlabeled', True, python='Source(..., labeled=False)')}); "
-            "training needs labeled shards"
-        )
-    check_numbers(cfg)
-    check_strategy_settings(cfg)
-    check_names(cfg)
-    image_size = checked_image_size(cfg, shards)
-    if cfg.fold is not None and not shards.num_folds:
-        raise TfpipeError(
-            f"{cfg.records}: written without folds, so {option('fold', cfg.fold)} has nothing to pick; "
-            f"drop it (the last shards are held out, {option('val_fraction')}) or write with --num-folds"
-        )
-    if not 0 <= cfg.swa_epochs <= cfg.epochs:
-        raise TfpipeError(f"{option('swa_epochs')} must be in 0..{cfg.epochs} (the epochs); got {cfg.swa_epochs}")
-    single_label = kind_of(cfg, shards)
-    seed = (0 if cfg.seed is None else cfg.seed) if cfg.deterministic else cfg.seed  # seeded input order
-    weights = None if cfg.weights in (None, "none") else cfg.weights  # "none": the command line's word for None
-    fold = 0 if cfg.fold is None and shards.num_folds else cfg.fold
-    return dataclasses.replace(
-        cfg,
-        image_size=image_size,
-        single_label=single_label,
-        seed=seed,
-        weights=weights,
-        fold=fold,
-        augment=cfg.augment or Augment(),
-    )
+@dataclasses.dataclass(frozen=True)
+class ModelPlan:
+    """The model: its builder's name, input side, classes and head (softmax for ``single_label``, else sigmoid),
+    initial weights (None: random), precision (None: the devices' default), the loss's label smoothing and the
+    threshold its per-epoch metrics label at."""
+
+    name: str
+    num_classes: int
+    image_size: int
+    single_label: bool
+    weights: str | None = None
+    precision: str | None = None
+    label_smoothing: float = 0.0
+    threshold: float = 0.5
 
 
-def kind_of(cfg: FitConfig, shards: Shards) -> bool:
-    """Whether the run is single-label (``cfg.single_label``, else the shards' kind), checked with what depends on
-    it: the metric applies to the kind, balanced sampling is of single labels."""
-    if cfg.single_label and shards.multi_label:
-        raise TfpipeError(
-            f"{cfg.records}: {shards.describe_labels()}; {option('single_label', True)} (softmax, one "
-            "class an image) would keep one label per image and drop the rest -- leave it out"
-        )
-    single_label = bool(shards.single_label if cfg.single_label is None else cfg.single_label)
-    metric_of(cfg.metric, single_label)
-    check_sampling_fits(cfg.sampling, single_label, cfg.records)
-    return single_label
+@dataclasses.dataclass(frozen=True)
+class OptimizerPlan:
+    """The optimizer by name and its learning rate per replica (scaled with the replicas as the run starts)."""
+
+    name: str = "adam"
+    lr: float = 2e-4
+    weight_decay: float = 0.0
+    schedule: str = "cosine"
+    warmup_epochs: float = 1.0
+    burn_lr: float | None = None  # the burn-in's (None: ``lr``)
 
 
-def checked_image_size(cfg: FitConfig, shards: Shards) -> int:
-    """The input side: ``cfg.image_size``, else the stored size; refused when there is none, or when it is below
-    the model's smallest input."""
-    image_size = cfg.image_size or shards.image_size
-    if not image_size:
-        raise TfpipeError(
-            f"{cfg.records}: images were stored at their own sizes (written without {option('image_size')}); pass "
-            f"{option('image_size', 224)} -- the model's input side, each image resized to it as read"
-        )
-    if image_size < min_image_size(cfg.model):
-        raise TfpipeError(
-            f"{option('image_size')} {image_size} is below {cfg.model}'s smallest input "
-            f"({min_image_size(cfg.model)} px)"
-        )
-    return image_size
+@dataclasses.dataclass(frozen=True)
+class DataPlan:
+    """What a run trains and validates on: the shards (opened once), their training and validation ``parts``
+    (``fold``), the batch per replica and how the training input is drawn."""
+
+    records: str
+    shards: Shards
+    parts: Parts
+    fold: int | None
+    batch_size: int
+    train_examples: int
+    augment: Augment
+    sampling: str | None = None
+    class_weight: str | None = None
+    seed: int | None = None
+    deterministic: bool = False
+    data_service: str | None = None
 
 
-def check_names(cfg: FitConfig) -> None:
-    """Every named setting is one the engine knows (the command line offers only those; Python may pass any),
-    and a weights file exists: checked before the run folder is touched. The model's name is checked with its
-    smallest input (``checked_image_size``). ``resume`` and ``overwrite`` are not both asked."""
-    for name, value, known in (
-        ("optimizer", cfg.optimizer, OPTIMIZERS),
-        ("schedule", cfg.schedule, SCHEDULES),
-        ("precision", cfg.precision, (None, *PRECISIONS)),
-        ("tpu", cfg.tpu, tuple(TPUS)),
-        ("metric", cfg.metric, tuple(METRICS)),
-        ("class_weight", cfg.class_weight, (None, *CLASS_WEIGHTS)),
-        ("sampling", cfg.sampling, (None, *SAMPLINGS)),
-    ):
-        if value not in known:
-            raise TfpipeError(f"unknown {name} {value!r}: use one of {', '.join(k for k in known if k)}")
-    if cfg.weights not in (None, "none", "imagenet") and not fs.exists(cfg.weights):
-        raise TfpipeError(f"cannot load weights {cfg.weights!r} for {cfg.model}: no such file")
-    if cfg.data_service is not None:
-        check_data_service(cfg)
-    if cfg.resume and cfg.overwrite:
-        raise TfpipeError(
-            f"{option('resume', True)} continues the run in {cfg.run}, {option('overwrite', True)} replaces it; "
-            "choose one"
-        )
+class Devices(NamedTuple):
+    """Where a run trains: the backend's name, its devices (a ``tf.distribute`` strategy, or the JAX backend's
+    ``JaxDevices``), their kind (tpu, gpu, cpu) and how many replicas train in sync."""
+
+    backend: str
+    handle: Any
+    kind: str
+    replicas: int
 
 
-def check_data_service(cfg: FitConfig) -> None:
-    """A dispatcher answers at ``cfg.data_service``, and nothing asked of the input that a service cannot give."""
-    if cfg.deterministic:
-        raise TfpipeError(
-            f"{option('deterministic', True)} fixes the input order, and the workers of {option('data_service')} "
-            "race each other for it; choose one"
-        )
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+    """The epochs (the burn-in's with the backbone frozen, then the fine-tuning's), an epoch's steps, the steps
+    Keras runs per compiled call (at most an epoch's), SWA's epochs and the in-epoch backups."""
 
-    check_service(cfg.data_service or "", python="data_service")
-
-
-def check_strategy_settings(cfg: FitConfig) -> None:
-    """Settings a strategy cannot have, checked before the strategy starts (a multi-worker one connects to its
-    cluster, and would wait there for a worker that refused)."""
-    check_not_a_file(cfg.run, "run")
-    if cfg.strategy == "multiworker" and cfg.data_service is not None:
-        raise TfpipeError(
-            f"{option('data_service')} with {option('strategy', 'multiworker')}: each worker would run its own "
-            "job on the service, and records would reach several workers; one trainer consumes a service"
-        )
+    epochs: int
+    burn_epochs: int
+    swa_epochs: int
+    steps: int
+    steps_per_execution: int
+    save_every: int | None = None
 
 
-def check_numbers(cfg: FitConfig) -> None:
-    """Every numeric setting in its range (the command line and Python refuse the same values)."""
-    check_count(
-        1,
-        epochs=cfg.epochs,
-        batch_size=cfg.batch_size,
-        steps_per_execution=cfg.steps_per_execution,
-        replicas=cfg.replicas,
-    )
-    check_count(0, burn_epochs=cfg.burn_epochs, swa_epochs=cfg.swa_epochs, fold=cfg.fold, save_every=cfg.save_every)
-    check_at_least(
-        0, warmup_epochs=cfg.warmup_epochs, weight_decay=cfg.weight_decay, label_smoothing=cfg.label_smoothing
-    )
-    check_positive(lr=cfg.lr, burn_lr=cfg.burn_lr)
-    check_seed(seed=cfg.seed)
-    check_fraction(val_fraction=cfg.val_fraction, threshold=cfg.threshold)
-    if not cfg.label_smoothing < 1:
-        raise TfpipeError(f"{option('label_smoothing')} must be below 1 (got {cfg.label_smoothing})")
+@dataclasses.dataclass(frozen=True)
+class RunPlan:
+    """The run folder and what the job does with it and says: resume it, replace it, write the report, how
+    verbose, the metric its decisions go by, and the user's extra Keras callbacks."""
+
+    folder: str
+    metric: str = "roc_auc"
+    resume: bool = False
+    overwrite: bool = False
+    report: bool = True
+    verbose: int = 2
+    callbacks: tuple[Any, ...] = ()
 
 
-def capped_steps_per_execution(plan: FitConfig, steps: int) -> FitConfig:
-    """Keras runs at most an epoch's steps per compiled call: a larger ``steps_per_execution`` is cut to
-    ``steps``, said in a line, and recorded as the value used (metrics.json, the result line)."""
-    if plan.steps_per_execution <= steps:
-        return plan
-    if plan.verbose:
-        print(
-            f"train.fit: {option('steps_per_execution', plan.steps_per_execution)} is more than the {steps} "
-            f"step{'s' * (steps != 1)} of an epoch; using {steps} (Keras never runs past an epoch in one call)",
-            flush=True,
-        )
-    return dataclasses.replace(plan, steps_per_execution=steps)
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """A training run, decided: ``settings`` is the configuration as decided (``config.json`` records it and a
+    resume compares it); the parts are what the trainer reads."""
 
+    data: DataPlan
+    model: ModelPlan
+    optimizer: OptimizerPlan
+    devices: Devices
+    schedule: Schedule
+    run: RunPlan
+    settings: FitConfig
 
-def check_batch_fits(plan: FitConfig, replicas: int, n_train: int) -> None:
-    """A global batch (``plan.batch_size`` on each of ``replicas``) larger than the training set would train on
-    padding-sized nothing (and a huge batch costs gigabytes before failing): refused, naming the numbers."""
-    if plan.batch_size * replicas > n_train:
-        raise TfpipeError(
-            f"{option('batch_size', plan.batch_size)} x {replicas} replica{'s' * (replicas > 1)} = "
-            f"{plan.batch_size * replicas} image{'s' * (plan.batch_size * replicas != 1)} a step, more than the "
-            f"{n_train} training image{'s' * (n_train != 1)}; "
-            f"use {option('batch_size')} {max(1, n_train // replicas)} or less"
-        )
+    @property
+    def global_batch(self) -> int:
+        return self.data.batch_size * self.devices.replicas
+
+    @property
+    def metric(self) -> Metric:
+        return metric_of(self.run.metric, self.model.single_label)
+
+    def in_folder(self, folder: str, verbose: int, overwrite: bool) -> Plan:
+        """The same plan writing to another ``folder`` (a multi-worker job's other workers train in one of their
+        own, quiet, never replacing it)."""
+        run = dataclasses.replace(self.run, folder=folder, verbose=verbose, overwrite=overwrite)
+        return dataclasses.replace(self, run=run)

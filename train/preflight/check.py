@@ -31,14 +31,15 @@ import tensorflow as tf
 from tfpipe.format.shards import Shards
 from tfpipe.runtime import console
 from tfpipe.runtime.errors import TfpipeError, check_path, in_command, option
+from tfpipe.tf.columns import check_no_image_twice
 from train.accel.tpus import TPUS, Tpu
 from train.keras.compiling import compile_model
 from train.keras.config import FitConfig
 from train.keras.data import build_datasets
 from train.keras.models import build_model
-from train.keras.plan import capped_steps_per_execution
+from train.keras.plan import Devices, Plan
+from train.keras.planning import check_config, make_plan
 from train.keras.schedules import make_schedule, scaled_lr
-from train.keras.trainer import plan_training
 from train.preflight.core_memory import HEADROOM, SUBLANES, Memory, core_memory, gibibytes, gigabytes
 from train.preflight.xla_step import (
     Compiled,
@@ -49,7 +50,6 @@ from train.preflight.xla_step import (
     dtype_and_shape_findings,
 )
 from train.runs.results import PreflightReport
-from train.runs.run import Parts
 
 PREFIX = "preflight"
 TPU_PRECISION = "mixed_bfloat16"  # what a TPU run uses unless --precision says otherwise
@@ -57,18 +57,17 @@ LANES = 128  # a TPU's matrix units multiply 128x128 tiles: a feature dimension 
 F64_FIX = "compute in float32 (a mixed policy computes in bfloat16 and keeps float32 weights)"
 
 
-def preflight(cfg: FitConfig) -> PreflightReport:
+def preflight(cfg: FitConfig, shards: Shards) -> PreflightReport:
     """Checks ``cfg`` as a TPU run of ``cfg.tpu`` would compile it; returns the ``PreflightReport`` (``ok``:
     nothing a TPU would refuse; ``refuse`` and ``warn``: the lines; ``memory`` and ``seconds``: the figures). Through
     ``train.fit``: ``fit(FitConfig(..., preflight=True))``, or the command's ``--preflight`` (exit 2 on a refusal).
-    The process's Keras precision policy is left as it was."""
+    ``shards``: opened by ``train.fit.fit``. The process's Keras precision policy is left as it was."""
     tpu, replicas = tpu_of(cfg)
     if tf.distribute.has_strategy():  # its model would be the strategy's (mirrored variables), not one device's
         raise TfpipeError("the preflight builds its own one-device model: call it outside strategy.scope()")
-    with planned(cfg, replicas) as (plan, shards, parts), tf.device("/CPU:0"):
-        assert shards.num_classes is not None  # prepare() decided it
-        data = build_datasets(plan, tf.distribute.get_strategy(), shards.num_classes, parts)
-        return check_steps(plan, tpu, replicas, shards.num_classes, data)
+    here = tf.distribute.get_strategy()  # the default strategy: one device, where the steps are compiled
+    with planned(cfg, shards, Devices("tf", here, "tpu", replicas)) as plan, tf.device("/CPU:0"):
+        return check_steps(plan, tpu, build_datasets(plan, here))
 
 
 def tpu_of(cfg: FitConfig) -> tuple[Tpu, int]:
@@ -81,71 +80,71 @@ def tpu_of(cfg: FitConfig) -> tuple[Tpu, int]:
 
 
 @contextlib.contextmanager
-def planned(cfg: FitConfig, replicas: int) -> Iterator[tuple[FitConfig, Shards, Parts]]:
-    """The run planned for ``replicas`` devices (``plan_training``'s checks, a batch this machine can hold), under
-    the TPU run's precision policy (bfloat16 unless ``--precision`` says otherwise), restored after."""
-    plan, shards, parts = plan_training(cfg, replicas)
-    assert plan.image_size is not None and shards.num_classes is not None  # prepare() decided them
+def planned(cfg: FitConfig, shards: Shards, devices: Devices) -> Iterator[Plan]:
+    """The run planned for the TPU's ``devices`` (``devices.handle``: where the preflight compiles; the
+    configuration checked, the plan's checks, a batch this machine can hold), under the TPU run's precision policy
+    (bfloat16 unless ``--precision`` says otherwise), restored after."""
+    check_config(cfg)
+    check_no_image_twice(shards)
+    plan = make_plan(cfg, shards, devices)
     check_batch_fits_here(plan)
     precision = keras_module().mixed_precision
     previous = precision.global_policy()
-    precision.set_global_policy(plan.precision or TPU_PRECISION)
+    precision.set_global_policy(plan.model.precision or TPU_PRECISION)
     try:
-        yield plan, shards, parts
+        yield plan
     finally:
         precision.set_global_policy(previous)
 
 
-def check_batch_fits_here(plan: FitConfig) -> None:
+def check_batch_fits_here(plan: Plan) -> None:
     """The preflight holds a batch of the run in this machine's memory (and pads validation batches before
     reading): a batch over a quarter of the free memory is refused in one line rather than exhausting it."""
-    assert plan.image_size is not None
-    needs = plan.batch_size * plan.image_size**2 * 3
+    assert plan.model.image_size is not None
+    needs = plan.data.batch_size * plan.model.image_size**2 * 3
     free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     if needs > free / 4:
         raise TfpipeError(
-            f"{option('batch_size', plan.batch_size)} at {option('image_size', plan.image_size)}: "
+            f"{option('batch_size', plan.data.batch_size)} at {option('image_size', plan.model.image_size)}: "
             f"{gigabytes(needs)} a batch, over a quarter of this machine's free memory ({gigabytes(free)}): "
             "too big to check here; check a smaller batch (its memory line gives the largest batch that fits a core)"
         )
 
 
-def check_steps(
-    plan: FitConfig, tpu: Tpu, replicas: int, num_classes: int, data: tuple[Any, Any, int, int, int]
-) -> PreflightReport:
+def check_steps(plan: Plan, tpu: Tpu, data: tuple[Any, Any, int, int, int]) -> PreflightReport:
     """The checks, in the order a TPU run meets them: the input's shapes, the model, the compiled training and
     evaluation steps, the memory of a core; then the report."""
-    train_ds, val_ds, n_train, _, batch = data
-    steps = max(1, n_train // (batch * replicas))
-    plan = capped_steps_per_execution(plan, steps)
-    say(plan, headline(plan, tpu, replicas))
+    train_ds, val_ds, n_train, _, _ = data
+    replicas = plan.devices.replicas
+    say(plan, headline(plan, tpu))
     report: dict[str, Any] = {"tpu": tpu.name, "replicas": replicas, "seconds": {}, "memory": None}
     findings = data_findings(plan, tpu, replicas, (train_ds, val_ds), n_train)
     if not any(f.level == "refuse" for f in findings):  # shapes XLA can compile: on to the model
-        findings += model_checks(plan, tpu, num_classes, (replicas, steps), (train_ds, val_ds), report)
+        findings += model_checks(plan, tpu, (train_ds, val_ds), report)
     return finish(plan, tpu, findings, report)
 
 
-def data_findings(plan: FitConfig, tpu: Tpu, replicas: int, datasets: tuple[Any, Any], n_train: int) -> list[Finding]:
+def data_findings(plan: Plan, tpu: Tpu, replicas: int, datasets: tuple[Any, Any], n_train: int) -> list[Finding]:
     """What needs no model: the shapes and dtypes of the training and validation batches, the batch, the settings."""
     findings = input_findings(datasets[0].element_spec, "training batches")
     findings += input_findings(datasets[1].element_spec, "validation batches")
     return findings + batch_findings(plan, n_train // replicas) + setting_findings(plan, tpu)
 
 
-def headline(plan: FitConfig, tpu: Tpu, replicas: int) -> str:
+def headline(plan: Plan, tpu: Tpu) -> str:
+    replicas, batch, m = plan.devices.replicas, plan.data.batch_size, plan.model
     return (
-        f"{plan.model} at {plan.image_size} px, {plan.batch_size} image{'s' * (plan.batch_size != 1)} a core "
-        f"({plan.batch_size * replicas} a step on {replicas} core{'s' * (replicas != 1)}), "
-        f"{plan.precision or TPU_PRECISION}, steps_per_execution {plan.steps_per_execution}; checked for a TPU "
+        f"{m.name} at {m.image_size} px, {batch} image{'s' * (batch != 1)} a core "
+        f"({plan.global_batch} a step on {replicas} core{'s' * (replicas != 1)}), "
+        f"{m.precision or TPU_PRECISION}, steps_per_execution {plan.schedule.steps_per_execution}; checked for a TPU "
         f"{tpu.name} core ({gibibytes(tpu.memory)}), compiled with XLA on this CPU"
     )
 
 
-def say(plan: FitConfig, line: str, report: bool = False) -> None:
+def say(plan: Plan, line: str, report: bool = False) -> None:
     """A progress line (unless quiet); a ``report`` line also when quiet under the command, whose output the
     report is (from Python, quiet is quiet: the returned report holds it all)."""
-    if plan.verbose or (report and in_command()):
+    if plan.run.verbose or (report and in_command()):
         print(f"{PREFIX}: {line}", flush=True)
 
 
@@ -171,37 +170,37 @@ def input_findings(spec: Any, name: str) -> list[Finding]:
     return list(found.values())
 
 
-def batch_findings(plan: FitConfig, most: int) -> list[Finding]:
+def batch_findings(plan: Plan, most: int) -> list[Finding]:
     """A core's batch is laid out in groups of ``SUBLANES``: 12 images a core cost what 16 do. The batch
     suggested is one the training set holds (``most`` images a core)."""
-    if plan.batch_size % SUBLANES == 0:
+    if plan.data.batch_size % SUBLANES == 0:
         return []
-    up, down = math.ceil(plan.batch_size / SUBLANES) * SUBLANES, plan.batch_size // SUBLANES * SUBLANES
+    up, down = math.ceil(plan.data.batch_size / SUBLANES) * SUBLANES, plan.data.batch_size // SUBLANES * SUBLANES
     sizes = [option("batch_size", n) for n in (up, down) if SUBLANES <= n <= most]
     return [
         Finding(
             "warn",
-            option("batch_size", plan.batch_size),
+            option("batch_size", plan.data.batch_size),
             f"not a multiple of {SUBLANES}: a TPU core computes it as {up} (the rest is padding)",
             f"use {' or '.join(sizes)}" if sizes else f"more images (a batch of {SUBLANES}s a core)",
         )
     ]
 
 
-def setting_findings(plan: FitConfig, tpu: Tpu) -> list[Finding]:
+def setting_findings(plan: Plan, tpu: Tpu) -> list[Finding]:
     """Settings that are not a TPU run's: the preflight checks the run for a TPU whatever ``strategy`` says, and
     a TPU computes in bfloat16, not float16."""
     found = []
-    if plan.strategy in ("gpu", "cpu", "multiworker"):
+    if plan.settings.strategy in ("gpu", "cpu", "multiworker"):
         found.append(
             Finding(
                 "warn",
-                option("strategy", plan.strategy),
+                option("strategy", plan.settings.strategy),
                 f"the preflight checks the run for a TPU {tpu.name}, not for this strategy",
                 f"use {option('strategy', 'tpu')} (or auto) for the TPU run it checks",
             )
         )
-    if plan.deterministic:
+    if plan.data.deterministic:
         found.append(
             Finding(
                 "warn",
@@ -213,11 +212,11 @@ def setting_findings(plan: FitConfig, tpu: Tpu) -> list[Finding]:
                 "tf.config.experimental.enable_op_determinism()",
             )
         )
-    if plan.precision == "mixed_float16":
+    if plan.model.precision == "mixed_float16":
         found.append(
             Finding(
                 "warn",
-                option("precision", plan.precision),
+                option("precision", plan.model.precision),
                 "float16 is the GPUs' mixed precision; Keras' guide says mixed_bfloat16 on a TPU",
                 f"leave {option('precision')} out (bfloat16 on a TPU)",
             )
@@ -225,22 +224,15 @@ def setting_findings(plan: FitConfig, tpu: Tpu) -> list[Finding]:
     return found
 
 
-def model_checks(
-    plan: FitConfig,
-    tpu: Tpu,
-    num_classes: int,
-    sizes: tuple[int, int],
-    datasets: tuple[Any, Any],
-    report: dict[str, Any],
-) -> list[Finding]:
-    """The model built and compiled as ``train.fit`` compiles it (optimizer, schedule over ``sizes`` = (replicas,
-    steps an epoch), loss, metrics), its steps compiled by XLA on the first real batches, timed, and measured."""
-    verbose = bool(plan.verbose)
+def model_checks(plan: Plan, tpu: Tpu, datasets: tuple[Any, Any], report: dict[str, Any]) -> list[Finding]:
+    """The model built and compiled as ``train.fit`` compiles it (optimizer, schedule over the plan's replicas
+    and steps, loss, metrics), its steps compiled by XLA on the first real batches, timed, and measured."""
+    verbose = bool(plan.run.verbose)
     with console.saying(PREFIX, "reading the first batches and building the model", "still building", verbose):
         started = time.perf_counter()
         batches = next(iter(datasets[0])), next(iter(datasets[1]))
         report["seconds"]["first_batches"] = round(time.perf_counter() - started, 2)
-        model = compiled_model(plan, num_classes, *sizes)
+        model = compiled_model(plan)
     paths = layer_paths(model)
     findings = layer_findings(paths)
     try:
@@ -258,20 +250,19 @@ def model_checks(
     return findings
 
 
-def compiled_model(plan: FitConfig, num_classes: int, replicas: int, steps: int) -> keras.Model:
+def compiled_model(plan: Plan) -> keras.Model:
     """The model of the run, compiled with the run's optimizer and schedule (its optimizer slots built)."""
-    assert plan.image_size is not None
-    model, _ = build_model(
-        plan.model, num_classes, plan.image_size, weights=plan.weights, multi_label=not plan.single_label
-    )
-    schedule = make_schedule(plan.schedule, scaled_lr(plan.lr, replicas), steps, plan.epochs, plan.warmup_epochs)
-    compile_model(model, plan, schedule, num_classes)
+    m, optimizer, schedule = plan.model, plan.optimizer, plan.schedule
+    model, _ = build_model(m.name, m.num_classes, m.image_size, weights=m.weights, multi_label=not m.single_label)
+    lr = scaled_lr(optimizer.lr, plan.devices.replicas)
+    rate = make_schedule(optimizer.schedule, lr, schedule.steps, schedule.epochs, optimizer.warmup_epochs)
+    compile_model(model, m, optimizer, rate, schedule.steps_per_execution)
     return model
 
 
-def compiled(plan: FitConfig, name: str, step: Any, batch: Any, report: dict[str, Any]) -> Compiled:
+def compiled(plan: Plan, name: str, step: Any, batch: Any, report: dict[str, Any]) -> Compiled:
     with console.saying(
-        PREFIX, f"compiling the {name} step with XLA", f"still compiling the {name} step", bool(plan.verbose)
+        PREFIX, f"compiling the {name} step with XLA", f"still compiling the {name} step", bool(plan.run.verbose)
     ):
         result = compile_step(step, batch)
     report["seconds"][f"compile_{name}"] = round(result.seconds, 2)
@@ -366,7 +357,7 @@ def memory_findings(memory: Memory, tpu: Tpu) -> list[Finding]:
     return [Finding("refuse", "memory of a core", why, fix)]
 
 
-def timed_step(plan: FitConfig, model: keras.Model, batch: Any, needs: int) -> float | None:
+def timed_step(plan: Plan, model: keras.Model, batch: Any, needs: int) -> float | None:
     """Seconds of one training step run here (compiled by XLA, its second call): a figure for comparing
     configurations on this machine, not a TPU's time. Not run when the step ``needs`` more than half the
     machine's free memory (the preflight of a large TPU batch must not exhaust the machine it runs on)."""
@@ -375,14 +366,14 @@ def timed_step(plan: FitConfig, model: keras.Model, batch: Any, needs: int) -> f
         say(plan, f"a training step is not run here: it needs {gigabytes(needs)}, over half the free memory")
         return None
     step = tf.function(model.train_step, jit_compile=True)
-    with console.saying(PREFIX, "timing a training step on this CPU", "still timing", bool(plan.verbose)):
+    with console.saying(PREFIX, "timing a training step on this CPU", "still timing", bool(plan.run.verbose)):
         step(batch)  # compiles it (again: the compiled program above is not the one a call runs)
         started = time.perf_counter()
         step(batch)
     return round(time.perf_counter() - started, 3)
 
 
-def finish(plan: FitConfig, tpu: Tpu, findings: list[Finding], report: dict[str, Any]) -> PreflightReport:
+def finish(plan: Plan, tpu: Tpu, findings: list[Finding], report: dict[str, Any]) -> PreflightReport:
     """The report: the findings by level, the memory and time lines, and the verdict; printed unless quiet."""
     report["refuse"] = [f.line() for f in findings if f.level == "refuse"]
     report["warn"] = [f.line() for f in findings if f.level == "warn"]

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from tfpipe.format.shards import Shards
 from tfpipe.runtime import console
 from tfpipe.runtime.errors import TfpipeError
 from train.accel.tpus import Tpu
@@ -26,6 +27,7 @@ from train.backends.choice import HOST_DEVICES
 from train.backends.jax import JaxDevices
 from train.keras.config import FitConfig
 from train.keras.data import build_datasets
+from train.keras.plan import Devices, Plan
 from train.preflight.check import (
     PREFIX,
     compiled_model,
@@ -44,9 +46,10 @@ from train.preflight.xla_step import COMPILE_FIX, Finding, StepRefused
 from train.runs.results import PreflightReport
 
 
-def preflight(cfg: FitConfig) -> PreflightReport:
+def preflight(cfg: FitConfig, shards: Shards) -> PreflightReport:
     """``train.preflight.check.preflight`` on Keras 3 and JAX: ``cfg`` checked as a run on every core of a
-    ``cfg.tpu``, compiled over that many XLA host devices (``train.fit.fit`` asked XLA for them)."""
+    ``cfg.tpu``, compiled over that many XLA host devices (``train.fit.fit`` asked XLA for them); ``shards``:
+    opened by ``train.fit.fit``."""
     import jax
 
     tpu, replicas = tpu_of(cfg)
@@ -57,31 +60,26 @@ def preflight(cfg: FitConfig) -> PreflightReport:
             f"{tpu.name} compiles over {replicas}: set XLA_FLAGS={HOST_DEVICES}={replicas} before JAX starts"
         )
     devices = JaxDevices(cpus[:replicas], "cpu")
-    with planned(cfg, replicas) as (plan, shards, parts):
-        assert shards.num_classes is not None  # prepare() decided it
-        train_ds, val_ds, n_train, _, _ = build_datasets(plan, devices, shards.num_classes, parts)
-        steps = max(1, n_train // (plan.batch_size * replicas))
-        say(plan, headline(plan, tpu, replicas).replace("compiled with XLA", "compiled by JAX's XLA"))
+    with planned(cfg, shards, Devices("jax", devices, "tpu", replicas)) as plan:
+        train_ds, val_ds, n_train, _, _ = build_datasets(plan, devices)
+        say(plan, headline(plan, tpu).replace("compiled with XLA", "compiled by JAX's XLA"))
         report: dict[str, Any] = {"tpu": tpu.name, "replicas": replicas, "seconds": {}, "memory": None}
         findings = data_findings(plan, tpu, replicas, (train_ds, val_ds), n_train)
         if not any(f.level == "refuse" for f in findings):
             with devices.scope():
-                findings += model_checks(plan, tpu, devices, (shards.num_classes, steps), (train_ds, val_ds), report)
+                findings += model_checks(plan, tpu, devices, (train_ds, val_ds), report)
         return finish(plan, tpu, findings, report)
 
 
-def model_checks(
-    plan: FitConfig, tpu: Tpu, devices: JaxDevices, sizes: tuple[int, int], datasets: Any, report: dict[str, Any]
-) -> list[Finding]:
+def model_checks(plan: Plan, tpu: Tpu, devices: JaxDevices, datasets: Any, report: dict[str, Any]) -> list[Finding]:
     """The run's model (compiled as ``train.fit`` compiles it), Keras' training and evaluation steps compiled
     over the devices on the first real batches, what their programs hold, and the memory of a device."""
-    num_classes, steps = sizes
-    verbose = bool(plan.verbose)
+    verbose = bool(plan.run.verbose)
     with console.saying(PREFIX, "reading the first batches and building the model", "still building", verbose):
         started = time.perf_counter()
         batches = [tuple(np.asarray(t) for t in next(iter(ds))) for ds in datasets]
         report["seconds"]["first_batches"] = round(time.perf_counter() - started, 2)
-        model = compiled_model(plan, num_classes, devices.num_replicas_in_sync, steps)
+        model = compiled_model(plan)
         model._symbolic_build(data_batch=batches[0])  # the compiled metrics' variables, as fit builds them
         record = getattr(model, "_record_training_state_sharding_spec", None)
         if callable(record):  # Keras 3.10-3.1x: the state's shardings, which its train_step reads, as fit records

@@ -432,7 +432,7 @@ class Parts(NamedTuple):
 def training_parts(shards: Shards, fold: int | None, val_fraction: float) -> Parts:
     """By fold when the shards have folds, else the last shards (about ``val_fraction`` of them) are held out."""
     if shards.num_folds:
-        assert fold is not None, "prepare() picks fold 0 of shards with folds"
+        assert fold is not None, "make_plan picks fold 0 of shards with folds"
         train_folds, val_folds = fold_split(shards, fold)
         return Parts(shards, train_folds, shards, val_folds)
     train_shards, val_shards = holdout_split(shards, val_fraction)
