@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from tfpipe.runtime.deps import check_installed
 from train import backends as backend
-from train.backends import current, keras_module
+from train.backends import complete, current, keras_module
 
 if TYPE_CHECKING:
     import tf_keras as keras
@@ -287,7 +287,7 @@ def train_and_report(
     precision = plan.precision or default_precision(kind)
     data, n_train, n_val, global_batch = training_data(plan, strategy, shards, parts, say=bool(plan.verbose))
     plan = capped_steps_per_execution(plan, data[2])
-    throughput = Throughput(global_batch)
+    throughput = complete(Throughput)(global_batch)
     with stops_recorded(plan.run), removed_unless_an_epoch_is_saved(plan.run, fresh, throughput):
         write_run_config(plan, shards, Layout(strategy.num_replicas_in_sync, n_train))
         keras_module().mixed_precision.set_global_policy(precision)
@@ -361,7 +361,7 @@ def train_phases(
     replicas, steps, num_classes = strategy.num_replicas_in_sync, data[2], shards.num_classes
     # prepare() refuses shards without a manifest (which gives the classes) and decides the input size
     assert num_classes is not None and plan.image_size is not None
-    watch = ShardsUnchanged(shards)
+    watch = complete(ShardsUnchanged)(shards)
     # announce_build said "building MODEL at SIZE px on N replicas" (unless quiet): a heartbeat is enough here
     with console.saying("train.fit", None, f"still building {plan.model}", bool(plan.verbose)):
         model, backbone = build_model(
@@ -372,7 +372,7 @@ def train_phases(
         burn_in(model, backbone, plan, state, strategy, data, num_classes, throughput, watch)
     set_trainable(backbone, True)
     schedule = make_schedule(plan.schedule, scaled_lr(plan.lr, replicas), steps, plan.epochs, plan.warmup_epochs)
-    swa = AverageWeights(
+    swa = complete(AverageWeights)(
         plan.burn_epochs + plan.epochs - plan.swa_epochs, run_files.path(plan.run, run_files.SWA_AVERAGE)
     )
     run_phase(
