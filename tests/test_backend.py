@@ -119,3 +119,34 @@ def test_a_tpu_machine_whose_tensorflow_has_no_tpu_support_never_trains_on_its_c
         "trains on the host CPU unless --strategy cpu asks for it"
     )
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.backends
+def test_complete_makes_a_mixin_a_class_of_the_processs_keras_whose_super_reaches_keras(tmp_path):
+    """``train.backends.complete``: the mixin first, then its Keras class; made once, under the mixin's module and
+    name (what a model file says), registered as before; a mixin's ``super()`` reaches the Keras class (the
+    history log writes its row through Keras' CSVLogger)."""
+    from types import SimpleNamespace
+
+    from tests.conftest import backend_keras
+    from train.backends import complete
+    from train.keras.backup import StepGroups
+    from train.keras.callbacks import HistoryLog, Throughput
+    from train.keras.compiling import F1Score
+    from train.keras.schedules import OneCycle
+
+    keras = backend_keras()
+    throughput = complete(Throughput)(8)
+    assert all(isinstance(throughput, c) for c in (Throughput, StepGroups, keras.callbacks.Callback))
+    assert complete(Throughput) is type(throughput) is complete(type(throughput))
+    assert (type(throughput).__module__, type(throughput).__qualname__) == ("train.keras.callbacks", "Throughput")
+    assert keras.utils.get_registered_name(complete(F1Score)) == "tfpipe>F1Score"
+    assert keras.utils.get_registered_name(complete(OneCycle)) == "OneCycle"  # not registered: custom_objects holds it
+    log = complete(HistoryLog)(str(tmp_path / "history.csv"), append=True)
+    log.set_model(SimpleNamespace(stop_training=False))
+    log.on_train_begin()
+    assert not (tmp_path / "history.csv").exists()  # opened at the first epoch's end
+    log.on_epoch_end(0, {"loss": 0.5})
+    log.on_train_end()
+    header, row = (tmp_path / "history.csv").read_text().splitlines()
+    assert header.startswith("epoch,loss") and row.startswith("0,0.5")  # tf-keras adds val_loss (NA)

@@ -257,27 +257,80 @@ def test_what_differs_between_the_backends_lives_in_their_modules():
     assert found == []
 
 
-# Modules that still bind the backend's Keras when imported: their classes subclass its Keras classes (callbacks,
-# a metric, LR schedules). Only this set may, and it only shrinks.
-KERAS_AT_IMPORT = {
-    "train.keras.callbacks",
-    "train.keras.compiling",
-    "train.keras.schedules",
-    "train.keras.swa",
-    "train.prediction.inference",
-}
+KERAS_CALLS = {"keras_module", "keras", "require_keras"}  # train.backends' keras_module(), current().keras(), deps'
 
 
-def test_keras_is_bound_at_import_only_by_the_backends_and_the_modules_of_keras_classes():
-    binding = set()
-    for name, path in modules().items():
-        for node in ast.parse(path.read_text()).body:
-            test = node.test if isinstance(node, ast.If) else None
-            body = node.orelse if test is not None and ast.unparse(test) == "TYPE_CHECKING" else [node]
-            for statement in body:
-                if isinstance(statement, ast.Assign) and "keras_module()" in ast.unparse(statement.value):
-                    binding.add(name)
-    assert binding == KERAS_AT_IMPORT
+def keras_bound_at_import(source):
+    """Where ``source`` binds a Keras when imported: every statement Python runs at import (module level, class
+    bodies, a class's bases and keywords, decorators, default values; not a function's body, nor what sits under
+    ``if TYPE_CHECKING:``) that imports ``keras`` or ``tf_keras`` or calls ``KERAS_CALLS``, under any name it is
+    imported as."""
+    tree = ast.parse(source)
+    calls = set(KERAS_CALLS)
+    for node in ast.walk(tree):  # from train.backends import keras_module as km
+        if isinstance(node, ast.ImportFrom):
+            calls |= {a.asname for a in node.names if a.name in KERAS_CALLS and a.asname}
+    found, todo = [], list(tree.body)
+    while todo:
+        node = todo.pop(0)
+        if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING":
+            todo += node.orelse
+            continue
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            todo += [*getattr(node, "decorator_list", []), node.args]  # the body runs when called
+            continue
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            names = [node.module or ""] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names]
+            found += [f"{node.lineno}: {ast.unparse(node)}" for m in names if m.split(".")[0] in ("keras", "tf_keras")]
+        called = ast.unparse(node.func).split(".")[-1] if isinstance(node, ast.Call) else None
+        if called in calls:
+            found.append(f"{node.lineno}: {ast.unparse(node)}")
+        todo += ast.iter_child_nodes(node)
+    return found
+
+
+def test_no_module_binds_keras_at_import_but_the_backends():
+    """A module that binds Keras when imported ties the process to one backend for life: only ``train/backends/``
+    does (its modules are the backends); a class of tfpipe's that extends a Keras class is a ``KerasMixin`` that
+    ``train.backends.complete`` completes where it is used."""
+    binding = {
+        f"{name}:{where}"
+        for name, path in modules().items()
+        if not name.startswith("train.backends")
+        for where in keras_bound_at_import(path.read_text())
+    }
+    assert binding == set()
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "keras = keras_module()",
+        "from train import backends\nKERAS = backends.current().keras()",
+        "from train.backends import keras_module as km\nk = km()",
+        "class Watch(keras_module().callbacks.Callback):\n    pass",
+        "class Watch(Base, metaclass=keras_module().Meta):\n    pass",
+        "@keras_module().utils.register_keras_serializable(package='tfpipe')\nclass F1:\n    pass",
+        "class F1:\n    base = keras_module().metrics.F1Score",
+        "class F1:\n    @keras_module().utils.register_keras_serializable()\n    def get(self):\n        pass",
+        "def make(keras=keras_module()):\n    pass",
+        "try:\n    import tf_keras\nexcept ImportError:\n    pass",
+        "from keras import ops",
+        "if TYPE_CHECKING:\n    pass\nelse:\n    keras = keras_module()",
+    ],
+)
+def test_binding_keras_at_import_is_found_wherever_it_hides(source):
+    assert keras_bound_at_import(source) != []
+
+
+def test_binding_keras_late_is_not_binding_it_at_import():
+    source = (
+        "if TYPE_CHECKING:\n    import tf_keras as keras\n"
+        "def make():\n    keras = keras_module()\n    return keras.Model\n"
+        "class Watch(KerasMixin):\n    def on_epoch_end(self):\n        current().keras().backend.clear_session()\n"
+        "build = lambda: keras_module()\n"
+    )
+    assert keras_bound_at_import(source) == []
 
 
 def test_the_layout_page_shows_every_module():

@@ -116,10 +116,12 @@ def test_fit_without_tf_keras_is_one_line(how, shard_dir, tmp_path):
     ]
 
 
-def test_fit_imported_without_tf_keras_raises_import_error():
+def test_the_trainer_imports_without_tf_keras_and_what_first_needs_it_raises_import_error():
+    """Keras is bound late (``train.backends``): importing the trainer needs no tf-keras; the first thing that
+    needs it on the tf backend (here building a model) raises ``MissingDependency`` saying what to install."""
     done = python(
-        HIDE + "import train.fit\ntry:\n    from train.keras import trainer\nexcept ImportError as e:\n"
-        "    print(type(e).__name__, '|', e)",
+        HIDE + "import train.fit\nfrom train.keras import trainer\nfrom train.keras.models import build_model\n"
+        "try:\n    build_model('small-cnn', 2, 32)\nexcept ImportError as e:\n    print(type(e).__name__, '|', e)",
         "tf_keras",
     )
     assert done.returncode == 0, done.stderr

@@ -5,6 +5,7 @@ import os
 import shutil
 import subprocess
 import sys
+import zipfile
 
 import numpy as np
 import pandas as pd
@@ -17,7 +18,10 @@ from tests.conftest import BACKEND, backend_devices, backend_keras, validation_a
 from tfpipe.runtime.errors import RunMismatch, TfpipeError
 from tfpipe.tf.augment import NO_AUGMENT
 from train.fit import FitConfig, fit
+from train.keras.compiling import F1Score
+from train.keras.models import custom_objects
 from train.keras.run_model import load_model
+from train.keras.schedules import KaggleRamp, OneCycle
 from train.keras.swa import average_weights, recompute_batch_norm
 from train.predict import predict
 from train.prediction.inference import TTA_VIEWS, predict_probabilities, tta_view
@@ -395,12 +399,41 @@ def test_a_model_file_loads_front_to_back_with_the_same_weights_and_a_damaged_on
     damaged.write_bytes(b"not a zip")
     with pytest.raises(TfpipeError, match="not a Keras model file"):
         load_model(str(damaged))
-    import zipfile
 
     with zipfile.ZipFile(damaged, "w") as archive:  # a zip, but no model
         archive.writestr("config.json", "{}")
     with pytest.raises(TfpipeError, match="a zip archive without model.weights.h5; not a model train.fit saved"):
         load_model(str(damaged))
+
+
+@pytest.mark.backends
+@pytest.mark.parametrize(
+    "name, schedule, setting",
+    [("onecycle", OneCycle, ("total_steps", 40)), ("kaggle", KaggleRamp, ("steps_per_epoch", 10))],
+)
+def test_a_saved_model_file_gets_tfpipes_metric_and_schedule_back(name, schedule, setting):
+    """``tests/data/model-<backend>-<name>.keras``, saved by an earlier tfpipe (a run's ``model.keras`` loads in
+    every later one): a Dense layer compiled with tfpipe's F1 metric and a one-cycle or Kaggle-ramp schedule.
+    tfpipe's loader builds it (Keras 3 compiles it too, as its file says; tf-keras' ``model_from_json`` never
+    does), and Keras' own loader with tfpipe's custom objects compiles it: the metric and the schedule are
+    tfpipe's classes again, with their settings, and are saved under the names the file gives them."""
+    path = os.path.join(ROOT, "tests", "data", f"model-{BACKEND}-{name}.keras")
+    ours, theirs = load_model(path), keras.models.load_model(path, custom_objects=custom_objects())
+    assert [w.tolist() for w in ours.get_weights()] == [w.tolist() for w in theirs.get_weights()]
+    with zipfile.ZipFile(path) as archive:
+        saved = json.loads(archive.read("config.json"))["compile_config"]
+    for model in [theirs, ours] if BACKEND == "jax" else [theirs]:
+        rate = model.optimizer._learning_rate  # the schedule (learning_rate is its value at the current step)
+        assert isinstance(rate, schedule) and isinstance(rate, keras.optimizers.schedules.LearningRateSchedule)
+        assert getattr(rate, setting[0]) == setting[1]
+        model.evaluate(np.zeros((2, 4), np.float32), np.zeros((2, 3), np.float32), verbose=0)  # builds the metrics
+        f1 = [m for top in model.metrics for m in [top, *getattr(top, "metrics", [])] if isinstance(m, F1Score)]
+        assert len(f1) == 1 and isinstance(f1[0], keras.metrics.F1Score) and f1[0].get_config()["threshold"] == 0.4
+        again = model.get_compile_config()
+        assert again["optimizer"]["config"]["learning_rate"] == saved["optimizer"]["config"]["learning_rate"]
+        assert again["weighted_metrics"] == saved["weighted_metrics"]
+        for mixin, made in ((F1Score, f1[0]), (schedule, rate)):  # tf-keras' loader may find the class by its module
+            assert type(mixin.from_config(made.get_config())) is type(made)
 
 
 @pytest.mark.backends(jax="slow")  # the trained run: 33 s on JAX

@@ -19,6 +19,7 @@ from tests.conftest import BACKEND, backend_keras, validation_auc
 from tfpipe.runtime.errors import TfpipeError
 from tfpipe.tf.augment import NO_AUGMENT
 from train.accel.strategy import quick_teardown, resolve_strategy
+from train.backends import complete
 from train.fit import FitConfig, fit
 from train.keras import schedules
 from train.keras.compiling import compile_model
@@ -465,7 +466,7 @@ def test_progress_says_what_happens_in_every_phase(replicas):
     from train.keras.callbacks import Progress
 
     out = io.StringIO()
-    progress = Progress(replicas, steps_per_execution=4, steps=10, epochs=2, every=3600.0, out=out)
+    progress = complete(Progress)(replicas, steps_per_execution=4, steps=10, epochs=2, every=3600.0, out=out)
     doing = []
     progress.on_train_begin()
     doing.append(progress.beat._doing)
@@ -488,7 +489,9 @@ def test_progress_says_what_happens_in_every_phase(replicas):
     assert len(lines) == 3 and all(line.startswith("train.fit: ") for line in lines), lines
     assert f"compiling the training step for {replicas} replica" in lines[0]
     assert ("traced once per replica of this machine, so this takes about 8x" in lines[0]) == (replicas > 1)
-    chief = Progress(replicas, steps_per_execution=4, steps=10, epochs=2, every=3600.0, out=(said := io.StringIO()))
+    chief = complete(Progress)(
+        replicas, steps_per_execution=4, steps=10, epochs=2, every=3600.0, out=(said := io.StringIO())
+    )
     chief.model = SimpleNamespace(distribute_strategy=SimpleNamespace(extended=SimpleNamespace(worker_devices=["cpu"])))
     chief.on_train_begin()  # a multi-worker chief with one device of the job's replicas traces the step once (#54)
     chief.beat.close()
@@ -516,7 +519,9 @@ def test_a_slow_epoch_start_is_said_at_the_next_epochs_start(monkeypatch):
 
     now = [0.0]
     monkeypatch.setattr(callbacks.time, "perf_counter", lambda: now[0])
-    progress = callbacks.Progress(8, steps_per_execution=4, steps=10, epochs=3, every=3600.0, out=io.StringIO())
+    progress = complete(callbacks.Progress)(
+        8, steps_per_execution=4, steps=10, epochs=3, every=3600.0, out=io.StringIO()
+    )
     progress.on_train_begin()
     doing = []
     for epoch, first_steps_after in enumerate((1.0, 16.0, 2.0)):
@@ -538,7 +543,7 @@ def test_progress_lines_start_on_a_line_of_their_own_beside_the_keras_bar():
     from train.keras.callbacks import Progress
 
     out = io.StringIO()
-    progress = Progress(1, steps_per_execution=1, steps=4, epochs=2, every=3600.0, out=out, bar=True)
+    progress = complete(Progress)(1, steps_per_execution=1, steps=4, epochs=2, every=3600.0, out=out, bar=True)
     progress.on_train_begin()
     for epoch in (0, 1):
         progress.on_epoch_begin(epoch)

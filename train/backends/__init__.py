@@ -8,13 +8,18 @@
 A job chooses its backend once, before Keras starts (``train.backends.choice``). The trainer, prediction and the
 preflight are written against ``Backend`` and ask ``current()`` for the process's; what differs between the two
 lives in their modules, not in branches of the trainer. A third backend is a third module with these members.
+
+Keras is bound late: outside this package no module binds a Keras when imported, so importing the trainer ties a
+process to no backend. A class of tfpipe's that extends a Keras class (a callback, the F1 metric, a schedule) is
+written as a ``KerasMixin``, and ``complete`` makes it a class of the process's Keras where it is used.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar, cast
 
 from tfpipe.runtime.errors import option
 from train.backends.choice import NAMES, Choice, keras_backend_set, ready
@@ -89,8 +94,9 @@ class Backend(Protocol):
         """EfficientNet-B``variant`` without its top, and whether it normalises its [0, 255] input itself."""
         ...
 
-    def custom_objects(self, metrics: dict[str, Any]) -> dict[str, Any]:
-        """What loading a model file needs, given tfpipe's own ``metrics`` classes."""
+    def custom_objects(self, classes: dict[str, Any]) -> dict[str, Any]:
+        """What loading a model file needs, given tfpipe's own Keras ``classes`` a file may name (completed: the F1
+        metric, the schedules), by the names the file gives them."""
         ...
 
 
@@ -114,6 +120,51 @@ def current() -> Backend:
 def keras_module() -> ModuleType:
     """The Keras of this process's backend."""
     return current().keras()
+
+
+class KerasMixin:
+    """A class of tfpipe's written without Keras, which ``complete`` makes a class of the process's Keras: the
+    Keras class at ``KERAS_BASE`` (a path in the Keras module: ``"callbacks.Callback"``) follows it among the
+    completed class's bases, so its methods, and its ``super()`` calls, reach Keras' own. A class saved in model
+    files and registered with Keras names its ``KERAS_PACKAGE`` (``"tfpipe"``: saved as ``tfpipe>F1Score``); one
+    with none is found through ``train.keras.models.custom_objects`` under its own name."""
+
+    KERAS_BASE: ClassVar[str]
+    KERAS_PACKAGE: ClassVar[str | None] = None
+
+    if TYPE_CHECKING:
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            """The Keras class that completes a mixin takes its own arguments."""
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> Any:
+        """An instance of the completed class: tf-keras' loader finds a class it has no registration for by its
+        module and name, which is the mixin's."""
+        keras_class: Any = super(KerasMixin, complete(cls))
+        return keras_class.from_config(config)
+
+
+Mixin = TypeVar("Mixin", bound=KerasMixin)
+
+
+def complete(cls: type[Mixin]) -> type[Mixin]:
+    """``cls`` as a class of this process's Keras: ``cls`` first, then its ``KERAS_BASE``, under the mixin's own
+    module and name (what Keras writes in a model file); made once per class and Keras, and registered there
+    under ``KERAS_PACKAGE`` if it has one. A class that already is one is its own completion."""
+    mixin: type = cls  # the cache's key (mypy finds no __hash__ on a type[...] it checks as Hashable)
+    return cast("type[Mixin]", _completed(mixin, keras_module()))
+
+
+@functools.cache
+def _completed(cls: type[KerasMixin], keras: ModuleType) -> type[KerasMixin]:
+    base: Any = functools.reduce(getattr, cls.KERAS_BASE.split("."), keras)  # the Keras class at KERAS_BASE
+    if issubclass(cls, base):
+        return cls
+    made = type(cls.__name__, (cls, base), {"__module__": cls.__module__, "__qualname__": cls.__qualname__})
+    if cls.KERAS_PACKAGE:
+        keras.utils.register_keras_serializable(package=cls.KERAS_PACKAGE)(made)
+    return made
 
 
 def resolve(choice: Choice, strategy: Any, replicas: int | None) -> tuple[Any, str]:

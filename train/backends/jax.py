@@ -236,9 +236,9 @@ class JaxBackend:
         fn = getattr(keras.applications, f"EfficientNetB{variant}")
         return fn(include_top=False, weights=weights, input_shape=input_shape), True
 
-    def custom_objects(self, metrics: dict[str, Any]) -> dict[str, Any]:
-        """tfpipe's metrics: Keras 3 builds the compiled metrics a model file names."""
-        return dict(metrics)
+    def custom_objects(self, classes: dict[str, Any]) -> dict[str, Any]:
+        """tfpipe's ``classes``: Keras 3 compiles a loaded model with the optimizer and metrics its file names."""
+        return dict(classes)
 
 
 BACKEND = JaxBackend()

@@ -178,10 +178,15 @@ class TfBackend:
         fn = getattr(efn, f"EfficientNetB{variant}")
         return fn(include_top=False, weights=weights, input_shape=input_shape, **EFFICIENTNET_MODULES), False
 
-    def custom_objects(self, metrics: dict[str, Any]) -> dict[str, Any]:
-        """The efficientnet package's layers (its swish and FixedDropout): tf-keras reads no compiled metric."""
+    def custom_objects(self, classes: dict[str, Any]) -> dict[str, Any]:
+        """tfpipe's ``classes``, which tf-keras reads where it compiles a loaded model (its own ``load_model``), and
+        the efficientnet package's layers (its swish and FixedDropout)."""
         efn = require("efficientnet.model")
-        return {"swish": efn.get_swish(**EFFICIENTNET_MODULES), "FixedDropout": efn.get_dropout(**EFFICIENTNET_MODULES)}
+        layers = {
+            "swish": efn.get_swish(**EFFICIENTNET_MODULES),
+            "FixedDropout": efn.get_dropout(**EFFICIENTNET_MODULES),
+        }
+        return {**classes, **layers}
 
 
 BACKEND = TfBackend()

@@ -11,20 +11,17 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import numpy as np
 
-from train.backends import current, keras_module
-
-if TYPE_CHECKING:
-    import tf_keras as keras
-else:
-    keras = keras_module()  # the backend's Keras (train.backends)
-
 from tfpipe.format.shards import Shards
 from tfpipe.runtime import console
 from tfpipe.tf.data_service import WorkerWatch
+from train.backends import KerasMixin, complete, current, keras_module
 from train.keras.backup import Phase, StepGroups
 from train.keras.plan import Plan
 from train.keras.swa import sync_batch_norm
 from train.runs import run as run_files
+
+if TYPE_CHECKING:
+    import tf_keras as keras
 
 
 def phase_callbacks(
@@ -35,20 +32,20 @@ def phase_callbacks(
     backup."""
     run, verbose, service = plan.run.folder, plan.run.verbose, plan.data.data_service
     spe = plan.schedule.steps_per_execution
-    progress = [Progress(phase.replicas, spe, phase.steps, phase.epochs, bar=verbose == 1)] if verbose else []
-    watch = [ServiceWatch(service)] if service else []
-    backend = current()
+    progress = [complete(Progress)(phase.replicas, spe, phase.steps, phase.epochs, bar=verbose == 1)] if verbose else []
+    watch = [complete(ServiceWatch)(service)] if service else []
+    backend, keras = current(), keras_module()
     backup = backend.backup(
         run_files.path(run, f"{run_files.BACKUP}/{phase.name}"), phase, plan.schedule.save_every, verbose > 0
     )
     callbacks = [
-        *([SyncBatchNorm()] if backend.replica_batch_norm else []),
+        *([complete(SyncBatchNorm)()] if backend.replica_batch_norm else []),
         *progress,
         *first,
         backup,
         throughput,  # after the backup (it counts the epochs saved), before the CSV logger (it adds columns)
-        LogLearningRate(phase.rate),
-        HistoryLog(run_files.path(run, run_files.HISTORY), append=True),
+        complete(LogLearningRate)(phase.rate),
+        complete(HistoryLog)(run_files.path(run, run_files.HISTORY), append=True),
         keras.callbacks.TensorBoard(run_files.path(run, run_files.LOGS), update_freq="epoch", profile_batch=0),
         keras.callbacks.ModelCheckpoint(
             backend.weights_file(run_files.path(run, f"{run_files.CHECKPOINTS}/best")),
@@ -63,10 +60,12 @@ def phase_callbacks(
     return callbacks, [*(p.beat.close for p in progress), *(w.watch.stop for w in watch)]
 
 
-class ServiceWatch(keras.callbacks.Callback):
+class ServiceWatch(KerasMixin):
     """While ``fit`` trains through a tf.data service: ``tfpipe.tf.data_service.WorkerWatch`` dials its workers,
     and a worker silent for two minutes while no step ends stops the job in one line instead of a wait with no
     end (TensorFlow's client waits for a lost worker forever)."""
+
+    KERAS_BASE = "callbacks.Callback"
 
     def __init__(self, service: str) -> None:
         super().__init__()
@@ -82,11 +81,13 @@ class ServiceWatch(keras.callbacks.Callback):
         self.watch.stop()
 
 
-class Throughput(StepGroups, keras.callbacks.Callback):
+class Throughput(StepGroups, KerasMixin):
     """Training images/s per epoch, timed from epoch start to the start of validation, and the epoch's seconds:
     both added to the epoch's logs, so ``history.csv`` keeps every job's (``run_phase`` places it before the
     CSV logger, after ``BackupAndRestore``); ``epochs_saved``, the epochs of this job that ended with their backup
     saved; ``seconds``, this job's seconds in epochs."""
+
+    KERAS_BASE = "callbacks.Callback"
 
     def __init__(self, images_per_step: int) -> None:
         super().__init__()
@@ -119,20 +120,26 @@ class Throughput(StepGroups, keras.callbacks.Callback):
             logs.update({run_files.IMAGES_PER_SEC: self.rates[-1], run_files.EPOCH_SECONDS: seconds})
 
 
-class SyncBatchNorm(keras.callbacks.Callback):
+class SyncBatchNorm(KerasMixin):
     """Before each validation, every replica gets the batch-norm statistics a checkpoint saves (their mean):
     otherwise each replica validates with its own copy, and the epoch's scores describe another model than
     the one saved (on a small validation set, by several hundredths of AUC)."""
+
+    KERAS_BASE = "callbacks.Callback"
+    model: Any  # the model being trained, which Keras' Callback holds
 
     def on_test_begin(self, logs: dict[str, Any] | None = None) -> None:
         sync_batch_norm(self.model)
 
 
-class Progress(StepGroups, keras.callbacks.Callback):
+class Progress(StepGroups, KerasMixin):
     """Says what happens while Keras' one line per epoch (``verbose=2``) is minutes away, so a log never goes
     quiet for long: compiling the first training and validation steps (minutes for a large graph on CPU
     replicas), and, every ``every`` seconds, the step an epoch is at or how long validation has run. With
     ``steps_per_execution`` K the step count moves K at a time (the host sees nothing in between)."""
+
+    KERAS_BASE = "callbacks.Callback"
+    model: Any  # the model being trained, which Keras' Callback holds
 
     def __init__(
         self,
@@ -240,10 +247,13 @@ class Progress(StepGroups, keras.callbacks.Callback):
 SLOW_START_SECONDS = 5.0  # an epoch start that waits longer is said, with the wait, at the next epoch's start
 
 
-class LogLearningRate(keras.callbacks.Callback):
+class LogLearningRate(KerasMixin):
     """Adds to the logs (so to history.csv) the learning rate the epoch's last step used: the phase's ``rate`` (a
     schedule, or a constant) at the optimizer's last step. (The optimizer's own ``learning_rate`` is the next
     step's on Keras 3, the last one's on tf-keras.)"""
+
+    KERAS_BASE = "callbacks.Callback"
+    model: Any  # the model being trained, which Keras' Callback holds
 
     def __init__(self, rate: Any) -> None:
         super().__init__()
@@ -255,29 +265,34 @@ class LogLearningRate(keras.callbacks.Callback):
             logs["lr"] = float(np.asarray(self.rate(last))) if callable(self.rate) else float(self.rate)
 
 
-class HistoryLog(keras.callbacks.CSVLogger):
+class HistoryLog(KerasMixin):
     """Keras' CSV logger of ``history.csv``, its file opened at the first epoch's end: Keras 3's opens (makes) it
     when training begins, so a first epoch interrupted would leave an empty ``history.csv`` -- no run's history
     (``train.runs.run.read_history`` refuses it)."""
 
+    KERAS_BASE = "callbacks.CSVLogger"
     opened = False
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         self.opened = False
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        csv_logger: Any = super()  # Keras' CSVLogger, which completes this class
         if not self.opened:
-            super().on_train_begin()
+            csv_logger.on_train_begin()
             self.opened = True
-        super().on_epoch_end(epoch, logs)
+        csv_logger.on_epoch_end(epoch, logs)
 
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
+        csv_logger: Any = super()
         if self.opened:
-            super().on_train_end(logs)
+            csv_logger.on_train_end(logs)
 
 
-class ShardsUnchanged(keras.callbacks.Callback):
+class ShardsUnchanged(KerasMixin):
     """At every epoch's end: stop if the shard folder was rewritten since training started."""
+
+    KERAS_BASE = "callbacks.Callback"
 
     def __init__(self, shards: Shards) -> None:
         super().__init__()

@@ -5,15 +5,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from train.backends import current, keras_module
+from tfpipe.runtime.errors import TfpipeError
+from train.backends import KerasMixin, complete, current, keras_module
+from train.keras.imbalance import LossWeights, make_loss
+from train.keras.plan import ModelPlan, OptimizerPlan
 
 if TYPE_CHECKING:
     import tf_keras as keras
-else:
-    keras = keras_module()  # the backend's Keras (train.backends)
-from tfpipe.runtime.errors import TfpipeError
-from train.keras.imbalance import LossWeights, make_loss
-from train.keras.plan import ModelPlan, OptimizerPlan
 
 # Keras' default 200 thresholds cannot tell apart predictions squeezed into a band a few hundredths wide (the
 # estimate then misses the exact AUC by a tenth or more); 1000 costs nothing measurable (a [1000, C] counter update
@@ -21,29 +19,35 @@ from train.keras.plan import ModelPlan, OptimizerPlan
 AUC_THRESHOLDS = 1000
 
 
-@keras.utils.register_keras_serializable(package="tfpipe")
-class F1Score(keras.metrics.F1Score):
+class F1Score(KerasMixin):
     """Keras' F1Score as a weighted metric: compile passes it [B, 1] sample weights, which its own update
-    expands once more (to [B, 1, 1]) and then fails on; it gets them as [B]."""
+    expands once more (to [B, 1, 1]) and then fails on; it gets them as [B]. Saved in model files as
+    ``tfpipe>F1Score``."""
+
+    KERAS_BASE = "metrics.F1Score"
+    KERAS_PACKAGE = "tfpipe"
 
     def update_state(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> Any:
         if sample_weight is not None:
             sample_weight = current().tensor_ops().reshape(sample_weight, [-1])
-        return super().update_state(y_true, y_pred, sample_weight)
+        keras_f1: Any = super()  # Keras' F1Score, which completes this class
+        return keras_f1.update_state(y_true, y_pred, sample_weight)
 
 
 def make_auc(num_classes: int) -> keras.metrics.AUC:
     """Keras' macro AUC, as tracked per epoch: an estimate from predictions binned at ``AUC_THRESHOLDS`` evenly
     spaced thresholds (the exact AUC of the saved model is ``report.roc_auc_macro``, computed after training)."""
+    keras = keras_module()
     return keras.metrics.AUC(name="auc", multi_label=True, num_labels=num_classes, num_thresholds=AUC_THRESHOLDS)
 
 
 def make_metrics(num_classes: int, single_label: bool, threshold: float) -> list[keras.metrics.Metric]:
+    keras = keras_module()
     if single_label:
         return [keras.metrics.CategoricalAccuracy(name="accuracy"), make_auc(num_classes)]
     # float32 whatever the precision policy: under mixed_bfloat16 on several replicas its counts would be
     # autocast sync-on-read variables, which its result() cannot add (a NotImplementedError in fit)
-    f1 = F1Score(name="f1", average="macro", threshold=threshold, dtype="float32")
+    f1 = complete(F1Score)(name="f1", average="macro", threshold=threshold, dtype="float32")
     current().build_before_tracing(f1, (None, num_classes))
     return [make_auc(num_classes), f1, keras.metrics.BinaryAccuracy(name="accuracy", threshold=threshold)]
 
@@ -51,6 +55,7 @@ def make_metrics(num_classes: int, single_label: bool, threshold: float) -> list
 def make_optimizer(
     name: str, lr: float | keras.optimizers.schedules.LearningRateSchedule, weight_decay: float
 ) -> keras.optimizers.Optimizer:
+    keras = keras_module()
     if name == "adam":
         return keras.optimizers.Adam(lr)
     if name == "adamw":
@@ -70,7 +75,7 @@ def compile_model(
 ) -> None:
     """The run's loss for the model's ``head`` (weighted by ``loss_weights``: ``--class-weight``), the
     ``optimizer`` at ``lr``, and the per-epoch metrics; Keras runs ``steps_per_execution`` steps a call."""
-    loss = make_loss(keras, head.single_label, head.label_smoothing, loss_weights)
+    loss = make_loss(keras_module(), head.single_label, head.label_smoothing, loss_weights)
     # weighted_metrics, not metrics: Keras' plain metrics ignore sample weights, so the weight-0 rows that pad
     # validation batches to static shapes would count as negatives (on a tiny fold over 8 replicas, enough to
     # halve the AUC).

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
 from tfpipe.runtime.errors import TfpipeError, option
-from train.backends import current, keras_module
+from train.backends import complete, current, keras_module
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)  # the efficientnet package's 'torch' preprocessing
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -122,11 +122,13 @@ def _efficientnet_v2(variant: str, input_shape: tuple[int, int, int], weights: s
 
 
 def custom_objects() -> dict[str, Any]:
-    """What ``load_model`` needs, the backend says (``Backend.custom_objects``): tfpipe's metrics, which Keras 3
-    builds when a model file names them, or the efficientnet package's layers tf-keras' EfficientNets use."""
+    """What loading a model file needs, the backend says (``Backend.custom_objects``): tfpipe's metric and
+    schedules, completed on this process's Keras, under the class names a compiled model file gives them; the
+    efficientnet package's layers tf-keras' EfficientNets use."""
     from train.keras.compiling import F1Score
+    from train.keras.schedules import KaggleRamp, OneCycle
 
-    return current().custom_objects({"F1Score": F1Score})
+    return current().custom_objects({c.__name__: complete(c) for c in (F1Score, OneCycle, KaggleRamp)})
 
 
 # Narrow for CPUs: half of (32, 64, 128, 256) is a quarter of the multiply-adds and about half the demo's epoch

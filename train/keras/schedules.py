@@ -13,13 +13,16 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from tfpipe.runtime.errors import TfpipeError
-from train.backends import current, keras_module
+from train.backends import KerasMixin, complete, current, keras_module
 from train.keras.names import SCHEDULES
 
 if TYPE_CHECKING:
     import tf_keras as keras
-else:
-    keras = keras_module()  # the backend's Keras (train.backends)
+
+
+# The Keras class that completes each schedule (train.backends.complete). Not registered with Keras: a model file
+# names them by their class names, "OneCycle" and "KaggleRamp", which train.keras.models.custom_objects holds.
+SCHEDULE = "optimizers.schedules.LearningRateSchedule"
 
 
 def scaled_lr(base_lr: float, replicas: int) -> float:
@@ -27,9 +30,11 @@ def scaled_lr(base_lr: float, replicas: int) -> float:
     return base_lr * replicas
 
 
-class OneCycle(keras.optimizers.schedules.LearningRateSchedule):
+class OneCycle(KerasMixin):
     """One-cycle (Smith 2018): cosine rise from peak/div to peak over ``pct_start``, then cosine down to
     peak/(div*final_div)."""
+
+    KERAS_BASE = SCHEDULE
 
     def __init__(
         self, peak: float, total_steps: int, pct_start: float = 0.3, div: float = 25.0, final_div: float = 1e4
@@ -64,9 +69,11 @@ class OneCycle(keras.optimizers.schedules.LearningRateSchedule):
         }
 
 
-class KaggleRamp(keras.optimizers.schedules.LearningRateSchedule):
+class KaggleRamp(KerasMixin):
     """The Kaggle TPU notebooks' ``lrfn``: linear ramp-up, sustain, then exponential decay per epoch,
     evaluated per step at fractional epochs."""
+
+    KERAS_BASE = SCHEDULE
 
     def __init__(
         self,
@@ -113,16 +120,18 @@ def make_schedule(
     total = max(1, epochs * steps_per_epoch)
     warmup = min(round(warmup_epochs * steps_per_epoch), total - 1)
     if name == "cosine":
-        return keras.optimizers.schedules.CosineDecay(
+        return keras_module().optimizers.schedules.CosineDecay(
             0.0 if warmup else peak,
             decay_steps=max(1, total - warmup),
             warmup_target=peak if warmup else None,
             warmup_steps=warmup,
         )
     if name == "onecycle":
-        return OneCycle(peak, total)
+        return complete(OneCycle)(peak, total)
     if name == "kaggle":
-        return KaggleRamp(peak, steps_per_epoch, start=peak / 50, minimum=peak / 500, rampup_epochs=warmup_epochs)
+        return complete(KaggleRamp)(
+            peak, steps_per_epoch, start=peak / 50, minimum=peak / 500, rampup_epochs=warmup_epochs
+        )
     if name == "constant":
         return peak
     raise TfpipeError(f"unknown schedule {name!r}: use one of {', '.join(SCHEDULES)}")

@@ -19,12 +19,10 @@ import numpy as np
 import numpy.typing as npt
 
 from tfpipe.runtime import fs
-from train.backends import current, keras_module
+from train.backends import KerasMixin, current, keras_module
 
 if TYPE_CHECKING:
     import tf_keras as keras
-else:
-    keras = keras_module()  # the backend's Keras (train.backends)
 
 
 def average_weights(
@@ -36,8 +34,11 @@ def average_weights(
     return [a + (np.asarray(w, np.float64) - a) / (count + 1) for a, w in zip(average, weights)]
 
 
-class AverageWeights(keras.callbacks.Callback):
+class AverageWeights(KerasMixin):
     """Averages the model's weights at the end of every epoch from ``start_epoch`` (0-based, global) on."""
+
+    KERAS_BASE = "callbacks.Callback"
+    model: Any  # the model being trained, which Keras' Callback holds
 
     def __init__(self, start_epoch: int, path: str) -> None:
         super().__init__()
@@ -64,6 +65,7 @@ class AverageWeights(keras.callbacks.Callback):
 
 def batch_norm_layers(model: keras.Model) -> list[keras.layers.BatchNormalization]:
     """Every BatchNormalization layer of ``model``, nested models' too."""
+    keras = keras_module()
     found, todo = [], list(model.layers)
     while todo:
         layer = todo.pop(0)

@@ -20,7 +20,7 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from train import backends as backend
-from train.backends import current, keras_module
+from train.backends import complete, current, keras_module
 
 if TYPE_CHECKING:
     import tf_keras as keras
@@ -203,7 +203,7 @@ def train_and_report(plan: Plan, lock: WriteLock, started: float, fresh: bool) -
     handle, folder, shards = plan.devices.handle, plan.run.folder, plan.data.shards
     precision = plan.model.precision or default_precision(plan.devices.kind)
     data, n_val = training_data(plan, handle, say=bool(plan.run.verbose))
-    throughput = Throughput(plan.global_batch)
+    throughput = complete(Throughput)(plan.global_batch)
     with stops_recorded(folder), removed_unless_an_epoch_is_saved(folder, fresh, throughput):
         write_run_config(plan)
         keras_module().mixed_precision.set_global_policy(precision)
@@ -211,8 +211,9 @@ def train_and_report(plan: Plan, lock: WriteLock, started: float, fresh: bool) -
             announce_build(plan, n_val)
         with handle.scope(), tfpipe.naming_corrupt_shards(shards), stopping_cleanly(plan):
             model, backbone = built_model(plan)
-            swa = AverageWeights(plan.schedule.burn_epochs + plan.schedule.epochs - plan.schedule.swa_epochs,
-                                 run_files.path(folder, run_files.SWA_AVERAGE))  # fmt: skip
+            schedule = plan.schedule
+            averaged_from = schedule.burn_epochs + schedule.epochs - schedule.swa_epochs
+            swa = complete(AverageWeights)(averaged_from, run_files.path(folder, run_files.SWA_AVERAGE))
             for phase in phases(plan, model, backbone, swa):
                 run_phase(model, plan, phase, data, throughput)
     optimizer_steps = int(model.optimizer.iterations.numpy())
@@ -313,7 +314,7 @@ def phases(plan: Plan, model: keras.Model, backbone: keras.Model, swa: AverageWe
     """The phases to run, in order: the burn-in (the head trained with the backbone frozen, its weights kept for
     ``--resume``; a resumed run whose state says it finished loads those weights instead), then everything."""
     schedule, optimizer, replicas = plan.schedule, plan.optimizer, plan.devices.replicas
-    watch = ShardsUnchanged(plan.data.shards)
+    watch = complete(ShardsUnchanged)(plan.data.shards)
     burnt = run_files.path(plan.run.folder, run_files.BURN_DONE)
     state = read_state(plan.run.folder) if plan.run.resume else {}
     if schedule.burn_epochs and not state.get("burn_done"):

@@ -16,14 +16,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
-
-from train.backends import keras_module
-
-if TYPE_CHECKING:
-    import pandas as pd
-    import tf_keras as keras
-else:
-    keras = keras_module()  # the backend's Keras (train.backends)
 import tensorflow as tf
 
 import tfpipe
@@ -34,6 +26,7 @@ from tfpipe.runtime.errors import TfpipeError, check_count, check_fraction, chec
 from train import backends as backend
 from train.accel.cluster import check_one_machine
 from train.accel.strategy import quick_teardown
+from train.backends import KerasMixin, complete, keras_module
 from train.backends.choice import for_run, trained_backend
 from train.decide.tuning import Predictor, describe
 from train.keras.config import PredictConfig
@@ -43,6 +36,9 @@ from train.prediction.submission import check_submission_target, planned_output,
 from train.prediction.target import Target, open_target, target_thresholds, threshold_words, tta_worth
 from train.runs import run as run_files
 from train.runs.run import RunConfig
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 ZOOM = 0.875  # TTA crops keep 87.5% of the side (the usual 224/256)
 # TTA views, in order: (crop box [y1, x1, y2, x2] in relative coordinates, horizontal flip).
@@ -136,7 +132,7 @@ def predicted(model: Any, ds: Any, steps: int, progress: bool) -> Any:
         beat.start("still compiling the prediction step")
     bar = progress and console.on_terminal()
     try:
-        said = [PredictionProgress(beat, steps, bar)] if progress else []
+        said = [complete(PredictionProgress)(beat, steps, bar)] if progress else []
         with quick_teardown():  # the iterator is made and ended inside predict
             return model.predict(ds, steps=steps, verbose=int(bar), callbacks=said)
     finally:
@@ -147,6 +143,7 @@ def passing_weights(model: Any) -> Any:
     """``model`` taking ``(images, weights, name hashes)`` and giving ``[outputs, weights, name hashes]``: each row's
     weight and name ride along with it through ``predict``, which gathers the replicas' rows, so which rows are
     padding, and which image each row is, are read, not assumed. (int32 and float32: a TPU takes no strings.)"""
+    keras = keras_module()
     images = keras.Input(model.input_shape[1:], dtype=model.inputs[0].dtype)
     weights, names = keras.Input((), dtype="float32"), keras.Input((), dtype="int32")
     identity = keras.layers.Identity
@@ -179,10 +176,12 @@ def real_rows(
     return real
 
 
-class PredictionProgress(keras.callbacks.Callback):
+class PredictionProgress(KerasMixin):
     """The heartbeat's subject while Keras predicts: compiling until the first batch is done, then nothing while
     Keras' ``bar`` moves or, without one, the step reached (``predicting: step 12/40 (15 s)``), then what
     happens between the last batch and ``predict`` returning."""
+
+    KERAS_BASE = "callbacks.Callback"
 
     def __init__(self, beat: console.Heartbeat, steps: int, bar: bool) -> None:
         super().__init__()
@@ -319,7 +318,7 @@ def forgotten_after() -> Iterator[None]:
         yield
     finally:
         logger.setLevel(level)
-        keras.backend.clear_session()
+        keras_module().backend.clear_session()
 
 
 def _load_for(
