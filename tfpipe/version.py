@@ -1,7 +1,7 @@
 """tfpipe's version: a leaf module, so a writer can record it without importing the package's face.
 
-``2.0.0.dev0`` is a development release of 2.0.0 (PEP 440 orders it before 2.0.0); CHANGELOG.md says what each
-release changes.
+CHANGELOG.md says what each release changes; between releases the version is the next one's development release
+(``2.1.0.dev0``, which PEP 440 orders before 2.1.0).
 """
 
-__version__ = "2.0.0.dev0"
+__version__ = "2.0.0"
