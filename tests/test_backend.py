@@ -65,14 +65,46 @@ def test_the_tf_path_on_a_tpu_its_tensorflow_cannot_drive_is_one_line_naming_wha
 
 
 def test_a_run_is_predicted_with_its_own_backend():
-    assert backend.for_run("auto", "jax", "runs/b0") == Choice("jax", "the run's own backend")
-    assert backend.for_run("tf", "tf", "runs/b0") == Choice("tf")
+    assert backend.for_run("auto", "jax", "runs/b0") == Choice("jax", "the run's own backend", "runs/b0")
+    assert backend.for_run("tf", "tf", "runs/b0") == Choice("tf", "", "runs/b0")
     with pytest.raises(BadSetting) as e:
         backend.for_run("tf", "jax", "runs/b0")
     assert str(e.value) == (
         "runs/b0 was trained with backend='jax' (Keras 3 on JAX), whose model file tf-keras on TensorFlow does not "
         "load: predict it with backend='jax' (or auto)"
     )
+
+
+def test_a_tf_run_on_a_tpu_its_tensorflow_cannot_drive_is_sent_to_the_cpu_not_to_jax(machine):
+    """Predicting (or continuing) a tf-keras run where TensorFlow cannot drive the TPU: --backend jax would refuse
+    its model file, so the way out named is the host CPU or a TensorFlow that drives the TPU."""
+    machine(tpu=True, tensorflow="tensorflow-cpu 2.20.0")
+    with pytest.raises(NoAccelerator) as e:
+        backend.use_backend(backend.for_run("auto", "tf", "runs/b0"), "auto")
+    assert str(e.value) == (
+        "runs/b0 was trained with backend='tf' (tf-keras on TensorFlow), whose model file only tf-keras loads, and "
+        "this TensorFlow build (tensorflow-cpu 2.20.0) has no TPU support: use strategy='cpu' (the host CPU), or "
+        "install the matching tensorflow-tpu and libtpu pair"
+    )
+    assert "jax" not in str(e.value)
+
+
+def test_resume_with_auto_continues_a_run_on_the_backend_it_started_with(trained_run, tmp_path, machine):
+    """--resume with --backend auto takes the run's own backend (config.json's), not what auto would choose for a
+    new run; a new folder, a backend asked for, or a notebook's devices keep today's choice."""
+    import json
+    import shutil
+
+    machine(tf_keras=False)  # auto would choose jax for a new run
+    run = tmp_path / "run"
+    shutil.copytree(trained_run[0], run)
+    assert backend.resumed("auto", "cpu", str(run)) == Choice("tf", "the run's own backend", str(run))
+    config = json.loads((run / "config.json").read_text())
+    config["backend"] = "jax"  # config.json keeps the settings at its top level
+    (run / "config.json").write_text(json.dumps(config))
+    assert backend.resumed("auto", "cpu", str(run)) == Choice("jax", "the run's own backend", str(run))
+    assert backend.resumed("auto", "cpu", str(tmp_path / "new")) is None
+    assert backend.resumed("tf", "cpu", str(run)) is None and backend.resumed("auto", object(), str(run)) is None
 
 
 def test_host_devices_are_asked_of_xla_once_and_kept_with_the_users_flags(monkeypatch):

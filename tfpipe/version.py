@@ -4,4 +4,4 @@ CHANGELOG.md says what each release changes; between releases the version is the
 (``2.1.0.dev0``, which PEP 440 orders before 2.1.0).
 """
 
-__version__ = "2.0.0"
+__version__ = "2.0.1.dev0"

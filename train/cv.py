@@ -48,7 +48,8 @@ def cross_validate(cfg: FitConfig, folds: Sequence[int] | None = None, tta: int 
 
     check_path(records=cfg.records)
     shards = open_shards(cfg.records)  # once, before TensorFlow starts: a mistyped folder is answered at once
-    choice = backend.ready(cfg.backend, cfg.strategy, cfg.replicas)  # before Keras starts: its backend, XLA's devices
+    resume = cfg.run if cfg.resume else None  # auto continues a run with its own backend
+    choice = backend.ready(cfg.backend, cfg.strategy, cfg.replicas, resume)  # before Keras starts: XLA's devices too
     from train.crossval import engine as cross_validation  # the engine (Keras): imported when training starts
 
     return cross_validation.cross_validate(cfg, folds, tta, choice, shards)

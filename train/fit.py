@@ -62,7 +62,8 @@ def fit(cfg: FitConfig) -> FitResult | PreflightReport | WorkerResult:
     started = time.perf_counter()
     check_path(records=cfg.records)
     shards = open_shards(cfg.records)  # once, before TensorFlow starts: a mistyped folder is answered at once
-    choice = backend.ready(cfg.backend, cfg.strategy, cfg.replicas)  # before Keras starts: its backend, XLA's devices
+    resume = cfg.run if cfg.resume else None  # auto continues a run with its own backend
+    choice = backend.ready(cfg.backend, cfg.strategy, cfg.replicas, resume)  # before Keras starts: XLA's devices too
     with console.quiet_tensorflow(environment=False):
         if cfg.preflight:  # a report of what a TPU would refuse, instead of training
             return preflight(cfg, choice, shards)

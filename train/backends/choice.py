@@ -19,6 +19,7 @@ import re
 import sys
 from typing import Any
 
+from tfpipe.runtime import fs
 from tfpipe.runtime.deps import MissingDependency
 from tfpipe.runtime.errors import BadSetting, NoAccelerator, TfpipeError, option
 from train.accel.tpus import tpu_present
@@ -30,10 +31,12 @@ NAMES = {"tf": "tf-keras on TensorFlow", "jax": "Keras 3 on JAX"}
 
 @dataclasses.dataclass(frozen=True)
 class Choice:
-    """The backend a job trains or predicts with (``tf`` or ``jax``) and, when ``auto`` chose it, why."""
+    """The backend a job trains or predicts with (``tf`` or ``jax``), when ``auto`` chose it why, and the run
+    folder whose own backend it is (a run predicted or continued: its model file is this backend's Keras')."""
 
     name: str
     why: str = ""
+    run: str = ""
 
     @property
     def words(self) -> str:
@@ -98,11 +101,26 @@ def choose(asked: str, strategy: Any = "auto") -> Choice:
     return Choice("tf")
 
 
-def ready(asked: str, strategy: Any = "auto", replicas: int | None = None) -> Choice:
-    """``choose`` and ``use_backend``: what a command (train.fit, train.cv) calls before it imports its engine."""
-    choice = choose(asked, strategy)
+def ready(asked: str, strategy: Any = "auto", replicas: int | None = None, resume: str | None = None) -> Choice:
+    """``choose`` and ``use_backend``: what a command (train.fit, train.cv) calls before it imports its engine.
+    ``resume``: the run (or CV) folder a ``--resume`` continues; ``auto`` then takes the backend it started with."""
+    choice = resumed(asked, strategy, resume) or choose(asked, strategy)
     use_backend(choice, strategy, replicas)
     return choice
+
+
+def resumed(asked: str, strategy: Any, folder: str | None) -> Choice | None:
+    """The backend of the run (or CV) in ``folder`` that ``--resume`` continues with ``auto`` (a backup and a
+    model are their Keras'), or None where there is none to continue yet, or the backend was asked for (a
+    different one is refused when the run's settings are compared) or given by a notebook's devices."""
+    from train.runs import run as run_files
+    from train.runs.cv_folder import is_cv_folder
+
+    if asked != "auto" or folder is None or not isinstance(strategy, str):
+        return None
+    if not (fs.exists(run_files.path(folder, run_files.CONFIG)) or is_cv_folder(folder)):
+        return None
+    return Choice(trained_backend(folder), "the run's own backend", folder)
 
 
 def for_run(asked: str, trained_with: str, run: str) -> Choice:
@@ -112,7 +130,7 @@ def for_run(asked: str, trained_with: str, run: str) -> Choice:
     if asked not in BACKENDS:
         raise BadSetting(f"unknown backend {asked!r}: use one of {', '.join(BACKENDS)}")
     if asked in ("auto", trained_with):
-        return Choice(trained_with, "the run's own backend" if asked == "auto" else "")
+        return Choice(trained_with, "the run's own backend" if asked == "auto" else "", run)
     raise BadSetting(
         f"{run} was trained with {option('backend', trained_with)} ({NAMES[trained_with]}), whose model file "
         f"{NAMES[asked]} does not load: predict it with {option('backend', trained_with)} (or auto)"
@@ -138,12 +156,7 @@ def use_backend(choice: Choice, strategy: Any = "auto", replicas: int | None = N
     first. The TF path also refuses a TPU its TensorFlow cannot drive, in one line naming what works."""
     if choice.name == "tf":
         if strategy in ("tpu", "auto") and tpu_present() and not tensorflow_has_tpu_support():
-            raise NoAccelerator(
-                f"this TensorFlow build ({tensorflow_build() or 'none'}) has no TPU support, so the TPU here cannot "
-                f"train with {option('backend', 'tf')}: use {option('backend', 'jax')} (Keras 3 on JAX), or "
-                f"install the matching tensorflow-tpu and libtpu pair (or {option('strategy', 'cpu')} for the host "
-                "CPU)"
-            )
+            raise NoAccelerator(no_tpu_support(choice))
         if os.environ.get("KERAS_BACKEND") == "jax":
             raise BadSetting(
                 f"KERAS_BACKEND is jax in this process, so tfpipe's trainer would be Keras 3 on JAX: unset it for "
@@ -165,6 +178,22 @@ def use_backend(choice: Choice, strategy: Any = "auto", replicas: int | None = N
     os.environ["KERAS_BACKEND"] = "jax"
     if strategy in ("cpu", "auto") and replicas and replicas > 1:
         ask_host_devices(replicas)
+
+
+def no_tpu_support(choice: Choice) -> str:
+    """Why the TPU here cannot run ``choice`` (tf) and what can: another backend, unless the model file of the run
+    it predicts or continues (``choice.run``) is tf-keras', which only tf-keras loads."""
+    build = f"this TensorFlow build ({tensorflow_build() or 'none'}) has no TPU support"
+    pair = "install the matching tensorflow-tpu and libtpu pair"
+    if choice.run:
+        return (
+            f"{choice.run} was trained with {option('backend', 'tf')} ({NAMES['tf']}), whose model file only "
+            f"tf-keras loads, and {build}: use {option('strategy', 'cpu')} (the host CPU), or {pair}"
+        )
+    return (
+        f"{build}, so the TPU here cannot train with {option('backend', 'tf')}: use {option('backend', 'jax')} "
+        f"(Keras 3 on JAX), or {pair} (or {option('strategy', 'cpu')} for the host CPU)"
+    )
 
 
 def check_engine(choice: Choice) -> None:
