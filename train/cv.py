@@ -20,9 +20,9 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from tfpipe.runtime.console import counted, quiet_call
-from tfpipe.runtime.errors import ArgumentParser, TfpipeError, check_path, option, run_cli
+from tfpipe.runtime.errors import ArgumentParser, TfpipeError, option, run_cli
 from train.fit import build_parser as fit_parser
-from train.fit import config_from_args
+from train.fit import config_from_args, start
 from train.keras.config import FitConfig
 from train.keras.names import TTA_VIEW_COUNT
 from train.runs.cv_folder import oof_name
@@ -43,13 +43,7 @@ def cross_validate(cfg: FitConfig, folds: Sequence[int] | None = None, tta: int 
         from train.cv import FitConfig, cross_validate
         result = cross_validate(FitConfig(records="gs://bucket/train", run="gs://bucket/cv", strategy="tpu"))
     """
-    from tfpipe.format.shards import open_shards  # here, not at the top: --help stays instant
-    from train.backends import choice as backend
-
-    check_path(records=cfg.records)
-    shards = open_shards(cfg.records)  # once, before TensorFlow starts: a mistyped folder is answered at once
-    resume = cfg.run if cfg.resume else None  # auto continues a run with its own backend
-    choice = backend.ready(cfg.backend, cfg.strategy, cfg.replicas, resume)  # before Keras starts: XLA's devices too
+    shards, choice = start(cfg)  # every fold is planned from these shards (their dataset id in cv.json)
     from train.crossval import engine as cross_validation  # the engine (Keras): imported when training starts
 
     return cross_validation.cross_validate(cfg, folds, tta, choice, shards)

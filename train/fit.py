@@ -56,20 +56,27 @@ def fit(cfg: FitConfig) -> FitResult | PreflightReport | WorkerResult:
         from train.fit import FitConfig, fit
         metrics = fit(FitConfig(records="gs://bucket/train", run="gs://bucket/runs/b0", strategy="tpu"))
     """
-    from tfpipe.format.shards import open_shards  # here, not at the top: --help stays instant
-    from train.backends import choice as backend
-
     started = time.perf_counter()
-    check_path(records=cfg.records)
-    shards = open_shards(cfg.records)  # once, before TensorFlow starts: a mistyped folder is answered at once
-    resume = cfg.run if cfg.resume else None  # auto continues a run with its own backend
-    choice = backend.ready(cfg.backend, cfg.strategy, cfg.replicas, resume)  # before Keras starts: XLA's devices too
+    shards, choice = start(cfg)
     with console.quiet_tensorflow(environment=False):
         if cfg.preflight:  # a report of what a TPU would refuse, instead of training
             return preflight(cfg, choice, shards)
         from train.keras import trainer  # the engine (Keras): imported when training starts, not with the command
 
         return trainer.train(trainer.plan_run(cfg, choice, shards), started)
+
+
+def start(cfg: FitConfig) -> tuple[Shards, Choice]:
+    """What a training job (``fit``, ``train.cv``) does before its engine starts: the shards opened, once and before
+    TensorFlow starts (a mistyped folder is answered at once), and the process readied for its backend (``auto``
+    continuing a run with the run's own), before Keras starts."""
+    from tfpipe.format.shards import open_shards  # here, not at the top: --help stays instant
+    from train.backends import choice as backend
+
+    check_path(records=cfg.records)
+    shards = open_shards(cfg.records)
+    resume = cfg.run if cfg.resume else None
+    return shards, backend.ready(cfg.backend, cfg.strategy, cfg.replicas, resume)
 
 
 def preflight(cfg: FitConfig, choice: Choice, shards: Shards) -> PreflightReport:
