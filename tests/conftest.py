@@ -393,3 +393,14 @@ def trained_run(shard_dir, tmp_path_factory):
         progress=False,
     )
     return str(out), metrics, test
+
+
+@pytest.fixture
+def started():
+    """The processes (workers, ranks) a test starts, killed and waited for when it ends, however it ends."""
+    procs = []
+    yield procs
+    for proc in procs:
+        proc.kill()
+        proc.wait()
+        proc.log.close()

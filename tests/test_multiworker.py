@@ -23,17 +23,6 @@ def tf_config(addresses, index):
     return json.dumps({"cluster": {"worker": addresses}, "task": {"type": "worker", "index": index}})
 
 
-@pytest.fixture
-def started():
-    """The workers a test starts, killed and waited for when it ends, however it ends."""
-    procs = []
-    yield procs
-    for proc in procs:
-        proc.kill()
-        proc.wait()
-        proc.log.close()
-
-
 def start_workers(started, records, run, tmp, *extra, own=((), ())):
     """``python -m train.fit --strategy multiworker`` twice, one a task of a two-worker cluster on 127.0.0.1 at
     free ports, each dying with this process; output to files (a full pipe would stall a worker). ``own``: each

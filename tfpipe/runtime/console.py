@@ -34,7 +34,8 @@ NOISE = re.compile(
     rb"^(?:[IWE]\d{4} [\d:.]+ +\d+ [\w./-]+:\d+\]"  # absl's line prefix: I0000 00:00:17.9 123 f.cc:1]
     rb"|\d{4}-\d\d-\d\d [\d:.]+: [IWE] [\w./-]+:\d+\]"  # TensorFlow <= 2.19's: 2026-11-23 07:13:30.5: E f.cc:4]
     rb"|" + re.escape(PREAMBLE) + rb"|To enable the following instructions: .* rebuild TensorFlow"  # cpu_feature_guard
-    rb"|\*\*\* (?:Begin|End) stack trace \*\*\*)"  # XLA's C++ stack trace of a failed compile (its frames indented)
+    rb"|\*\*\* (?:Begin|End) stack trace \*\*\*"  # XLA's C++ stack trace of a failed compile (its frames indented)
+    rb"|\[Gloo\] Rank \d+ is connected to \d+ peer ranks)"  # JAX's CPU collectives, as each group connects
 )
 # An indented line: part of the log message above it (not a bar's \r); a stack trace's frames, blank ones too.
 CONTINUATION = re.compile(

@@ -90,6 +90,12 @@ def in_command() -> bool:
     return bool(_COMMAND.get())
 
 
+def command() -> str | None:
+    """The command the code runs under (``train.fit``), None from Python: for a line said by a thread it starts,
+    which does not see the command's context."""
+    return _COMMAND.get()
+
+
 def _shell_word(value: object) -> str:
     """A value as typed in a shell: ``,`` stays ``,``; a space is ``' '``, a tab ``$'\\t'``."""
     import shlex

@@ -26,6 +26,7 @@ from train.backends.choice import NAMES, Choice, keras_backend_set, ready
 from train.backends.choice import use_backend as use_backend  # with Choice and ready: what a command readies
 
 if TYPE_CHECKING:
+    from train.accel.workers import Workers
     from train.keras.backup import Phase
 
 
@@ -57,6 +58,15 @@ class Backend(Protocol):
     def datasets(self, devices: Any, make: Callable[[Any], Any]) -> Any:
         """What ``model.fit`` iterates: ``make(input_context)`` (a ``tf.data`` pipeline of this host's batches)
         distributed over ``devices``."""
+        ...
+
+    def workers(self, devices: Any) -> Workers:
+        """The processes that train with ``devices`` (one alone, or a cluster's), as this one sees them."""
+        ...
+
+    def this_machine(self, devices: Any) -> Any:
+        """Devices of this process alone, for the chief of a cluster to score and report with once training ends
+        (no step waits for processes that have ended)."""
         ...
 
     def weights_file(self, base: str) -> str:

@@ -176,8 +176,8 @@ def use_backend(choice: Choice, strategy: Any = "auto", replicas: int | None = N
         )
     check_engine(choice)
     os.environ["KERAS_BACKEND"] = "jax"
-    if strategy in ("cpu", "auto") and replicas and replicas > 1:
-        ask_host_devices(replicas)
+    if strategy in ("cpu", "auto", "multiworker") and replicas and replicas > 1:
+        ask_host_devices(replicas, exact=strategy == "multiworker")  # a cluster's processes: each its N devices
 
 
 def no_tpu_support(choice: Choice) -> str:
@@ -207,14 +207,14 @@ def check_engine(choice: Choice) -> None:
         )
 
 
-def ask_host_devices(n: int) -> None:
-    """``XLA_FLAGS`` asks XLA for (at least) ``n`` host CPU devices, unless JAX has already made its devices (then
-    ``jax_devices`` says so when it finds fewer)."""
+def ask_host_devices(n: int, exact: bool = False) -> None:
+    """``XLA_FLAGS`` asks XLA for (at least, unless ``exact``) ``n`` host CPU devices, unless JAX has already made
+    its devices (then ``jax_devices`` says so when it finds fewer)."""
     if jax_started():
         return
     flags = os.environ.get("XLA_FLAGS", "")
     found = re.search(rf"{HOST_DEVICES}=(\d+)", flags)
-    if found and int(found[1]) >= n:
+    if found and (int(found[1]) == n or (int(found[1]) > n and not exact)):
         return
     flags = re.sub(rf"\s*{HOST_DEVICES}=\d+", "", flags)
     os.environ["XLA_FLAGS"] = f"{flags} {HOST_DEVICES}={n}".strip()

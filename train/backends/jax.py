@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from types import ModuleType
@@ -20,8 +21,10 @@ import keras
 import numpy as np
 
 from tfpipe.runtime import fs
-from tfpipe.runtime.errors import BadSetting, NoAccelerator, TfpipeError, option
+from tfpipe.runtime.errors import NoAccelerator, TfpipeError, option
+from train.accel import hosts
 from train.accel.tpus import tpu_present
+from train.accel.workers import ALONE, Workers
 from train.backends.choice import HOST_DEVICES
 from train.keras.backup import BackupPolicy, Phase
 from train.runs import run as run_files
@@ -29,14 +32,16 @@ from train.runs import run as run_files
 
 class JaxDevices:
     """JAX's ``devices`` under Keras 3's ``DataParallel``: the scope a model is built and trained in, and the
-    replica count (the devices). One input pipeline makes the whole global batch; Keras shards each batch over
-    the devices."""
+    replica count (the devices). Each process's input pipeline makes its share of the global batch (one process:
+    all of it); Keras assembles the global batch and shards it over the devices. ``processes``: the processes of
+    a JAX program over several hosts (``--strategy multiworker``), None for one process."""
 
     backend = "jax"  # what train.backends.choice.choose reads of devices a notebook made
 
-    def __init__(self, devices: list[Any], kind: str) -> None:
-        self.devices, self.kind = devices, kind
-        self.distribution = keras.distribution.DataParallel(devices=devices)
+    def __init__(self, devices: list[Any], kind: str, processes: hosts.Processes | None = None) -> None:
+        self.devices, self.kind, self.processes = devices, kind, processes
+        # each process reads its own share of the shards: Keras' own sharding would have every host read them all
+        self.distribution = keras.distribution.DataParallel(devices=devices, auto_shard_dataset=False)
         self.num_replicas_in_sync = len(devices)
 
     @contextlib.contextmanager
@@ -45,8 +50,14 @@ class JaxDevices:
             yield
 
     def describe(self) -> str:
-        """``8 TPU v5 lite cores`` / ``8 CPU devices (XLA host devices)`` / ``1 GPU``."""
+        """``8 TPU v5 lite cores`` / ``8 CPU devices (XLA host devices)`` / ``1 GPU`` / ``process 1 of 2, 8 CPU
+        devices in all (4 on this one, XLA host devices)``."""
         n, first = len(self.devices), self.devices[0]
+        if self.processes is not None and self.processes.many:
+            here = sum(d.process_index == self.processes.index for d in self.devices)
+            host = ", XLA host devices" if self.kind == "cpu" and here > 1 else ""
+            what = {"tpu": f"{getattr(first, 'device_kind', 'TPU')} cores", "gpu": "GPUs"}.get(self.kind, "CPU devices")
+            return f"{self.processes.name} of {self.processes.count}, {n} {what} in all ({here} on this one{host})"
         if self.kind == "tpu":
             return f"{n} {getattr(first, 'device_kind', 'TPU')} core{'s' * (n > 1)}"
         if self.kind == "gpu":
@@ -59,10 +70,7 @@ def jax_devices(strategy: str, replicas: int | None) -> JaxDevices:
     GPU), cpu (``replicas`` XLA host devices, default 1), auto (the TPU or GPUs JAX sees, else the CPU). A TPU
     machine never trains on its host CPU unless ``cpu`` asks for it."""
     if strategy == "multiworker":
-        raise BadSetting(
-            f"{option('strategy', 'multiworker')} is TensorFlow's (TF_CONFIG): use {option('backend', 'tf')}; "
-            f"with {option('backend', 'jax')} one machine's devices train"
-        )
+        return cluster_devices(replicas)
     if replicas is not None and replicas != 1 and strategy in ("tpu", "gpu"):
         raise TfpipeError(
             f"{option('replicas')} sets CPU devices ({option('strategy', 'cpu')}); a {strategy.upper()} job uses "
@@ -91,6 +99,27 @@ def jax_devices(strategy: str, replicas: int | None) -> JaxDevices:
             "then restart the kernel), or use 1 replica"
         )
     return JaxDevices(cpus[:n], "cpu")
+
+
+def cluster_devices(replicas: int | None) -> JaxDevices:
+    """``--strategy multiworker``: this process joins the cluster of Keras' variables or the TPU pod slice's
+    (``train.accel.hosts``); every process's devices train, each process feeding its own. On CPUs each process
+    has ``replicas`` XLA host devices (``train.backends.choice.use_backend`` asked XLA for them)."""
+    hosts.join(hosts.cluster_from_environment(os.environ))
+    platform, here = jax.default_backend(), jax.local_device_count()
+    if platform != "cpu" and replicas not in (None, 1):
+        raise TfpipeError(
+            f"{option('replicas')} sets each process's CPU devices; on a {platform.upper()} every process uses "
+            "every device it finds"
+        )
+    if platform == "cpu" and replicas is not None and here != replicas:
+        raise TfpipeError(
+            f"this process has {here} CPU device{'s' * (here != 1)}, not {replicas} ({option('replicas')}): "
+            f"JAX started before {HOST_DEVICES} could be set; start the job in a new process"
+        )
+    processes = hosts.Processes(jax.process_index(), jax.process_count())
+    processes.connect()
+    return JaxDevices(jax.devices(), platform, processes)
 
 
 BACKUP_WEIGHTS, BACKUP_POSITION = "latest.weights.h5", "position.json"  # StepBackup's two files
@@ -191,13 +220,21 @@ class JaxBackend:
         return str(devices.describe())
 
     def input_pipelines(self, devices: Any) -> int:
-        return 1  # this host's: one process feeds every device
+        return devices.processes.count if devices.processes is not None else 1  # a process feeds its devices
 
     def datasets(self, devices: Any, make: Callable[[Any], Any]) -> Any:
-        """The global batch from one input pipeline (``make`` asked for one pipeline and one replica)."""
+        """This process's share of the global batch from its input pipeline: ``make`` is asked for one replica a
+        pipeline, so its batch size is the global batch over the processes."""
         import tensorflow as tf
 
-        return make(tf.distribute.InputContext())
+        n = self.input_pipelines(devices)
+        return make(tf.distribute.InputContext(n, devices.processes.index if n > 1 else 0, n))
+
+    def workers(self, devices: Any) -> Workers:
+        return devices.processes if devices.processes is not None else ALONE
+
+    def this_machine(self, devices: Any) -> JaxDevices:
+        return JaxDevices(jax.local_devices(), devices.kind)
 
     def weights_file(self, base: str) -> str:
         return f"{base}.weights.h5"  # Keras 3 wants the suffix

@@ -15,7 +15,9 @@ from types import ModuleType, SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 from tfpipe.runtime.deps import require, require_keras
+from train.accel.cluster import is_multiworker
 from train.accel.strategy import input_pipelines, resolve_strategy
+from train.accel.workers import ALONE, TfWorkers, Workers
 from train.keras.backup import BackupPolicy, Phase
 
 if TYPE_CHECKING:
@@ -143,6 +145,12 @@ class TfBackend:
 
     def datasets(self, devices: Any, make: Callable[[Any], Any]) -> Any:
         return devices.distribute_datasets_from_function(make)
+
+    def workers(self, devices: Any) -> Workers:
+        return TfWorkers(devices) if is_multiworker(devices) else ALONE
+
+    def this_machine(self, devices: Any) -> Any:
+        return tf.distribute.get_strategy()  # outside every scope: the default strategy, this machine
 
     def weights_file(self, base: str) -> str:
         return base  # a TensorFlow checkpoint: base.index, base.data-*

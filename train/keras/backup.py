@@ -6,6 +6,7 @@ a callback is in (``StepGroups``). No Keras here."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,9 +17,11 @@ from tfpipe.runtime.lifecycle import Deferred
 @dataclass(frozen=True)
 class Phase:
     """A training phase as its callbacks see it: its ``name`` (its backup's folder), the ``steps`` of an epoch,
-    the run's ``epochs`` in all, the ``replicas``, whether it trains on several machines (``multiworker``: a
-    backup is then a collective every worker joins, and TensorFlow's preemption notice is asked for), the
-    deferred stop the phase stops at (``stop``) and the epochs ``history.csv`` records."""
+    the run's ``epochs`` in all, the ``replicas``, whether a backup is a collective every worker joins
+    (``multiworker``: TensorFlow's workers; their preemption notice is asked for too), the deferred stop the
+    phase stops at (``stop``), the epochs ``history.csv`` records, the learning rate, and how a stop noted is
+    agreed on by the processes of a JAX cluster (``agree``: ``train.accel.workers.Workers.agree``; one process
+    keeps its own)."""
 
     name: str
     steps: int
@@ -28,6 +31,7 @@ class Phase:
     stop: Deferred
     recorded: int  # the epochs history.csv records (finished, whatever their backup says)
     rate: Any = 0.0  # the learning rate: a constant, or a schedule of the optimizer's step
+    agree: Callable[[int | None], int | None] | None = None
 
 
 class StepGroups:
@@ -85,7 +89,7 @@ class BackupPolicy(StepGroups):
         due = (self.every and self._since >= self.every) or (
             self.every is None and time.monotonic() - self._saved_at >= SAVE_SECONDS
         )
-        stopping = self.phase.stop.received is not None
+        stopping = self.agreed_stop()
         if due or (stopping and not self.phase.multiworker):
             self.save_step(self.epoch, step)
         if stopping:
@@ -107,8 +111,16 @@ class BackupPolicy(StepGroups):
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         self.save_step(epoch, self.phase.steps - 1)  # the epoch's last step: a resume starts the next epoch
-        if self.phase.stop.received is not None:
+        if self.agreed_stop():
             self.model.stop_training = True  # the epoch's other callbacks run first (history.csv's row)
+
+    def agreed_stop(self) -> bool:
+        """Whether the phase stops here: a stop noted by this process or, in a JAX cluster, by any (each asks at
+        the same steps, so each saves at the same step)."""
+        stop = self.phase.stop
+        if self.phase.agree is not None:
+            stop.received = self.phase.agree(stop.received)
+        return stop.received is not None
 
     def said_resuming(self, epoch: int, step: int) -> None:
         if self.say and 0 <= epoch < self.phase.epochs:

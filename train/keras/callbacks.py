@@ -39,6 +39,7 @@ def phase_callbacks(
         run_files.path(run, f"{run_files.BACKUP}/{phase.name}"), phase, plan.schedule.save_every, verbose > 0
     )
     callbacks = [
+        *([complete(Lockstep)()] if backend.workers(plan.devices.handle).many else []),
         *([complete(SyncBatchNorm)()] if backend.replica_batch_norm else []),
         *progress,
         *first,
@@ -58,6 +59,24 @@ def phase_callbacks(
         *plan.run.callbacks,
     ]
     return callbacks, [*(p.beat.close for p in progress), *(w.watch.stop for w in watch)]
+
+
+class Lockstep(KerasMixin):
+    """The processes of a cluster run the same computations in the same order: every callback of a batch's end on
+    the main thread of every process. Keras 3 dispatches them to a thread pool where no callback needs a batch's
+    end, and the processes' callbacks differ (the chief's progress lines): JAX's processes would then launch their
+    computations in different orders, and wait for each other forever."""
+
+    KERAS_BASE = "callbacks.Callback"
+
+    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        pass  # overridden: Keras then calls every batch's end on the main thread
+
+    def on_test_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        pass
+
+    def on_predict_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        pass
 
 
 class ServiceWatch(KerasMixin):

@@ -24,6 +24,8 @@ from train.backends import complete, current, keras_module
 
 if TYPE_CHECKING:
     import tf_keras as keras
+
+    from train.accel.workers import Workers
 import tensorflow as tf
 
 import tfpipe
@@ -33,16 +35,7 @@ from tfpipe.runtime.errors import TfpipeError, option, renamed
 from tfpipe.runtime.lifecycle import deferred_stops
 from tfpipe.runtime.locks import WriteLock, locked_folder
 from tfpipe.tf.columns import check_no_image_twice
-from train.accel.cluster import (
-    check_same_start,
-    chief_name,
-    copy_for_resume,
-    is_chief,
-    is_multiworker,
-    peers_answering,
-    records_here,
-    task_name,
-)
+from train.accel.cluster import copy_for_resume, records_here
 from train.accel.strategy import default_precision, quick_teardown
 from train.keras.backup import Phase, StepGroups
 from train.keras.callbacks import ShardsUnchanged, Throughput, phase_callbacks
@@ -97,11 +90,13 @@ def train(plan: Plan, started: float) -> FitResult | WorkerResult:
     began (perf_counter), for metrics.json's seconds."""
     # after the plan's checks (a seed out of range is one line), before the model is built
     seed_run(plan.data.seed, plan.data.deterministic)
-    handle, folder = plan.devices.handle, plan.run.folder
-    with peers_answering(handle, folder), run_folder(plan) as (mine, lock, fresh):
-        metrics = train_and_report(mine, lock, started, fresh)
-    if not is_chief(handle):
-        return WorkerResult(task_name(handle), chief_name(handle), folder)
+    workers, folder = current().workers(plan.devices.handle), plan.run.folder
+    with workers.answering(folder):
+        with run_folder(plan) as (mine, lock, fresh):
+            metrics = train_and_report(mine, lock, started, fresh)
+        workers.finished()
+    if not workers.chief:
+        return WorkerResult(workers.name, workers.chief_name, folder)
     return FitResult.from_metrics(folder, metrics)
 
 
@@ -121,17 +116,18 @@ def run_folder(plan: Plan) -> Iterator[tuple[Plan, WriteLock, bool]]:
     """The folder this process trains into, locked and checked out: the run folder (the chief), or a private
     one (``worker_folder``). Yields the plan writing there, its lock, and whether it was new or empty. Every
     check that needs no training has passed: only now is the run folder made and written."""
-    if not is_chief(plan.devices.handle):
-        with worker_folder(plan) as found:
+    workers = current().workers(plan.devices.handle)
+    if not workers.chief:
+        with worker_folder(plan, workers) as found:
             yield found
         return
-    folder, handle = plan.run.folder, plan.devices.handle
+    folder = plan.run.folder
     created = not fs.exists(folder)
     try:
         # One job per run folder: two fits started together would interleave one history.csv and one model.
         with locked_folder(folder, "train.fit", setting="run") as lock, quick_teardown():
-            if is_multiworker(handle):  # before check_out, which may replace the run (--overwrite)
-                check_same_start(handle, folder, start_point(folder, plan))
+            if workers.many:  # before check_out, which may replace the run (--overwrite)
+                workers.same_start(folder, start_point(folder, plan))
             yield plan, lock, check_out(plan)
     except BaseException:
         if created:
@@ -140,24 +136,24 @@ def run_folder(plan: Plan) -> Iterator[tuple[Plan, WriteLock, bool]]:
 
 
 @contextlib.contextmanager
-def worker_folder(plan: Plan) -> Iterator[tuple[Plan, WriteLock, bool]]:
+def worker_folder(plan: Plan, workers: Workers) -> Iterator[tuple[Plan, WriteLock, bool]]:
     """A worker other than the chief: the same training, step for step, in a private temporary folder removed
     when it ends (on ``resume`` a copy of what the chief's run folder holds to continue from); the chief writes
     the run."""
-    handle, folder = plan.devices.handle, plan.run.folder
+    folder = plan.run.folder
     with tempfile.TemporaryDirectory(prefix="tfpipe-worker-") as own:
         try:
             if plan.run.resume:
                 copy_for_resume(folder, own, RESUMED)
                 records_here(own, plan.data.records)
             mine = plan.in_folder(own, verbose=0, overwrite=False)
-            still = f"{task_name(handle)}: still training ({chief_name(handle)}, the chief, prints the epochs)"
+            still = f"{workers.name}: still training ({workers.chief_name}, the chief, prints the epochs)"
             with (
                 locked_folder(own, "train.fit", setting="run") as lock,
                 quick_teardown(),
                 console.saying("train.fit", None, still, plan.run.verbose > 0),
             ):  # a heartbeat: a worker's log is not silent for its whole run
-                check_same_start(handle, folder, start_point(own, mine))
+                workers.same_start(folder, start_point(own, mine))
                 yield mine, lock, check_out(mine)
         except TfpipeError as e:  # said of the private folder: the user knows the run folder
             raise renamed(e, own, folder) from None  # the same kind, said of the run folder
@@ -217,9 +213,11 @@ def train_and_report(plan: Plan, lock: WriteLock, started: float, fresh: bool) -
             for phase in phases(plan, model, backbone, swa):
                 run_phase(model, plan, phase, data, throughput)
     optimizer_steps = int(model.optimizer.iterations.numpy())
-    if is_multiworker(handle):
+    workers = current().workers(handle)
+    if workers.many:
         weights = model.get_weights()  # on every worker: a batch-norm statistic is the mean over all replicas
-        if not is_chief(handle):
+        workers.trained()
+        if not workers.chief:
             return {}  # the chief saves, scores and reports
         model, handle, data = on_this_machine(plan, weights)
     lock.check()  # on gs:// the lock is advisory: a job that lost it saves nothing
@@ -258,18 +256,20 @@ def report_run(
     return metrics
 
 
-def on_this_machine(plan: Plan, weights: list[Any]) -> tuple[keras.Model, tf.distribute.Strategy, PhaseData]:
-    """The chief of a multi-worker job once training ends: the trained ``weights`` in a model of its own under
-    the default strategy (no step waits for workers that have ended), with datasets for this machine alone, to
-    save, score and report (and SWA's batch-norm pass). Saved with a fresh optimizer, as the SWA model is."""
-    strategy = tf.distribute.get_strategy()  # outside every scope: the default strategy, this machine
-    m = plan.model
-    with console.saying("train.fit", None, f"still building {m.name} on the chief", bool(plan.run.verbose)):
+def on_this_machine(plan: Plan, weights: list[Any]) -> tuple[keras.Model, Any, PhaseData]:
+    """The chief of a multi-worker job once training ends: the trained ``weights`` in a model of its own on this
+    machine's devices alone (no step waits for workers that have ended), with datasets for this machine alone,
+    to save, score and report (and SWA's batch-norm pass). Saved with a fresh optimizer, as the SWA model is."""
+    alone, m = current().this_machine(plan.devices.handle), plan.model
+    with (
+        console.saying("train.fit", None, f"still building {m.name} on the chief", bool(plan.run.verbose)),
+        alone.scope(),
+    ):
         model, _ = build_model(m.name, m.num_classes, m.image_size, weights=None, multi_label=not m.single_label)
-        data, _ = training_data(plan, strategy)
+        data, _ = training_data(plan, alone)
         compile_model(model, m, plan.optimizer, 0.0, plan.schedule.steps_per_execution, data.loss_weights)
         model.set_weights(weights)
-    return model, strategy, data
+    return model, alone, data
 
 
 def announce_build(plan: Plan, n_val: int) -> None:
@@ -350,8 +350,10 @@ def run_phase(model: keras.Model, plan: Plan, spec: PhasePlan, data: PhaseData, 
     compile_model(model, plan.model, plan.optimizer, spec.rate, plan.schedule.steps_per_execution, loss_weights)
     with deferred_stops() as stop:
         recorded = len(run_files.read_history(plan.run.folder) or [])
+        workers = current().workers(plan.devices.handle)
         phase = Phase(spec.name, steps, spec.initial_epoch + spec.epochs, plan.devices.replicas,
-                      is_multiworker(plan.devices.handle), stop, recorded, spec.rate)  # fmt: skip
+                      workers.collective_saves, stop, recorded, spec.rate,
+                      workers.agree if workers.many else None)  # fmt: skip
         callbacks, closing = phase_callbacks(plan, phase, throughput, spec.first)
         try:
             history = None

@@ -1,0 +1,156 @@
+"""Keras 3 on JAX over several processes (``--backend jax --strategy multiworker``, ``train.accel.hosts``): two
+processes of 4 XLA host devices each at 127.0.0.1, the cluster in Keras' own variables. Process 0 alone writes
+the run; a killed process ends the other in one line; SIGTERM to both saves at one step and ``--resume`` on both
+finishes; processes started unlike refuse before training. And the cluster's variables checked in one line."""
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from tests.conftest import dies_with_this_process
+from tests.test_multiworker import epochs_saved, output
+from tfpipe.runtime.net import free_port
+from train.runs import run as run_files
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EPOCHS = 10
+ARGS = [
+    "--backend", "jax", "--strategy", "multiworker", "--replicas", "4", "--model", "small-cnn", "--batch-size", "8",
+    "--lr", "1.5e-3", "--steps-per-execution", "4", "--swa-epochs", "2", "--seed", "0", "--verbose", "2",
+]  # fmt: skip
+
+
+def start_processes(started, records, run, tmp, *extra, own=((), ())):
+    """``python -m train.fit --backend jax --strategy multiworker`` twice, processes 0 and 1 of a cluster whose
+    coordinator listens at a free port of 127.0.0.1, each dying with this process; output to files."""
+    address = f"127.0.0.1:{free_port()}"
+    procs = []
+    for index in range(2):
+        out = open(tmp / f"process{index}-{len(started)}.log", "w+")
+        env = {
+            **os.environ, "PYTHONPATH": ROOT, "TMPDIR": str(tmp), "KERAS_DISTRIBUTION_JOB_ADDRESSES": address,
+            "KERAS_DISTRIBUTION_NUM_PROCESSES": "2", "KERAS_DISTRIBUTION_PROCESS_ID": str(index),
+        }  # fmt: skip
+        env.pop("KERAS_BACKEND", None)
+        env.pop("XLA_FLAGS", None)  # --replicas 4 asks for each process's devices
+        args = ["--records", records, "--run", str(run), *ARGS, "--epochs", str(EPOCHS), *extra, *own[index]]
+        proc = subprocess.Popen(
+            dies_with_this_process("train.fit", *args), cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT
+        )
+        proc.log = out
+        procs.append(proc)
+        started.append(proc)
+    return procs
+
+
+def wait_for_epochs(run, n, procs, seconds=300):
+    deadline = time.monotonic() + seconds
+    while epochs_saved(run) < n and all(p.poll() is None for p in procs) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert epochs_saved(run) >= n, output(procs[0])
+
+
+@pytest.mark.slow
+@pytest.mark.serial  # two processes of 4 devices each on 2 cores: beside other tests, each step waits longer
+def test_two_processes_train_end_together_when_one_dies_stop_together_and_resume(demo_shards, tmp_path, started):
+    """Process 1 killed once 2 epochs are saved ends process 0 in one line within seconds; ``--resume`` on both,
+    SIGTERM to both: each saves at the same step and exits 143 saying so; ``--resume`` on both again finishes:
+    every epoch once in history.csv, the exact validation AUC well above chance, process 1's last line naming
+    process 0, and the run folder holding what a one-process run's holds."""
+    run, tmp = tmp_path / "run", tmp_path / "tmp"
+    tmp.mkdir()
+    chief, other = start_processes(started, demo_shards, run, tmp)
+    wait_for_epochs(run, 2, [chief, other])
+    other.send_signal(signal.SIGKILL)  # dies without a word (the out-of-memory killer)
+    killed = time.monotonic()
+    assert chief.wait(timeout=120) == 2, output(chief)
+    waited = time.monotonic() - killed  # its connection to process 0 closed at once (JAX's heartbeat: 100 s)
+    said = output(chief).strip().splitlines()
+    assert said[-1].startswith("train.fit: error: process 0: process 1 ended before the job did"), said[-3:]
+    assert "--resume on every process" in said[-1] and "Traceback" not in output(chief) and waited < 30
+    assert not (run / run_files.MODEL).exists() and (run / run_files.BACKUP).exists()
+    first = next(line for line in said if line.startswith("train.fit: "))
+    assert first == "train.fit: Keras 3 on JAX, process 0 of 2, 8 CPU devices in all (4 on this one, XLA host devices)"
+    assert not [line for line in said if line.startswith(("E0000", "W0000", "F0000"))]  # gloo's [Gloo] on stdout stay
+
+    chief, other = start_processes(started, demo_shards, run, tmp, "--resume")
+    wait_for_epochs(run, 4, [chief, other])
+    for proc in (chief, other):
+        proc.send_signal(signal.SIGTERM)  # a TPU VM's maintenance event reaches every host
+    for proc in (chief, other):
+        assert proc.wait(timeout=120) == 143, output(proc)
+    lines = [output(p).strip().splitlines()[-1] for p in (chief, other)]
+    assert lines[0] == lines[1] and lines[0].startswith("train.fit: terminated (SIGTERM) at epoch "), lines
+    assert lines[0].endswith("saved: --resume continues there")  # both at the step they agreed on
+
+    chief, other = start_processes(started, demo_shards, run, tmp, "--resume")
+    assert chief.wait(timeout=600) == 0, output(chief)
+    assert other.wait(timeout=120) == 0, output(other)
+    assert output(other).strip().splitlines()[-1] == "train.fit: process 1 done; process 0, the chief, writes the run"
+    history = (run / run_files.HISTORY).read_text().splitlines()[1:]
+    assert [int(row.split(",")[0]) for row in history] == list(range(EPOCHS))
+    metrics = json.loads((run / run_files.METRICS).read_text())
+    assert metrics["backend"] == "jax" and metrics["replicas"] == 8 and metrics["global_batch_size"] == 64
+    assert metrics["report"]["roc_auc_macro"] >= 0.7, metrics["report"]  # chance is 0.5
+    assert "swa" in metrics and (run / run_files.MODEL_SWA).exists()
+    assert len([n for n in os.listdir(tmp) if n.startswith("tfpipe-worker-")]) <= 1  # the killed job's left
+
+    alone = tmp_path / "alone"
+    one = [*ARGS[:2], "--strategy", "cpu", "--replicas", "8", *ARGS[6:], "--epochs", "3", "--records", demo_shards]
+    env = {k: v for k, v in os.environ.items() if k not in ("KERAS_BACKEND", "XLA_FLAGS")}
+    done = subprocess.run(dies_with_this_process("train.fit", *one, "--run", str(alone)), cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert sorted(os.listdir(run)) == sorted(os.listdir(alone))
+
+
+@pytest.mark.slow
+def test_processes_started_unlike_all_refuse_before_training(demo_shards, tmp_path, started):
+    """Process 1 given another learning rate: every process refuses in one line before the first step (each
+    would otherwise update its copy of the weights differently); nothing is trained or kept."""
+    run, tmp = tmp_path / "run", tmp_path / "tmp"
+    tmp.mkdir()
+    procs = start_processes(started, demo_shards, run, tmp, own=((), ("--lr", "3e-3")))
+    for proc in procs:
+        assert proc.wait(timeout=300) == 2, output(proc)
+        said = output(proc).strip().splitlines()[-1]
+        assert "the processes do not start alike" in said and "Traceback" not in output(proc), said
+    assert not (run / run_files.HISTORY).exists()
+
+
+@pytest.mark.parametrize(
+    "environ, says",
+    [
+        ({}, "reads the cluster from KERAS_DISTRIBUTION_JOB_ADDRESSES"),
+        ({"KERAS_DISTRIBUTION_NUM_PROCESSES": "2"}, "KERAS_DISTRIBUTION_JOB_ADDRESSES is not set"),
+        ({"KERAS_DISTRIBUTION_NUM_PROCESSES": "two"}, "KERAS_DISTRIBUTION_NUM_PROCESSES is 'two'"),
+        ({"KERAS_DISTRIBUTION_PROCESS_ID": "2"}, "KERAS_DISTRIBUTION_PROCESS_ID is '2': a whole number, 0..1"),
+        ({"KERAS_DISTRIBUTION_JOB_ADDRESSES": "127.0.0.1"}, "not HOST:PORT"),
+        ({"KERAS_DISTRIBUTION_JOB_ADDRESSES": "127.0.0.1:1,127.0.0.1:2,127.0.0.1:3"}, "3 addresses for 2 processes"),
+        ({"KERAS_DISTRIBUTION_JOB_ADDRESSES": "127.0.0.1:1,127.0.0.1:1"}, "an address twice"),
+        ({"KERAS_DISTRIBUTION_JOB_ADDRESSES": "127.0.0.1:\u00b2"}, "not HOST:PORT"),
+    ],
+)
+def test_a_cluster_jax_would_wait_for_is_one_line(monkeypatch, environ, says):
+    """Keras' variables checked before JAX starts: a mistyped cluster would have JAX wait five minutes, then
+    fail in C++. (Unset: on a machine that is not a TPU pod slice's host.)"""
+    from tfpipe.runtime.errors import TfpipeError
+    from train.accel.hosts import Cluster, cluster_from_environment
+
+    monkeypatch.setattr("train.accel.hosts.tpu_present", lambda: False)
+    full = {
+        "KERAS_DISTRIBUTION_JOB_ADDRESSES": "127.0.0.1:1234",
+        "KERAS_DISTRIBUTION_NUM_PROCESSES": "2",
+        "KERAS_DISTRIBUTION_PROCESS_ID": "1",
+    }
+    assert cluster_from_environment(full) == Cluster("127.0.0.1:1234", 2, 1)
+    given = {} if not environ else {**full, **environ}
+    if "KERAS_DISTRIBUTION_JOB_ADDRESSES is not set" in says:
+        given.pop("KERAS_DISTRIBUTION_JOB_ADDRESSES")
+    with pytest.raises(TfpipeError) as e:
+        cluster_from_environment(given)
+    assert says in str(e.value) and "\n" not in str(e.value)
