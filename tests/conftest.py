@@ -404,3 +404,22 @@ def started():
         proc.kill()
         proc.wait()
         proc.log.close()
+
+
+@pytest.fixture(scope="session")
+def example_data(tmp_path_factory):
+    """What ``needs=`` can ask for, made once: a tiny demo dataset and its shards at 32 px, as ``make demo``
+    writes them (folds, an unlabeled test split)."""
+    import tfpipe
+    from tfpipe.demo import make_demo
+
+    root = tmp_path_factory.mktemp("example-data")
+    demo = root / "demo" / "data" / "demo"
+    make_demo(str(demo), train=64, test=16)
+    records = root / "shards" / "records" / "demo"
+    spec = tfpipe.ImageSpec(image_size=32)
+    source = tfpipe.Source(str(demo / "images"), csv=str(demo / "train.csv"))
+    tfpipe.write_shards(source, str(records / "train"), spec=spec, num_folds=5, workers=0, progress=False)
+    test = tfpipe.Source(str(demo / "images"), csv=str(demo / "test.csv"), labeled=False)
+    tfpipe.write_shards(test, str(records / "test"), spec=spec, split="test", workers=0, progress=False)
+    return {"demo": root / "demo", "shards": root / "shards"}

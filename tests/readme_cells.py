@@ -11,6 +11,8 @@ with it (GitHub and the docs site show only the language, see docs/hooks.py):
 - ``notebook`` -- a cell of the Kaggle / Colab notebook (docs/guides/notebook.md): tests/test_install.py runs
   these, as a notebook in a fresh venv (tests/test_examples.py does not).
 - ``install`` -- installs tfpipe: only tests/test_install.py runs it (in a fresh venv).
+- ``jax`` -- Keras 3 on JAX, which needs a process of its own: tests/test_jax_hosts.py runs it, in a process of 8
+  XLA host devices and in two processes of 4 (tests/test_examples.py does not).
 - ``parameters`` -- the settings a user edits; the tests follow it with ``TEST_PARAMETERS`` (tiny data), as
   papermill does with a cell tagged ``parameters``.
 - any other word names the block for a test that reads it (``fenced_blocks(path, "canonical")``).

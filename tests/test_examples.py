@@ -17,6 +17,8 @@ import pytest
 
 from tests.readme_cells import NEEDS, ROOT, blocks, notebook_cells, pages
 
+JAX_RECIPE = "docs/guides/reading.md"  # the page of the one block run in a JAX process (tests/test_jax_hosts.py)
+
 # over ~30 s on 2 cores: they train a model; the writing, torch and reading pages 11-17 s each (in make test-slow since
 # issue #64 brought make test back toward its 6 minutes); the notebook guide's reading blocks 6-9 s (its cells run
 # in tests/test_install.py)
@@ -49,8 +51,8 @@ def runnable(block):
     """What this test runs of a block: the code, or None for what only tests/test_install.py runs: the notebook's
     cells (docs/guides/notebook.md), which it runs as a notebook in a fresh venv, its install cell first (they ran
     here too, on tf-keras: 144 s of CI's time for the calls examples/kaggle_tpu.ipynb makes on tf-keras)."""
-    if "notebook" in block.tags:
-        return None
+    if "notebook" in block.tags or "jax" in block.tags:
+        return None  # a jax block: Keras 3 on JAX needs a process of its own (tests/test_jax_hosts.py runs it)
     return block.code
 
 
@@ -64,30 +66,12 @@ def example_pages():
     return found
 
 
-@pytest.fixture(scope="session")
-def example_data(tmp_path_factory):
-    """What ``needs=`` can ask for, made once: a tiny demo dataset and its shards at 32 px, as ``make demo``
-    writes them (folds, an unlabeled test split)."""
-    import tfpipe
-    from tfpipe.demo import make_demo
-
-    root = tmp_path_factory.mktemp("example-data")
-    demo = root / "demo" / "data" / "demo"
-    make_demo(str(demo), train=64, test=16)
-    records = root / "shards" / "records" / "demo"
-    spec = tfpipe.ImageSpec(image_size=32)
-    source = tfpipe.Source(str(demo / "images"), csv=str(demo / "train.csv"))
-    tfpipe.write_shards(source, str(records / "train"), spec=spec, num_folds=5, workers=0, progress=False)
-    test = tfpipe.Source(str(demo / "images"), csv=str(demo / "test.csv"), labeled=False)
-    tfpipe.write_shards(test, str(records / "test"), spec=spec, split="test", workers=0, progress=False)
-    return {"demo": root / "demo", "shards": root / "shards"}
-
-
 def test_the_pages_hold_examples_and_every_one_is_run_here_or_by_test_install():
     found = {str(p.relative_to(ROOT)): blocks(p) for p in pages()}
     assert found["README.md"] and found["docs/guides/notebook.md"]
     skipped = [b for bs in found.values() for b in bs if runnable(b) is None]
-    assert [b.code for b in skipped] == notebook_cells(), [b.name for b in skipped]  # the notebook's cells only
+    assert [b.code for b in skipped if "jax" not in b.tags] == notebook_cells(), [b.name for b in skipped]
+    assert [str(b.path.relative_to(ROOT)) for b in skipped if "jax" in b.tags] == [JAX_RECIPE]  # test_jax_hosts
     for page in pages():  # blocks are read at the start of a line: one indented in a list would be missed
         assert not re.search(r"^[ \t]+```python", page.read_text(encoding="utf-8"), re.M), page
 

@@ -5,8 +5,10 @@ finishes; processes started unlike refuse before training. And the cluster's var
 
 import json
 import os
+import shutil
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
@@ -154,3 +156,76 @@ def test_a_cluster_jax_would_wait_for_is_one_line(monkeypatch, environ, says):
     with pytest.raises(TfpipeError) as e:
         cluster_from_environment(given)
     assert says in str(e.value) and "\n" not in str(e.value)
+
+
+# After the guide's recipe: what each process trained to, and make_dataset's line for a batch that does not divide
+# over this host's devices, and for an evaluation's last batch that does not (no pad_batches).
+RECIPE_CHECKS = """
+import numpy as np
+
+weights = float(sum(np.asarray(w, np.float64).sum() for w in model.get_weights()))
+print(f"TRAINED {host} {len(history.history['loss'])} {history.history['val_loss'][-1]:.6f} {weights:.6f}")
+for wrong in (dict(batch_size=batch + 1, training=True), dict(batch_size=batch, folds=[4])):
+    try:
+        tfpipe.make_dataset(RECORDS, image_size=32, input_context=context, **{"folds": [0, 1, 2, 3], **wrong})
+        print("ACCEPTED", wrong)
+    except tfpipe.TfpipeError as e:
+        print("REFUSED", e)
+"""
+
+
+def run_recipe(tmp_path, example_data, processes):
+    """The reading guide's Keras 3 recipe (its ``jax`` block, read from the Markdown), then ``RECIPE_CHECKS``, in
+    ``processes`` processes of 8 / ``processes`` XLA host devices each (a cluster at 127.0.0.1 when several),
+    in a working folder holding the demo shards; the output of each."""
+    from tests.readme_cells import fenced_blocks
+
+    (recipe,) = fenced_blocks(os.path.join(ROOT, "docs", "guides", "reading.md"), "jax")
+    shutil.copytree(example_data["shards"], tmp_path, dirs_exist_ok=True)
+    script = tmp_path / "recipe.py"
+    script.write_text(recipe + RECIPE_CHECKS, encoding="utf-8")
+    address = f"127.0.0.1:{free_port()}"
+    procs = []
+    for index in range(processes):
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("KERAS_", "XLA_FLAGS"))}
+        env.update(PYTHONPATH=ROOT, XLA_FLAGS=f"--xla_force_host_platform_device_count={8 // processes}")
+        if processes > 1:
+            env.update(KERAS_DISTRIBUTION_JOB_ADDRESSES=address, KERAS_DISTRIBUTION_NUM_PROCESSES=str(processes),
+                       KERAS_DISTRIBUTION_PROCESS_ID=str(index))  # fmt: skip
+        procs.append(subprocess.Popen([sys.executable, str(script)], cwd=tmp_path, env=env, text=True,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT))  # fmt: skip
+    outputs = [p.communicate(timeout=600)[0] for p in procs]
+    for p, out in zip(procs, outputs):
+        assert p.returncode == 0, out[-3000:]
+    return outputs
+
+
+def said(output, word):
+    return [line.split(" ", 1)[1] for line in output.splitlines() if line.startswith(word + " ")]
+
+
+@pytest.mark.slow
+def test_own_keras_3_model_recipe_trains_on_8_devices_and_a_wrong_batch_is_one_line(tmp_path, example_data):
+    """The guide's recipe on one process of 8 devices: two epochs with a validation of every image (padded), and
+    make_dataset's one line for a batch of 33 (not a multiple of 8) and for the validation's last batch of 13
+    images without pad_batches (JAX's error in fit otherwise)."""
+    (out,) = run_recipe(tmp_path, example_data, 1)
+    (trained,) = said(out, "TRAINED")
+    assert trained.split()[:2] == ["0", "2"] and "nan" not in trained, out[-2000:]
+    refused = said(out, "REFUSED")
+    assert len(refused) == 2 and "batch_size 33 does not divide over the 8 devices" in refused[0], out[-2000:]
+    assert "does not divide over the 8 devices" in refused[1] and "pad_batches=True" in refused[1], refused
+    assert "Your input ran out of data" not in out
+
+
+@pytest.mark.slow
+def test_own_keras_3_model_recipe_trains_across_two_processes_alike(tmp_path, example_data):
+    """The same recipe in two processes of 4 devices each (Keras' variables, gloo): one JAX program, each
+    process its share of the shards; both end with the same weights and validation loss, and each refuses a
+    batch that does not divide over its own 4 devices."""
+    outputs = run_recipe(tmp_path, example_data, 2)
+    trained = [said(out, "TRAINED") for out in outputs]
+    assert [t[0].split()[:2] for t in trained] == [["0", "2"], ["1", "2"]], outputs[0][-2000:]
+    assert trained[0][0].split()[2:] == trained[1][0].split()[2:]  # one program: the same numbers on both
+    for out in outputs:
+        assert "batch_size 17 does not divide over the 4 devices" in said(out, "REFUSED")[0], out[-2000:]

@@ -159,13 +159,21 @@ def pad_to_replicas(
     of them needs: each host runs the same number of steps, and none stops before its last record."""
     multiple = _replicas_per_pipeline(input_context)
     if input_context is None or input_context.num_input_pipelines == 1:
-        return _pad_batches(ds, batch_size, _local_count(shards, input_context), multiple)
+        return _pad_batches(ds, batch_size, local_count(shards, input_context), multiple)
     batches = evaluation_steps(shards, batch_size, input_context) * multiple
     return (
-        _pad_batches(ds, batch_size, _local_count(shards, input_context), multiple)
+        _pad_batches(ds, batch_size, local_count(shards, input_context), multiple)
         .concatenate(_blank_batches(ds, batch_size).repeat())
         .take(batches)
     )
+
+
+def padded_batches(shards: Shards, batch_size: int, input_context: tf.distribute.InputContext | None = None) -> int:
+    """The batches ``pad_to_replicas`` yields for a pass over every record of ``shards`` (this pipeline's)."""
+    multiple = _replicas_per_pipeline(input_context)
+    if input_context is not None and input_context.num_input_pipelines > 1:
+        return evaluation_steps(shards, batch_size, input_context) * multiple
+    return max(1, math.ceil(math.ceil(local_count(shards, input_context) / batch_size) / multiple)) * multiple
 
 
 def evaluation_steps(shards: Shards, batch_size: int, input_context: tf.distribute.InputContext | None = None) -> int:
@@ -191,7 +199,7 @@ def _replicas_per_pipeline(ctx: tf.distribute.InputContext | None) -> int:
     return 1 if ctx is None else max(1, ctx.num_replicas_in_sync // ctx.num_input_pipelines)
 
 
-def _local_count(shards: Shards, ctx: tf.distribute.InputContext | None) -> int:
+def local_count(shards: Shards, ctx: tf.distribute.InputContext | None) -> int:
     """Records this input pipeline reads."""
     if ctx is None:
         return _pipeline_count(shards, 1, 0)

@@ -10,9 +10,11 @@ the model (normalising there moves 4x fewer bytes to the accelerator).
 
 from __future__ import annotations
 
+import re
+import sys
 import warnings
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from tfpipe.runtime.deps import require
 
@@ -27,6 +29,7 @@ from tfpipe.runtime.errors import TfpipeError, check_count
 from tfpipe.tf import augment as aug_lib
 from tfpipe.tf.batches import as_tuples as as_tuples
 from tfpipe.tf.batches import evaluation_batches as evaluation_batches
+from tfpipe.tf.batches import local_count, padded_batches
 from tfpipe.tf.batches import pad_to_replicas as pad_to_replicas
 from tfpipe.tf.batches import training_batches as training_batches
 from tfpipe.tf.columns import read_targets
@@ -86,7 +89,9 @@ def make_dataset(
 
     Args:
       records: folder written by ``tfpipe.write``, glob pattern or list of files (local or ``gs://``).
-      batch_size: images per batch (per replica, under a strategy).
+      batch_size: images per batch (per replica, under a strategy; under Keras 3's ``DataParallel`` on JAX,
+        this host's part of the global batch: the global batch over the hosts, a multiple of this host's
+        devices).
       image_size: output side; default the stored size. A different size is resized in the pipeline.
       training: shuffle, augment, repeat forever and drop the last partial batch.
       folds: fold ids to read (e.g. all but the validation fold); None reads everything.
@@ -135,6 +140,7 @@ def make_dataset(
         _check_served_files(shards)
     if training and not shards.labeled:
         raise TfpipeError(f"{records}: written unlabeled ({MANIFEST}: labeled false); training needs labels")
+    _check_devices(records, shards, batch_size, training and drop_remainder is not False, pad_batches, input_context)
     parser = Parser.for_shards(
         shards, image_size=image_size, num_classes=num_classes, label_mode=label_mode, records=records
     )
@@ -150,10 +156,59 @@ def make_dataset(
     else:
         ds = read_in_order(shards, input_context=input_context, options=options)
         ds = evaluation_batches(ds, parser, batch_size, cached=cached, drop_remainder=bool(drop_remainder))
-        if pad_batches:  # static shapes for every replica; weight 0 marks the padding
-            ds = pad_to_replicas(ds, batch_size, shards, input_context)
+        if pad_batches:  # static shapes for every replica; weight 0 marks the padding; the length known (Keras
+            ds = pad_to_replicas(ds, batch_size, shards, input_context)  # then ends a pass without a warning)
+            ds = ds.apply(tf.data.experimental.assert_cardinality(padded_batches(shards, batch_size, input_context)))
     ds = as_tuples(ds, weights=pad_batches and not training, ids=with_ids)
     return ds.prefetch(AUTOTUNE)  # last: overlap the input pipeline with the training step
+
+
+def _check_devices(
+    records: Records,
+    shards: Shards,
+    batch_size: int,
+    dropped: bool,
+    padded: bool,
+    ctx: tf.distribute.InputContext | None,
+) -> None:
+    """Under Keras 3's ``DataParallel`` on JAX (set, or the scope entered), each batch is split over this host's
+    devices: one that does not divide fails in ``fit`` with JAX's words. Said here instead, naming the remedy:
+    a batch size that divides, and for an evaluation's last partial batch ``pad_batches=True`` (or
+    ``drop_remainder=True``, which leaves its images out). ``dropped``: the last partial batch is dropped."""
+    devices = data_parallel_devices()
+    if not devices:
+        return
+    if batch_size % devices:
+        raise TfpipeError(
+            f"batch_size {batch_size} does not divide over the {devices} devices of this host's part of Keras' "
+            f"DataParallel: use a multiple of {devices} (per host: the global batch over the hosts)"
+        )
+    count = local_count(shards, ctx) if not (dropped or padded) and shards.num_examples is not None else 0
+    if count % batch_size % devices:
+        raise TfpipeError(
+            f"{records}: the last batch ({count % batch_size} of {count} images) does not divide over the {devices} "
+            "devices of Keras' DataParallel: pass pad_batches=True (the padding weighs 0: compile with "
+            "weighted_metrics=) or drop_remainder=True (its images not scored)"
+        )
+
+
+def data_parallel_devices() -> int | None:
+    """This host's devices under the ``DataParallel`` of Keras 3 on JAX that is set now; None where Keras 3 on JAX
+    is not imported or distributes nothing (nothing is imported here)."""
+    keras: Any = sys.modules.get("keras")
+    distribution_lib = getattr(keras, "distribution", None)
+    if distribution_lib is None or getattr(keras.config, "backend", lambda: "")() != "jax":
+        return None
+    current = distribution_lib.distribution()
+    if type(current).__name__ != "DataParallel":
+        return None
+    import jax
+
+    names = [str(n) for n in current.device_mesh.devices.flatten()]  # Keras' names: "cpu:5", "tpu:0" (JAX's ids)
+    if not all(re.fullmatch(r"\w+:\d+", n) for n in names):
+        return None
+    ids = {int(n.rpartition(":")[2]) for n in names}
+    return sum(d.id in ids for d in jax.local_devices())
 
 
 def _check_sampling(sampling: str | None, training: bool, service: str | None) -> None:
