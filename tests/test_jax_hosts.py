@@ -49,6 +49,11 @@ def start_processes(started, records, run, tmp, *extra, own=((), ())):
     return procs
 
 
+def one_process_env():
+    """This process's environment without a backend or XLA's device count (``--replicas`` asks for them)."""
+    return {k: v for k, v in os.environ.items() if k not in ("KERAS_BACKEND", "XLA_FLAGS")}
+
+
 def wait_for_epochs(run, n, procs, seconds=300):
     deadline = time.monotonic() + seconds
     while epochs_saved(run) < n and all(p.poll() is None for p in procs) and time.monotonic() < deadline:
@@ -79,6 +84,11 @@ def test_two_processes_train_end_together_when_one_dies_stop_together_and_resume
     assert first == "train.fit: Keras 3 on JAX, process 0 of 2, 8 CPU devices in all (4 on this one, XLA host devices)"
     assert not [line for line in said if line.startswith(("E0000", "W0000", "F0000"))]  # gloo's [Gloo] on stdout stay
 
+    one = [*ARGS[:2], "--strategy", "cpu", "--replicas", "8", *ARGS[6:], "--epochs", str(EPOCHS), "--resume"]
+    alone = subprocess.run(dies_with_this_process("train.fit", "--records", demo_shards, "--run", str(run), *one),
+                           cwd=ROOT, env=one_process_env(), capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert alone.returncode == 2 and "was started with processes=2, not 1" in alone.stderr, alone.stderr[-2000:]
+
     chief, other = start_processes(started, demo_shards, run, tmp, "--resume")
     wait_for_epochs(run, 4, [chief, other])
     for proc in (chief, other):
@@ -103,9 +113,8 @@ def test_two_processes_train_end_together_when_one_dies_stop_together_and_resume
 
     alone = tmp_path / "alone"
     one = [*ARGS[:2], "--strategy", "cpu", "--replicas", "8", *ARGS[6:], "--epochs", "3", "--records", demo_shards]
-    env = {k: v for k, v in os.environ.items() if k not in ("KERAS_BACKEND", "XLA_FLAGS")}
-    done = subprocess.run(dies_with_this_process("train.fit", *one, "--run", str(alone)), cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    done = subprocess.run(dies_with_this_process("train.fit", *one, "--run", str(alone)), cwd=ROOT,
+                          env=one_process_env(), capture_output=True, text=True, timeout=600)  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     assert sorted(os.listdir(run)) == sorted(os.listdir(alone))
 

@@ -59,28 +59,31 @@ RESUME_KEYS = (
     "replicas_in_sync",
     "global_batch_size",
     "train_examples",
+    "processes",  # each reads its share of the shards, and a cluster's other processes resume from their own folders
 )
 
 
 class Layout(NamedTuple):
-    """How a run is laid out: the replicas in sync, the training images and the global batch (an epoch's steps
-    follow)."""
+    """How a run is laid out: the replicas in sync, the training images, the global batch (an epoch's steps
+    follow) and the processes (hosts) training together."""
 
     replicas: int
     train_examples: int
 
     global_batch: int
+    processes: int = 1
 
     @classmethod
     def of(cls, plan: Plan) -> Layout:
-        return cls(plan.devices.replicas, plan.data.train_examples, plan.global_batch)
+        return cls(plan.devices.replicas, plan.data.train_examples, plan.global_batch, plan.devices.processes)
 
     def settings(self) -> dict[str, int]:
-        """config.json's record of it (``RESUME_KEYS``' last three)."""
+        """config.json's record of it (``RESUME_KEYS``' last four)."""
         return {
             "replicas_in_sync": self.replicas,
             "global_batch_size": self.global_batch,
             "train_examples": self.train_examples,
+            "processes": self.processes,
         }
 
 
@@ -122,6 +125,18 @@ def check_out(plan: Plan) -> bool:
     return False
 
 
+def resume_hint(key: str) -> str:
+    """What to change for a resume refused because ``key`` differs from the run's (a layout's key), else ""."""
+    if key in ("replicas_in_sync", "global_batch_size"):
+        return (
+            f" ({option('strategy')}, {option('replicas')}: the global batch, an epoch's steps and the learning "
+            "rate's schedule follow the replicas)"
+        )
+    if key == "processes":
+        return " (on as many processes, or hosts, as it started with: each reads its share of the shards)"
+    return ""
+
+
 def check_resume_fits(plan: Plan, config: RunConfig) -> None:
     """``resume`` continues an unfinished run on its own shards (their dataset id: wherever they are now) with
     the settings it started with, laid out alike (its replicas, global batch and epoch)."""
@@ -152,15 +167,9 @@ def check_resume_fits(plan: Plan, config: RunConfig) -> None:
     ]
     if changed:
         k = changed[0]
-        how = (
-            f" ({option('strategy')}, {option('replicas')}: the global batch, an epoch's steps and the learning "
-            "rate's schedule follow the replicas)"
-            if k in ("replicas_in_sync", "global_batch_size")
-            else ""
-        )
         raise TfpipeError(
             f"{run} was started with {k}={before[k]!r}, not {now[k]!r}; {option('resume', True)} "
-            f"continues a run with its own settings{how}"
+            f"continues a run with its own settings{resume_hint(k)}"
         )
     check_resumable(run, config)
 

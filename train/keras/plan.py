@@ -66,12 +66,14 @@ class DataPlan:
 
 class Devices(NamedTuple):
     """Where a run trains: the backend's name, its devices (a ``tf.distribute`` strategy, or the JAX backend's
-    ``JaxDevices``), their kind (tpu, gpu, cpu) and how many replicas train in sync."""
+    ``JaxDevices``), their kind (tpu, gpu, cpu), how many replicas train in sync, and how many processes (hosts)
+    train them together (a cluster's: TensorFlow's workers, JAX's processes)."""
 
     backend: str
     handle: Any
     kind: str
     replicas: int
+    processes: int = 1
 
 
 @dataclasses.dataclass(frozen=True)

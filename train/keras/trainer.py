@@ -80,7 +80,8 @@ def start_devices(cfg: FitConfig, choice: backend.Choice) -> Devices:
     handle, kind = backend.resolve(choice, cfg.strategy, cfg.replicas)  # first: virtual CPUs need a fresh start
     if cfg.verbose:
         print(f"train.fit: {backend.describe(choice, handle, kind)}", flush=True)
-    return Devices(choice.name, handle, kind, handle.num_replicas_in_sync)
+    processes = backend.get(choice.name).input_pipelines(handle)  # one input pipeline a process (host)
+    return Devices(choice.name, handle, kind, handle.num_replicas_in_sync, processes)
 
 
 def train(plan: Plan, started: float) -> FitResult | WorkerResult:

@@ -56,7 +56,7 @@ TORCH_MODEL, TORCH_MODEL_SWA = "model.pt", "model-swa.pt"  # the PyTorch recipes
 RECIPES = ("torch_ddp", "lightning_swa")  # the PyTorch recipes (examples/) whose runs config.json can name
 # 1: no version field (fit and dataset id unknown); 2: run_version, fit, dataset_id, num_classes;
 # 3: files.json (train.runs.files), replicas_in_sync, global_batch_size, train_examples; label_column optional
-# (a run without it names its submission's labels column "labels").
+# (a run without it names its submission's labels column "labels"); processes optional (without it: resumed unchecked).
 RUN_VERSION = 3
 CV_FILE = "cv.json"  # a CV folder's plan and scores (train.runs.cv_folder)
 # The version of config.json, and of cv.json, from which a folder keeps files.json (train.runs.files)
