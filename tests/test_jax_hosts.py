@@ -174,7 +174,8 @@ import numpy as np
 
 weights = float(sum(np.asarray(w, np.float64).sum() for w in model.get_weights()))
 print(f"TRAINED {host} {len(history.history['loss'])} {history.history['val_loss'][-1]:.6f} {weights:.6f}")
-for wrong in (dict(batch_size=batch + 1, training=True), dict(batch_size=batch, folds=[4])):
+for wrong in (dict(batch_size=batch + 1, training=True), dict(batch_size=batch, folds=[4]),
+              dict(batch_size=batch, folds=[4], drop_remainder=True)):
     try:
         tfpipe.make_dataset(RECORDS, image_size=32, input_context=context, **{"folds": [0, 1, 2, 3], **wrong})
         print("ACCEPTED", wrong)
@@ -217,13 +218,14 @@ def said(output, word):
 def test_own_keras_3_model_recipe_trains_on_8_devices_and_a_wrong_batch_is_one_line(tmp_path, example_data):
     """The guide's recipe on one process of 8 devices: two epochs with a validation of every image (padded), and
     make_dataset's one line for a batch of 33 (not a multiple of 8) and for the validation's last batch of 13
-    images without pad_batches (JAX's error in fit otherwise)."""
+    images without pad_batches (JAX's error in fit otherwise), and that batch taken with drop_remainder=True."""
     (out,) = run_recipe(tmp_path, example_data, 1)
     (trained,) = said(out, "TRAINED")
     assert trained.split()[:2] == ["0", "2"] and "nan" not in trained, out[-2000:]
     refused = said(out, "REFUSED")
     assert len(refused) == 2 and "batch_size 33 does not divide over the 8 devices" in refused[0], out[-2000:]
     assert "does not divide over the 8 devices" in refused[1] and "pad_batches=True" in refused[1], refused
+    assert [line for line in said(out, "ACCEPTED") if "'drop_remainder': True" in line], out[-2000:]  # the remedy
     assert "Your input ran out of data" not in out
 
 

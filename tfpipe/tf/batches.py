@@ -160,7 +160,7 @@ def pad_to_replicas(
     multiple = _replicas_per_pipeline(input_context)
     if input_context is None or input_context.num_input_pipelines == 1:
         return _pad_batches(ds, batch_size, local_count(shards, input_context), multiple)
-    batches = evaluation_steps(shards, batch_size, input_context) * multiple
+    batches = padded_batches(shards, batch_size, input_context)
     return (
         _pad_batches(ds, batch_size, local_count(shards, input_context), multiple)
         .concatenate(_blank_batches(ds, batch_size).repeat())
@@ -169,11 +169,9 @@ def pad_to_replicas(
 
 
 def padded_batches(shards: Shards, batch_size: int, input_context: tf.distribute.InputContext | None = None) -> int:
-    """The batches ``pad_to_replicas`` yields for a pass over every record of ``shards`` (this pipeline's)."""
-    multiple = _replicas_per_pipeline(input_context)
-    if input_context is not None and input_context.num_input_pipelines > 1:
-        return evaluation_steps(shards, batch_size, input_context) * multiple
-    return max(1, math.ceil(math.ceil(local_count(shards, input_context) / batch_size) / multiple)) * multiple
+    """The batches ``pad_to_replicas`` yields for a pass over every record of ``shards`` (this pipeline's): the
+    evaluation's steps, a batch for each replica this pipeline feeds."""
+    return evaluation_steps(shards, batch_size, input_context) * _replicas_per_pipeline(input_context)
 
 
 def evaluation_steps(shards: Shards, batch_size: int, input_context: tf.distribute.InputContext | None = None) -> int:

@@ -140,7 +140,8 @@ def make_dataset(
         _check_served_files(shards)
     if training and not shards.labeled:
         raise TfpipeError(f"{records}: written unlabeled ({MANIFEST}: labeled false); training needs labels")
-    _check_devices(records, shards, batch_size, training and drop_remainder is not False, pad_batches, input_context)
+    dropped = drop_remainder is not False if training else bool(drop_remainder)  # the last partial batch
+    _check_devices(records, shards, batch_size, dropped, pad_batches, input_context)
     parser = Parser.for_shards(
         shards, image_size=image_size, num_classes=num_classes, label_mode=label_mode, records=records
     )

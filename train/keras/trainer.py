@@ -353,8 +353,7 @@ def run_phase(model: keras.Model, plan: Plan, spec: PhasePlan, data: PhaseData, 
         recorded = len(run_files.read_history(plan.run.folder) or [])
         workers = current().workers(plan.devices.handle)
         phase = Phase(spec.name, steps, spec.initial_epoch + spec.epochs, plan.devices.replicas,
-                      workers.collective_saves, stop, recorded, spec.rate,
-                      workers.agree if workers.many else None)  # fmt: skip
+                      workers.collective_saves, stop, recorded, spec.rate, workers.agree)  # fmt: skip
         callbacks, closing = phase_callbacks(plan, phase, throughput, spec.first)
         try:
             history = None
