@@ -240,3 +240,21 @@ def test_own_keras_3_model_recipe_trains_across_two_processes_alike(tmp_path, ex
     assert trained[0][0].split()[2:] == trained[1][0].split()[2:]  # one program: the same numbers on both
     for out in outputs:
         assert "batch_size 17 does not divide over the 4 devices" in said(out, "REFUSED")[0], out[-2000:]
+
+
+def test_process_0_that_cannot_listen_at_the_address_is_one_line():
+    """Process 0 hosts JAX's coordination service: at a port already taken (or an address not this machine's),
+    JAX's service ends the process with a segmentation fault and no word; checked first, in one line. Another
+    process does not listen, and a free port passes."""
+    import socket
+
+    from tfpipe.runtime.errors import TfpipeError
+    from train.accel.hosts import Cluster, check_listens
+
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        address = f"127.0.0.1:{taken.getsockname()[1]}"
+        with pytest.raises(TfpipeError) as e:
+            check_listens(Cluster(address, 2, 0))
+        assert str(e.value).startswith(f"process 0 cannot listen at {address}") and "port is taken" in str(e.value)
+        check_listens(Cluster(address, 2, 1))  # process 1 dials it
+    check_listens(Cluster(f"127.0.0.1:{free_port()}", 2, 0))

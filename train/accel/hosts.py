@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import re
 import socket
 import sys
@@ -111,6 +112,7 @@ def join(cluster: Cluster) -> None:
             "JAX already started in this process, so it cannot join a cluster: start the job in a new process "
             "(in a notebook: restart the kernel and make the devices first)"
         )
+    check_listens(cluster)
     jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU devices of several processes
     try:
         keras.distribution.initialize(cluster.coordinator, cluster.count, cluster.index)
@@ -118,6 +120,25 @@ def join(cluster: Cluster) -> None:
         said = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
         where = cluster.coordinator or "the TPU pod slice's coordinator"
         raise TfpipeError(f"process {cluster.index}: cannot join the cluster at {where} ({said})") from None
+
+
+def check_listens(cluster: Cluster) -> None:
+    """Process 0 starts JAX's coordination service at the cluster's address: a port taken there, or an address
+    that is not this machine's, ends the process in JAX's C++ with a segmentation fault and no word of why. Said
+    in one line first (a bind tried and let go)."""
+    found = host_and_port(cluster.coordinator)
+    if cluster.index != 0 or found is None:
+        return
+    host, port = found
+    try:
+        with socket.create_server((host.strip("[]"), port)):
+            pass
+    except OSError as e:
+        why = os.strerror(e.errno) if e.errno else str(e)
+        raise TfpipeError(
+            f"process 0 cannot listen at {cluster.coordinator} ({ADDRESSES}: {why}): the port is taken, or the "
+            "address is not this machine's"
+        ) from None
 
 
 def coordinator_host() -> str:
