@@ -30,6 +30,9 @@ SHARES = {"circle": 0.28, "square": 0.26, "triangle": 0.24, "star": 0.18, "cross
 TRAIN_REGIONS, TEST_REGIONS = range(10), range(10, 12)
 COPIES = 12  # training images copied byte for byte into another region
 MARK = ".bench-competition"
+# The largest allocation: the MLP's pixels (``pixels``), each training image a float64 row of 64 x 64 x 3, then all
+# of them as one float32 array -- bytes an image at the peak
+MLP_IMAGE_BYTES = 64 * 64 * 3 * (8 + 4)
 
 
 def draw(rng: np.random.Generator, kind: str, region: int) -> np.ndarray:
@@ -125,6 +128,23 @@ def mlp_scores(work: str) -> tuple[float, float]:
     return accuracy_score(truth, predicted), balanced_accuracy_score(truth, predicted)
 
 
+def check_fits_in_memory(images: int) -> None:
+    """``images`` training images fit this machine's memory where the bench holds them all at once (the MLP's
+    pixels: ``MLP_IMAGE_BYTES`` each), else one line naming ``--images`` and the most that fit -- before any file
+    is written, not NumPy's out-of-memory traceback after."""
+    from tfpipe.runtime.errors import TfpipeError, option
+
+    needs = (images + COPIES) * MLP_IMAGE_BYTES
+    has = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    if needs > has:
+        most = has // MLP_IMAGE_BYTES - COPIES
+        raise TfpipeError(
+            f"{option('images', images)}: the MLP baseline holds every training image's 64 px pixels in memory at "
+            f"once, {needs / 1e9:,.1f} GB, more than this machine's {has / 1e9:,.1f} GB; use "
+            f"{option('images')} {most} or fewer"
+        )
+
+
 def run(work: str, images: int) -> None:
     from sklearn.metrics import accuracy_score, balanced_accuracy_score
 
@@ -132,6 +152,7 @@ def run(work: str, images: int) -> None:
     from train.runs.cv_folder import CVResult
 
     check_count(100, images=images)  # fewer would leave the rarest class (4%) a handful of images
+    check_fits_in_memory(images)
     check_work_folder(work, MARK)
     for made in ("images", "records", "runs"):  # this benchmark's own, from an earlier run (the mark says so)
         shutil.rmtree(os.path.join(work, made), ignore_errors=True)

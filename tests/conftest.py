@@ -133,6 +133,13 @@ def pytest_terminal_summary(terminalreporter):
         )
 
 
+@pytest.fixture(autouse=True, scope="session")
+def state_folder(tmp_path_factory):
+    """The records of the files train.predict wrote (``train.prediction.written``: ``$XDG_STATE_HOME``) in the
+    session's temporary folder, not the user's home; the processes the tests start inherit it."""
+    os.environ["XDG_STATE_HOME"] = str(tmp_path_factory.mktemp("state"))
+
+
 @pytest.fixture(autouse=True)
 def short_lived_iterators(request):
     """Every test runs inside ``train.accel.strategy.quick_teardown()``, as ``train.fit`` and ``train.predict`` do, and

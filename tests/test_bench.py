@@ -81,3 +81,20 @@ def test_the_group_folds_benchmark_writes_both_rows_of_its_table(tmp_path):
         "holds files this benchmark did not write; choose a new or empty folder"
     )
     assert (tmp_path / "other" / "train.csv").read_text() == "a user's"
+
+
+def test_the_competition_bench_refuses_more_images_than_memory_holds_in_one_line(tmp_path):
+    """``--images 100000000000`` ended in NumPy's _ArrayMemoryError traceback (745 GiB asked for) after the work
+    folder was made: the images the bench holds at once are checked against this machine's memory first, one line
+    naming --images and the most that fit, exit 2, nothing written."""
+    work = tmp_path / "work"
+    r = subprocess.run(
+        [sys.executable, "-m", "bench.competition", str(work), "--images", "100000000000"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=ROOT),
+    )
+    (line,) = r.stderr.splitlines()
+    assert r.returncode == 2 and line.startswith("bench.competition: error: --images 100000000000: "), r.stderr
+    assert "more than this machine's" in line and line.endswith(" or fewer") and not work.exists()

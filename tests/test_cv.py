@@ -101,7 +101,9 @@ def test_oof_holds_every_image_once_scored_by_the_model_that_never_trained_on_it
 def test_the_fold_ensemble_is_the_mean_of_the_fold_models_at_the_oof_thresholds(cv_run, cv_shards, tmp_path, capsys):
     """--save-probabilities keeps the ensemble's probabilities and each fold model's (issue #65), from the one
     prediction."""
+    from train.decide.tuning import tune
     from train.predict import predict
+    from train.prediction.submission import label_names
     from train.runs.thresholds import load_thresholds
 
     folder, result = cv_run
@@ -116,7 +118,9 @@ def test_the_fold_ensemble_is_the_mean_of_the_fold_models_at_the_oof_thresholds(
     for k in range(3):
         np.testing.assert_allclose(saved[k + 1][classes].to_numpy(), own[k], atol=1e-6)
     thresholds = load_thresholds(folder, classes)  # tuned on oof.csv, not a fold's validation
-    assert thresholds != load_thresholds(f"{folder}/fold-0", classes)
+    oof = pd.read_csv(f"{folder}/oof.csv", keep_default_na=False)
+    truth = np.array([[c in label_names(cell, classes) for c in classes] for cell in oof["labels"]], np.float32)
+    assert thresholds == tune(oof[classes].to_numpy(np.float32), truth, 0.5, result.metric).thresholds
     expected = [" ".join(c for c, t in zip(classes, thresholds) if row[c] >= t) for _, row in ensemble.iterrows()]
     assert list(ensemble["labels"]) == expected
     scores = ensemble.attrs["evaluation"]
@@ -128,7 +132,9 @@ def test_thresholds_are_tuned_for_the_views_that_predict(cv_run, cv_shards, caps
     """A run's --tta 2 labels at thresholds tuned on 2-view predictions of its validation images (recorded once,
     then reused), not the report's single-view ones; the prediction at each view count used its own."""
     import tfpipe
+    from train.decide.tuning import tune
     from train.predict import predict
+    from train.prediction.submission import label_names
     from train.runs.thresholds import load_thresholds
 
     folder, result = cv_run
@@ -147,7 +153,11 @@ def test_thresholds_are_tuned_for_the_views_that_predict(cv_run, cv_shards, caps
     worth = re.findall(r"validation images \(model\.keras\), 2 TTA views score AUC \(exact, macro\) ([\d.]+) "
                        r"against ([\d.]+) for 1 view", said)  # fmt: skip
     assert len(worth) == 2 and worth[0] == worth[1]
-    assert load_thresholds(run, classes, views=2) != load_thresholds(run, classes, views=1)
+    for views, name in ((1, "val_predictions.csv"), (2, "val_predictions-tta2.csv")):  # each tuned on its own
+        table = pd.read_csv(f"{run}/{name}", keep_default_na=False)
+        truth = np.array([[c in label_names(cell, classes) for c in classes] for cell in table["true"]], np.float32)
+        tuned = tune(table[classes].to_numpy(np.float32), truth, 0.5, result.metric).thresholds
+        assert load_thresholds(run, classes, views=views) == pytest.approx(tuned, abs=1e-6), views
     validation = pd.read_csv(f"{run}/val_predictions-tta2.csv")
     assert len(validation) == n and not np.allclose(
         validation[classes], pd.read_csv(f"{run}/val_predictions.csv")[classes]
@@ -211,8 +221,9 @@ def test_a_cv_interrupted_in_its_last_fold_resumes_there(cv_run, cv_shards, tmp_
         ({"resume": True}, "holds a finished cross-validation; --resume continues an interrupted one"),
         ({}, "already holds a cross-validation; pass --resume to continue it or --overwrite"),
         ({"folds": [1, 1]}, "--fold 1,1: the folds of {train} are 0..2; name each at most once"),
+        ({"settings": {"strategy": "multiworker"}}, "train.cv trains on a cluster with --backend jax; a TensorFlow"),
     ],
-    ids=["fold-out-of-range", "other-settings", "resume-finished", "no-resume", "fold-twice"],
+    ids=["fold-out-of-range", "other-settings", "resume-finished", "no-resume", "fold-twice", "tf-cluster"],
 )
 def test_what_bad_input_gets(cv_run, cv_shards, capsys, change, line):
     from train.cv import main
@@ -454,8 +465,8 @@ def test_what_a_cv_folder_holds_is_checked_against_its_record_before_anything_us
         (lambda: shutil.copy(copy / "fold-0" / model, copy / "fold-1" / model), f"fold-1/{model}", "SHA-256"),
         (lambda: [shutil.copy(copy / "fold-0" / n, copy / "fold-1" / n) for n in (model, "files.json")],
          f"fold-1/{model}", "SHA-256"),  # the fold's own record copied with it: the CV's record still knows
-        (lambda: shutil.copy(copy / "fold-0" / "thresholds.json", copy / "thresholds.json"), "thresholds.json",
-         "not the file this folder's job wrote"),
+        (lambda: (copy / "thresholds.json").write_text(json.dumps(dict.fromkeys(result.classes, 0.25))),
+         "thresholds.json", "not the file this folder's job wrote"),  # a fold's (the tiny CV's may be all 0.5)
         (lambda: (copy / "cv.json").write_text((copy / "cv.json").read_text().replace('"tta": 1', '"tta": 1 ')),
          "cv.json", "not the file this folder's job wrote"),  # an edit that still validates: its scores choose
         (lambda: (copy / "files.json").unlink(), "files.json", "missing"),
@@ -489,7 +500,7 @@ def test_what_a_cv_folder_holds_is_checked_against_its_record_before_anything_us
     assert f"{again} is given twice" in capsys.readouterr().err
     assert blend_main(["--oof", f"{folder}/oof.csv", f"{folder}/oof-swa.csv", "--single-label"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "holds multi-label OOF predictions (its CV's cv.json says so)" in err[0], err
+    assert len(err) == 1 and "holds multi-label predictions (its CV's cv.json says so), where a single" in err[0], err
     shutil.rmtree(copy / "fold-1")
     (copy / "fold-1").write_text("mine")  # a user's file where a fold's run was: --overwrite removes nothing
     before = {str(p.relative_to(copy)): p.stat().st_mtime_ns for p in copy.rglob("*")}
@@ -532,7 +543,65 @@ def test_a_blend_reads_single_or_multi_label_from_the_rows_and_class_names_with_
     multi.to_csv(paths[0], index=False)
     assert main(["--oof", *paths, "--single-label"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "holds multi-label OOF predictions (1 row holds no or several true labels)" in err[0]
+    assert len(err) == 1 and "holds multi-label predictions (row 4 holds 2 true labels)" in err[0], err
+    assert "leave the flag out to blend them as multi-label" in err[0]
+
+
+def loose_oof(path, probs, truth, classes):
+    table = pd.DataFrame(probs, columns=classes).assign(labels=[classes[t] for t in truth])
+    table.insert(0, "image_name", [f"im{i}" for i in range(len(truth))])
+    table.to_csv(path, index=False)
+    return str(path)
+
+
+def test_predictions_of_both_kinds_or_rows_that_are_no_softmax_are_refused_before_any_score(tmp_path, capsys):
+    """Round 7: one softmax and one sigmoid OOF file of a single-label task blended silently went multi-label,
+    and a copy of a single-label OOF scaled by 2.5 won a log-loss weight search it should never have entered.
+    Every reader of predictions applies one rule: files of both kinds are refused naming one of each; a
+    single-label file's row that does not sum to 1 is refused naming it, in OOF files, test files and a run's
+    recorded validation predictions."""
+    from tfpipe.runtime.errors import TfpipeError
+    from train.blend import main
+    from train.decide.tuning import read_probabilities
+
+    rng = np.random.default_rng(1)
+    classes, truth = ["a", "b", "c"], rng.integers(0, 3, 40)
+    logits = rng.normal(size=(40, 3)) + 2 * np.eye(3)[truth]
+    softmax = np.exp(logits) / np.exp(logits).sum(axis=1, keepdims=True)
+    sigmoid = 1 / (1 + np.exp(-logits))
+    soft, sig = (
+        loose_oof(tmp_path / "soft.csv", softmax, truth, classes),
+        loose_oof(tmp_path / "sig.csv", sigmoid, truth, classes),
+    )
+    assert main(["--oof", soft, sig]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{sig} holds multi-label predictions (row 1's probabilities sum to " in err[0], err
+    assert f"and {soft} single-label ones (every row's probabilities sum to 1); a blend mixes" in err[0]
+
+    scaled = softmax * 0.4  # in [0, 1], but no softmax's: rows sum to 0.4
+    small = loose_oof(tmp_path / "small.csv", scaled, truth, classes)
+    assert main(["--oof", soft, small, "--search-weights", "--metric", "log_loss"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{small} holds multi-label predictions" in err[0], err
+
+    test = pd.DataFrame(scaled, columns=classes)
+    test.insert(0, "id", [f"im{i}" for i in range(40)])
+    test.to_csv(tmp_path / "test.csv", index=False)
+    other = np.exp(logits * 0.5) / np.exp(logits * 0.5).sum(axis=1, keepdims=True)
+    argv = ["--oof", soft, loose_oof(tmp_path / "other.csv", other, truth, classes), "--test"]
+    argv += [str(tmp_path / "test.csv"), str(tmp_path / "test.csv"), "--out", str(tmp_path / "out.csv")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{tmp_path}/test.csv: row 1: its probabilities sum to 0.4" in err[0], err
+    assert not (tmp_path / "out.csv").exists()
+
+    recorded = pd.DataFrame(scaled, columns=classes)
+    recorded.insert(0, "image_digest", [f"d{i}" for i in range(40)])
+    recorded.to_csv(tmp_path / "val.csv", index=False)
+    digests = [f"d{i}" for i in range(40)]
+    assert read_probabilities(str(tmp_path / "val.csv"), classes, digests, False).shape == (40, 3)  # multi: as is
+    with pytest.raises(TfpipeError, match=r"val.csv: row 1: its probabilities sum to 0.4.*delete it to predict"):
+        read_probabilities(str(tmp_path / "val.csv"), classes, digests, True)
 
 
 def test_a_blend_follows_a_sample_submission_and_refuses_one_of_other_ids(tmp_path, capsys):
@@ -607,3 +676,17 @@ def test_a_blend_follows_a_sample_submission_and_refuses_one_of_other_ids(tmp_pa
     labelled.assign(label=0.5).rename(columns={"label": "d"}).to_csv(tests[0], index=False)
     assert main([*blend, "--out", out, "--overwrite"]) == 2
     assert "column 'd' is no class of the OOF files (a, b, c)" in capsys.readouterr().err
+
+
+def test_jax_devices_on_a_tpu_serve_every_fold():
+    """Between folds a TensorFlow TPU gets a new strategy over its connection; JAX's TPU devices are kept as
+    they are (they have no TensorFlow resolver to reconnect through)."""
+    from train.crossval.engine import between_folds
+
+    class Devices:  # what train.cv holds between folds: JAX's devices know nothing of TensorFlow's resolver
+        kind = "tpu"
+
+    devices = Devices()
+    assert between_folds(devices, "tpu", "jax") is devices
+    with pytest.raises(AttributeError, match="cluster_resolver"):
+        between_folds(devices, "tpu", "tf")  # the TensorFlow path asks the strategy for its resolver

@@ -144,3 +144,55 @@ def test_tta_worth_warns_when_one_view_scored_better_by_the_metric_either_way_up
     assert not tied.hurts and "warning" not in tied.line("train.predict", rows)
     unknown = views_worth({"balanced_accuracy": 0.7}, None, 2, acc)
     assert not unknown.hurts and unknown.line("p", rows).endswith("not defined at 1 or 2 views: TTA unmeasured")
+
+
+def collages(rng, n, weak=3):
+    """Multi-label rows of 5 classes (shares 40..10 %) whose probabilities rank every class but ``weak``, which
+    the model cannot rank (its probabilities are noise): the collages of a hostile round, where one class's
+    threshold labelled it on 39% of the test images (9% true)."""
+    targets = (rng.random((n, 5)) < [0.4, 0.3, 0.2, 0.1, 0.15]).astype(np.float32)
+    probs = np.clip(targets * 0.45 + rng.random((n, 5)) * 0.55, 0, 1)
+    probs[:, weak] = rng.random(n) * 0.4  # below 0.5: a class the model never learnt to call
+    return probs.astype(np.float32), targets
+
+
+def test_a_class_near_chance_keeps_the_default_threshold_and_is_named(capsys):
+    """Per-class F1 labels a class nobody can rank everywhere (F1 = 2p / (1 + p) > 0); ``tune`` keeps it at the
+    default and says what the tuned threshold would have done. On unseen rows drawn alike, the kept thresholds
+    score exact-match and F1 micro above the per-class F1 ones (what was tuned before)."""
+    from train.decide.metrics import METRICS
+    from train.decide.tuning import chance_bound, f1_thresholds, tune
+
+    rng = np.random.default_rng(5)
+    probs, targets = collages(rng, 800)
+    tuned = tune(probs, targets, 0.5, METRICS["roc_auc"])
+    assert [n.column for n in tuned.near_chance] == [3] and tuned.thresholds[3] == 0.5
+    old = f1_thresholds(probs, targets, 0.5)
+    assert tuned.near_chance[0].tuned == old[3] and tuned.near_chance[0].tuned_share > 0.5  # everywhere
+    assert [t for c, t in enumerate(tuned.thresholds) if c != 3] == [t for c, t in enumerate(old) if c != 3]
+    note = tuned.notes(list("abcde"), 0.5, "OOF")
+    assert len(note) == 1 and note[0].startswith("'d': OOF AUC 0.") and "labelled at 0.5 (0%) instead" in note[0]
+    assert chance_bound(80, 800) == pytest.approx(0.5 + 2 * np.sqrt(801 / (12 * 80 * 720)))
+
+    unseen, truth = collages(rng, 4000)
+    for key in ("exact_match", "f1_micro"):
+        now, before = (score(unseen, truth, list("abcde"), t, False)[key] for t in (tuned.thresholds, old))
+        assert now > before + 0.02, (key, now, before)
+
+
+def test_the_default_is_kept_when_the_tuned_thresholds_score_no_better():
+    """Predictions the default 0.5 already splits perfectly: the tuned thresholds tie at exact-match 1.0, and
+    the naive choice is kept, said with both figures."""
+    from train.decide.metrics import METRICS
+    from train.decide.tuning import tune
+
+    rng = np.random.default_rng(0)
+    targets = (rng.random((300, 3)) < 0.3).astype(np.float32)
+    probs = np.where(targets > 0, 0.6 + rng.random((300, 3)) * 0.4, rng.random((300, 3)) * 0.4)
+    tuned = tune(probs, targets, 0.5, METRICS["exact_match"])
+    assert tuned.thresholds == [0.5] * 3 and tuned.naive == ("exact_match", 1.0, 1.0)
+    assert tuned.notes(list("abc"), 0.5, "validation") == [
+        "the tuned thresholds scored exact_match 1.0000 on the validation predictions, 0.5 for every class "
+        "1.0000: every class labelled at 0.5"
+    ]
+    assert tune(probs * 0.5, targets, 0.5, METRICS["exact_match"]).naive is None  # 0.5 labels nothing: tuned wins

@@ -8,7 +8,7 @@ import cv2
 import numpy as np
 import pytest
 
-from tests.conftest import write_csv
+from tests.conftest import BACKEND, write_csv
 
 SIZES = {"common": 120, "rare": 12, "scarce": 12}  # 83% / 8% / 8% of 144 images
 SHADES = {"common": 128, "rare": 168, "scarce": 88}  # a class's mean grey; its images' spread of 20 overlaps
@@ -122,6 +122,40 @@ def test_weights_are_scikit_learns_balanced_ones_and_weigh_the_loss():
     y2, p2 = y[:, :2], np.array([[0.7, 0.2], [0.4, 0.6]], np.float32)
     got = np.asarray(make_loss(keras, False, 0.1, even).call(y2, p2))
     assert np.allclose(got, np.asarray(keras.losses.binary_crossentropy(y2, p2, label_smoothing=0.1)), rtol=1e-5)
+
+
+@pytest.mark.skipif(BACKEND == "jax", reason="TensorFlow's strategies: the tf backend's replicas")
+def test_the_weighted_loss_is_the_batch_mean_of_each_rows_weight_on_1_and_8_replicas():
+    """One SGD step on 16 rows of 5 classes, weighted by class: the loss Keras reports is the mean over the
+    batch of each row's weight x its cross-entropy (not over the weights' sum), and the step is the same on one
+    replica and on 8 (each 2 rows): the loss is reduced over the global batch, whatever the replicas."""
+    from train.accel.strategy import resolve_strategy
+    from train.backends import keras_module
+    from train.keras.imbalance import make_loss, weights_of
+
+    keras = keras_module()
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(16, 4)).astype(np.float32)
+    y = np.eye(5, dtype=np.float32)[[0, 0, 1, 2, 2, 2] + [3] * 5 + [4] * 5]  # a batch rich in rare rows
+    counts = np.array([100, 50, 25, 15, 10])  # the training set's: this batch's rows weigh 2.4 on average
+    weights = weights_of(counts, 200, single_label=True)
+    assert np.allclose(weights.positive, 200 / (5 * counts))  # in the class index's order
+    found = []
+    for name, replicas in (("cpu", 1), ("cpu", 8)):
+        strategy, _ = resolve_strategy(name, replicas)
+        with strategy.scope():
+            keras.utils.set_random_seed(1)
+            model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(5, activation="softmax")])
+            model.compile(keras.optimizers.SGD(0.5), loss=make_loss(keras, True, 0.0, weights))
+        before = model.evaluate(x, y, batch_size=16, verbose=0)
+        probs = model.predict(x, batch_size=16, verbose=0)
+        rows = -np.log(np.clip((probs * y).sum(axis=1), 1e-7, 1)) * (y * weights.positive).sum(axis=1)
+        assert before == pytest.approx(rows.mean(), rel=1e-5), (replicas, before, rows.mean())
+        assert abs(rows.mean() - rows.sum() / (y * weights.positive).sum()) > 0.1  # not the weights' mean
+        model.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0)
+        found.append([w.copy() for w in model.get_weights()])
+    for one, eight in zip(*found):
+        np.testing.assert_allclose(one, eight, rtol=1e-5, atol=1e-6)
 
 
 def test_the_recipes_weigh_the_loss_by_the_training_folds_and_refuse_balanced_multi_label(imbalanced, shard_dir):

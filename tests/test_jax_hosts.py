@@ -26,9 +26,10 @@ ARGS = [
 ]  # fmt: skip
 
 
-def start_processes(started, records, run, tmp, *extra, own=((), ())):
-    """``python -m train.fit --backend jax --strategy multiworker`` twice, processes 0 and 1 of a cluster whose
-    coordinator listens at a free port of 127.0.0.1, each dying with this process; output to files."""
+def start_processes(started, records, run, tmp, *extra, own=((), ()), command="train.fit", epochs=EPOCHS):
+    """``python -m train.fit --backend jax --strategy multiworker`` (or ``command``) twice, processes 0 and 1 of a
+    cluster whose coordinator listens at a free port of 127.0.0.1, each dying with this process; output to
+    files."""
     address = f"127.0.0.1:{free_port()}"
     procs = []
     for index in range(2):
@@ -39,9 +40,9 @@ def start_processes(started, records, run, tmp, *extra, own=((), ())):
         }  # fmt: skip
         env.pop("KERAS_BACKEND", None)
         env.pop("XLA_FLAGS", None)  # --replicas 4 asks for each process's devices
-        args = ["--records", records, "--run", str(run), *ARGS, "--epochs", str(EPOCHS), *extra, *own[index]]
+        args = ["--records", records, "--run", str(run), *ARGS, "--epochs", str(epochs), *extra, *own[index]]
         proc = subprocess.Popen(
-            dies_with_this_process("train.fit", *args), cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT
+            dies_with_this_process(command, *args), cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT
         )
         proc.log = out
         procs.append(proc)
@@ -82,7 +83,7 @@ def test_two_processes_train_end_together_when_one_dies_stop_together_and_resume
     assert not (run / run_files.MODEL).exists() and (run / run_files.BACKUP).exists()
     first = next(line for line in said if line.startswith("train.fit: "))
     assert first == "train.fit: Keras 3 on JAX, process 0 of 2, 8 CPU devices in all (4 on this one, XLA host devices)"
-    assert not [line for line in said if line.startswith(("E0000", "W0000", "F0000"))]  # gloo's [Gloo] on stdout stay
+    assert not [line for line in said if line.startswith(("E0000", "W0000", "F0000", "[Gloo]"))]  # noise
 
     one = [*ARGS[:2], "--strategy", "cpu", "--replicas", "8", *ARGS[6:], "--epochs", str(EPOCHS), "--resume"]
     alone = subprocess.run(dies_with_this_process("train.fit", "--records", demo_shards, "--run", str(run), *one),
@@ -117,6 +118,54 @@ def test_two_processes_train_end_together_when_one_dies_stop_together_and_resume
                           env=one_process_env(), capture_output=True, text=True, timeout=600)  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     assert sorted(os.listdir(run)) == sorted(os.listdir(alone))
+
+
+@pytest.mark.slow
+@pytest.mark.serial  # as above
+def test_cross_validation_on_two_processes_resumes_after_one_dies_and_process_0_writes_it(
+    demo_shards, tmp_path, started
+):
+    """``train.cv`` on the cluster, folds 0 and 1 one after another: process 1 killed in fold 1 ends process 0 in
+    one line; ``--resume`` on both keeps fold 0 (on both: where each fold stands is process 0's reading, not each
+    one's race with it), continues fold 1 and scores the OOF predictions of both folds once, written by process
+    0; ``--resume`` of the finished CV is refused by both processes in one line each."""
+    cv, tmp = tmp_path / "cv", tmp_path / "tmp"
+    tmp.mkdir()
+    cv_args = ("--fold", "0,1", "--swa-epochs", "0")
+    chief, other = start_processes(started, demo_shards, cv, tmp, *cv_args, command="train.cv", epochs=3)
+    wait_for_epochs(cv / "fold-1", 1, [chief, other])
+    other.send_signal(signal.SIGKILL)
+    assert chief.wait(timeout=120) == 2, output(chief)
+    said = output(chief).strip().splitlines()
+    assert said[-1].startswith("train.cv: error: process 0: process 1 ended before the job did"), said[-3:]
+    assert (cv / "fold-0" / run_files.MODEL).exists() and not (cv / "fold-1" / run_files.MODEL).exists()
+    kept = (cv / "fold-0" / run_files.MODEL).stat().st_mtime_ns
+
+    chief, other = start_processes(started, demo_shards, cv, tmp, *cv_args, "--resume", command="train.cv", epochs=3)
+    assert chief.wait(timeout=600) == 0, output(chief)
+    assert other.wait(timeout=120) == 0, output(other)
+    for proc in (chief, other):
+        lines = output(proc).splitlines()
+        assert "train.cv: fold 0 (1 of 2): trained earlier -> " + str(cv / "fold-0") in lines, lines[-5:]
+        assert "train.cv: fold 1 (2 of 2): continuing -> " + str(cv / "fold-1") in lines, lines[-5:]
+        assert not [line for line in lines if line.startswith("[Gloo]")]  # gloo's lines as its groups connect
+    assert output(other).strip().splitlines()[-1] == "train.cv: process 1 done; process 0, the chief, writes the CV"
+    assert (cv / "fold-0" / run_files.MODEL).stat().st_mtime_ns == kept
+    history = (cv / "fold-1" / run_files.HISTORY).read_text().splitlines()[1:]
+    assert [int(row.split(",")[0]) for row in history] == [0, 1, 2]  # each epoch once
+    result = json.loads((cv / "cv.json").read_text())
+    assert result["folds"] == [0, 1] and result["replicas"] == 8
+    oof = (cv / "oof.csv").read_text().splitlines()[1:]
+    assert len(oof) == 400 and len(set(oof)) == 400  # folds 0 and 1 of 800 images in 4: each image once
+    scores = result["models"][0]["scores"]
+    assert scores["roc_auc_macro"] >= 0.65, scores  # chance is 0.5
+
+    chief, other = start_processes(started, demo_shards, cv, tmp, *cv_args, "--resume", command="train.cv", epochs=3)
+    for proc, says in ((chief, "holds a finished cross-validation"), (other, "process 0 refused the CV folder")):
+        assert proc.wait(timeout=300) == 2, output(proc)
+        last = output(proc).strip().splitlines()[-1]
+        assert says in last and "Traceback" not in output(proc), last
+    assert (cv / "fold-0" / run_files.MODEL).stat().st_mtime_ns == kept
 
 
 @pytest.mark.slow

@@ -367,7 +367,8 @@ def test_one_exit_path_signal_handlers_in_one_module_and_exit_codes_from_its_tab
 
     assert _calls(code, typed_exit) == []
     assert (lifecycle.BAD_INPUT, lifecycle.LOST_A_RANK, lifecycle.INTERRUPTED, lifecycle.TERMINATED) == (2, 3, 130, 143)
-    assert lifecycle.PARENT_GONE == 1 and set(lifecycle.EXITS) == {1, 2, 3, 130, 143}
+    assert lifecycle.PARENT_GONE == 1 and set(lifecycle.EXITS) == {1, 2, 3, 130, 141, 143}
+    assert lifecycle.READER_GONE == 141  # stdout's reader gone (| head): 128 + SIGPIPE, as a shell gives
     assert lifecycle.STOPS == {2: (130, "interrupted"), 15: (143, "terminated (SIGTERM)")}
 
 

@@ -305,6 +305,10 @@ def test_the_stderr_filter_passes_progress_bars_and_drops_whole_noise_lines():
         b"unhealthy (stopped sending heartbeats):\n/job:worker/replica:0/task:1\nThe tasks have crashed. Check the "
         b"task logs.\nThe error could be from a previous operation. Restart your program to reset.\n",  # multi-worker
         b'Traceback (most recent call last):\n  File "x.py", line 1\n',  # indented, but after a line we keep
+        b"[Gloo] Rank ",  # JAX's CPU collectives as a group connects, written in pieces
+        b"3 is connected to 7 peer ranks. Expected number of connected peer ranks is : 7\n",
+        b"[Gloo] Rank 3[Gloo] Rank 2 is connected to 7 peer ranks. Expected number of connected peer ranks is : 7\n",
+        b" is connected to 7 peer ranks. Expected number of connected peer ranks is : 7\n",  # two threads' lines
         b"tfpipe.write: error: x\n",
     ):
         os.write(src_w, part)

@@ -169,6 +169,23 @@ def test_a_stopped_prediction_leaves_no_submission_and_no_process(signum, traine
     assert after - before <= {"val_predictions-tta8.csv", "val_predictions-swa-tta8.csv"}, after - before
 
 
+def test_a_reader_that_closes_the_pipe_early_ends_the_command_quietly(trained_run):
+    """``python -m train.inspect RUN | head`` ended in ``Broken pipe``: a command whose output's reader has closed
+    the pipe now ends as a Unix tool does -- quietly, exit 141 (128 + SIGPIPE, the code a shell gives), nothing on
+    stderr. (``--help | head`` was quiet already: argparse drops a failed write of its help, and exits 0.) The
+    reader here closes the pipe before the command writes a byte."""
+    run, _, _ = trained_run
+    for argv, code in ((["train.inspect", run], 141), (["train.inspect", run, "--json"], 141),
+                       (["train.fit", "--help"], 0)):  # fmt: skip
+        read_end, write_end = os.pipe()
+        proc = subprocess.Popen([sys.executable, "-m", *argv], cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT},
+                                stdout=write_end, stderr=subprocess.PIPE)  # fmt: skip
+        os.close(write_end)
+        os.close(read_end)  # the reader is gone: the command's first write finds no one
+        err = proc.communicate(timeout=120)[1].decode()
+        assert (proc.returncode, err) == (code, ""), (argv, proc.returncode, err[-2000:])
+
+
 # The codes and words a stopped command ends with, written here as the shell knows them (not read from
 # tfpipe.runtime.lifecycle.STOPS: a test that reads the table it tests cannot fail when the table changes).
 SHELL_CODES = {signal.SIGINT: (130, "interrupted"), signal.SIGTERM: (143, "terminated (SIGTERM)")}

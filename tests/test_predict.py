@@ -482,7 +482,7 @@ def test_a_runs_files_are_checked_against_its_record_and_a_resume_against_its_la
     argv = ["--run", str(copy), "--records", test, "--out", str(out), "--strategy", "cpu", "--no-swa"]
     for source, target, said in (
         ("model-swa.keras", "model.keras", "model.keras: not the file this folder's job wrote"),
-        ("thresholds-swa.json", "thresholds.json", "thresholds.json: not the file this folder's job wrote (of "
+        ("rewrite", "thresholds.json", "thresholds.json: not the file this folder's job wrote (of "
          "model.keras, 1 view)"),
         (None, "files.json", "files.json: missing, the record of the files this folder's job wrote"),
         ("edit", "metrics.json", "metrics.json: not the file this folder's job wrote"),  # its scores choose
@@ -493,6 +493,9 @@ def test_a_runs_files_are_checked_against_its_record_and_a_resume_against_its_la
             metrics = json.loads((copy / target).read_text())
             metrics["report"]["roc_auc_macro"] = 0.99
             (copy / target).write_text(json.dumps(metrics))
+        elif source == "rewrite":  # another model's thresholds (the tiny run's may all be the default 0.5)
+            classes = list(json.loads((copy / target).read_text()))
+            (copy / target).write_text(json.dumps(dict.fromkeys(classes, 0.25)))
         elif source:
             shutil.copy(copy / source, copy / target)
         else:
@@ -579,3 +582,71 @@ def test_predict_follows_a_sample_submission_and_saves_its_probabilities(trained
     (copy / "config.json").write_text(json.dumps(dict(config, label_column=" ")))
     with pytest.raises(RunMismatch, match="field 'label_column' must name the training CSV's label column"):
         predict(str(copy), test, "", strategy="cpu", swa=False)
+
+
+def test_predict_names_a_class_its_run_cannot_tell_from_chance(monkeypatch):
+    """A run whose validation AUC of a class is near chance (its report's figures): train.predict's line says
+    what that class's threshold does to the images predicted (labelled everywhere), against its share in
+    validation; a class told apart says nothing."""
+    from types import SimpleNamespace
+
+    from train.decide.choice import RunScores
+    from train.decide.tuning import chance_bound
+    from train.prediction import target as targets
+
+    report = {
+        "examples": 400,
+        "per_class": {"sky": {"roc_auc": 0.95, "positives": 100}, "brick": {"roc_auc": 0.52, "positives": 36}},
+    }
+    monkeypatch.setattr(targets, "run_scores", lambda folder: RunScores(report, None, False))
+    config = SimpleNamespace(single_label=False, classes=("sky", "brick"))
+    target = targets.Target("runs/x", (("runs/x", config),), False)
+    probs = np.column_stack([np.linspace(0, 1, 50), np.full(50, 0.2)])
+    bound = chance_bound(36, 400)
+    assert targets.near_chance_lines(target, probs, [0.5, 0.09]) == [
+        f"'brick': validation AUC 0.520 does not tell it from chance ({bound:.3f} would, on its 400 images); its "
+        "threshold 0.09 labels it on 100% of these images, 9% of the validation images hold it"
+    ]
+    report["per_class"]["brick"]["roc_auc"] = 0.9
+    assert targets.near_chance_lines(target, probs, [0.5, 0.09]) == []
+
+
+def test_predict_leaves_only_the_files_it_documents_in_the_output_folder(trained_run, tmp_path):
+    """On Kaggle /kaggle/working held 7 hidden ``.NAME.tfpipe`` files after train.predict: the record of each CSV
+    it wrote (so a rerun may replace it) lived beside the CSV. It lives in this user's state folder now
+    (``train.prediction.written``): the folder holds the submission and the probabilities asked for, after a
+    prediction, a rerun (its own files replaced without --overwrite), and a failed one. A record an earlier
+    version left beside a file is honoured once, then removed."""
+    from train.predict import main
+    from train.prediction import written
+
+    run, _, test = trained_run
+    work = tmp_path / "working"
+    common = ["--run", run, "--records", test, "--strategy", "cpu", "--no-swa", "--no-progress"]
+    argv = [*common, "--out", str(work / "submission.csv"), "--save-probabilities", str(work / "probs.csv")]
+    assert main(argv) == 0 and sorted(os.listdir(work)) == ["probs.csv", "submission.csv"]
+    assert main(argv) == 0 and sorted(os.listdir(work)) == ["probs.csv", "submission.csv"]
+    (work / "sample.csv").write_text("image,labels\nnot-an-id,a\n")
+    assert main([*common, "--out", str(work / "other.csv"), "--sample-submission", str(work / "sample.csv")]) == 2
+    assert sorted(os.listdir(work)) == ["probs.csv", "sample.csv", "submission.csv"]
+    submission = str(work / "submission.csv")
+    os.remove(written.record_path(submission))  # as an earlier tfpipe left it: its record beside the file
+    (work / ".submission.csv.tfpipe").write_text(written.sha256_of(submission) + "\n")
+    assert main(argv) == 0 and sorted(os.listdir(work)) == ["probs.csv", "sample.csv", "submission.csv"]
+    assert written.wrote_it(submission)
+
+
+def test_a_runs_metric_equals_its_name_both_ways(trained_run):
+    """``FitResult.metric`` is a ``Metric``, metrics.json's ``"metric"`` its name: code moving from the key to the
+    attribute (1.x's ``result["metric"]`` -> ``result.metric``) compared ``== "roc_auc"`` and got False. A metric
+    equals its name, either side of ``==``, and hashes as it does; two metrics still differ by name."""
+    from train.decide.metrics import METRICS
+    from train.runs.results import FitResult
+
+    out, metrics, _ = trained_run
+    result = FitResult.load(out)
+    assert metrics["metric"] == "roc_auc" and result.metric == metrics["metric"] and metrics["metric"] == result.metric
+    other = "accuracy"
+    assert result.metric != other and other != result.metric and result.metric != METRICS[other]
+    assert result.metric == METRICS["roc_auc"] and {result.metric} == {"roc_auc"} and "roc_auc" in {result.metric}
+    assert {"roc_auc": 1}[result.metric] == 1 and result.metric != 0.5

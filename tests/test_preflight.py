@@ -266,3 +266,21 @@ def test_efficientnet_b0_passes_the_preflight(shard_dir, tmp_path):
     report = fit(config(shard_dir, tmp_path, model="efficientnet-b0", image_size=64))
     assert report.ok, report.refuse
     assert report.warn == () and report.memory["largest_batch"] >= 64
+
+
+def test_shards_stored_smaller_than_the_input_are_a_warning_that_they_are_upscaled(shard_dir, tmp_path, registry):
+    """32 px shards checked at 48 px: the preflight said nothing of the upscaling a TPU would pay for (train.fit's
+    build line says it: the same words); a smaller input (downscaling) or the stored size says nothing."""
+    from train.keras.planning import upscaling
+
+    def tiny(variant, input_shape, weights):  # a compile of a second or two
+        inputs = keras.Input(input_shape)
+        return keras.Model(inputs, keras.layers.Conv2D(128, 3, strides=4, name="conv")(inputs), name="tiny"), []
+
+    register_model("test-tiny", min_image_size=8)(tiny)
+    report = fit(config(shard_dir, tmp_path, model="test-tiny", image_size=48))
+    assert report.ok and report.warn == (
+        "image_size=48: images stored at 32 px, each upscaled to 48 px as read: no detail gained, 2.25x the pixels; "
+        "write the shards at 48 px (tfpipe.write --image-size 48), or train at image_size=32",
+    )
+    assert upscaling(32, 32) is None and upscaling(32, 16) is None and upscaling(None, 48) is None

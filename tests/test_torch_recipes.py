@@ -423,7 +423,9 @@ def test_a_folder_named_like_a_run_file_is_not_the_runs_and_a_deleted_submission
     run = tmp_path / "run"
     save_run(str(run), recipe_config(), {}, {"validation_auc": 0.5})
     write_submission(str(run / "submission.csv"), "image,labels\nx,a\n", overwrite=False)
-    (run / "submission.csv").unlink()  # deleted by its user: its record stays, and is tfpipe's
+    assert sorted(p.name for p in run.iterdir() if p.name.startswith(".")) == []  # its record is not kept here
+    (run / ".submission.csv.tfpipe").write_text("0" * 64 + "\n")  # where an earlier tfpipe kept it
+    (run / "submission.csv").unlink()  # deleted by its user: the old record stays, and is tfpipe's
     check_run_folder(str(run), overwrite=True)
     (run / "model.pt").mkdir()
     (run / "model.pt" / "mine.txt").write_text("mine")

@@ -5,6 +5,7 @@ import dataclasses
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -640,3 +641,110 @@ def test_overwrite_checks_every_path_it_replaces_before_removing_any(tmp_path):
     (run / "logs").write_text("mine")
     with pytest.raises(TfpipeError, match=r"run/logs is a file, which train.fit never writes there"):
         replace_run(str(run), os.listdir(run), progress=False)
+
+
+@pytest.mark.backends(jax="slow")  # 28 s on JAX (its first compile)
+def test_an_epoch_is_whole_step_groups_so_the_step_count_never_passes_its_total(shard_dir, tmp_path):
+    """Keras 3 runs an epoch in whole groups of steps_per_execution, its last not cut at the epoch's end (18 steps
+    at 4 a call ran 20, and the heartbeat said ``epoch 5/8: step 20/18``): there an epoch is whole groups, so the
+    step the callbacks see (the heartbeat's), the schedule's epoch and the optimizer's steps agree. tf-keras cuts
+    the last group itself. 29 training images, 2 a step: 14 steps, at 4 a call."""
+    from tfpipe import open_shards
+    from train.keras.plan import Devices
+    from train.keras.planning import make_plan
+
+    seen = []
+
+    class Steps(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            seen.append(int(batch))
+
+    settings = {"replicas": 1, "batch_size": 2, "steps_per_execution": 4, "report": False, "callbacks": (Steps(),)}
+    m = fit(tiny_config(shard_dir, tmp_path / "run", **settings)).metrics
+    steps = m["steps_per_epoch"]
+    assert max(seen) + 1 == steps and m["optimizer_steps"] == 2 * steps, (steps, seen, m["optimizer_steps"])
+    assert steps == (12 if BACKEND == "jax" else 14)
+    cfg = tiny_config(shard_dir, tmp_path / "unused", **settings)
+    planned = {name: make_plan(cfg, open_shards(shard_dir[0]), Devices(name, None, "cpu", 1)) for name in ("tf", "jax")}
+    assert {name: plan.schedule.steps for name, plan in planned.items()} == {"tf": 14, "jax": 12}
+
+
+@pytest.fixture(scope="module")
+def told_run(shard_dir, tmp_path_factory):
+    """One epoch with SWA over it, on 32 px shards read at 48 px, the strategy an object made before (a notebook's
+    devices cell), said at verbose 2: (run folder, stdout, stderr) -- what train.fit says and records."""
+    import contextlib
+    import io
+
+    from tests.conftest import backend_devices
+
+    run, out, err = tmp_path_factory.mktemp("told") / "run", io.StringIO(), io.StringIO()
+    cfg = tiny_config(
+        shard_dir, run, strategy=backend_devices("cpu", 1), replicas=None, epochs=1, swa_epochs=1, image_size=48,
+        steps_per_execution=1, verbose=2, report=False,
+    )  # fmt: skip
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        fit(cfg)
+    return run, out.getvalue(), err.getvalue()
+
+
+def test_finishing_swa_says_what_it_does_not_an_epochs_time(told_run):
+    """The SWA line said 'about an epoch's time (the last took 13 s)' while the batch-norm pass, the scoring and
+    the saving took 54-95 s: it now says what it does, over how many batches, and no estimate."""
+    _, out, _ = told_run
+    (line,) = [line for line in out.splitlines() if line.startswith("train.fit: SWA: ")]
+    assert line == (
+        "train.fit: SWA: the weights averaged over 1 epoch; their batch-norm statistics re-estimated over 29 "
+        "training batches (a forward pass, compiled first), then the validation images scored and model-swa.keras "
+        "saved"
+    )
+    assert "an epoch's time" not in out
+
+
+def test_a_warm_up_as_long_as_the_run_is_one_warning_line(told_run, shard_dir, capsys):
+    """``train.fit --epochs 1`` with the default warm-up epoch: the learning rate climbs through the whole run and
+    reaches --lr only at its last step, without a word before; now one warning line. A warm-up shorter than the
+    run, none, a schedule without one, or a quiet run says nothing."""
+    from tfpipe import open_shards
+    from train.keras.plan import Devices
+    from train.keras.planning import make_plan
+
+    _, _, err = told_run
+    assert [line for line in err.splitlines() if "warmup" in line] == [
+        "train.fit: warning: warmup_epochs=1.0 covers the whole run (epochs=1): the cosine schedule's learning rate "
+        "climbs from 0 through every step but the last, the only one at its full rate; pass warmup_epochs=0, or "
+        "more epochs than warm-up epochs"
+    ]
+    shards = open_shards(shard_dir[0])
+    for setting in ({"epochs": 2}, {"warmup_epochs": 0}, {"schedule": "onecycle"}, {"verbose": 0}):
+        cfg = tiny_config(shard_dir, "unused", **{"epochs": 1, "verbose": 2, **setting})
+        make_plan(cfg, shards, Devices("tf", None, "cpu", 8))
+    assert capsys.readouterr().err == ""
+
+
+def test_train_fit_says_it_upscales_shards_stored_smaller_than_its_input(told_run):
+    """32 px shards trained at 48 px: the build line says each image is upscaled (the preflight says the same)."""
+    _, out, _ = told_run
+    assert (
+        "train.fit: building small-cnn at 48 px (images stored at 32 px, each upscaled to 48 px as read: no detail "
+        "gained, 2.25x the pixels) on 1 cpu replica" in out
+    ), out
+
+
+def test_a_strategy_made_before_is_recorded_by_its_name_and_inspect_shows_names(told_run, tmp_path, capsys):
+    """config.json recorded a strategy object by its Python class (``JaxDevices`` for each fold of train.cv,
+    which hands its folds the devices it made): it now records the strategy's name, and train.inspect shows a
+    folder written before by the name metrics.json records; any other value as it is, without failing."""
+    from train.inspect import main as inspect_main
+
+    run, _, _ = told_run
+    assert json.loads((Path(run) / "config.json").read_text())["strategy"] == "cpu"
+    for recorded, shown in (("cpu", "cpu"), ("JaxDevices", "cpu"), ("MirroredStrategy", "cpu"), ("tpuu", "tpuu"),
+                            (42, 42), (None, None)):  # fmt: skip
+        copy = tmp_path / f"run-{recorded}"
+        shutil.copytree(run, copy)
+        config = json.loads((copy / "config.json").read_text())
+        (copy / "config.json").write_text(json.dumps(dict(config, strategy=recorded)))
+        assert inspect_main([str(copy), "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["settings"]["strategy"] == shown, recorded
+        assert inspect_main([str(copy)]) == 0 and "strategy" in capsys.readouterr().out

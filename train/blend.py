@@ -28,12 +28,12 @@ from typing import Any
 import numpy as np
 
 from tfpipe.runtime import fs
-from tfpipe.runtime.console import counted
 from tfpipe.runtime.errors import ArgumentParser, TfpipeError, check_path, option, run_cli
 from tfpipe.sources.labels import is_missing, present
 from train.decide.evaluation import Scores, headline, score
 from train.decide.metrics import METRICS, Metric, metric_of
 from train.decide.weights import Searched, search_weights
+from train.prediction.probabilities import agreed_kind, check_probabilities, kind_of
 from train.prediction.sample import SAMPLE_HELP
 from train.prediction.submission import label_names
 from train.runs import run as run_files
@@ -105,7 +105,7 @@ def blend(
     w = searched.weights if searched else w
     alone = tuple(score(p, truth, classes, _tuned(p, truth, single_label, decides), single_label) for p in probs)
     mixed = np.tensordot(np.asarray(w), np.stack(probs), axes=1)
-    thresholds = _tuned(mixed, truth, single_label, decides)
+    thresholds = _tuned(mixed, truth, single_label, decides, classes)
     blended = score(mixed, truth, classes, thresholds, single_label)
     found = Blend(w, tuple(classes), tuple(thresholds), alone, blended, single_label, None, decides, searched)
     if test:
@@ -131,32 +131,31 @@ def checked_oof(path: str) -> bool | None:
 def oof_kind(
     paths: Sequence[str], cvs: Sequence[bool | None], truth: Any, probs: Sequence[Any], asked: bool | None
 ) -> bool:
-    """Single-label (True) or multi-label: what the CV folders beside the OOF files say, else their rows (one
-    true label each and probabilities summing to 1, a softmax's, is single-label); ``asked`` must agree."""
-    known = {c for c in cvs if c is not None}
-    several = np.flatnonzero(truth.sum(axis=1) != 1)
-    if len(known) > 1:
-        raise TfpipeError(f"{option('oof')}: single-label and multi-label CVs cannot be blended")
-    if known:
-        found, why = known.pop(), "its CV's cv.json says so"
-    elif len(several):
-        found, why = False, f"{counted(len(several), 'row')} hold{'s' * (len(several) == 1)} no or several true labels"
-    else:
-        sums = [float(np.abs(p.sum(axis=1) - 1).max()) for p in probs]
-        found, why = max(sums) <= 1e-3, "each row's probabilities sum to 1, or not"
+    """Single-label (True) or multi-label: each file's as its CV folder recorded, else read from its rows, one
+    kind for every file (``train.prediction.probabilities.agreed_kind``); ``asked`` must agree."""
+    found = agreed_kind(paths, probs, cvs, truth)
     if asked is not None and asked != found:
-        kind = "multi-label" if asked else "single-label"
-        raise TfpipeError(
-            f"{option('single_label')}: {paths[0]} holds {kind} OOF predictions ({why}); leave the flag out (the "
-            "kind is read from the data)"
-        )
+        why = "its CV's cv.json says so" if cvs[0] is not None else kind_of(probs[0], truth)[1]
+        if asked:
+            raise TfpipeError(
+                f"{option('single_label')}: {paths[0]} holds multi-label predictions ({why}), where a single-label "
+                "model's (a softmax) sum to 1 in every row with one true label; leave the flag out to blend them "
+                "as multi-label, with thresholds tuned per class"
+            )
+        raise TfpipeError(f"{paths[0]} holds single-label predictions ({why}); leave single_label=False out")
     return found
 
 
-def _tuned(probs: Any, truth: Any, single_label: bool, metric: Metric) -> list[float]:
-    from train.decide.tuning import tune_thresholds
+def _tuned(probs: Any, truth: Any, single_label: bool, metric: Metric, say: Sequence[str] = ()) -> list[float]:
+    """Thresholds tuned on ``probs``; with the class names ``say``, each decision against tuning one line."""
+    from train.decide.tuning import tune
 
-    return [0.5] * probs.shape[1] if single_label else tune_thresholds(probs, truth, 0.5, metric)
+    if single_label:
+        return [0.5] * probs.shape[1]
+    tuned = tune(probs, truth, 0.5, metric)
+    for note in tuned.notes(say, 0.5, "OOF") if say else ():
+        print(f"train.blend: thresholds of the blend: {note}", flush=True)
+    return tuned.thresholds
 
 
 def blend_metric(oof: Sequence[str], asked: str | None, single_label: bool) -> Metric:
@@ -295,18 +294,12 @@ def check_oof_labels(cells: Any, classes: Sequence[str], path: str) -> None:
 
 def aligned(table: Any, ids: Sequence[str], classes: Sequence[str], path: str) -> Any:
     """The probabilities [N, C] of ``table`` (read from ``path``) in the order of ``ids``, checked to be
-    probabilities."""
+    probabilities (``train.prediction.probabilities``; the rows named as the file holds them)."""
     import pandas as pd
 
-    values = table.loc[list(ids), list(classes)].apply(pd.to_numeric, errors="coerce").to_numpy(np.float64)
-    bad = np.argwhere(~((values >= 0) & (values <= 1)))
-    if len(bad):
-        at, column = ids[bad[0][0]], classes[bad[0][1]]
-        row = table.index.get_loc(at) + 1
-        raise TfpipeError(
-            f"{path}: row {row}, column {column!r}: {table.loc[at, column]!r} is not a probability in [0, 1]"
-        )
-    return values
+    in_file = table[list(classes)].apply(pd.to_numeric, errors="coerce").to_numpy(np.float64)
+    check_probabilities(path, in_file, classes, cells=table[list(classes)].to_numpy())
+    return in_file[table.index.get_indexer(list(ids))]
 
 
 def blend_test(
@@ -340,6 +333,9 @@ def blend_test(
     if followed:
         check_sample_ids(followed, ids, test[0])
     probs = np.stack([aligned(t, ids, classes, p) for t, p in zip(tables, test)])
+    if single_label:
+        for path, values in zip(test, probs):
+            check_probabilities(path, values, classes, single_label)  # the OOF files' kind: a softmax's rows
     mixed = np.tensordot(np.asarray(found.weights), probs, axes=1)
     df = pd.DataFrame({followed.id_column if followed else tables[0].index.name: ids})  # else the first file's
     if labels:

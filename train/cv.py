@@ -26,17 +26,20 @@ from train.fit import config_from_args, start
 from train.keras.config import FitConfig
 from train.keras.names import TTA_VIEW_COUNT
 from train.runs.cv_folder import oof_name
+from train.runs.results import WorkerResult
 
 if TYPE_CHECKING:
     from train.runs.cv_folder import CVResult
 
 
 @quiet_call
-def cross_validate(cfg: FitConfig, folds: Sequence[int] | None = None, tta: int = 1) -> CVResult:
+def cross_validate(cfg: FitConfig, folds: Sequence[int] | None = None, tta: int = 1) -> CVResult | WorkerResult:
     """Trains ``folds`` (default: every fold the shards have) with the settings of ``cfg`` (a ``FitConfig``,
     ``cfg.run`` the CV folder, ``cfg.fold`` left out) one after another in this process, then scores the
     out-of-fold predictions over ``tta`` views; returns ``cv.json``'s content, a ``CVResult``
-    (``result.scores_of(swa=False).scores["roc_auc_macro"]``: the OOF AUC).
+    (``result.scores_of(swa=False).scores["roc_auc_macro"]``: the OOF AUC). On a JAX cluster
+    (``strategy="multiworker"``, ``backend="jax"``) every process runs the same call, and the processes other
+    than 0 get a ``WorkerResult``: process 0 writes the CV folder.
 
     Example (a notebook: the Kaggle TPU notebooks' K-fold loop)::
 
@@ -78,6 +81,9 @@ def run_command(args: argparse.Namespace) -> None:
     folds, args.fold = args.fold, None  # the CV's folds; each fold's run gets its own
     cfg = config_from_args(args)
     result = cross_validate(cfg, folds, args.tta)
+    if isinstance(result, WorkerResult):  # a JAX cluster's other processes: process 0 prints the scores
+        print(f"train.cv: {result.task} done; {result.chief_task}, the chief, writes the CV", flush=True)
+        return
     print(
         f"train.cv: {counted(len(result.folds), 'fold')} -> {cfg.run} (cv.json, {oof_name(False, result.tta)}); "
         f"predict with the fold ensemble: python -m train.predict --run {cfg.run} --records ...",

@@ -30,12 +30,14 @@ R = TypeVar("R")
 
 VERBOSE_ENV = "TFPIPE_VERBOSE"
 PREAMBLE = b"WARNING: All log messages before absl::InitializeLog()"
+GLOO = b"[Gloo] Rank "  # on stdout: train.backends.jax.cluster_devices sends it to stderr while groups connect
 NOISE = re.compile(
     rb"^(?:[IWE]\d{4} [\d:.]+ +\d+ [\w./-]+:\d+\]"  # absl's line prefix: I0000 00:00:17.9 123 f.cc:1]
     rb"|\d{4}-\d\d-\d\d [\d:.]+: [IWE] [\w./-]+:\d+\]"  # TensorFlow <= 2.19's: 2026-11-23 07:13:30.5: E f.cc:4]
     rb"|" + re.escape(PREAMBLE) + rb"|To enable the following instructions: .* rebuild TensorFlow"  # cpu_feature_guard
     rb"|\*\*\* (?:Begin|End) stack trace \*\*\*"  # XLA's C++ stack trace of a failed compile (its frames indented)
-    rb"|\[Gloo\] Rank \d+ is connected to \d+ peer ranks)"  # JAX's CPU collectives, as each group connects
+    # JAX's CPU collectives as each group connects, one line a device's thread: lines that interleave too
+    rb"|" + re.escape(GLOO) + rb"|.*is connected to \d+ peer ranks\. Expected number of connected peer ranks is : \d+$)"
 )
 # An indented line: part of the log message above it (not a bar's \r); a stack trace's frames, blank ones too.
 CONTINUATION = re.compile(
@@ -146,6 +148,28 @@ def _fd2_filtered() -> Iterator[None]:
         os.close(real)
 
 
+@contextlib.contextmanager
+def stdout_on_stderr() -> Iterator[None]:
+    """Within the block, what C++ libraries print on stdout (file descriptor 1) goes to stderr, where the noise
+    filter reads it: gloo prints a ``[Gloo] Rank 0 is connected to ...`` line on stdout as each group of JAX's CPU
+    collectives connects. Python's and C's buffers of stdout are flushed before and after (C++ writes through C's
+    buffer: a line left there would reach the real stdout later)."""
+    import ctypes
+
+    flush_c = ctypes.CDLL(None).fflush
+    sys.stdout.flush()
+    flush_c(None)
+    saved = os.dup(1)
+    try:
+        os.dup2(2, 1)
+        yield
+    finally:
+        sys.stdout.flush()
+        flush_c(None)
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
 def _forward(read_end: int, real: int) -> None:
     """Copies the pipe to the real stderr, dropping whole noise lines and the indented lines that continue one
     (``\\t [[{{node MultiDeviceIteratorGetNextFromShard}}]]`` after a rendezvous warning); text that is not yet a
@@ -180,6 +204,7 @@ def _could_be_noise(start: bytes) -> bool:
         or bool(OLD_FORMAT_START.fullmatch(start))
         or PREAMBLE.startswith(head)
         or b"To enable the following".startswith(start[:23])
+        or GLOO.startswith(start[: len(GLOO)])  # gloo's C++ writes its line in pieces
     )
 
 

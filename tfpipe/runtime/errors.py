@@ -14,7 +14,15 @@ import warnings
 from collections.abc import Callable, Iterator
 from typing import Any, NoReturn, TextIO
 
-from tfpipe.runtime.lifecycle import BAD_INPUT, dead_worker_line, ending, stop_behind, stopping_on_signals
+from tfpipe.runtime.lifecycle import (
+    BAD_INPUT,
+    dead_worker_line,
+    ending,
+    quiet_for_a_gone_reader,
+    stdout_reader_gone,
+    stop_behind,
+    stopping_on_signals,
+)
 from tfpipe.runtime.lifecycle import Terminated as Terminated  # importable from here too
 
 _COMMAND: contextvars.ContextVar[str | None] = contextvars.ContextVar(
@@ -287,7 +295,8 @@ def run_cli(prog: str, fn: Callable[..., object], *args: object) -> int:
     the machine's problem, not a bug; ``os_error_line`` names the file) and the death of a DataLoader worker
     (the out-of-memory killer's, say: ``tfpipe.runtime.lifecycle.dead_worker_line``);
     Ctrl-C becomes exit code 130 and SIGTERM 143, each with its line (``tfpipe.runtime.lifecycle``'s table, installed
-    here for every command; a command that stops at a safe point says where). Anything else
+    here for every command; a command that stops at a safe point says where); standard output closed by its reader
+    (``| head``) ends the command quietly with 141, as SIGPIPE ends a Unix tool. Anything else
     is a bug and keeps its traceback. ``fn`` may return the exit code of a report it printed
     (``train.fit --preflight``: 2 when a TPU would refuse the run); else 0.
     """
@@ -300,6 +309,7 @@ def run_cli(prog: str, fn: Callable[..., object], *args: object) -> int:
         # TensorFlow's start-up lines held back (TFPIPE_VERBOSE=1); SIGTERM ends the command as Ctrl-C does
         with as_command(prog), warnings_as_lines(prog), quiet_tensorflow(), stopping_on_signals():
             code = fn(*args)
+            sys.stdout.flush()  # what is left reaches its reader here, where a reader gone is caught
     except TfpipeError as e:  # bad input: its line, even while a stop was on its way
         print(f"{prog}: error: {error_line(e)}", file=sys.stderr)
         return BAD_INPUT
@@ -308,6 +318,8 @@ def run_cli(prog: str, fn: Callable[..., object], *args: object) -> int:
         print(f"{prog}: {words}", file=sys.stderr)
         return code
     except Exception as e:  # a DataLoader worker that died (out of memory, killed) or an OSError; else a bug
+        if stdout_reader_gone(e):  # ``| head`` read what it wanted: a Unix tool ends quietly
+            return quiet_for_a_gone_reader()
         stop = stop_behind(e)  # raised as the command stopped (a SIGTERM to the group also ends the workers)
         if stop is not None:
             code, words = ending(stop)

@@ -24,6 +24,7 @@ import functools
 import multiprocessing
 import os
 import re
+import select
 import signal
 import sys
 import threading
@@ -43,11 +44,15 @@ BAD_INPUT = 2  # after its one line: a TfpipeError, an OSError naming its file, 
 LOST_A_RANK = 3  # a spawned rank that only lost another rank: its launcher names the one that went first
 INTERRUPTED = 130  # Ctrl-C (SIGINT): the code a shell gives
 TERMINATED = 143  # SIGTERM: the code a shell gives
+# stdout's reader closed it (``| head`` had what it wanted): 128 + SIGPIPE, the code a shell gives a Unix tool that
+# SIGPIPE ends (Python ignores SIGPIPE, so the write raises instead); nothing said -- there is no one to read it
+READER_GONE = 141
 EXITS: dict[int, str] = {
     PARENT_GONE: "a child ended because its parent died",
     BAD_INPUT: "one line said why (bad input, a full disk, a worker that died)",
     LOST_A_RANK: "a rank lost another rank; its launcher says which",
     INTERRUPTED: "interrupted (SIGINT)",
+    READER_GONE: "its output's reader closed the pipe (| head): ended quietly",
     TERMINATED: "terminated (SIGTERM)",
 }
 
@@ -120,6 +125,32 @@ def sigterm_restored() -> Iterator[None]:
     finally:
         if before is not None:  # None: a handler Python did not install, which it cannot put back
             signal.signal(signal.SIGTERM, before)
+
+
+def stdout_reader_gone(error: BaseException) -> bool:
+    """Whether ``error`` is a write to standard output whose reader closed it (``| head`` read what it wanted):
+    the write end of a pipe whose read end is gone polls as an error. A broken pipe elsewhere (a socket, a child's
+    stdin) is not, and stays an error."""
+    if not isinstance(error, BrokenPipeError):
+        return False
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # no descriptor (a notebook's stream, a test's capture)
+        return False
+    if not hasattr(select, "poll"):  # no poll (Windows): Python's own recipe, every broken pipe is stdout's
+        return True
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
+
+
+def quiet_for_a_gone_reader() -> int:
+    """After ``stdout_reader_gone``: standard output pointed at ``os.devnull`` (Python's documented recipe), so the
+    flush at exit writes nowhere instead of raising again; returns ``READER_GONE``, the exit code."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return READER_GONE
 
 
 class Deferred:

@@ -34,6 +34,7 @@ import threading
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+from tfpipe.runtime.console import stdout_on_stderr
 from tfpipe.runtime.errors import TfpipeError, command, option
 from tfpipe.runtime.lifecycle import BAD_INPUT, exit_now
 from tfpipe.runtime.net import MAX_PORT, host_and_port
@@ -165,11 +166,13 @@ class Processes:
         self.stopped_together = False  # a stop every process agreed on (``agree``) ends this one
 
     def gather(self, values: Sequence[int]) -> Any:
-        """Every process's ``values``, a row each in process order (JAX's allgather: a collective)."""
+        """Every process's ``values``, a row each in process order (JAX's allgather: a collective; gloo's line
+        as a new group of it connects goes to stderr's noise filter)."""
         import numpy as np
         from jax.experimental import multihost_utils
 
-        return np.asarray(multihost_utils.process_allgather(np.asarray(values, np.int64)))
+        with stdout_on_stderr():
+            return np.asarray(multihost_utils.process_allgather(np.asarray(values, np.int64)))
 
     def connect(self) -> None:
         """The ``PeerWatch`` connections made (every process at once, after ``join``)."""
@@ -195,11 +198,16 @@ class Processes:
         self.stopped_together = self.stopped_together or found is not None
         return found
 
+    def from_chief(self, values: Sequence[int]) -> list[int]:
+        """Process 0's ``values`` on every process (a collective: every process passes as many)."""
+        return [int(v) for v in self.gather(values)[0]]
+
     @contextlib.contextmanager
     def answering(self, run: str) -> Iterator[None]:
         """Within the block a process that ends ends this one in a line (``PeerWatch``); this one ending on an
-        error of its own says nothing to the others (they end on its silence), a stop they agreed on says bye."""
-        self.watch.run = run
+        error of its own says nothing to the others (they end on its silence), a stop they agreed on says bye.
+        Each block is a round of the job (``train.cv``: one a fold): a bye ends the round it is said in."""
+        self.watch.begin(run)
         try:
             yield
         except KeyboardInterrupt:
@@ -227,17 +235,33 @@ class Processes:
 
 class PeerWatch:
     """A TCP connection from every process to process 0 (at the coordinator's host, a port process 0 picks and
-    tells the others through JAX's allgather). A process that ends on purpose says ``bye`` first (its training
-    done; a stop every process agreed on); one whose connection closes without it (killed, out of memory, an
-    error of its own) ends every other in one line, at once: process 0 tells the others which process it was."""
+    tells the others through JAX's allgather). A process that ends a round of the job on purpose says ``bye R``
+    (its training done; a stop every process agreed on); one whose connection closes without it (killed, out of
+    memory, an error of its own) ends every other in one line, at once: process 0 tells the others which process
+    it was. A job has one round (``train.fit``) or several, one a fold (``train.cv``): a connection that closed
+    after a round's bye ends the others when the next round begins."""
 
     def __init__(self, index: int, count: int) -> None:
         self.index, self.count = index, count
         self.prog, self.resume, self.run = command() or "tfpipe", option("resume", True), ""
-        self.quiet = threading.Event()  # this process ends on purpose: a peer's end is no news
+        self.quiet = threading.Event()  # this process ends this round on purpose: a peer's end is no news
         self.peers: dict[int, socket.socket] = {}
-        self.ended: dict[int, bool] = {}  # a peer that said bye (True) or whose connection closed without it
+        self.round = 0  # the rounds begun (``begin``); every process begins the same ones
+        self.byes: dict[int, int] = {}  # the last round each peer said bye in
+        self.closed: set[int] = set()  # the peers whose connection closed
         self.changed = threading.Condition()
+
+    def begin(self, run: str) -> None:
+        """A new round (a run trained into ``run``): a peer whose connection closed since ends this process now."""
+        with self.changed:
+            self.round, self.run = self.round + 1, run
+            self.quiet.clear()
+            gone = sorted(p for p in self.closed if not self.said_bye(p))
+        if gone:
+            self.lost(gone[0])
+
+    def said_bye(self, peer: int) -> bool:
+        return self.byes.get(peer, 0) >= self.round
 
     def connect(self, gather: Any, host: str) -> None:
         server = socket.create_server((host, 0)) if self.index == 0 else None
@@ -262,20 +286,23 @@ class PeerWatch:
         with contextlib.suppress(OSError), conn.makefile("r", encoding="ascii") as lines:
             for line in lines:
                 words = line.split()
-                if words == ["bye"]:
-                    self.note(peer, said_bye=True)
+                if words[:1] == ["bye"] and len(words) == 2:
+                    self.note(peer, bye=int(words[1]))
                 elif words[:1] == ["lost"] and len(words) == 2 and not self.quiet.is_set():
                     self.end(int(words[1]))
-        if not self.note(peer, said_bye=False) and not self.quiet.is_set():
+        if not self.note(peer, bye=None) and not self.quiet.is_set():
             self.lost(peer)
 
-    def note(self, peer: int, said_bye: bool) -> bool:
-        """Notes that ``peer`` said bye, or (``said_bye`` False) that its connection closed; returns whether it
-        said bye."""
+    def note(self, peer: int, bye: int | None) -> bool:
+        """Notes that ``peer`` said bye in round ``bye``, or (None) that its connection closed; returns whether it
+        said bye in this round."""
         with self.changed:
-            self.ended[peer] = self.ended.get(peer, False) or said_bye
+            if bye is None:
+                self.closed.add(peer)
+            else:
+                self.byes[peer] = max(bye, self.byes.get(peer, 0))
             self.changed.notify_all()
-            return self.ended[peer]
+            return self.said_bye(peer)
 
     def lost(self, peer: int) -> None:
         """``peer`` closed its connection without a bye: process 0 tells the others which, then each ends."""
@@ -300,13 +327,14 @@ class PeerWatch:
         self.quiet.set()
         for conn in self.peers.values():
             with contextlib.suppress(OSError):
-                conn.sendall(b"bye\n")
+                conn.sendall(f"bye {self.round}\n".encode("ascii"))
 
     def wait_for_chief(self) -> None:
-        """Until process 0 says bye (the run written) or ends without it: then one line."""
+        """Until process 0 says bye in this round (the run written) or ends without it: then one line."""
         with self.changed:
-            self.changed.wait_for(lambda: 0 in self.ended)
-        if not self.ended[0]:
+            self.changed.wait_for(lambda: self.said_bye(0) or 0 in self.closed)
+            written = self.said_bye(0)
+        if not written:
             raise TfpipeError(
                 f"process {self.index}: process 0 ended before it wrote the run {self.run} (its own output says why)"
             )

@@ -6,8 +6,10 @@ JAX program (``train.accel.hosts.Processes``). The trainer asks its backend for 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Sequence
 from typing import Any, Protocol
 
+from tfpipe.runtime.errors import TfpipeError
 from train.accel import cluster
 
 
@@ -22,6 +24,11 @@ class Workers(Protocol):
 
     def same_start(self, run: str, start: tuple[int, ...]) -> None:
         """Every process starts from the same point (``start``), or every one refuses in one line."""
+        ...
+
+    def from_chief(self, values: Sequence[int]) -> list[int]:
+        """The chief's ``values`` on every process (every process passes as many): what the chief alone read or
+        decided (``train.cv``: where each fold stands)."""
         ...
 
     def answering(self, run: str) -> contextlib.AbstractContextManager[None]:
@@ -48,6 +55,9 @@ class Alone:
 
     def same_start(self, run: str, start: tuple[int, ...]) -> None:
         pass
+
+    def from_chief(self, values: Sequence[int]) -> list[int]:
+        return list(values)
 
     def answering(self, run: str) -> contextlib.AbstractContextManager[None]:
         return contextlib.nullcontext()
@@ -78,6 +88,9 @@ class TfWorkers(Alone):
 
     def same_start(self, run: str, start: tuple[int, ...]) -> None:
         cluster.check_same_start(self.strategy, run, start)
+
+    def from_chief(self, values: Sequence[int]) -> list[int]:
+        raise TfpipeError("a TensorFlow multi-worker cluster trains one run (train.fit); train.cv is refused first")
 
     def answering(self, run: str) -> contextlib.AbstractContextManager[None]:
         return cluster.peers_answering(self.strategy, run)

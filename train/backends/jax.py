@@ -21,6 +21,7 @@ import keras
 import numpy as np
 
 from tfpipe.runtime import fs
+from tfpipe.runtime.console import stdout_on_stderr
 from tfpipe.runtime.errors import NoAccelerator, TfpipeError, option
 from train.accel import hosts
 from train.accel.tpus import tpu_present
@@ -105,7 +106,10 @@ def cluster_devices(replicas: int | None) -> JaxDevices:
     """``--strategy multiworker``: this process joins the cluster of Keras' variables or the TPU pod slice's
     (``train.accel.hosts``); every process's devices train, each process feeding its own. On CPUs each process
     has ``replicas`` XLA host devices (``train.backends.choice.use_backend`` asked XLA for them)."""
-    hosts.join(hosts.cluster_from_environment(os.environ))
+    with stdout_on_stderr():  # gloo's lines as its groups connect: noise (filtered there)
+        hosts.join(hosts.cluster_from_environment(os.environ))
+        processes = hosts.Processes(jax.process_index(), jax.process_count())
+        processes.connect()
     platform, here = jax.default_backend(), jax.local_device_count()
     if platform != "cpu" and replicas not in (None, 1):
         raise TfpipeError(
@@ -117,8 +121,6 @@ def cluster_devices(replicas: int | None) -> JaxDevices:
             f"this process has {here} CPU device{'s' * (here != 1)}, not {replicas} ({option('replicas')}): "
             f"JAX started before {HOST_DEVICES} could be set; start the job in a new process"
         )
-    processes = hosts.Processes(jax.process_index(), jax.process_count())
-    processes.connect()
     return JaxDevices(jax.devices(), platform, processes)
 
 

@@ -11,10 +11,11 @@ fold's model on its own validation images (``train.decide.tuning.out_of_fold``) 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import tensorflow as tf
@@ -27,9 +28,10 @@ from tfpipe.runtime.locks import LOCK, locked_folder
 from tfpipe.tf.columns import check_no_image_twice
 from train import backends as backend
 from train.accel.strategy import tpu_strategy
+from train.accel.workers import Workers
 from train.decide.evaluation import Scores, headline, score
 from train.decide.tta import scored_at_own_thresholds, views_worth
-from train.decide.tuning import Predictions, describe, out_of_fold, tune_thresholds, write_oof
+from train.decide.tuning import Predictions, describe, out_of_fold, tune, write_oof
 from train.keras.config import FitConfig
 from train.keras.fit_run import remove_if_empty, replace_run, settings_of
 from train.keras.plan import Devices
@@ -48,7 +50,7 @@ from train.runs.cv_folder import (
     shared_settings,
     submitted_model,
 )
-from train.runs.results import FitResult
+from train.runs.results import WorkerResult
 from train.runs.run import RunConfig, read_state
 from train.runs.thresholds import save_thresholds
 
@@ -57,34 +59,77 @@ PROG = "train.cv"
 
 def cross_validate(
     cfg: FitConfig, folds: Sequence[int] | None, tta: int, choice: backend.Choice, shards: Shards
-) -> CVResult:
+) -> CVResult | WorkerResult:
     """Trains ``folds`` (default: every fold of the shards) with the settings of ``cfg`` into the CV folder
-    ``cfg.run``, then scores the out-of-fold predictions over ``tta`` views; returns ``cv.json``'s content.
-    Called through ``train.cv.cross_validate`` (see its example), which readied the process for ``choice`` and
-    opened the ``shards``: every fold is planned from these (their dataset id in cv.json)."""
+    ``cfg.run``, then scores the out-of-fold predictions over ``tta`` views; returns ``cv.json``'s content (a JAX
+    cluster's processes other than 0: a ``WorkerResult``, process 0 writes the CV). Called through
+    ``train.cv.cross_validate`` (see its example), which readied the process for ``choice`` and opened the
+    ``shards``: every fold is planned from these (their dataset id in cv.json)."""
     check_config(cfg)  # once for every fold
-    strategy, kind = backend.resolve(choice, cfg.strategy, cfg.replicas)  # once: one TPU connection for every fold
+    if cfg.strategy == "multiworker" and choice.name != "jax":
+        raise TfpipeError(_refused_setting(cfg))
+    devices, kind = backend.resolve(choice, cfg.strategy, cfg.replicas)  # once: one TPU connection, one cluster
     if cfg.verbose:
-        print(f"{PROG}: {backend.describe(choice, strategy, kind)}", flush=True)
+        print(f"{PROG}: {backend.describe(choice, devices, kind)}", flush=True)
     cfg = dataclasses.replace(cfg, backend=choice.name)
     check_no_image_twice(shards)
-    plan = plan_cv(cfg, shards, folds, tta, strategy.num_replicas_in_sync)
+    plan = plan_cv(cfg, shards, folds, tta, devices.num_replicas_in_sync)
+    workers = backend.get(choice.name).workers(devices)
+    with workers.answering(cfg.run), cv_folder(cfg, plan, workers) as stands:
+        for i, k in enumerate(plan.folds):
+            if i:
+                devices = between_folds(devices, kind, choice.name)
+            train_fold(cfg, plan, (k, i, stands[i]), (devices, kind), shards)
+        with workers.answering(cfg.run):  # the OOF predictions: by process 0 alone, on its own devices
+            if workers.many:
+                workers.trained()
+                devices = backend.get(choice.name).this_machine(devices)
+            result = score_out_of_fold(cfg, plan, devices, workers)
+            workers.finished()
+    return result if workers.chief else WorkerResult(workers.name, workers.chief_name, cfg.run)
+
+
+NEW, STARTED, FINISHED, REFUSED = 0, 1, 2, -1  # where a fold stands (process 0 read it; every process acts on it)
+
+
+@contextlib.contextmanager
+def cv_folder(cfg: FitConfig, plan: CVResult, workers: Workers) -> Iterator[list[int]]:
+    """The CV folder locked and checked out by the chief (process 0 of a JAX cluster), the plan saved there;
+    yields where each fold stands, as the chief read it (``NEW``, ``STARTED``, ``FINISHED``), on every process:
+    each process trains the same folds the same way. A refusal of the chief's is every process's."""
+    if not workers.chief:
+        where = workers.from_chief([NEW] * len(plan.folds))
+        if REFUSED in where:
+            raise TfpipeError(
+                f"{workers.name}: {workers.chief_name} refused the CV folder {cfg.run} (its own output says why)"
+            )
+        yield where
+        return
     created = not fs.exists(cfg.run)
     try:
         with locked_folder(cfg.run, PROG, setting="run"):
-            check_out_cv(cfg, plan)
-            plan.save(cfg.run)
-            for i, k in enumerate(plan.folds):
-                if i:
-                    strategy = between_folds(strategy, kind)
-                train_fold(cfg, plan, k, i, (strategy, kind), shards)
-            result = score_out_of_fold(cfg, plan, strategy)
-            result.save(cfg.run)
-        return result
+            try:
+                check_out_cv(cfg, plan)
+                plan.save(cfg.run)
+                where = [fold_stands(cfg.run, plan, k) for k in plan.folds]
+            except TfpipeError:
+                workers.from_chief([REFUSED] * len(plan.folds))
+                raise
+            yield workers.from_chief(where)
     except BaseException:
         if created:
             remove_if_empty(cfg.run)
         raise
+
+
+def fold_stands(cv: str, plan: CVResult, fold: int) -> int:
+    """Where fold ``fold``'s run in the CV folder ``cv`` stands: ``NEW``, ``STARTED`` (checked against the plan)
+    or ``FINISHED``."""
+    run = fold_run(cv, fold)
+    if not fs.exists(run_files.path(run, run_files.CONFIG)):
+        return NEW
+    check_fold_run(run, RunConfig.load(run), plan, fold)
+    return FINISHED if read_state(run).get("finished") else STARTED
 
 
 def plan_cv(cfg: FitConfig, shards: Shards, folds: Sequence[int] | None, tta: int, replicas: int) -> CVResult:
@@ -95,7 +140,7 @@ def plan_cv(cfg: FitConfig, shards: Shards, folds: Sequence[int] | None, tta: in
     check_tta(tta)
     if cfg.fold is not None:  # from Python (the command's --fold is the folds' list)
         raise TfpipeError("cross_validate trains a run for each fold of folds=[...]; leave FitConfig.fold out")
-    if cfg.preflight or cfg.strategy == "multiworker" or not cfg.report or (cfg.resume and cfg.overwrite):
+    if cfg.preflight or not cfg.report or (cfg.resume and cfg.overwrite):
         raise TfpipeError(_refused_setting(cfg))
     if not shards.num_folds:
         raise TfpipeError(f"{cfg.records}: written without folds; write the shards with --num-folds to cross-validate")
@@ -121,7 +166,10 @@ def _refused_setting(cfg: FitConfig) -> str:
     if cfg.preflight:
         return "train.cv trains; check the settings once with train.fit --preflight (one fold is enough)"
     if cfg.strategy == "multiworker":
-        return "train.cv trains on one machine (a multi-worker cluster trains one fold with train.fit)"
+        return (
+            f"train.cv trains on a cluster with {option('backend', 'jax')}; a TensorFlow multi-worker cluster "
+            "trains one fold with train.fit"
+        )
     if cfg.resume and cfg.overwrite:
         return f"{option('resume', True)} continues the CV in the folder, {option('overwrite', True)} replaces it"
     return f"train.cv scores each fold's validation predictions, which {option('report', False)} turns off"
@@ -226,28 +274,29 @@ def replace_cv(cv: str, before: CVResult, names: Sequence[str]) -> None:
     print(f"{PROG}: replaced the cross-validation in {cv} ({option('overwrite', True)})", flush=True)
 
 
-def train_fold(
-    cfg: FitConfig, plan: CVResult, fold: int, index: int, on: tuple[tf.distribute.Strategy, str], shards: Shards
-) -> None:
-    """Fold ``fold``'s run: kept when finished with the CV's settings, continued when interrupted, else trained:
-    planned from the CV's ``shards`` and handed to the engine on the CV's strategy (``on``: it and its kind)."""
+def train_fold(cfg: FitConfig, plan: CVResult, fold: tuple[int, int, int], on: tuple[Any, str], shards: Shards) -> None:
+    """A fold's run (``fold``: the fold, its place in the plan, where it stands): kept when finished, continued
+    when started, else trained: planned from the CV's ``shards`` and handed to the engine on the CV's devices
+    (``on``: the strategy or JAX devices, and their kind)."""
     from train.keras.trainer import train  # binds the backend's Keras: after ready
 
-    run = fold_run(cfg.run, fold)
-    where = f"{PROG}: fold {fold} ({index + 1} of {len(plan.folds)})"
-    started = fs.exists(run_files.path(run, run_files.CONFIG))
-    if started:
-        check_fold_run(run, RunConfig.load(run), plan, fold)
-        if read_state(run).get("finished"):
-            print(f"{where}: trained earlier -> {run}", flush=True)
-            return
-    print(f"{where}: {'continuing' if started else 'training'} -> {run}", flush=True)
+    k, index, stands = fold
+    run = fold_run(cfg.run, k)
+    where = f"{PROG}: fold {k} ({index + 1} of {len(plan.folds)})"
+    if stands == FINISHED:
+        print(f"{where}: trained earlier -> {run}", flush=True)
+        return
+    print(f"{where}: {'continuing' if stands == STARTED else 'training'} -> {run}", flush=True)
     begun = time.perf_counter()
-    strategy, kind = on
-    fold_cfg = dataclasses.replace(cfg, run=run, fold=fold, resume=started, overwrite=False, strategy=strategy)
-    devices = Devices(cfg.backend, strategy, kind, strategy.num_replicas_in_sync)
-    m = train(make_plan(fold_cfg, shards, devices), begun)
-    assert isinstance(m, FitResult) and m.report is not None  # a CV trains on one machine, always with the report
+    devices, kind = on
+    fold_cfg = dataclasses.replace(cfg, run=run, fold=k, resume=stands == STARTED, overwrite=False, strategy=devices)
+    processes = backend.get(cfg.backend).input_pipelines(devices)
+    m = train(
+        make_plan(fold_cfg, shards, Devices(cfg.backend, devices, kind, devices.num_replicas_in_sync, processes)), begun
+    )
+    if isinstance(m, WorkerResult):
+        return  # process 0 says the fold's validation
+    assert m.report is not None  # a CV always trains with the report
     report = m.report
     print(
         f"{where}: validation of {describe(False, 1)} on {counted(report['examples'], 'image')}: "
@@ -257,23 +306,29 @@ def train_fold(
     )
 
 
-def between_folds(strategy: tf.distribute.Strategy, kind: str) -> tf.distribute.Strategy:
-    """Keras' global state cleared and its memory freed; on a TPU its system initialised again (the memory a
-    fold's model held is freed there only then) and a new strategy over the same connection."""
+def between_folds(devices: Any, kind: str, name: str) -> Any:
+    """Keras' global state cleared and its memory freed; on a TPU under TensorFlow (backend ``name``) its system
+    initialised again (the memory a fold's model held is freed there only then) and a new strategy over the same
+    connection. JAX frees a fold's arrays once nothing holds them: its devices serve every fold."""
     backend.keras_module().backend.clear_session()
     gc.collect()
-    if kind != "tpu":
-        return strategy
-    return tpu_strategy(strategy.cluster_resolver)
+    if kind != "tpu" or name != "tf":
+        return devices
+    return tpu_strategy(devices.cluster_resolver)
 
 
-def score_out_of_fold(cfg: FitConfig, plan: CVResult, strategy: tf.distribute.Strategy) -> CVResult:
+def score_out_of_fold(cfg: FitConfig, plan: CVResult, strategy: Any, workers: Workers) -> CVResult:
     """The OOF predictions of the final models (and of the SWA models, when trained) over the plan's views,
-    scored at thresholds tuned on them; the model with the better OOF AUC is the one train.predict submits with."""
+    scored at thresholds tuned on them; the model with the better OOF AUC is the one train.predict submits with.
+    Written to ``cv.json`` by the chief (the others return the plan)."""
+    if not workers.chief:
+        return plan
     models = [oof_scores(cfg, plan, strategy, swa=False)]
     if cfg.swa_epochs:
         models.append(oof_scores(cfg, plan, strategy, swa=True))
-    return dataclasses.replace(plan, models=tuple(models), submits=submitted_model(models, plan.metric))
+    result = dataclasses.replace(plan, models=tuple(models), submits=submitted_model(models, plan.metric))
+    result.save(cfg.run)
+    return result
 
 
 def oof_scores(cfg: FitConfig, plan: CVResult, strategy: tf.distribute.Strategy, swa: bool) -> ModelScores:
@@ -305,8 +360,10 @@ def oof_thresholds_now(cfg: FitConfig, plan: CVResult, found: Predictions, swa: 
     runs, labelled by argmax), and their file's name."""
     if plan.single_label:
         return [cfg.threshold] * len(plan.classes), None
-    thresholds = tune_thresholds(found.probs, found.targets, cfg.threshold, plan.metric)
-    model = run_files.model_files(swa)[0]
+    tuned = tune(found.probs, found.targets, cfg.threshold, plan.metric)
+    thresholds, model = tuned.thresholds, run_files.model_files(swa)[0]
+    for note in tuned.notes(plan.classes, cfg.threshold, "OOF"):
+        print(f"{PROG}: thresholds of {describe(swa, plan.tta)}: {note}", flush=True)
     save_thresholds(cfg.run, plan.classes, thresholds, model, run_files.SWA_SUFFIX if swa else "", plan.tta)
     return thresholds, run_files.model_files(swa, plan.tta)[1]
 

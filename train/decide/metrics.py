@@ -31,6 +31,18 @@ class Metric:
     kinds: frozenset[str]
     higher: bool = True
 
+    def __eq__(self, other: object) -> bool:
+        """A metric is equal to its name as ``metrics.json`` and ``--metric`` spell it (``result.metric ==
+        "roc_auc"``, as ``result.metrics["metric"] == "roc_auc"`` is), and to a metric of every field alike."""
+        if isinstance(other, str):
+            return self.name == other
+        if isinstance(other, Metric):
+            return dataclasses.astuple(self) == dataclasses.astuple(other)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self.name)  # equal to its name, so hashed as it is: a dict or set finds either
+
     def figure(self, scores: Mapping[str, Any] | None) -> str:
         """``balanced accuracy 0.8120``; ``-`` for a figure not defined (e.g. no AUC without both kinds of row)."""
         v = value(scores, self)

@@ -15,7 +15,7 @@ A CV folder's thresholds are tuned the same way on its out-of-fold predictions (
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Sequence, Set
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -26,7 +26,9 @@ from tfpipe.format.shards import Shards
 from tfpipe.runtime import fs
 from tfpipe.runtime.console import counted
 from tfpipe.runtime.errors import TfpipeError, option
+from train.decide.evaluation import figure
 from train.decide.metrics import Metric
+from train.prediction.probabilities import check_probabilities
 from train.prediction.submission import label_strings
 from train.runs import files
 from train.runs import run as run_files
@@ -86,7 +88,7 @@ def validation_predictions(
     recorded, model = run_files.path(run, name), run_files.model_name(run, swa)
     if fs.exists(recorded):
         run_files.check_file(run, name, f"delete it to predict anew ({why})", model, views)
-        probs = read_probabilities(recorded, classes, digests)
+        probs = read_probabilities(recorded, classes, digests, config.single_label)
     else:
         probs = predict(records, folds)
         write_predictions(recorded, names, digests, targets, probs, classes)
@@ -94,9 +96,10 @@ def validation_predictions(
     return Predictions(names, digests, probs, targets)
 
 
-def read_probabilities(path: str, classes: Sequence[str], digests: Sequence[str]) -> Array:
+def read_probabilities(path: str, classes: Sequence[str], digests: Sequence[str], single_label: bool) -> Array:
     """The class columns of a predictions file (``image_digest`` first, one column per class), validated as
-    input: its rows must be ``digests`` in order and its values probabilities."""
+    input: its rows must be ``digests`` in order and its values probabilities, each row summing to 1 when
+    ``single_label`` (``train.prediction.probabilities``)."""
     import pandas as pd
 
     with fs.open(path) as f:
@@ -113,9 +116,10 @@ def read_probabilities(path: str, classes: Sequence[str], digests: Sequence[str]
             "to other shards (delete it to predict anew)"
         )
     probs = pd.DataFrame(table[list(classes)]).apply(pd.to_numeric, errors="coerce").to_numpy(np.float64)
-    if not np.all((probs >= 0) & (probs <= 1)):  # also refuses NaN: a cell that is not a number
-        raise TfpipeError(f"{path}: a value that is not a probability in [0, 1]; it was edited or damaged")
-    return probs.astype(np.float32)
+    try:
+        return check_probabilities(path, probs, classes, single_label).astype(np.float32)
+    except TfpipeError as e:
+        raise TfpipeError(f"{e}; it was edited or damaged (delete it to predict anew)") from None
 
 
 def write_predictions(
@@ -136,17 +140,113 @@ def tune_thresholds(
     default: float,
     metric: Metric | None = None,
 ) -> list[float]:
+    """``tune``'s thresholds alone: for a search that scores many candidates and says nothing of each."""
+    return tune(probs, targets, default, metric).thresholds
+
+
+class NearChance(NamedTuple):
+    """A class left at the default threshold because its AUC on the tuning predictions does not tell it from
+    chance: the threshold tuning found for it, and the share of rows each labels against the share that hold it."""
+
+    column: int
+    auc: float
+    bound: float  # the AUC that would (``chance_bound``)
+    tuned: float
+    tuned_share: float
+    default_share: float
+    true_share: float
+
+
+class Tuned(NamedTuple):
+    """Thresholds tuned on predictions, with what was decided against tuning: classes near chance
+    (``NearChance``) and whether the default everywhere scored at least as well as the tuned set (``naive``:
+    the judge's key, the two figures), which it then is."""
+
+    thresholds: list[float]
+    near_chance: tuple[NearChance, ...] = ()
+    naive: tuple[str, float, float] | None = None
+
+    def notes(self, classes: Sequence[str], default: float, on: str) -> list[str]:
+        """A line for each decision against tuning, ``on`` naming the predictions (``validation``, ``OOF``)."""
+        lines = [
+            f"{classes[n.column]!r}: {on} AUC {n.auc:.3f} does not tell it from chance ({n.bound:.3f} would, on "
+            f"these images): its tuned threshold {n.tuned:.3f} would label {n.tuned_share:.0%} of the images, "
+            f"{n.true_share:.0%} hold it; labelled at {default:g} ({n.default_share:.0%}) instead"
+            for n in self.near_chance
+        ]
+        if self.naive is not None:
+            key, tuned, naive = self.naive
+            lines.append(
+                f"the tuned thresholds scored {key} {tuned:.4f} on the {on} predictions, {default:g} for every class "
+                f"{naive:.4f}: every class labelled at {default:g}"
+            )
+        return lines
+
+
+def tune(
+    probs: npt.NDArray[np.floating[Any]],
+    targets: npt.NDArray[np.floating[Any]],
+    default: float,
+    metric: Metric | None = None,
+) -> Tuned:
     """Per-class thresholds maximising ``metric`` on these predictions: each class's F1 (what F1 macro is the
     mean of, and the start for the rest; ``default`` for a class with no positive), then, for ``exact_match``
-    and ``f1_micro``, which couple the classes, two rounds of coordinate ascent (``ascended``).
+    and ``f1_micro``, which couple the classes, two rounds of coordinate ascent (``ascended``). Two decisions
+    against tuning, for what it would do on unseen images: a class whose AUC is near chance (``chance_bound``)
+    keeps ``default`` (a class the model cannot rank gets its best F1 by being labelled everywhere), and the
+    default for every class is kept when it scores at least as well as the tuned set (``naive_judge``).
 
     Each lies halfway between the lowest score called positive and the next lower score: the same labels on the
     validation images, but no validation score sits exactly on a threshold, where float noise of another batch
     layout or device (1e-7) would flip its label."""
-    out = f1_thresholds(probs, targets, default)
+    found = f1_thresholds(probs, targets, default)
+    near = near_chance(probs, targets, found, default)
+    out = [default if c in {n.column for n in near} else t for c, t in enumerate(found)]
     if metric is not None and metric.name in ASCENDED:
         for _ in range(ASCENT_ROUNDS):
-            out = ascended(probs, targets > 0, out, metric.name)
+            out = ascended(probs, targets > 0, out, metric.name, fixed={n.column for n in near})
+    key = naive_judge(metric)
+    tuned, naive = (figure(probs, targets, t, False, key) for t in (out, [default] * len(out)))
+    if tuned is not None and naive is not None and naive >= tuned and out != [default] * len(out):
+        return Tuned([default] * len(out), tuple(near), (key, tuned, naive))
+    return Tuned(out, tuple(near))
+
+
+def naive_judge(metric: Metric | None) -> str:
+    """The figure tuned thresholds must beat the default at: the run's metric where thresholds change it
+    (exact-match and F1 micro judge the whole set), else F1 macro (what per-class tuning serves)."""
+    return metric.key if metric is not None and metric.key in ("exact_match", "f1_micro", "f1_macro") else "f1_macro"
+
+
+CHANCE_ERRORS = 2.0  # standard errors above 0.5 an AUC needs to be told from chance
+
+
+def chance_bound(positives: int, rows: int) -> float | None:
+    """The AUC a class needs, over ``rows`` rows of which ``positives`` hold it, to be told from chance: 0.5 plus
+    ``CHANCE_ERRORS`` standard errors of the AUC of a model that cannot rank it (the Mann-Whitney statistic's
+    under no difference: sqrt((n + 1) / (12 n1 n0)), Hanley & McNeil 1982). None: no AUC without both kinds."""
+    negatives = rows - positives
+    if positives <= 0 or negatives <= 0:
+        return None
+    return 0.5 + CHANCE_ERRORS * float(np.sqrt((rows + 1) / (12.0 * positives * negatives)))
+
+
+def near_chance(probs: Array, targets: Array, tuned: Sequence[float], default: float) -> list[NearChance]:
+    """The classes whose AUC on these predictions is below ``chance_bound``, with what ``tuned`` and ``default``
+    would label."""
+    from sklearn.metrics import roc_auc_score
+
+    out, truth = [], targets > 0
+    for c in range(truth.shape[1]):
+        bound = chance_bound(int(truth[:, c].sum()), len(truth))
+        if bound is None:
+            continue
+        auc = float(roc_auc_score(truth[:, c], probs[:, c]))
+        if auc < bound:
+            tuned_share, default_share = (float(np.mean(probs[:, c] >= t)) for t in (tuned[c], default))
+            out.append(
+                NearChance(c, auc, bound, float(tuned[c]), tuned_share, default_share, float(truth[:, c].mean()))
+            )
     return out
 
 
@@ -173,12 +273,15 @@ def f1_thresholds(
     return out
 
 
-def ascended(probs: Array, truth: Array, thresholds: Sequence[float], metric: str) -> list[float]:
-    """One pass of coordinate ascent: each class's threshold moved, the others' held, to the cut of its sorted
-    scores that maximises ``metric`` (``exact_match`` or ``f1_micro``) over every row; kept where none is strictly
-    better. A new threshold lies halfway between scores, as ``f1_thresholds``' do."""
+def ascended(
+    probs: Array, truth: Array, thresholds: Sequence[float], metric: str, fixed: Set[int] = frozenset()
+) -> list[float]:
+    """One pass of coordinate ascent: each class's threshold (but the ``fixed`` classes') moved, the others'
+    held, to the cut of its sorted scores that maximises ``metric`` (``exact_match`` or ``f1_micro``) over every
+    row; kept where none is strictly better. A new threshold lies halfway between scores, as ``f1_thresholds``'
+    do."""
     out = list(thresholds)
-    for c in range(truth.shape[1]):
+    for c in (c for c in range(truth.shape[1]) if c not in fixed):
         hits = probs >= np.asarray(out)[None, :]
         others = np.delete(hits == truth, c, axis=1).all(axis=1)  # rows every other class gets right
         order = np.argsort(-probs[:, c], kind="stable")
@@ -221,7 +324,10 @@ def tuned_thresholds(
     if recorded is not None:
         return recorded
     found = predictions()
-    thresholds = tune_thresholds(found.probs, found.targets, default, metric)
+    tuned = tune(found.probs, found.targets, default, metric)
+    thresholds = tuned.thresholds
+    for note in tuned.notes(classes, default, "validation"):
+        print(f"{prog}: thresholds of {describe(swa, views)}: {note}", flush=True)
     name = run_files.model_files(swa, views)[1]
     try:
         model = run_files.model_name(folder, swa)

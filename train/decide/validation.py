@@ -22,7 +22,7 @@ import pandas as pd
 from tfpipe.runtime import fs
 from train.decide import evaluation
 from train.decide.metrics import Metric
-from train.decide.tuning import tune_thresholds
+from train.decide.tuning import Tuned, tune
 from train.keras import plots
 from train.prediction.submission import label_strings, labels_at
 from train.runs import files
@@ -51,6 +51,7 @@ class Validated(NamedTuple):
     truth: list[str]  # the true labels of each row, space-separated
     predicted: list[str]  # the predicted labels at ``thresholds``
     scores: evaluation.Report  # metrics.json's "report"
+    notes: list[str]  # the decisions against tuning a threshold (``train.decide.tuning.Tuned.notes``)
 
 
 def validation_files(
@@ -73,7 +74,8 @@ def validation_files(
     and returns the scores of ``train.decide.evaluation.score`` at those thresholds, in metrics.json's words."""
     from sklearn.metrics import f1_score
 
-    thresholds = [threshold] * len(classes) if single_label else tune_thresholds(probs, targets, threshold, metric)
+    tuned = Tuned([threshold] * len(classes)) if single_label else tune(probs, targets, threshold, metric)
+    thresholds = tuned.thresholds
     predicted = labels_at(probs, classes, thresholds, single_label)
     truth = label_strings(targets > 0, classes)
     if run_dir is not None:
@@ -96,4 +98,4 @@ def validation_files(
         if single_label
         else float(f1_score(hits, probs >= np.asarray(thresholds), average="macro", zero_division=0)),
     )
-    return Validated(thresholds, truth, predicted, report)
+    return Validated(thresholds, truth, predicted, report, tuned.notes(classes, threshold, "validation"))

@@ -114,7 +114,7 @@ class Throughput(StepGroups, KerasMixin):
         self.steps = 0  # this epoch's steps in this job (a resumed epoch's are fewer)
         self.rates: list[float] = []
         self.epochs_saved = 0
-        self.seconds = self.last_seconds = 0.0
+        self.seconds = 0.0
         self._start: float | None = None
         self._began = 0.0
 
@@ -132,7 +132,7 @@ class Throughput(StepGroups, KerasMixin):
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         self.on_test_begin()  # an epoch without validation: timed to its end
-        seconds = self.last_seconds = time.perf_counter() - self._began
+        seconds = time.perf_counter() - self._began
         self.seconds += seconds
         self.epochs_saved += 1
         if logs is not None:

@@ -252,9 +252,10 @@ def write_run_config(plan: Plan) -> None:
 
 
 def settings_of(cfg: FitConfig) -> dict[str, Any]:
-    """Every setting of ``cfg`` as JSON values, as ``config.json`` records them: a strategy object by its class
-    name, the callbacks and the preflight's settings left out (``dataclasses.asdict`` would deep-copy a strategy
-    and the callbacks, and the default strategy refuses to be copied)."""
+    """Every setting of ``cfg`` as JSON values, as ``config.json`` records them: the strategy by its name (a
+    plan's is one: ``train.keras.planning.strategy_name``; a config not planned, by its object's class name), the
+    callbacks and the preflight's settings left out (``dataclasses.asdict`` would deep-copy a strategy and the
+    callbacks, and the default strategy refuses to be copied)."""
     strategy = cfg.strategy if isinstance(cfg.strategy, str) else type(cfg.strategy).__name__
     fields = dataclasses.asdict(dataclasses.replace(cfg, strategy=strategy, callbacks=()))
     kept = {k: v for k, v in fields.items() if k not in ("callbacks", *PREFLIGHT_ONLY)}  # a run is never a preflight

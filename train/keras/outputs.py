@@ -51,6 +51,18 @@ def finish_swa(
     return result
 
 
+def swa_line(epochs: int, batches: int, report: bool) -> str:
+    """What finishing SWA does, step by step, and no estimate of its time: its batch-norm pass traces a program of
+    its own (on every replica) and starts its own input pipeline before its first batch, which an epoch's time
+    does not foretell (a user's took 54-95 s after epochs of 13 s); the heartbeat says how long it has run."""
+    reported = ", its report written" if report else ""
+    return (
+        f"SWA: the weights averaged over {epochs} epoch{'s' * (epochs != 1)}; their batch-norm statistics "
+        f"re-estimated over {batches} training batch{'es' * (batches != 1)} (a forward pass, compiled first), "
+        f"then the validation images scored{reported} and {run_files.MODEL_SWA} saved"
+    )
+
+
 def report_arguments(plan: Plan) -> dict[str, Any]:
     """What ``validation_report`` needs besides the model: the classes, the validation records and how to read
     and score them."""
@@ -74,12 +86,10 @@ def reports(
     plan: Plan,
     data: PhaseData,
     report_args: dict[str, Any],
-    epoch_seconds: float,
 ) -> dict[str, Any]:
     """metrics.json's ``report`` (validation predictions, thresholds and pictures, with ``plan.run.report``; and the
     digests of the images trained on) and ``swa`` (the averaged model saved and scored, with
-    ``plan.schedule.swa_epochs``; its line estimates its time by ``epoch_seconds``, the last epoch's: the pass takes
-    about an epoch's time)."""
+    ``plan.schedule.swa_epochs``; its line says what it does, ``swa_line``)."""
     found: dict[str, Any] = {}
     parts, folder, say = plan.data.parts, plan.run.folder, bool(plan.run.verbose)
     if plan.run.report:
@@ -97,8 +107,7 @@ def reports(
     if plan.schedule.swa_epochs:
         with console.saying(
             "train.fit",
-            f"SWA: the weights averaged over {swa.count} epoch{'s' * (swa.count != 1)}, their batch-norm statistics "
-            f"and scores -- about an epoch's time (the last took {epoch_seconds:.0f} s)",
+            swa_line(swa.count, data.steps, plan.run.report),
             "still averaging (SWA)",
             say,
         ):

@@ -5,6 +5,7 @@ touched. No TensorFlow here."""
 from __future__ import annotations
 
 import dataclasses
+import sys
 
 import tfpipe
 from tfpipe.format.sampling import SAMPLINGS, check_sampling_fits
@@ -43,8 +44,10 @@ def make_plan(cfg: FitConfig, shards: Shards, devices: Devices) -> Plan:
     n_train = tfpipe.count_examples(parts.train, parts.train_folds)
     check_batch_fits(settings, devices.replicas, n_train)
     steps = max(1, n_train // (settings.batch_size * devices.replicas))
-    settings = dataclasses.replace(settings, steps_per_execution=capped_steps_per_execution(settings, steps))
-    s = settings
+    spe = capped_steps_per_execution(settings, steps)
+    steps = whole_step_groups(settings, steps, spe)
+    s = dataclasses.replace(settings, steps_per_execution=spe, strategy=strategy_name(cfg.strategy, devices))
+    warn_if_all_warmup(s, steps)
     assert s.image_size is not None and shards.num_classes is not None  # resolved() checked them
     return Plan(
         data=data_plan(s, shards, parts, n_train),
@@ -151,6 +154,16 @@ def checked_image_size(cfg: FitConfig, shards: Shards) -> int:
     return image_size
 
 
+def upscaling(stored: int | None, size: int) -> str | None:
+    """What reading images ``stored`` at a smaller side than the run's input ``size`` does, in the words
+    ``train.fit``'s build line and the preflight's finding share; None when nothing is upscaled (the same side, a
+    smaller input, images stored at their own sizes)."""
+    if not stored or stored >= size:
+        return None
+    more = size**2 / stored**2
+    return f"images stored at {stored} px, each upscaled to {size} px as read: no detail gained, {more:.3g}x the pixels"
+
+
 def check_config(cfg: FitConfig) -> None:
     """What can be refused before the shards are read and any device starts: paths, numbers, names, the
     strategy's own settings (a multi-worker strategy connects to its cluster, and would wait there for a worker
@@ -246,6 +259,56 @@ def capped_steps_per_execution(plan: FitConfig, steps: int) -> int:
             flush=True,
         )
     return steps
+
+
+def whole_step_groups(plan: FitConfig, steps: int, spe: int) -> int:
+    """An epoch's steps on ``plan.backend``: Keras 3 (``jax``) runs an epoch in whole groups of ``spe`` steps --
+    its last group is not cut at the epoch's end (18 steps at 4 a call ran 20, and the heartbeat said
+    ``step 20/18``) -- so there an epoch is cut to a multiple of ``spe``, said in a line; the training stream
+    repeats, so the steps left out are the next epoch's first. tf-keras cuts the last group itself."""
+    if plan.backend != "jax" or steps % spe == 0:
+        return steps
+    whole = steps - steps % spe
+    if plan.verbose:
+        print(
+            f"train.fit: an epoch of {steps} steps at {option('steps_per_execution', spe)}: Keras 3 runs whole "
+            f"groups of {spe} steps, so an epoch is {whole} steps (the images left over start the next one)",
+            flush=True,
+        )
+    return whole
+
+
+def strategy_name(strategy: object, devices: Devices) -> str:
+    """The strategy as a run records it (``config.json``): the name given (``STRATEGIES``), or, for a strategy
+    or JAX devices already made (a notebook's, each fold of ``train.cv``), the name that makes it: ``multiworker``
+    across processes, else the devices' kind (tpu, gpu, cpu) -- never a Python class name."""
+    if isinstance(strategy, str):
+        return strategy
+    return "multiworker" if devices.processes > 1 else devices.kind
+
+
+WARMED = ("cosine", "kaggle")  # the schedules --warmup-epochs shapes (train.keras.schedules.make_schedule)
+
+
+def warn_if_all_warmup(plan: FitConfig, steps: int) -> None:
+    """``--warmup-epochs`` as long as the run (``train.fit --epochs 1`` with the default one): the learning rate
+    climbs through every step but the last and never trains at ``--lr`` -- one warning line, not a refusal (a
+    one-epoch smoke run is common, and a short warm-up run is not wrong, only rarely meant); quiet (``verbose``
+    0) says nothing, as ``capped_steps_per_execution`` does not."""
+    if not plan.verbose or plan.schedule not in WARMED or plan.warmup_epochs < plan.epochs or plan.epochs * steps < 2:
+        return
+    climbs = (
+        "climbs from 0 through every step but the last, the only one at its full rate"
+        if plan.schedule == "cosine"
+        else "climbs through every step and never reaches its full rate"
+    )
+    print(
+        f"train.fit: warning: {option('warmup_epochs', plan.warmup_epochs)} covers the whole run "
+        f"({option('epochs', plan.epochs)}): the {plan.schedule} schedule's learning rate {climbs}; pass "
+        f"{option('warmup_epochs', 0)}, or more {option('epochs')} than warm-up epochs",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def check_batch_fits(plan: FitConfig, replicas: int, n_train: int) -> None:

@@ -67,6 +67,8 @@ def validation_report(
         run_dir, ids, digests, probs, targets, classes, single_label=single_label, threshold=threshold,
         model=run_files.model_files(bool(suffix))[0], swa=bool(suffix), metric=metric,
     )  # fmt: skip
+    for note in done.notes:
+        print(f"train.fit: thresholds of {run_files.model_files(bool(suffix))[0]}: {note}", flush=True)
     images = next(
         iter(tfpipe.make_dataset(records, GRID_IMAGES, image_size=image_size, folds=folds, num_classes=len(classes)))
     )[0].numpy()

@@ -57,7 +57,7 @@ from train.keras.fit_run import (
 from train.keras.models import build_model
 from train.keras.outputs import report_arguments, reports
 from train.keras.plan import Devices, ModelPlan, Plan
-from train.keras.planning import check_config, make_plan
+from train.keras.planning import check_config, make_plan, upscaling
 from train.keras.schedules import make_schedule, scaled_lr
 from train.keras.swa import AverageWeights
 from train.runs import files
@@ -247,7 +247,7 @@ def report_run(
         # the kind and the metric its choices decide by (train.decide.metrics), said with its scores
         kind = {"backend": plan.devices.backend, "single_label": plan.model.single_label, "metric": plan.run.metric}
         metrics = {**kind, **summary}
-        metrics.update(reports(model, swa, handle, plan, data, report_arguments(plan), throughput.last_seconds))
+        metrics.update(reports(model, swa, handle, plan, data, report_arguments(plan)))
         shards.check_unchanged(sizes=True)  # the report was of the shards trained on, none replaced in place
         fs.write_atomic(run_files.path(folder, run_files.METRICS), json.dumps(metrics, indent=1) + "\n")
         files.record(folder, [run_files.METRICS])  # its scores choose the model train.predict uses
@@ -285,6 +285,8 @@ def build_line(m: ModelPlan, devices: Devices, images: tuple[int, int], stored: 
     these are)."""
     (n_train, n_val), replicas = images, devices.replicas
     resized = f" (images stored at {stored} px, resized as read)" if stored and stored != m.image_size else ""
+    up = upscaling(stored, m.image_size)
+    resized = f" ({up})" if up else resized
     return (
         f"building {m.name} at {m.image_size} px{resized} on {replicas} "
         f"{devices.kind} replica{'s' * (replicas > 1)}; {n_train} training image{'s' * (n_train != 1)}, "
@@ -347,7 +349,8 @@ def run_phase(model: keras.Model, plan: Plan, spec: PhasePlan, data: PhaseData, 
     """Compiles and fits one phase, backed up at every epoch's end and within epochs, so ``--resume`` continues
     it. A stop asked meanwhile (SIGTERM, Ctrl-C) waits for the step, or the epoch's end, to be saved
     (``train.keras.backup.BackupPolicy``); then the job ends saying where."""
-    train_ds, val_ds, steps, val_steps, loss_weights = data
+    train_ds, val_ds, _, val_steps, loss_weights = data
+    steps = plan.schedule.steps  # the plan's epoch (on Keras 3 whole step groups: planning.whole_step_groups)
     compile_model(model, plan.model, plan.optimizer, spec.rate, plan.schedule.steps_per_execution, loss_weights)
     with deferred_stops() as stop:
         recorded = len(run_files.read_history(plan.run.folder) or [])

@@ -33,7 +33,14 @@ from train.keras.config import PredictConfig
 from train.keras.run_model import load_run
 from train.prediction.scores import evaluate_labeled, seen_rows
 from train.prediction.submission import check_submission_target, planned_output, submission_table, write_submission
-from train.prediction.target import Target, open_target, target_thresholds, threshold_words, tta_worth
+from train.prediction.target import (
+    Target,
+    near_chance_lines,
+    open_target,
+    target_thresholds,
+    threshold_words,
+    tta_worth,
+)
 from train.runs import run as run_files
 from train.runs.run import RunConfig
 
@@ -235,6 +242,8 @@ def predict(cfg: PredictConfig) -> pd.DataFrame:
         say_tta_worth(cfg, strategy, target)
     probs, each = ensemble_probabilities(cfg, strategy, target, shards, ids)
     df = output.table(probs, ids, config, thresholds)
+    for line in near_chance_lines(target, probs, thresholds) if output.labels and cfg.threshold is None else ():
+        print(f"{PROG}: {line}", flush=True)
     df.attrs["model"] = target.describe(cfg.tta)  # which model and views the predictions are of
     shards.check_unchanged(sizes=True)  # before any score is printed: the predictions are of the shards opened
     if shards.labeled:

@@ -1,6 +1,6 @@
 """The submission CSV and the checks before one is written, for ``train.predict`` and the PyTorch recipes alike
 (no TensorFlow here): does a run fit the shards it is to predict, the destination may be written, the labels
-column, the table, and its writing (whole, with its hash recorded beside it).
+column, the table, and its writing (whole, with its hash recorded: ``train.prediction.written``).
 
     from train.prediction.submission import check_run_fits_records, submission_table, write_submission
     check_run_fits_records(config, test_shards, "records/demo/test")    # classes, sizes, fit: one line if not
@@ -10,7 +10,6 @@ column, the table, and its writing (whole, with its hash recorded beside it).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import posixpath
@@ -26,6 +25,7 @@ from tfpipe.format.shards import Records, Shards
 from tfpipe.runtime import fs
 from tfpipe.runtime.errors import TfpipeError, in_command, option
 from train.decide.evaluation import predicted_hits
+from train.prediction import written
 from train.prediction.sample import (
     SampleSubmission,
     check_sample_ids,
@@ -119,11 +119,11 @@ def submission_table(
 def check_destination(out: str, overwrite: bool, flag: str = "out") -> None:
     """Before any predicting: ``out`` must be a regular file name whose folder exists (created if missing). An
     existing file is replaced only when ``train.predict`` wrote it and nobody changed it since (its hash is
-    recorded beside it in ``.NAME.tfpipe``), or with ``overwrite``: never a ``train.csv``, a manifest or anything
-    else named as ``out`` by mistake, whatever its columns. A FIFO or a device (``/dev/stdout``) is never written,
-    nor a link (written over, it would become a file), nor -- even with ``overwrite`` -- a file of tfpipe's own
-    contracts (a run's ``config.json`` or weights, a ``manifest.json``, a shard). ``flag``: the setting that
-    named it (``out``, ``save_probabilities``)."""
+    recorded in this user's state folder: ``train.prediction.written``), or with ``overwrite``: never a
+    ``train.csv``, a manifest or anything else named as ``out`` by mistake, whatever its columns. A FIFO or a
+    device (``/dev/stdout``) is never written, nor a link (written over, it would become a file), nor -- even
+    with ``overwrite`` -- a file of tfpipe's own contracts (a run's ``config.json`` or weights, a
+    ``manifest.json``, a shard). ``flag``: the setting that named it (``out``, ``save_probabilities``)."""
     if not out:
         return
     if fs.isdir(out) or out.endswith("/"):
@@ -133,12 +133,12 @@ def check_destination(out: str, overwrite: bool, flag: str = "out") -> None:
             f"{out} is a name tfpipe's own files have (a run's, a shard folder's); a submission never replaces one "
             f"-- choose another {option(flag)}"
         )
-    for path in (out, _record_path(out)):
+    for path in (out, written.legacy_record(out)):
         if fs.exists(path):
             fs.check_regular(path)  # a FIFO would hang the hash, a device be replaced by a file
     if not fs.is_remote(out) and os.path.islink(out):
         raise TfpipeError(f"{out} is a link; {option(flag)} names the file itself (the link would become a file)")
-    if fs.exists(out) and not overwrite and not wrote_it(out):
+    if fs.exists(out) and not overwrite and not written.wrote_it(out):
         raise TfpipeError(
             f"{out} exists and was not written by train.predict (or was changed since); it is not "
             f"replaced -- choose another {option(flag)} or pass {option('overwrite', True)}"
@@ -152,39 +152,13 @@ def check_destination(out: str, overwrite: bool, flag: str = "out") -> None:
         raise TfpipeError(f"{folder or '.'}: this user cannot write there, so {out} cannot be written; choose another")
 
 
-def _record_path(out: str) -> str:
-    """``.submission.csv.tfpipe`` beside ``submission.csv``: the SHA-256 of what train.predict wrote there (one
-    record per file, so two predictions into one folder never lose each other's)."""
-    return posixpath.join(posixpath.dirname(out), f".{posixpath.basename(out)}.tfpipe")
-
-
-def _sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with fs.open(path, "rb") as f:
-        for block in iter(lambda: f.read(2**20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def wrote_it(out: str) -> bool:
-    """Whether ``out`` is byte for byte the file train.predict recorded writing there."""
-    record = _record_path(out)
-    if not fs.exists(record) or not fs.isfile(out):  # gone, or a FIFO whose hash would wait forever
-        return False
-    try:
-        recorded = fs.read_text(record, limit=4096).strip()
-    except (TfpipeError, UnicodeDecodeError):
-        return False
-    return recorded == _sha256(out)
-
-
 def write_submission(out: str, text: str, overwrite: bool, flag: str = "out") -> None:
-    """Writes ``out`` whole (complete or absent, also on gs://) and records its hash beside it (``flag``: the
-    setting that named it)."""
+    """Writes ``out`` whole (complete or absent, also on gs://) and records its hash in this user's state folder,
+    not beside it (``train.prediction.written``; ``flag``: the setting that named it)."""
     check_destination(out, overwrite, flag)  # again: another job may have put a file there while this one predicted
     data = text.encode("utf-8")
     fs.write_atomic(out, data)
-    fs.write_atomic(_record_path(out), hashlib.sha256(data).hexdigest() + "\n")
+    written.record(out, data)
 
 
 def check_run_fits_records(config: RunConfig, shards: Shards, records: Records, prog: str = "train.predict") -> None:

@@ -10,19 +10,26 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
 
 from tfpipe.runtime import fs
 from tfpipe.runtime.errors import TfpipeError, option
-from train.decide.choice import choice_line, run_choice
+from train.decide.choice import choice_line, run_choice, run_scores
+from train.decide.evaluation import is_count, is_number
 from train.decide.metrics import Metric, run_metric, value
 from train.decide.tta import Worth, scored_at_own_thresholds, views_worth
-from train.decide.tuning import Predictions, Predictor, describe, oof_thresholds, tuned_thresholds
+from train.decide.tuning import Predictions, Predictor, chance_bound, describe, oof_thresholds, tuned_thresholds
 from train.keras.run_model import check_model_present
 from train.runs import run as run_files
 from train.runs.cv_folder import CVResult, checked_fold_run, fold_model, is_cv_folder, oof_name
 from train.runs.run import RunConfig
 from train.runs.thresholds import load_thresholds
+
+Array = npt.NDArray[Any]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -209,3 +216,41 @@ def _labels_words(target: Target, threshold: float | None, views: int) -> str:
     if fs.exists(run_files.path(target.folder, name)):
         return f"labels at the run's thresholds tuned for it ({name})"
     return f"labels at the run's threshold {config.settings.get('threshold', 0.5):g}"
+
+
+def recorded_report(target: Target) -> tuple[Any, str]:
+    """The scores the folder recorded for the model that predicts (a CV's OOF ones, a run's validation ones;
+    None when it recorded none), and the words for them."""
+    if target.cv is not None:
+        found = target.cv.scores_of(swa=target.swa)
+        return (found.scores if found else None), "OOF"
+    scores = run_scores(target.folder)
+    return (scores.swa_report if target.swa else scores.final_report), "validation"
+
+
+def near_chance_lines(target: Target, probs: Array, thresholds: Sequence[float]) -> list[str]:
+    """A line for each class whose recorded AUC does not tell it from chance (``train.decide.tuning.chance_bound``):
+    what its threshold does to these images, against the share of the scored images that hold it. Multi-label
+    targets only (single-label ones label by argmax)."""
+    report, on = recorded_report(target)
+    table = report.get("per_class") if isinstance(report, dict) else None
+    examples = report.get("examples") if isinstance(report, dict) else None
+    if target.config.single_label or not thresholds or not isinstance(table, dict) or not is_count(examples):
+        return []
+    if not examples:
+        return []
+    lines = []
+    for c, name in enumerate(target.config.classes):
+        row: Any = table.get(name) if isinstance(table.get(name), dict) else {}
+        auc, positives = row.get("roc_auc"), row.get("positives")
+        if not (is_count(positives) and positives is not None and is_number(auc)):
+            continue
+        bound = chance_bound(positives, int(examples))
+        if bound is not None and auc < bound:
+            share = float(np.mean(probs[:, c] >= thresholds[c]))
+            lines.append(
+                f"{name!r}: {on} AUC {auc:.3f} does not tell it from chance ({bound:.3f} would, on its "
+                f"{examples} images); its threshold {thresholds[c]:.3g} labels it on {share:.0%} of these images, "
+                f"{positives / int(examples):.0%} of the {on} images hold it"
+            )
+    return lines

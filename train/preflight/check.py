@@ -38,7 +38,7 @@ from train.keras.config import FitConfig
 from train.keras.data import build_datasets
 from train.keras.models import build_model
 from train.keras.plan import Devices, Plan
-from train.keras.planning import check_config, make_plan
+from train.keras.planning import check_config, make_plan, upscaling
 from train.keras.schedules import make_schedule, scaled_lr
 from train.preflight.core_memory import HEADROOM, SUBLANES, Memory, core_memory, gibibytes, gigabytes
 from train.preflight.xla_step import (
@@ -128,7 +128,7 @@ def data_findings(plan: Plan, tpu: Tpu, replicas: int, datasets: tuple[Any, Any]
     """What needs no model: the shapes and dtypes of the training and validation batches, the batch, the settings."""
     findings = input_findings(datasets[0].element_spec, "training batches")
     findings += input_findings(datasets[1].element_spec, "validation batches")
-    return findings + batch_findings(plan, n_train // replicas) + setting_findings(plan, tpu)
+    return findings + batch_findings(plan, n_train // replicas) + setting_findings(plan, tpu) + size_findings(plan)
 
 
 def headline(plan: Plan, tpu: Tpu) -> str:
@@ -222,6 +222,19 @@ def setting_findings(plan: Plan, tpu: Tpu) -> list[Finding]:
             )
         )
     return found
+
+
+def size_findings(plan: Plan) -> list[Finding]:
+    """Shards stored smaller than the run's input: a TPU computes the upscaled pixels, as ``train.fit``'s build
+    line says (``upscaling``)."""
+    size, stored = plan.model.image_size, plan.data.shards.image_size
+    up = upscaling(stored, size)
+    if up is None:
+        return []
+    fix = (
+        f"write the shards at {size} px (tfpipe.write --image-size {size}), or train at {option('image_size', stored)}"
+    )
+    return [Finding("warn", option("image_size", size), up, fix)]
 
 
 def model_checks(plan: Plan, tpu: Tpu, datasets: tuple[Any, Any], report: dict[str, Any]) -> list[Finding]:

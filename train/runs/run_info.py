@@ -20,6 +20,7 @@ from tfpipe.runtime.errors import TfpipeError
 from tfpipe.runtime.locks import LOCK
 from train.decide.choice import run_choice, thresholds_state
 from train.decide.evaluation import is_count, is_number, scores_problem
+from train.keras.names import STRATEGIES
 from train.runs import files
 from train.runs import run as run_files
 from train.runs.cv_folder import CVResult, checked_fold_run, fold_run, is_cv_folder
@@ -62,7 +63,7 @@ def run_info(run: str) -> dict[str, Any]:
         "image_size": config.image_size,
         "single_label": config.single_label,
         "shards": shards_info(config.records, config.dataset_id, config.fold),
-        "settings": config.settings,
+        "settings": shown_settings(config.settings, metrics),
         "epochs": metrics.get("epochs", progress.get("epochs")),
         "seconds": metrics.get("seconds"),
         "stops": metrics.get("stops", progress.get("stops", [])),
@@ -72,6 +73,15 @@ def run_info(run: str) -> dict[str, Any]:
     }
     chosen = predicts_with(run, config, models) if finished else None
     return dict(info, locked=locked, predicts_with=refused_by_record(chosen, info["files"]))
+
+
+def shown_settings(settings: dict[str, Any], metrics: dict[str, Any]) -> dict[str, Any]:
+    """``config.json``'s settings as they are shown: a strategy that an earlier tfpipe recorded by its Python class
+    name (``JaxDevices``, ``MirroredStrategy``: a strategy object given, each fold of ``train.cv``) is shown as the
+    strategy name ``metrics.json`` records for the devices (tpu, gpu, cpu); any other value as it is."""
+    strategy, kind = settings.get("strategy"), metrics.get("strategy")
+    a_class = isinstance(strategy, str) and strategy.endswith(("Strategy", "Devices")) and strategy not in STRATEGIES
+    return dict(settings, strategy=kind) if a_class and isinstance(kind, str) and kind in STRATEGIES else settings
 
 
 def recorded_files(folder: str, finished: bool) -> dict[str, Any]:

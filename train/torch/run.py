@@ -46,8 +46,8 @@ from train.prediction.submission import (
     check_submission_target,
     submission_table,
     write_submission,
-    wrote_it,
 )
+from train.prediction.written import wrote_it
 from train.runs import files
 from train.runs import run as run_files
 from train.runs.run import RunConfig
@@ -182,8 +182,8 @@ def run_file(run: str, name: str) -> bool:
 
 
 def submission_of(run: str, name: str) -> bool:
-    """Whether ``run/name`` is a submission tfpipe wrote and nobody changed since, or the record of one (also of
-    one deleted since)."""
+    """Whether ``run/name`` is a submission tfpipe wrote and nobody changed since, or the record an earlier version
+    kept beside one (also of one deleted since)."""
     if name.startswith(".") and name.endswith(".tfpipe"):
         csv = run_files.path(run, name[1 : -len(".tfpipe")])
         return fs.isfile(run_files.path(run, name)) and (not fs.exists(csv) or wrote_it(csv))
